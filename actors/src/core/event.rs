@@ -1,0 +1,156 @@
+//! What the gate tells the orchestrator (SPEC §5's event table, typed).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::identity::Fingerprint;
+use super::ids::{Epoch, NodeId, PoolId, RunId};
+use super::node::Reason;
+use super::time::Time;
+
+/// Why planning was abandoned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AbortReason {
+    /// Readiness was lost while planning under the `abort` policy.
+    ReadinessLost,
+    /// Readiness did not come back within `wait_timeout` under `wait`.
+    WaitTimeout,
+}
+
+/// One event of the gate. Each carries the instant it happened at.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// Every candidate was ready and the view held still for the window.
+    PoolReady {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The pool.
+        pool: PoolId,
+        /// The new epoch.
+        epoch: Epoch,
+        /// The candidates, sorted.
+        members: Vec<NodeId>,
+        /// Each candidate's identity fingerprint.
+        fingerprints: BTreeMap<NodeId, Fingerprint>,
+    },
+    /// The view changed while the pool was ready.
+    ReadinessLost {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The pool.
+        pool: PoolId,
+        /// The epoch that ended.
+        epoch: Epoch,
+        /// The node whose view changed; none when the pool was redefined.
+        node: Option<NodeId>,
+        /// What changed.
+        reason: Reason,
+    },
+    /// A run began planning, bound to an epoch.
+    PlanningStarted {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+        /// The epoch it is bound to.
+        epoch: Epoch,
+    },
+    /// Readiness was lost while planning under the `wait` policy.
+    PlanningSuspended {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+    },
+    /// Readiness came back while planning was suspended.
+    PlanningResumed {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+        /// The new epoch it is bound to.
+        epoch: Epoch,
+    },
+    /// Planning ended without a plan.
+    PlanningAborted {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+        /// Why.
+        reason: AbortReason,
+    },
+    /// The plan was committed: provisioning began.
+    RunCommitted {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+        /// The epoch the plan was made on.
+        epoch: Epoch,
+        /// The nodes the plan requires, sorted.
+        required: Vec<NodeId>,
+    },
+    /// A required node was lost after commit; the run is over.
+    RunFaulted {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+        /// The required node that was lost.
+        node: NodeId,
+        /// How it was lost.
+        reason: Reason,
+    },
+    /// A committed run finished.
+    RunFinished {
+        /// When.
+        #[serde(rename = "at_ms")]
+        at: Time,
+        /// The run.
+        run: RunId,
+    },
+}
+
+impl Event {
+    /// The instant the event happened at.
+    pub fn at(&self) -> Time {
+        match self {
+            Event::PoolReady { at, .. }
+            | Event::ReadinessLost { at, .. }
+            | Event::PlanningStarted { at, .. }
+            | Event::PlanningSuspended { at, .. }
+            | Event::PlanningResumed { at, .. }
+            | Event::PlanningAborted { at, .. }
+            | Event::RunCommitted { at, .. }
+            | Event::RunFaulted { at, .. }
+            | Event::RunFinished { at, .. } => *at,
+        }
+    }
+
+    /// The event's name as the replay format spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::PoolReady { .. } => "pool_ready",
+            Event::ReadinessLost { .. } => "readiness_lost",
+            Event::PlanningStarted { .. } => "planning_started",
+            Event::PlanningSuspended { .. } => "planning_suspended",
+            Event::PlanningResumed { .. } => "planning_resumed",
+            Event::PlanningAborted { .. } => "planning_aborted",
+            Event::RunCommitted { .. } => "run_committed",
+            Event::RunFaulted { .. } => "run_faulted",
+            Event::RunFinished { .. } => "run_finished",
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The pool's readiness and its convergence window (SPEC §2).
+//!
+//! [`PoolReadiness`] keeps, per candidate, the latest verdict its node actor
+//! reported, and a count of candidates that are not ready, so one change
+//! costs O(1): no pass over the pool. `PoolReady` is due at `t0 + window`
+//! where `t0` is the last view change, if every candidate was ready at `t0`.
+//!
+//! Calling contract: inputs stamped `T` are applied before timers due at `T`.
+//! Every input method first fires deadlines strictly before its `at`
+//! ([`PoolReadiness::settle_before`]); [`PoolReadiness::on_deadline`] fires
+//! those at or before `now`. So the order in which an input and a timer
+//! reach the actor does not matter, and a spurious or late timer is a no-op.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use super::event::Event;
+use super::identity::Fingerprint;
+use super::ids::{Epoch, NodeId, PoolId};
+use super::node::{NodeChange, Reason, Verdict};
+use super::time::Time;
+
+/// Why a pool definition was refused. The pool is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    /// The member list was empty.
+    #[error("the pool has no members")]
+    NoMembers,
+    /// A node was listed twice.
+    #[error("node {0} is listed twice")]
+    DuplicateMember(NodeId),
+}
+
+/// A candidate pool as the orchestrator defines it: an id and a non-empty
+/// list of distinct nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolDefinition {
+    id: PoolId,
+    members: Vec<NodeId>,
+}
+
+impl PoolDefinition {
+    /// Checks that `members` is non-empty and has no duplicates.
+    pub fn new(id: PoolId, members: Vec<NodeId>) -> Result<Self, DefinitionError> {
+        if members.is_empty() {
+            return Err(DefinitionError::NoMembers);
+        }
+        let mut seen = HashSet::with_capacity(members.len());
+        for member in &members {
+            if !seen.insert(member) {
+                return Err(DefinitionError::DuplicateMember(member.clone()));
+            }
+        }
+        Ok(Self { id, members })
+    }
+
+    /// The pool's id.
+    pub fn id(&self) -> &PoolId {
+        &self.id
+    }
+
+    /// The candidates, in the order given.
+    pub fn members(&self) -> &[NodeId] {
+        &self.members
+    }
+}
+
+/// Where a candidate's summary lives: a dense index plus a generation, so a
+/// late message from a node actor of an earlier definition is recognised and
+/// ignored.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SlotKey {
+    index: u32,
+    generation: u32,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: Option<NodeId>,
+    generation: u32,
+    verdict: Verdict,
+    fingerprint: Option<Fingerprint>,
+}
+
+/// Where the pool stands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PoolPhase {
+    /// Some candidate is not ready. Left when the last one becomes ready.
+    Forming,
+    /// Every candidate is ready; `PoolReady` is due at `deadline` unless the
+    /// view changes first.
+    Converging {
+        /// When `PoolReady` is due.
+        deadline: Time,
+    },
+    /// `PoolReady` was emitted with `epoch`; left at the next view change.
+    Ready {
+        /// The current epoch.
+        epoch: Epoch,
+    },
+}
+
+/// What a redefinition did to the candidate set.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Redefinition {
+    /// New candidates, starting with no facts.
+    pub added: Vec<(NodeId, SlotKey)>,
+    /// Former candidates; their facts are dropped.
+    pub removed: Vec<(NodeId, SlotKey)>,
+}
+
+/// The last view change, for explanations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastChange {
+    /// When.
+    pub at: Time,
+    /// Which node; none for a redefinition.
+    pub node: Option<NodeId>,
+    /// What changed.
+    pub reason: Reason,
+}
+
+/// The readiness of one candidate pool.
+#[derive(Debug)]
+pub struct PoolReadiness {
+    id: PoolId,
+    window: Duration,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    by_id: HashMap<NodeId, SlotKey>,
+    not_ready: usize,
+    phase: PoolPhase,
+    last_epoch: u64,
+    last_change: LastChange,
+    now: Time,
+}
+
+impl PoolReadiness {
+    /// A pool of `definition`'s candidates, none of them with any fact yet,
+    /// so it starts forming. Returns the slots to start node actors for.
+    pub fn new(
+        definition: &PoolDefinition,
+        window: Duration,
+        now: Time,
+    ) -> (Self, Vec<(NodeId, SlotKey)>) {
+        let mut pool = Self {
+            id: definition.id.clone(),
+            window,
+            slots: Vec::with_capacity(definition.members.len()),
+            free: Vec::new(),
+            by_id: HashMap::with_capacity(definition.members.len()),
+            not_ready: 0,
+            phase: PoolPhase::Forming,
+            last_epoch: 0,
+            last_change: LastChange {
+                at: now,
+                node: None,
+                reason: Reason::PoolRedefined,
+            },
+            now,
+        };
+        let added = definition
+            .members
+            .iter()
+            .map(|id| (id.clone(), pool.insert(id.clone())))
+            .collect();
+        (pool, added)
+    }
+
+    /// Replaces the candidate set (SPEC §2): nodes that stay keep their
+    /// summary, new ones start with none, readiness restarts.
+    pub fn redefine(
+        &mut self,
+        definition: &PoolDefinition,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Redefinition {
+        let at = self.settle_before(at, out);
+        let wanted: HashSet<&NodeId> = definition.members.iter().collect();
+        let mut change = Redefinition::default();
+        let leaving: Vec<NodeId> = self
+            .by_id
+            .keys()
+            .filter(|id| !wanted.contains(id))
+            .cloned()
+            .collect();
+        for id in leaving {
+            if let Some(key) = self.remove(&id) {
+                change.removed.push((id, key));
+            }
+        }
+        for id in &definition.members {
+            if !self.by_id.contains_key(id) {
+                change.added.push((id.clone(), self.insert(id.clone())));
+            }
+        }
+        self.view_changed(at, None, Reason::PoolRedefined, out);
+        self.id = definition.id.clone();
+        change
+    }
+
+    /// A candidate's node actor reports a change of its view. A key from an
+    /// earlier definition is ignored (returns `false`).
+    pub fn node_changed(
+        &mut self,
+        key: SlotKey,
+        at: Time,
+        change: &NodeChange,
+        out: &mut Vec<Event>,
+    ) -> bool {
+        let at = self.settle_before(at, out);
+        let Some(slot) = self.slot_mut(key) else {
+            return false;
+        };
+        let was_ready = slot.verdict.is_ready();
+        slot.verdict = change.after;
+        slot.fingerprint = change.fingerprint;
+        let node = slot.id.clone();
+        match (was_ready, change.after.is_ready()) {
+            (true, false) => self.not_ready += 1,
+            (false, true) => self.not_ready -= 1,
+            _ => {}
+        }
+        self.view_changed(at, node, change.reason, out);
+        true
+    }
+
+    /// Fires the convergence deadline if it is due at or before `now`.
+    pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
+        self.now = self.now.max(now);
+        if let PoolPhase::Converging { deadline } = self.phase {
+            if deadline <= self.now {
+                self.become_ready(deadline, out);
+            }
+        }
+    }
+
+    /// Fires the convergence deadline if it is due strictly before `at`, the
+    /// time of an input; returns the time the input is applied at (never
+    /// earlier than anything seen).
+    pub fn settle_before(&mut self, at: Time, out: &mut Vec<Event>) -> Time {
+        if let PoolPhase::Converging { deadline } = self.phase {
+            if deadline < at {
+                self.become_ready(deadline, out);
+            }
+        }
+        self.now = self.now.max(at);
+        self.now
+    }
+
+    /// When the next timer is due, if any.
+    pub fn deadline(&self) -> Option<Time> {
+        match self.phase {
+            PoolPhase::Converging { deadline } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// Where the pool stands.
+    pub fn phase(&self) -> PoolPhase {
+        self.phase
+    }
+
+    /// The current epoch while ready.
+    pub fn ready_epoch(&self) -> Option<Epoch> {
+        match self.phase {
+            PoolPhase::Ready { epoch } => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// The pool's id.
+    pub fn id(&self) -> &PoolId {
+        &self.id
+    }
+
+    /// The convergence window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The last view change.
+    pub fn last_change(&self) -> &LastChange {
+        &self.last_change
+    }
+
+    /// Whether `node` is a candidate.
+    pub fn is_candidate(&self, node: &NodeId) -> bool {
+        self.by_id.contains_key(node)
+    }
+
+    /// The slot of a candidate.
+    pub fn key_of(&self, node: &NodeId) -> Option<SlotKey> {
+        self.by_id.get(node).copied()
+    }
+
+    /// How many candidates there are, and how many of them are not ready.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.by_id.len(), self.not_ready)
+    }
+
+    /// Every candidate with its latest verdict and fingerprint, sorted by id.
+    pub fn candidates(&self) -> Vec<(NodeId, Verdict, Option<Fingerprint>)> {
+        let mut all: Vec<_> = self
+            .slots
+            .iter()
+            .filter_map(|s| Some((s.id.clone()?, s.verdict, s.fingerprint)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    fn become_ready(&mut self, at: Time, out: &mut Vec<Event>) {
+        self.last_epoch += 1;
+        let epoch = Epoch(self.last_epoch);
+        self.phase = PoolPhase::Ready { epoch };
+        let candidates = self.candidates();
+        let fingerprints: BTreeMap<NodeId, Fingerprint> = candidates
+            .iter()
+            .filter_map(|(id, _, fp)| Some((id.clone(), (*fp)?)))
+            .collect();
+        out.push(Event::PoolReady {
+            at,
+            pool: self.id.clone(),
+            epoch,
+            members: candidates.into_iter().map(|(id, _, _)| id).collect(),
+            fingerprints,
+        });
+    }
+
+    fn view_changed(
+        &mut self,
+        at: Time,
+        node: Option<NodeId>,
+        reason: Reason,
+        out: &mut Vec<Event>,
+    ) {
+        if let PoolPhase::Ready { epoch } = self.phase {
+            out.push(Event::ReadinessLost {
+                at,
+                pool: self.id.clone(),
+                epoch,
+                node: node.clone(),
+                reason,
+            });
+        }
+        self.last_change = LastChange { at, node, reason };
+        self.phase = if self.not_ready == 0 {
+            PoolPhase::Converging {
+                deadline: at + self.window,
+            }
+        } else {
+            PoolPhase::Forming
+        };
+    }
+
+    fn insert(&mut self, id: NodeId) -> SlotKey {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.slots.push(Slot {
+                    id: None,
+                    generation: 0,
+                    verdict: Verdict::NOTHING_KNOWN,
+                    fingerprint: None,
+                });
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.id = Some(id.clone());
+        slot.verdict = Verdict::NOTHING_KNOWN;
+        slot.fingerprint = None;
+        let key = SlotKey {
+            index,
+            generation: slot.generation,
+        };
+        self.by_id.insert(id, key);
+        self.not_ready += 1;
+        key
+    }
+
+    fn remove(&mut self, id: &NodeId) -> Option<SlotKey> {
+        let key = self.by_id.remove(id)?;
+        let slot = &mut self.slots[key.index as usize];
+        if !slot.verdict.is_ready() {
+            self.not_ready -= 1;
+        }
+        slot.id = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.fingerprint = None;
+        self.free.push(key.index);
+        Some(key)
+    }
+
+    fn slot_mut(&mut self, key: SlotKey) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(key.index as usize)
+            .filter(|s| s.generation == key.generation && s.id.is_some())
+    }
+}

@@ -1,0 +1,330 @@
+//! The guard of one run (SPEC §3): planning only on a ready pool, the
+//! wait/abort policy when readiness is lost before commit, and fault handling
+//! for the required nodes once the plan is committed.
+//!
+//! Calling contract, as for the pool: every input first fires the wait
+//! deadline if it fell strictly before the input's `at`; `on_deadline` fires
+//! it at or before `now`. A `PoolReady` at the very instant the wait runs out
+//! is an input at that instant, so it wins (SPEC §3).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::event::{AbortReason, Event};
+use super::ids::{Epoch, NodeId, RunId};
+use super::node::NodeChange;
+use super::time::Time;
+
+/// What planning does when the pool stops being ready before commit.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OnReadinessLost {
+    /// Suspend planning until the pool is ready again (or `wait_timeout`).
+    Wait,
+    /// Abort planning at once.
+    Abort,
+}
+
+/// The local planning policy (config `[planning]`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PlanningPolicy {
+    /// Wait or abort.
+    pub on_readiness_lost: OnReadinessLost,
+    /// How long to wait, under `Wait`; `None` waits forever.
+    pub wait_timeout: Option<Duration>,
+}
+
+/// A command that was refused. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// Planning and commit need a ready pool.
+    #[error("the pool is not ready")]
+    PoolNotReady,
+    /// One run at a time per pool.
+    #[error("run {0} is in progress")]
+    RunInProgress(RunId),
+    /// The run is not the pool's active run.
+    #[error("run {0} is not active")]
+    UnknownRun(RunId),
+    /// The epoch given is not the current one.
+    #[error("epoch {given} is not the current epoch{}", current.map(|e| format!(" {e}")).unwrap_or_default())]
+    StaleEpoch {
+        /// The epoch the caller gave.
+        given: Epoch,
+        /// The current epoch, if the pool is ready.
+        current: Option<Epoch>,
+    },
+    /// The run is not in a state that allows the command.
+    #[error("run {run} is {state}")]
+    WrongState {
+        /// The run.
+        run: RunId,
+        /// Its state: `planning`, `suspended`, `committed` or `ended`.
+        state: &'static str,
+    },
+    /// A required node is not a candidate.
+    #[error("node {0} is not a candidate of the pool")]
+    NotCandidate(NodeId),
+    /// The pool cannot be redefined under a committed run.
+    #[error("run {0} is committed; the pool cannot be redefined")]
+    RunCommitted(RunId),
+}
+
+impl RunError {
+    /// A short stable code for the replay's `rejected` event.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RunError::PoolNotReady => "pool_not_ready",
+            RunError::RunInProgress(_) => "run_in_progress",
+            RunError::UnknownRun(_) => "unknown_run",
+            RunError::StaleEpoch { .. } => "stale_epoch",
+            RunError::WrongState { .. } => "run_not_planning",
+            RunError::NotCandidate(_) => "not_candidate",
+            RunError::RunCommitted(_) => "run_committed",
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RunEnd {
+    /// Planning was abandoned.
+    Aborted(AbortReason),
+    /// A required node was lost after commit.
+    Faulted,
+    /// The run finished.
+    Finished,
+}
+
+/// Where a run stands.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RunPhase {
+    /// Planning on a ready pool at `epoch`. Left by commit or readiness loss.
+    Planning {
+        /// The epoch planning is bound to.
+        epoch: Epoch,
+    },
+    /// Readiness was lost under `wait`. Left by `PoolReady` (back to
+    /// planning) or by the deadline (aborted).
+    Suspended {
+        /// When waiting gives up; `None` waits forever.
+        deadline: Option<Time>,
+    },
+    /// Provisioning began. Left by a required node's loss or by finish.
+    Committed {
+        /// The epoch the plan was made on.
+        epoch: Epoch,
+    },
+    /// Final.
+    Ended(RunEnd),
+}
+
+impl RunPhase {
+    fn name(&self) -> &'static str {
+        match self {
+            RunPhase::Planning { .. } => "planning",
+            RunPhase::Suspended { .. } => "suspended",
+            RunPhase::Committed { .. } => "committed",
+            RunPhase::Ended(_) => "ended",
+        }
+    }
+}
+
+/// The guard of one run.
+#[derive(Debug)]
+pub struct RunGuard {
+    run: RunId,
+    policy: PlanningPolicy,
+    phase: RunPhase,
+    required: HashSet<NodeId>,
+}
+
+impl RunGuard {
+    /// Starts planning `run` on the pool's current `epoch`. The caller has
+    /// checked that the pool is ready and no other run is active.
+    pub fn begin(
+        run: RunId,
+        epoch: Epoch,
+        policy: PlanningPolicy,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Self {
+        out.push(Event::PlanningStarted {
+            at,
+            run: run.clone(),
+            epoch,
+        });
+        Self {
+            run,
+            policy,
+            phase: RunPhase::Planning { epoch },
+            required: HashSet::new(),
+        }
+    }
+
+    /// The pool became ready at `epoch`.
+    pub fn pool_ready(&mut self, at: Time, epoch: Epoch, out: &mut Vec<Event>) {
+        self.settle_before(at, out);
+        if let RunPhase::Suspended { .. } = self.phase {
+            self.phase = RunPhase::Planning { epoch };
+            out.push(Event::PlanningResumed {
+                at,
+                run: self.run.clone(),
+                epoch,
+            });
+        }
+    }
+
+    /// The pool stopped being ready.
+    pub fn readiness_lost(&mut self, at: Time, out: &mut Vec<Event>) {
+        self.settle_before(at, out);
+        if let RunPhase::Planning { .. } = self.phase {
+            match self.policy.on_readiness_lost {
+                OnReadinessLost::Abort => self.abort(at, AbortReason::ReadinessLost, out),
+                OnReadinessLost::Wait => {
+                    self.phase = RunPhase::Suspended {
+                        deadline: self.policy.wait_timeout.map(|t| at + t),
+                    };
+                    out.push(Event::PlanningSuspended {
+                        at,
+                        run: self.run.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A candidate's view changed. After commit, the loss of a required node
+    /// faults the run at once (SPEC §3); other nodes do not matter.
+    pub fn node_changed(
+        &mut self,
+        at: Time,
+        node: &NodeId,
+        change: &NodeChange,
+        out: &mut Vec<Event>,
+    ) {
+        self.settle_before(at, out);
+        if let RunPhase::Committed { .. } = self.phase {
+            if self.required.contains(node) && change.loses_required_node() {
+                self.phase = RunPhase::Ended(RunEnd::Faulted);
+                out.push(Event::RunFaulted {
+                    at,
+                    run: self.run.clone(),
+                    node: node.clone(),
+                    reason: change.reason,
+                });
+            }
+        }
+    }
+
+    /// Commits the plan: provisioning begins and the run takes over fault
+    /// handling of `required`. The caller has checked that the pool is ready
+    /// at `pool_epoch` and that every required node is a candidate.
+    pub fn commit(
+        &mut self,
+        at: Time,
+        required: Vec<NodeId>,
+        pool_epoch: Epoch,
+        out: &mut Vec<Event>,
+    ) -> Result<(), RunError> {
+        self.settle_before(at, out);
+        match self.phase {
+            RunPhase::Planning { epoch } if epoch == pool_epoch => {}
+            RunPhase::Planning { epoch } => {
+                return Err(RunError::StaleEpoch {
+                    given: epoch,
+                    current: Some(pool_epoch),
+                })
+            }
+            ref other => {
+                return Err(RunError::WrongState {
+                    run: self.run.clone(),
+                    state: other.name(),
+                })
+            }
+        }
+        let mut sorted = required;
+        sorted.sort();
+        sorted.dedup();
+        self.required = sorted.iter().cloned().collect();
+        self.phase = RunPhase::Committed { epoch: pool_epoch };
+        out.push(Event::RunCommitted {
+            at,
+            run: self.run.clone(),
+            epoch: pool_epoch,
+            required: sorted,
+        });
+        Ok(())
+    }
+
+    /// Ends a committed run.
+    pub fn finish(&mut self, at: Time, out: &mut Vec<Event>) -> Result<(), RunError> {
+        self.settle_before(at, out);
+        if !matches!(self.phase, RunPhase::Committed { .. }) {
+            return Err(RunError::WrongState {
+                run: self.run.clone(),
+                state: self.phase.name(),
+            });
+        }
+        self.phase = RunPhase::Ended(RunEnd::Finished);
+        out.push(Event::RunFinished {
+            at,
+            run: self.run.clone(),
+        });
+        Ok(())
+    }
+
+    /// Fires the wait deadline if it is due at or before `now`.
+    pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
+        if let Some(deadline) = self.deadline() {
+            if deadline <= now {
+                self.abort(deadline, AbortReason::WaitTimeout, out);
+            }
+        }
+    }
+
+    /// Fires the wait deadline if it is due strictly before `at`.
+    pub fn settle_before(&mut self, at: Time, out: &mut Vec<Event>) {
+        if let Some(deadline) = self.deadline() {
+            if deadline < at {
+                self.abort(deadline, AbortReason::WaitTimeout, out);
+            }
+        }
+    }
+
+    /// When the next timer is due, if any.
+    pub fn deadline(&self) -> Option<Time> {
+        match self.phase {
+            RunPhase::Suspended { deadline } => deadline,
+            _ => None,
+        }
+    }
+
+    /// The run.
+    pub fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    /// Where the run stands.
+    pub fn phase(&self) -> &RunPhase {
+        &self.phase
+    }
+
+    /// Whether the run is over.
+    pub fn is_ended(&self) -> bool {
+        matches!(self.phase, RunPhase::Ended(_))
+    }
+
+    /// Whether `node` is required by the committed plan.
+    pub fn requires(&self, node: &NodeId) -> bool {
+        self.required.contains(node)
+    }
+
+    fn abort(&mut self, at: Time, reason: AbortReason, out: &mut Vec<Event>) {
+        self.phase = RunPhase::Ended(RunEnd::Aborted(reason));
+        out.push(Event::PlanningAborted {
+            at,
+            run: self.run.clone(),
+            reason,
+        });
+    }
+}
