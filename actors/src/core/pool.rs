@@ -399,3 +399,270 @@ impl PoolReadiness {
             .filter(|s| s.generation == key.generation && s.id.is_some())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::node::{Applied, NodeFacts, Observation, SwimState};
+    use crate::core::IdentityMaterial;
+
+    const WINDOW: Duration = Duration::from_secs(5);
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    fn node(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    /// A pool plus each candidate's facts, driven as the actors drive them.
+    struct Harness {
+        pool: PoolReadiness,
+        facts: HashMap<NodeId, (SlotKey, NodeFacts)>,
+        events: Vec<Event>,
+    }
+
+    impl Harness {
+        fn new(members: &[&str]) -> Self {
+            let definition = PoolDefinition::new(
+                PoolId::new("p").unwrap(),
+                members.iter().map(|m| node(m)).collect(),
+            )
+            .unwrap();
+            let (pool, added) = PoolReadiness::new(&definition, WINDOW, Time::ZERO);
+            let facts = added
+                .into_iter()
+                .map(|(id, key)| (id, (key, NodeFacts::default())))
+                .collect();
+            Self {
+                pool,
+                facts,
+                events: Vec::new(),
+            }
+        }
+
+        fn observe(&mut self, at: Time, name: &str, observation: Observation) {
+            let (key, facts) = self.facts.get_mut(&node(name)).unwrap();
+            if let Applied::Changed(change) = facts.apply(observation) {
+                self.pool.node_changed(*key, at, &change, &mut self.events);
+            }
+        }
+
+        fn make_ready(&mut self, at: Time, name: &str) {
+            self.observe(at, name, Observation::Known);
+            self.observe(
+                at,
+                name,
+                Observation::Swim {
+                    state: SwimState::Alive,
+                    incarnation: 1,
+                },
+            );
+            self.observe(at, name, Observation::Available);
+            let material = IdentityMaterial::new(format!("key-{name}").into_bytes()).unwrap();
+            self.observe(at, name, Observation::Identity(material));
+        }
+
+        fn tick(&mut self, now: Time) {
+            self.pool.on_deadline(now, &mut self.events);
+        }
+
+        fn names(&self) -> Vec<&'static str> {
+            self.events.iter().map(Event::name).collect()
+        }
+    }
+
+    #[test]
+    fn pool_ready_comes_at_the_last_change_plus_the_window() {
+        let mut h = Harness::new(&["a", "b"]);
+        h.make_ready(t(0), "a");
+        h.make_ready(t(100), "b");
+        assert_eq!(h.pool.deadline(), Some(t(5100)));
+        h.tick(t(5099));
+        assert!(h.events.is_empty());
+        h.tick(t(5100));
+        match &h.events[..] {
+            [Event::PoolReady {
+                at,
+                epoch,
+                members,
+                fingerprints,
+                ..
+            }] => {
+                assert_eq!(*at, t(5100));
+                assert_eq!(*epoch, Epoch(1));
+                assert_eq!(members, &[node("a"), node("b")]);
+                assert_eq!(
+                    fingerprints[&node("a")],
+                    Fingerprint::of(b"key-a"),
+                    "fingerprint of a's material"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pool_with_a_blocked_candidate_never_becomes_ready() {
+        let mut h = Harness::new(&["a", "b"]);
+        h.make_ready(t(0), "a");
+        h.observe(t(0), "b", Observation::Known);
+        assert_eq!(h.pool.phase(), PoolPhase::Forming);
+        assert_eq!(h.pool.deadline(), None);
+        h.tick(t(60_000));
+        assert!(h.events.is_empty());
+    }
+
+    #[test]
+    fn a_change_inside_the_window_restarts_it() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.observe(
+            t(3000),
+            "a",
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 2,
+            },
+        );
+        h.tick(t(5000));
+        assert!(h.events.is_empty());
+        h.tick(t(8000));
+        assert_eq!(h.names(), ["pool_ready"]);
+    }
+
+    #[test]
+    fn a_change_exactly_at_the_deadline_restarts_the_window() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        // Input stamped at the deadline: applied before the timer.
+        h.observe(
+            t(5000),
+            "a",
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 2,
+            },
+        );
+        h.tick(t(5000));
+        assert!(h.events.is_empty());
+        assert_eq!(h.pool.deadline(), Some(t(10_000)));
+    }
+
+    #[test]
+    fn an_input_after_a_missed_deadline_fires_it_first() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.observe(t(5001), "a", Observation::Unavailable);
+        assert_eq!(h.names(), ["pool_ready", "readiness_lost"]);
+        assert_eq!(h.events[0].at(), t(5000));
+    }
+
+    #[test]
+    fn a_duplicate_does_not_restart_the_window() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.make_ready(t(4000), "a");
+        h.tick(t(5000));
+        assert_eq!(h.names(), ["pool_ready"]);
+    }
+
+    #[test]
+    fn any_change_while_ready_loses_readiness_with_the_node_and_reason() {
+        let mut h = Harness::new(&["a", "b"]);
+        h.make_ready(t(0), "a");
+        h.make_ready(t(0), "b");
+        h.tick(t(5000));
+        h.observe(
+            t(6000),
+            "b",
+            Observation::Swim {
+                state: SwimState::Suspect,
+                incarnation: 1,
+            },
+        );
+        match &h.events[1] {
+            Event::ReadinessLost {
+                epoch,
+                node: n,
+                reason,
+                ..
+            } => {
+                assert_eq!(*epoch, Epoch(1));
+                assert_eq!(n.as_ref(), Some(&node("b")));
+                assert_eq!(*reason, Reason::Suspect);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.pool.phase(), PoolPhase::Forming);
+    }
+
+    #[test]
+    fn a_new_readiness_gets_a_new_epoch() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.tick(t(5000));
+        h.observe(t(6000), "a", Observation::Unavailable);
+        h.observe(t(7000), "a", Observation::Available);
+        h.tick(t(12_000));
+        assert_eq!(h.pool.ready_epoch(), Some(Epoch(2)));
+    }
+
+    #[test]
+    fn redefinition_keeps_staying_nodes_and_starts_new_ones_blank() {
+        let mut h = Harness::new(&["a", "b"]);
+        h.make_ready(t(0), "a");
+        h.make_ready(t(0), "b");
+        h.tick(t(5000));
+        let definition =
+            PoolDefinition::new(PoolId::new("q").unwrap(), vec![node("a"), node("c")]).unwrap();
+        let change = h.pool.redefine(&definition, t(6000), &mut h.events);
+        assert_eq!(change.removed.len(), 1);
+        assert_eq!(change.added.len(), 1);
+        match &h.events[1] {
+            Event::ReadinessLost {
+                node, reason, pool, ..
+            } => {
+                assert_eq!(*node, None);
+                assert_eq!(*reason, Reason::PoolRedefined);
+                assert_eq!(pool.as_str(), "p");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.pool.counts(), (2, 1));
+        assert!(!h.pool.is_candidate(&node("b")));
+        // A late change from b's old slot is ignored.
+        let (b_key, _) = h.facts[&node("b")];
+        let change = NodeChange {
+            reason: Reason::Unavailable,
+            before: Verdict::default(),
+            after: Verdict::NOTHING_KNOWN,
+            fingerprint: None,
+        };
+        assert!(!h.pool.node_changed(b_key, t(6001), &change, &mut h.events));
+    }
+
+    #[test]
+    fn redefining_to_a_subset_of_ready_nodes_converges_again() {
+        let mut h = Harness::new(&["a", "b"]);
+        h.make_ready(t(0), "a");
+        h.observe(t(0), "b", Observation::Known);
+        let definition = PoolDefinition::new(PoolId::new("p").unwrap(), vec![node("a")]).unwrap();
+        h.pool.redefine(&definition, t(1000), &mut h.events);
+        assert_eq!(h.pool.deadline(), Some(t(6000)));
+    }
+
+    #[test]
+    fn pool_definitions_need_distinct_members() {
+        let id = PoolId::new("p").unwrap();
+        assert_eq!(
+            PoolDefinition::new(id.clone(), vec![]),
+            Err(DefinitionError::NoMembers)
+        );
+        assert_eq!(
+            PoolDefinition::new(id, vec![node("a"), node("a")]),
+            Err(DefinitionError::DuplicateMember(node("a")))
+        );
+    }
+}

@@ -328,3 +328,180 @@ impl RunGuard {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::node::{Reason, Verdict};
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    fn node(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    fn guard(policy: OnReadinessLost, wait_timeout: Option<u64>) -> (RunGuard, Vec<Event>) {
+        let mut out = Vec::new();
+        let guard = RunGuard::begin(
+            RunId::new("r").unwrap(),
+            Epoch(1),
+            PlanningPolicy {
+                on_readiness_lost: policy,
+                wait_timeout: wait_timeout.map(Duration::from_millis),
+            },
+            t(0),
+            &mut out,
+        );
+        (guard, out)
+    }
+
+    fn names(events: &[Event]) -> Vec<&'static str> {
+        events.iter().map(Event::name).collect()
+    }
+
+    fn lost(reason: Reason) -> NodeChange {
+        NodeChange {
+            reason,
+            before: Verdict::default(),
+            after: Verdict::NOTHING_KNOWN,
+            fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn readiness_lost_under_abort_aborts_planning() {
+        let (mut g, mut out) = guard(OnReadinessLost::Abort, None);
+        g.readiness_lost(t(10), &mut out);
+        assert_eq!(names(&out), ["planning_started", "planning_aborted"]);
+        assert!(matches!(
+            out[1],
+            Event::PlanningAborted {
+                reason: AbortReason::ReadinessLost,
+                ..
+            }
+        ));
+        assert!(g.is_ended());
+    }
+
+    #[test]
+    fn readiness_lost_under_wait_suspends_and_the_next_pool_ready_resumes() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, Some(1000));
+        g.readiness_lost(t(10), &mut out);
+        assert_eq!(g.deadline(), Some(t(1010)));
+        g.pool_ready(t(900), Epoch(2), &mut out);
+        assert_eq!(
+            names(&out),
+            ["planning_started", "planning_suspended", "planning_resumed"]
+        );
+        assert_eq!(g.phase(), &RunPhase::Planning { epoch: Epoch(2) });
+        assert_eq!(g.deadline(), None);
+    }
+
+    #[test]
+    fn the_wait_timeout_aborts_a_suspended_run() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, Some(1000));
+        g.readiness_lost(t(10), &mut out);
+        g.on_deadline(t(1009), &mut out);
+        assert!(!g.is_ended());
+        g.on_deadline(t(1010), &mut out);
+        assert!(matches!(
+            out.last(),
+            Some(Event::PlanningAborted {
+                reason: AbortReason::WaitTimeout,
+                at,
+                ..
+            }) if *at == t(1010)
+        ));
+    }
+
+    #[test]
+    fn pool_ready_at_the_instant_the_wait_runs_out_wins() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, Some(1000));
+        g.readiness_lost(t(10), &mut out);
+        g.pool_ready(t(1010), Epoch(2), &mut out);
+        g.on_deadline(t(1010), &mut out);
+        assert_eq!(names(&out).last(), Some(&"planning_resumed"));
+        assert!(!g.is_ended());
+    }
+
+    #[test]
+    fn pool_ready_after_the_wait_ran_out_comes_too_late() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, Some(1000));
+        g.readiness_lost(t(10), &mut out);
+        g.pool_ready(t(1011), Epoch(2), &mut out);
+        assert_eq!(names(&out).last(), Some(&"planning_aborted"));
+    }
+
+    #[test]
+    fn without_a_wait_timeout_a_suspended_run_waits_forever() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        g.readiness_lost(t(10), &mut out);
+        assert_eq!(g.deadline(), None);
+        g.on_deadline(t(u32::MAX.into()), &mut out);
+        assert!(!g.is_ended());
+    }
+
+    #[test]
+    fn a_suspended_run_cannot_commit() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        g.readiness_lost(t(10), &mut out);
+        let err = g.commit(t(20), vec![node("a")], Epoch(1), &mut out);
+        assert_eq!(err.unwrap_err().code(), "run_not_planning");
+    }
+
+    #[test]
+    fn after_commit_a_required_node_lost_faults_the_run() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        g.commit(
+            t(5),
+            vec![node("b"), node("a"), node("a")],
+            Epoch(1),
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            matches!(&out[1], Event::RunCommitted { required, .. } if required == &[node("a"), node("b")])
+        );
+        g.node_changed(t(9), &node("a"), &lost(Reason::Suspect), &mut out);
+        assert!(matches!(
+            out.last(),
+            Some(Event::RunFaulted { node: n, reason: Reason::Suspect, .. }) if n == &node("a")
+        ));
+        assert!(g.is_ended());
+    }
+
+    #[test]
+    fn after_commit_a_non_required_node_lost_does_not_fault_the_run() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        g.node_changed(t(9), &node("b"), &lost(Reason::Dead), &mut out);
+        g.readiness_lost(t(9), &mut out);
+        assert_eq!(names(&out), ["planning_started", "run_committed"]);
+    }
+
+    #[test]
+    fn a_required_identity_rotation_faults_the_run() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        let rotated = NodeChange {
+            reason: Reason::IdentityChanged,
+            before: Verdict::default(),
+            after: Verdict::default(),
+            fingerprint: None,
+        };
+        g.node_changed(t(9), &node("a"), &rotated, &mut out);
+        assert_eq!(names(&out).last(), Some(&"run_faulted"));
+    }
+
+    #[test]
+    fn a_committed_run_finishes_once() {
+        let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
+        assert!(g.finish(t(1), &mut out).is_err());
+        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        g.finish(t(6), &mut out).unwrap();
+        assert_eq!(names(&out).last(), Some(&"run_finished"));
+        assert!(g.finish(t(7), &mut out).is_err());
+    }
+}
