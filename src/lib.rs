@@ -1,1 +1,26 @@
-//! poolgate
+//! poolgate: the membership and pool-readiness gate of a distributed-run
+//! orchestrator, as an actix actor subsystem.
+//!
+//! # Layout
+//!
+//! - `poolgate_actors` (the `actors/` crate): the pure state machines and
+//!   the three actors (`NodeActor`, `PoolActor`, `RunActor`).
+//! - [`config`]: `config.toml`, checked, with errors that name key and line.
+//! - [`gate`]: the embedding API: start, feed, subscribe, report, plan.
+//! - [`scenario`]: the JSON Lines scenario format.
+//! - [`replay`]: the gate on a scenario and a virtual clock.
+//! - [`render`]: events as JSON lines or as a readable timeline.
+//! - `src/main.rs`: the `poolgate` command line.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod gate;
+pub mod render;
+pub mod replay;
+pub mod scenario;
+
+pub use config::{Config, ConfigError};
+pub use gate::{Gate, GateError};
+pub use poolgate_actors as actors;

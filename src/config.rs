@@ -1,0 +1,413 @@
+//! `config.toml`: the pool, the convergence window and the planning policy
+//! (SPEC §4). Every error names the key and the line it is on.
+
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
+use poolgate_actors::pool_actor::PoolSettings;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+/// A checked configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `[pool]`: the candidate pool.
+    pub pool: PoolDefinition,
+    /// `[readiness] convergence_window`.
+    pub convergence_window: Duration,
+    /// `[planning]`: what to do when readiness is lost before commit.
+    pub planning: PlanningPolicy,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The file is not a valid configuration.
+    #[error("{file}: line {line}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The line (1-based).
+        line: usize,
+        /// The key at fault, dotted (`pool.members`); `toml` for syntax.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Checks the text of a configuration; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let doc = Doc { text, file };
+        let root = DeTable::parse(text)
+            .map_err(|e| doc.error(e.span().unwrap_or(0..0), "toml", e.message().trim_end()))?;
+        let root = root.get_ref();
+        doc.only_keys(root, "", &["pool", "readiness", "planning"])?;
+
+        let (pool_table, pool_span) = doc.required_section(root, "pool")?;
+        let (readiness_table, readiness_span) = doc.required_section(root, "readiness")?;
+        let planning = doc.section(root, "planning")?;
+
+        doc.only_keys(pool_table, "pool", &["id", "members"])?;
+        let id = doc.required(pool_table, "pool", "id", pool_span.clone())?;
+        let id = doc.string(id, "pool.id")?;
+        let id = PoolId::new(&id.0).map_err(|e| doc.error(id.1, "pool.id", e))?;
+        let members = doc.required(pool_table, "pool", "members", pool_span)?;
+        let pool = doc.members(members, id)?;
+
+        doc.only_keys(readiness_table, "readiness", &["convergence_window"])?;
+        let window = doc.required(
+            readiness_table,
+            "readiness",
+            "convergence_window",
+            readiness_span,
+        )?;
+        let (convergence_window, _) = doc.duration(window, "readiness.convergence_window")?;
+
+        let mut planning_policy = PlanningPolicy {
+            on_readiness_lost: OnReadinessLost::Wait,
+            wait_timeout: None,
+        };
+        if let Some((table, _)) = planning {
+            doc.only_keys(table, "planning", &["on_readiness_lost", "wait_timeout"])?;
+            if let Some(value) = table.get("on_readiness_lost") {
+                let (text, span) = doc.string(value, "planning.on_readiness_lost")?;
+                planning_policy.on_readiness_lost = match text.as_str() {
+                    "wait" => OnReadinessLost::Wait,
+                    "abort" => OnReadinessLost::Abort,
+                    other => {
+                        return Err(doc.error(
+                            span,
+                            "planning.on_readiness_lost",
+                            format!("`{other}` is not a policy; use \"wait\" or \"abort\""),
+                        ))
+                    }
+                };
+            }
+            if let Some(value) = table.get("wait_timeout") {
+                let (timeout, span) = doc.duration(value, "planning.wait_timeout")?;
+                if timeout <= convergence_window {
+                    return Err(doc.error(
+                        span,
+                        "planning.wait_timeout",
+                        format!(
+                            "{} is not longer than the convergence window ({})",
+                            humantime::format_duration(timeout),
+                            humantime::format_duration(convergence_window)
+                        ),
+                    ));
+                }
+                planning_policy.wait_timeout = Some(timeout);
+            }
+        }
+
+        Ok(Config {
+            pool,
+            convergence_window,
+            planning: planning_policy,
+        })
+    }
+
+    /// What the pool actor needs.
+    pub fn pool_settings(&self) -> PoolSettings {
+        PoolSettings {
+            definition: self.pool.clone(),
+            window: self.convergence_window,
+            policy: self.planning,
+        }
+    }
+}
+
+type Table<'i> = DeTable<'i>;
+type Value<'i> = Spanned<DeValue<'i>>;
+
+/// The text being checked, for turning spans into lines.
+struct Doc<'a> {
+    text: &'a str,
+    file: &'a str,
+}
+
+impl<'a> Doc<'a> {
+    fn error(&self, span: Range<usize>, key: &str, message: impl ToString) -> ConfigError {
+        let end = span.start.min(self.text.len());
+        ConfigError::Invalid {
+            file: self.file.to_string(),
+            line: self.text.as_bytes()[..end]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1,
+            key: key.to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    fn only_keys(
+        &self,
+        table: &Table<'_>,
+        section: &str,
+        allowed: &[&str],
+    ) -> Result<(), ConfigError> {
+        for (key, _) in table.iter() {
+            if !allowed.contains(&key.get_ref().as_ref()) {
+                let dotted = dotted(section, key.get_ref());
+                let expected = allowed.join("`, `");
+                return Err(self.error(
+                    key.span(),
+                    &dotted,
+                    format!("unknown key (expected `{expected}`)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn section<'t, 'i>(
+        &self,
+        root: &'t Table<'i>,
+        name: &str,
+    ) -> Result<Option<(&'t Table<'i>, Range<usize>)>, ConfigError> {
+        match root.get(name) {
+            Some(value) => match value.get_ref() {
+                DeValue::Table(table) => Ok(Some((table, value.span()))),
+                _ => Err(self.error(value.span(), name, "must be a table")),
+            },
+            None => Ok(None),
+        }
+    }
+
+    fn required_section<'t, 'i>(
+        &self,
+        root: &'t Table<'i>,
+        name: &str,
+    ) -> Result<(&'t Table<'i>, Range<usize>), ConfigError> {
+        self.section(root, name)?
+            .ok_or_else(|| self.error(0..0, name, "missing section"))
+    }
+
+    fn required<'t, 'i>(
+        &self,
+        table: &'t Table<'i>,
+        section: &str,
+        key: &str,
+        section_span: Range<usize>,
+    ) -> Result<&'t Value<'i>, ConfigError> {
+        table
+            .get(key)
+            .ok_or_else(|| self.error(section_span, &dotted(section, key), "missing key"))
+    }
+
+    fn string(&self, value: &Value<'_>, key: &str) -> Result<(String, Range<usize>), ConfigError> {
+        match value.get_ref() {
+            DeValue::String(s) => Ok((s.to_string(), value.span())),
+            _ => Err(self.error(value.span(), key, "must be a string")),
+        }
+    }
+
+    fn duration(
+        &self,
+        value: &Value<'_>,
+        key: &str,
+    ) -> Result<(Duration, Range<usize>), ConfigError> {
+        let (text, span) = self.string(value, key)?;
+        let duration = humantime::parse_duration(&text).map_err(|e| {
+            self.error(
+                span.clone(),
+                key,
+                format!("`{text}` is not a duration ({e}); write e.g. \"5s\""),
+            )
+        })?;
+        if duration.is_zero() {
+            return Err(self.error(span, key, "must be longer than zero"));
+        }
+        if duration.subsec_nanos() % 1_000_000 != 0 {
+            return Err(self.error(span, key, "must be a whole number of milliseconds"));
+        }
+        Ok((duration, span))
+    }
+
+    fn members(&self, value: &Value<'_>, id: PoolId) -> Result<PoolDefinition, ConfigError> {
+        const KEY: &str = "pool.members";
+        let DeValue::Array(items) = value.get_ref() else {
+            return Err(self.error(value.span(), KEY, "must be a list of node ids"));
+        };
+        let mut members = Vec::with_capacity(items.len());
+        let mut spans = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            let (text, span) = self.string(item, KEY)?;
+            members.push(NodeId::new(&text).map_err(|e| self.error(span.clone(), KEY, e))?);
+            spans.push(span);
+        }
+        PoolDefinition::new(id, members.clone()).map_err(|e| {
+            use poolgate_actors::core::DefinitionError;
+            let span = match &e {
+                DefinitionError::NoMembers => value.span(),
+                DefinitionError::DuplicateMember(node) => members
+                    .iter()
+                    .zip(&spans)
+                    .filter(|(m, _)| *m == node)
+                    .nth(1)
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or_else(|| value.span()),
+            };
+            self.error(span, KEY, e)
+        })
+    }
+}
+
+fn dotted(section: &str, key: &str) -> String {
+    if section.is_empty() {
+        key.to_string()
+    } else {
+        format!("{section}.{key}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[pool]
+id = "pool-a"
+members = ["node-1", "node-2", "node-3"]
+
+[readiness]
+convergence_window = "5s"
+
+[planning]
+on_readiness_lost = "wait"   # "wait" | "abort"
+wait_timeout = "30s"
+"#;
+
+    fn error_of(text: &str) -> (usize, String, String) {
+        match Config::parse(text, "config.toml") {
+            Err(ConfigError::Invalid {
+                line, key, message, ..
+            }) => (line, key, message),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_spec_example_parses() {
+        let config = Config::parse(GOOD, "config.toml").unwrap();
+        assert_eq!(config.pool.id().as_str(), "pool-a");
+        assert_eq!(config.pool.members().len(), 3);
+        assert_eq!(config.convergence_window, Duration::from_secs(5));
+        assert_eq!(config.planning.on_readiness_lost, OnReadinessLost::Wait);
+        assert_eq!(config.planning.wait_timeout, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_shipped_config_parses() {
+        let text = include_str!("../config.toml");
+        Config::parse(text, "config.toml").unwrap();
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        let text = GOOD.replace("wait_timeout", "wait_timout");
+        let (line, key, message) = error_of(&text);
+        assert_eq!((line, key.as_str()), (11, "planning.wait_timout"));
+        assert!(message.contains("unknown key"), "{message}");
+    }
+
+    #[test]
+    fn an_unknown_section_is_named() {
+        let (line, key, _) = error_of(&format!("{GOOD}\n[extra]\nx = 1\n"));
+        assert_eq!((line, key.as_str()), (13, "extra"));
+    }
+
+    #[test]
+    fn an_empty_member_list_is_refused() {
+        let text = GOOD.replace(r#"["node-1", "node-2", "node-3"]"#, "[]");
+        let (line, key, message) = error_of(&text);
+        assert_eq!((line, key.as_str()), (4, "pool.members"));
+        assert!(message.contains("no members"), "{message}");
+    }
+
+    #[test]
+    fn a_duplicated_member_is_refused() {
+        let text = GOOD.replace(r#""node-3""#, r#""node-1""#);
+        let (line, key, message) = error_of(&text);
+        assert_eq!((line, key.as_str()), (4, "pool.members"));
+        assert!(message.contains("node-1"), "{message}");
+    }
+
+    #[test]
+    fn an_invalid_node_id_is_refused() {
+        let text = GOOD.replace(r#""node-3""#, r#""""#);
+        let (_, key, message) = error_of(&text);
+        assert_eq!(key, "pool.members");
+        assert!(message.contains("empty"), "{message}");
+    }
+
+    #[test]
+    fn a_zero_window_is_refused() {
+        let (line, key, _) = error_of(&GOOD.replace("\"5s\"", "\"0s\""));
+        assert_eq!((line, key.as_str()), (7, "readiness.convergence_window"));
+    }
+
+    #[test]
+    fn an_unparsable_window_is_refused() {
+        let (_, key, message) = error_of(&GOOD.replace("\"5s\"", "\"soon\""));
+        assert_eq!(key, "readiness.convergence_window");
+        assert!(message.contains("not a duration"), "{message}");
+    }
+
+    #[test]
+    fn a_wait_timeout_not_longer_than_the_window_is_refused() {
+        let (line, key, _) = error_of(&GOOD.replace("\"30s\"", "\"5s\""));
+        assert_eq!((line, key.as_str()), (11, "planning.wait_timeout"));
+    }
+
+    #[test]
+    fn an_unknown_policy_is_refused() {
+        let (line, key, message) = error_of(&GOOD.replace("\"wait\"   #", "\"retry\" #"));
+        assert_eq!((line, key.as_str()), (10, "planning.on_readiness_lost"));
+        assert!(message.contains("retry"), "{message}");
+    }
+
+    #[test]
+    fn a_missing_key_names_its_section() {
+        let text = GOOD.replace("id = \"pool-a\"\n", "");
+        let (line, key, _) = error_of(&text);
+        assert_eq!((line, key.as_str()), (2, "pool.id"));
+    }
+
+    #[test]
+    fn a_syntax_error_gives_its_line() {
+        let text = GOOD.replace("convergence_window = \"5s\"", "convergence_window = ");
+        let (line, key, _) = error_of(&text);
+        assert_eq!((line, key.as_str()), (7, "toml"));
+    }
+
+    #[test]
+    fn the_planning_section_is_optional() {
+        let text = GOOD.split("[planning]").next().unwrap();
+        let config = Config::parse(text, "c").unwrap();
+        assert_eq!(config.planning.wait_timeout, None);
+    }
+}

@@ -1,0 +1,203 @@
+//! `poolgate replay`: the real actor subsystem on recorded observations and
+//! a virtual clock (SPEC §5).
+//!
+//! The gate runs on tokio's paused clock. Before the records stamped `T`
+//! are fed, the clock is moved to 1 ms before `T` (everything due earlier
+//! has then fired and settled, because a paused clock only moves when the
+//! runtime is idle); the records are stamped `T` explicitly. So inputs at
+//! `T` are applied before timers due at `T`, as the spec requires. After the
+//! last record, the clock moves on until no timer is pending.
+//!
+//! Events are printed in time order: each is held until no earlier one can
+//! still come, then written.
+
+use std::io::{self, BufRead};
+use std::time::Duration;
+
+use poolgate_actors::core::{Event, Time};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::gate::{EventStream, Gate, GateError};
+use crate::scenario::{parse_record, BadLine, ScenarioReader};
+
+/// A command or observation the gate refused, as the replay reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    /// When.
+    #[serde(rename = "at_ms")]
+    pub at: Time,
+    event: &'static str,
+    /// The scenario line.
+    pub line: usize,
+    /// A short code: `stale_epoch`, `pool_not_ready`, `invalid_identity`, …
+    pub error: &'static str,
+    /// The same in words.
+    pub detail: String,
+}
+
+/// One line of replay output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ReplayEvent {
+    /// An event of the gate.
+    Gate(Event),
+    /// A refused record.
+    Rejected(Rejection),
+}
+
+impl ReplayEvent {
+    /// When it happened.
+    pub fn at(&self) -> Time {
+        match self {
+            ReplayEvent::Gate(event) => event.at(),
+            ReplayEvent::Rejected(rejection) => rejection.at,
+        }
+    }
+}
+
+/// Why a replay stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A line is not a valid record; the events before it were written.
+    #[error(transparent)]
+    BadLine(#[from] BadLine),
+    /// Output could not be written, or the runtime could not start.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The gate stopped under the replay.
+    #[error(transparent)]
+    Gate(#[from] GateError),
+}
+
+/// Replays `input` through a fresh gate built from `config`, on a virtual
+/// clock, handing each event to `sink` in time order.
+pub fn run<R, S>(config: &Config, input: R, sink: S) -> Result<(), ReplayError>
+where
+    R: BufRead,
+    S: FnMut(&ReplayEvent) -> io::Result<()>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let system = actix::System::with_tokio_rt(move || runtime);
+    let result = system.block_on(async {
+        let gate = Gate::start(config);
+        let mut replay = Replay {
+            events: gate.subscribe(),
+            gate,
+            held: Vec::new(),
+            sink,
+        };
+        replay.drive(ScenarioReader::new(input)).await
+    });
+    result
+}
+
+struct Replay<S> {
+    gate: Gate,
+    events: EventStream,
+    held: Vec<ReplayEvent>,
+    sink: S,
+}
+
+impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
+    async fn drive<R: BufRead>(
+        &mut self,
+        mut reader: ScenarioReader<R>,
+    ) -> Result<(), ReplayError> {
+        let mut last: Option<u64> = None;
+        while let Some(line) = reader.next_line() {
+            let record = line.and_then(|(number, text)| {
+                let record = parse_record(&text).map_err(|message| BadLine {
+                    line: number,
+                    message,
+                })?;
+                match last {
+                    Some(previous) if record.at_ms < previous => Err(BadLine {
+                        line: number,
+                        message: format!(
+                            "at_ms {} is before the previous record's {previous}",
+                            record.at_ms
+                        ),
+                    }),
+                    _ => Ok((number, record)),
+                }
+            });
+            let (number, record) = match record {
+                Ok(ok) => ok,
+                Err(bad) => {
+                    if let Some(previous) = last {
+                        self.settle_through(Time::from_millis(previous)).await?;
+                    }
+                    return Err(bad.into());
+                }
+            };
+            let at = Time::from_millis(record.at_ms);
+            if last != Some(record.at_ms) {
+                self.advance_before(at).await?;
+            }
+            last = Some(record.at_ms);
+            let refused = match record.input {
+                Ok(input) => self.gate.submit(at, input).await.err(),
+                Err(refusal) => Some(refusal),
+            };
+            if let Some(error) = refused {
+                if matches!(error, GateError::Stopped) {
+                    return Err(error.into());
+                }
+                self.held.push(ReplayEvent::Rejected(Rejection {
+                    at,
+                    event: "rejected",
+                    line: number,
+                    error: error.code(),
+                    detail: error.to_string(),
+                }));
+            }
+        }
+        while let Some(deadline) = self.gate.pending_deadline().await? {
+            self.settle_through(deadline).await?;
+        }
+        self.collect();
+        self.write_through(None)
+    }
+
+    /// Moves the clock to 1 ms before `at` and writes what can no longer be
+    /// preceded by anything.
+    async fn advance_before(&mut self, at: Time) -> Result<(), ReplayError> {
+        let target = Time::from_offset(at.offset().saturating_sub(Duration::from_millis(1)));
+        tokio::time::sleep_until(self.gate.clock().instant(target)).await;
+        self.collect();
+        self.write_through(Some(target))
+    }
+
+    /// Moves the clock past `at`, so everything due at `at` has happened,
+    /// and writes it.
+    async fn settle_through(&mut self, at: Time) -> Result<(), ReplayError> {
+        let target = at + Duration::from_millis(1);
+        tokio::time::sleep_until(self.gate.clock().instant(target)).await;
+        self.collect();
+        self.write_through(Some(target))
+    }
+
+    fn collect(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.held.push(ReplayEvent::Gate(event));
+        }
+    }
+
+    /// Writes, in time order, the held events stamped before `bound` (all of
+    /// them when `bound` is `None`).
+    fn write_through(&mut self, bound: Option<Time>) -> Result<(), ReplayError> {
+        self.held.sort_by_key(ReplayEvent::at);
+        let split = match bound {
+            Some(bound) => self.held.partition_point(|e| e.at() < bound),
+            None => self.held.len(),
+        };
+        for event in self.held.drain(..split) {
+            (self.sink)(&event)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! The scenario format of `poolgate replay` (SPEC §5): JSON Lines, one
+//! record per line, `at_ms` non-decreasing.
+//!
+//! [`ScenarioReader`] reads one line at a time with a bounded buffer, so a
+//! huge line is reported, not loaded. [`parse_record`] turns a line into a
+//! [`Record`] or says what is wrong with it.
+
+use std::io::BufRead;
+
+use base64::Engine;
+use poolgate_actors::core::{
+    Epoch, IdentityMaterial, InvalidIdentity, NodeId, PoolDefinition, PoolId, RunId, SwimState,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::gate::{AgentReport, GateError, Input, MembershipUpdate, RegistryFact};
+
+/// The longest line accepted, in bytes (without the newline).
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+
+/// A scenario line that is not a valid record: the replay stops here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct BadLine {
+    /// The line number (1-based).
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// One record: when, and what.
+#[derive(Debug)]
+pub struct Record {
+    /// The record's instant, in milliseconds.
+    pub at_ms: u64,
+    /// The input, or why the gate refuses it: a well-formed line whose
+    /// content is invalid (identity material, a pool definition) is
+    /// `rejected`, not a bad line.
+    pub input: Result<Input, GateError>,
+}
+
+/// Reads a scenario line by line, never holding more than
+/// [`MAX_LINE_BYTES`] + 1 bytes of one line.
+pub struct ScenarioReader<R> {
+    inner: R,
+    line: usize,
+    buffer: Vec<u8>,
+}
+
+impl<R: BufRead> ScenarioReader<R> {
+    /// Reads from `inner`.
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            line: 0,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next non-blank line with its number, `None` at the end.
+    pub fn next_line(&mut self) -> Option<Result<(usize, String), BadLine>> {
+        loop {
+            self.line += 1;
+            self.buffer.clear();
+            let limit = MAX_LINE_BYTES as u64 + 2;
+            let mut limited = std::io::Read::take(&mut self.inner, limit);
+            match limited.read_until(b'\n', &mut self.buffer) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(Err(self.bad(format!("cannot read: {e}")))),
+            };
+            if self.buffer.last() == Some(&b'\n') {
+                self.buffer.pop();
+                if self.buffer.last() == Some(&b'\r') {
+                    self.buffer.pop();
+                }
+            }
+            if self.buffer.len() > MAX_LINE_BYTES {
+                return Some(Err(
+                    self.bad(format!("line is longer than {MAX_LINE_BYTES} bytes"))
+                ));
+            }
+            let text = match std::str::from_utf8(&self.buffer) {
+                Ok(text) => text,
+                Err(e) => {
+                    return Some(Err(self.bad(format!(
+                        "not UTF-8 (invalid byte at column {})",
+                        e.valid_up_to() + 1
+                    ))))
+                }
+            };
+            if text.trim().is_empty() {
+                continue;
+            }
+            return Some(Ok((self.line, text.to_string())));
+        }
+    }
+
+    fn bad(&self, message: String) -> BadLine {
+        BadLine {
+            line: self.line,
+            message,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum RawRecord {
+    DefinePool {
+        pool: String,
+        members: Vec<String>,
+    },
+    Known {
+        node: String,
+    },
+    Forgotten {
+        node: String,
+    },
+    Swim {
+        node: String,
+        state: SwimStateName,
+        incarnation: u64,
+    },
+    Available {
+        node: String,
+    },
+    Unavailable {
+        node: String,
+    },
+    Identity {
+        node: String,
+        material: String,
+    },
+    Faulted {
+        node: String,
+        reason: String,
+    },
+    Recovered {
+        node: String,
+    },
+    BeginPlanning {
+        run: String,
+        #[serde(default)]
+        epoch: Option<u64>,
+    },
+    CommitPlan {
+        run: String,
+        required: Vec<String>,
+        #[serde(default)]
+        epoch: Option<u64>,
+    },
+    FinishRun {
+        run: String,
+    },
+}
+
+const RECORD_TYPES: &[&str] = &[
+    "define_pool",
+    "known",
+    "forgotten",
+    "swim",
+    "available",
+    "unavailable",
+    "identity",
+    "faulted",
+    "recovered",
+    "begin_planning",
+    "commit_plan",
+    "finish_run",
+];
+
+impl<'de> Deserialize<'de> for SwimStateName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "alive" => Ok(SwimStateName(SwimState::Alive)),
+            "suspect" => Ok(SwimStateName(SwimState::Suspect)),
+            "dead" => Ok(SwimStateName(SwimState::Dead)),
+            "left" => Ok(SwimStateName(SwimState::Left)),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown SWIM state `{other}` (expected alive, suspect, dead or left)"
+            ))),
+        }
+    }
+}
+
+struct SwimStateName(SwimState);
+
+/// Parses one scenario line.
+pub fn parse_record(text: &str) -> Result<Record, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let Value::Object(object) = &value else {
+        return Err("a record must be a JSON object".into());
+    };
+    let at_ms = match object.get("at_ms") {
+        None => return Err("missing field `at_ms`".into()),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            format!("`at_ms` must be a whole number of milliseconds ≥ 0, not {v}")
+        })?,
+    };
+    match object.get("type") {
+        None => return Err("missing field `type`".into()),
+        Some(Value::String(kind)) if !RECORD_TYPES.contains(&kind.as_str()) => {
+            return Err(format!("unknown record type `{kind}`"))
+        }
+        Some(Value::String(_)) => {}
+        Some(other) => return Err(format!("`type` must be a string, not {other}")),
+    }
+    let raw = RawRecord::deserialize(&value).map_err(|e| e.to_string())?;
+    Ok(Record {
+        at_ms,
+        input: input_of(raw)?,
+    })
+}
+
+fn input_of(raw: RawRecord) -> Result<Result<Input, GateError>, String> {
+    let node = |text: &str| NodeId::new(text).map_err(|e| format!("field `node`: {e}"));
+    let run = |text: &str| RunId::new(text).map_err(|e| format!("field `run`: {e}"));
+    let nodes = |field: &str, list: &[String]| {
+        list.iter()
+            .map(|n| NodeId::new(n).map_err(|e| format!("field `{field}`: {e}")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let input = match raw {
+        RawRecord::DefinePool { pool, members } => {
+            let pool = PoolId::new(&pool).map_err(|e| format!("field `pool`: {e}"))?;
+            let members = nodes("members", &members)?;
+            return Ok(PoolDefinition::new(pool, members)
+                .map(Input::DefinePool)
+                .map_err(GateError::from));
+        }
+        RawRecord::Known { node: n } => Input::Registry(RegistryFact::Known { node: node(&n)? }),
+        RawRecord::Forgotten { node: n } => {
+            Input::Registry(RegistryFact::Forgotten { node: node(&n)? })
+        }
+        RawRecord::Swim {
+            node: n,
+            state,
+            incarnation,
+        } => Input::Membership(MembershipUpdate {
+            node: node(&n)?,
+            state: state.0,
+            incarnation,
+        }),
+        RawRecord::Available { node: n } => {
+            Input::Agent(AgentReport::Available { node: node(&n)? })
+        }
+        RawRecord::Unavailable { node: n } => {
+            Input::Agent(AgentReport::Unavailable { node: node(&n)? })
+        }
+        RawRecord::Identity { node: n, material } => {
+            let node = node(&n)?;
+            let material = base64::engine::general_purpose::STANDARD
+                .decode(material.as_bytes())
+                .map_err(|_| InvalidIdentity::NotBase64)
+                .and_then(IdentityMaterial::new);
+            return Ok(material
+                .map(|material| Input::Agent(AgentReport::Identity { node, material }))
+                .map_err(GateError::from));
+        }
+        RawRecord::Faulted { node: n, reason } => Input::Agent(AgentReport::Faulted {
+            node: node(&n)?,
+            reason,
+        }),
+        RawRecord::Recovered { node: n } => {
+            Input::Agent(AgentReport::Recovered { node: node(&n)? })
+        }
+        RawRecord::BeginPlanning { run: r, epoch } => Input::BeginPlanning {
+            run: run(&r)?,
+            epoch: epoch.map(Epoch),
+        },
+        RawRecord::CommitPlan {
+            run: r,
+            required,
+            epoch,
+        } => Input::CommitPlan {
+            run: run(&r)?,
+            required: nodes("required", &required)?,
+            epoch: epoch.map(Epoch),
+        },
+        RawRecord::FinishRun { run: r } => Input::FinishRun { run: run(&r)? },
+    };
+    Ok(Ok(input))
+}
