@@ -53,12 +53,20 @@ pub enum RunError {
         /// The current epoch, if the pool is ready.
         current: Option<Epoch>,
     },
-    /// The run is not in a state that allows the command.
-    #[error("run {run} is {state}")]
-    WrongState {
+    /// Commit needs a run that is planning (not suspended, not committed).
+    #[error("run {run} is {state}, not planning")]
+    NotPlanning {
         /// The run.
         run: RunId,
-        /// Its state: `planning`, `suspended`, `committed` or `ended`.
+        /// Its state: `suspended` or `committed`.
+        state: &'static str,
+    },
+    /// Finish needs a committed run.
+    #[error("run {run} is {state}, not committed")]
+    NotCommitted {
+        /// The run.
+        run: RunId,
+        /// Its state: `planning` or `suspended`.
         state: &'static str,
     },
     /// A required node is not a candidate.
@@ -77,7 +85,8 @@ impl RunError {
             RunError::RunInProgress(_) => "run_in_progress",
             RunError::UnknownRun(_) => "unknown_run",
             RunError::StaleEpoch { .. } => "stale_epoch",
-            RunError::WrongState { .. } => "run_not_planning",
+            RunError::NotPlanning { .. } => "run_not_planning",
+            RunError::NotCommitted { .. } => "run_not_committed",
             RunError::NotCandidate(_) => "not_candidate",
             RunError::RunCommitted(_) => "run_committed",
         }
@@ -236,7 +245,7 @@ impl RunGuard {
                 })
             }
             ref other => {
-                return Err(RunError::WrongState {
+                return Err(RunError::NotPlanning {
                     run: self.run.clone(),
                     state: other.name(),
                 })
@@ -260,7 +269,7 @@ impl RunGuard {
     pub fn finish(&mut self, at: Time, out: &mut Vec<Event>) -> Result<(), RunError> {
         self.settle_before(at, out);
         if !matches!(self.phase, RunPhase::Committed { .. }) {
-            return Err(RunError::WrongState {
+            return Err(RunError::NotCommitted {
                 run: self.run.clone(),
                 state: self.phase.name(),
             });

@@ -1,0 +1,627 @@
+//! Actor-level tests of the contract: the real `NodeActor` / `PoolActor` /
+//! `RunActor` subsystem behind the embedding API, on tokio's paused clock.
+//! One test (at least) per line of `membership-and-pool-readiness.md`.
+
+mod common;
+
+use common::*;
+use poolgate::gate::{AgentReport, Gate, GateError, RegistryFact};
+use poolgate_actors::core::{
+    AbortReason, Blocker, Epoch, Event, Fingerprint, OnReadinessLost, PoolDefinition, PoolId,
+    PoolPhase, Reason, RunError, RunId, SwimState, Time,
+};
+use poolgate_actors::node_actor::Outcome;
+
+const MEMBERS: &[&str] = &["n1", "n2", "n3"];
+
+fn gate_wait(timeout_ms: Option<u64>) -> Gate {
+    Gate::start(&config(MEMBERS, 5000, OnReadinessLost::Wait, timeout_ms))
+}
+
+fn run(name: &str) -> RunId {
+    RunId::new(name).unwrap()
+}
+
+async fn all_ready(gate: &Gate) {
+    for member in MEMBERS {
+        make_ready(gate, member).await;
+    }
+}
+
+/// Brings the pool to PoolReady at 5 s (epoch 1) and returns at 5.001 s.
+async fn ready_pool(gate: &Gate) {
+    all_ready(gate).await;
+    advance_to(gate, 5001).await;
+    assert_eq!(
+        gate.report().await.unwrap().phase,
+        PoolPhase::Ready { epoch: Epoch(1) }
+    );
+}
+
+fn refused(result: Result<impl std::fmt::Debug, GateError>) -> RunError {
+    match result {
+        Err(GateError::Refused(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn pool_ready_appears_only_after_every_fact_and_the_full_window() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        make_ready(&gate, "n1").await;
+        make_ready(&gate, "n2").await;
+        advance_to(&gate, 1000).await;
+        make_ready(&gate, "n3").await;
+        advance_to(&gate, 5999).await;
+        assert!(
+            drain(&mut events).is_empty(),
+            "no PoolReady inside the window"
+        );
+        advance_to(&gate, 6001).await;
+        let got = drain(&mut events);
+        match &got[..] {
+            [Event::PoolReady {
+                at,
+                epoch,
+                members,
+                fingerprints,
+                pool,
+            }] => {
+                assert_eq!(*at, Time::from_millis(6000));
+                assert_eq!(*epoch, Epoch(1));
+                assert_eq!(pool.as_str(), "pool-t");
+                assert_eq!(members, &[node("n1"), node("n2"), node("n3")]);
+                assert_eq!(fingerprints[&node("n2")], Fingerprint::of(b"key-of-n2"));
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// Each contract fact, withheld from one candidate, keeps the pool from
+/// becoming ready, and the report names it.
+#[test]
+fn each_missing_fact_keeps_the_pool_from_ready() {
+    type Spoil = fn(&Gate) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>;
+    let cases: [(&str, Spoil, Blocker); 6] = [
+        (
+            "unknown",
+            |g| {
+                Box::pin(async move {
+                    // Forgotten (which also drops identity), then identity again.
+                    g.registry(RegistryFact::Forgotten { node: node("n3") })
+                        .await
+                        .unwrap();
+                    let again = AgentReport::identity(node("n3"), b"key".to_vec()).unwrap();
+                    g.agent(again).await.unwrap();
+                })
+            },
+            Blocker::Unknown,
+        ),
+        (
+            "not live",
+            |g| Box::pin(swim(g, "n3", SwimState::Dead, 1)),
+            Blocker::NotLive,
+        ),
+        (
+            "no NodeAvailable",
+            |g| {
+                Box::pin(async move {
+                    g.agent(AgentReport::Unavailable { node: node("n3") })
+                        .await
+                        .unwrap();
+                })
+            },
+            Blocker::NotAvailable,
+        ),
+        (
+            "no identity",
+            |g| {
+                Box::pin(async move {
+                    // Forget and re-register: known again, identity gone.
+                    g.registry(RegistryFact::Forgotten { node: node("n3") })
+                        .await
+                        .unwrap();
+                    g.registry(RegistryFact::Known { node: node("n3") })
+                        .await
+                        .unwrap();
+                })
+            },
+            Blocker::NoIdentity,
+        ),
+        (
+            "suspect",
+            |g| Box::pin(swim(g, "n3", SwimState::Suspect, 1)),
+            Blocker::Suspect,
+        ),
+        (
+            "faulted",
+            |g| {
+                Box::pin(async move {
+                    g.agent(AgentReport::Faulted {
+                        node: node("n3"),
+                        reason: "ecc".into(),
+                    })
+                    .await
+                    .unwrap();
+                    g.agent(AgentReport::Available { node: node("n3") })
+                        .await
+                        .unwrap();
+                })
+            },
+            Blocker::Faulted,
+        ),
+    ];
+    for (name, spoil, blocker) in cases {
+        on_virtual_time(async move {
+            let gate = gate_wait(None);
+            let mut events = gate.subscribe();
+            all_ready(&gate).await;
+            spoil(&gate).await;
+            advance_to(&gate, 60_000).await;
+            assert!(drain(&mut events).is_empty(), "{name}: no PoolReady");
+            let report = gate.report().await.unwrap();
+            assert_eq!(report.phase, PoolPhase::Forming, "{name}");
+            let n3 = &report.candidates[2];
+            assert_eq!(n3.node, node("n3"));
+            assert_eq!(
+                n3.verdict.blockers().collect::<Vec<_>>(),
+                vec![blocker],
+                "{name}: the report names the one blocker"
+            );
+        });
+    }
+}
+
+#[test]
+fn a_change_inside_the_window_restarts_it() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        all_ready(&gate).await;
+        advance_to(&gate, 4000).await;
+        // A refuted suspicion: the node is ready again, but the view moved.
+        swim(&gate, "n2", SwimState::Suspect, 1).await;
+        swim(&gate, "n2", SwimState::Alive, 2).await;
+        advance_to(&gate, 8999).await;
+        assert!(drain(&mut events).is_empty());
+        advance_to(&gate, 9001).await;
+        assert_eq!(drain(&mut events)[0].at(), Time::from_millis(9000));
+        let report = gate.report().await.unwrap();
+        assert_eq!(report.last_change.node, Some(node("n2")));
+    });
+}
+
+#[test]
+fn duplicates_and_stale_observations_do_not_restart_the_window() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        all_ready(&gate).await;
+        advance_to(&gate, 3000).await;
+        let outcome = gate
+            .agent(AgentReport::Available { node: node("n1") })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Duplicate);
+        swim(&gate, "n1", SwimState::Alive, 2).await;
+        advance_to(&gate, 4000).await;
+        let stale = gate
+            .membership(poolgate::gate::MembershipUpdate {
+                node: node("n1"),
+                state: SwimState::Suspect,
+                incarnation: 1,
+            })
+            .await
+            .unwrap();
+        assert_eq!(stale, Outcome::Stale);
+        advance_to(&gate, 8001).await;
+        assert_eq!(names(&drain(&mut events)), ["pool_ready"]);
+        assert_eq!(gate.report().await.unwrap().ignored_stale, 1);
+    });
+}
+
+#[test]
+fn observations_about_non_candidates_are_ignored() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        all_ready(&gate).await;
+        advance_to(&gate, 2000).await;
+        let outcome = gate
+            .membership(poolgate::gate::MembershipUpdate {
+                node: node("outsider"),
+                state: SwimState::Dead,
+                incarnation: 9,
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::NotCandidate);
+        advance_to(&gate, 5001).await;
+        assert_eq!(names(&drain(&mut events)), ["pool_ready"]);
+        let report = gate.report().await.unwrap();
+        assert_eq!(report.ignored_non_candidate, 1);
+        assert_eq!(report.candidates.len(), 3);
+    });
+}
+
+#[test]
+fn planning_is_refused_before_pool_ready() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        all_ready(&gate).await;
+        advance_to(&gate, 4999).await;
+        assert_eq!(
+            refused(gate.begin_planning(run("r1"), None).await),
+            RunError::PoolNotReady
+        );
+        advance_to(&gate, 5001).await;
+        assert_eq!(
+            gate.begin_planning(run("r1"), None).await.unwrap(),
+            Epoch(1)
+        );
+    });
+}
+
+#[test]
+fn wait_ready_returns_the_epoch_to_plan_with() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        all_ready(&gate).await;
+        let proof = gate.wait_ready().await.unwrap();
+        assert_eq!(proof.epoch, Epoch(1));
+        assert_eq!(now_ms(&gate), 5000);
+        gate.begin_planning(run("r1"), Some(proof.epoch))
+            .await
+            .unwrap();
+        gate.commit_plan(run("r1"), vec![node("n1")], Some(proof.epoch))
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn readiness_lost_while_planning_under_wait_suspends_then_resumes_on_a_new_epoch() {
+    on_virtual_time(async {
+        let gate = gate_wait(Some(30_000));
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), Some(Epoch(1)))
+            .await
+            .unwrap();
+        swim(&gate, "n2", SwimState::Suspect, 1).await;
+        advance_to(&gate, 6000).await;
+        assert_eq!(
+            refused(gate.commit_plan(run("r1"), vec![node("n1")], None).await),
+            RunError::PoolNotReady
+        );
+        swim(&gate, "n2", SwimState::Alive, 2).await;
+        advance_to(&gate, 11_001).await;
+        assert_eq!(
+            names(&drain(&mut events)),
+            [
+                "pool_ready",
+                "planning_started",
+                "readiness_lost",
+                "planning_suspended",
+                "pool_ready",
+                "planning_resumed"
+            ]
+        );
+        // The proof of epoch 1 is stale now.
+        assert!(matches!(
+            refused(
+                gate.commit_plan(run("r1"), vec![node("n1")], Some(Epoch(1)))
+                    .await
+            ),
+            RunError::StaleEpoch {
+                given: Epoch(1),
+                current: Some(Epoch(2))
+            }
+        ));
+        gate.commit_plan(run("r1"), vec![node("n1")], Some(Epoch(2)))
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn the_wait_timeout_aborts_planning() {
+    on_virtual_time(async {
+        let gate = gate_wait(Some(10_000));
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        advance_to(&gate, 6000).await;
+        swim(&gate, "n3", SwimState::Dead, 1).await;
+        advance_to(&gate, 16_001).await;
+        let got = drain(&mut events);
+        assert!(
+            matches!(
+                got.last(),
+                Some(Event::PlanningAborted { reason: AbortReason::WaitTimeout, at, .. })
+                    if *at == Time::from_millis(16_000)
+            ),
+            "{got:?}"
+        );
+        assert!(matches!(
+            refused(gate.commit_plan(run("r1"), vec![], None).await),
+            RunError::UnknownRun(_)
+        ));
+        assert_eq!(gate.pending_deadline().await.unwrap(), None);
+    });
+}
+
+#[test]
+fn readiness_lost_while_planning_under_abort_aborts() {
+    on_virtual_time(async {
+        let gate = Gate::start(&config(MEMBERS, 5000, OnReadinessLost::Abort, None));
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        gate.agent(AgentReport::Unavailable { node: node("n1") })
+            .await
+            .unwrap();
+        advance_to(&gate, 5002).await;
+        let got = drain(&mut events);
+        assert!(
+            matches!(
+                got.last(),
+                Some(Event::PlanningAborted {
+                    reason: AbortReason::ReadinessLost,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+        // The pool is free for another run once ready again.
+        gate.agent(AgentReport::Available { node: node("n1") })
+            .await
+            .unwrap();
+        advance_to(&gate, 10_002).await;
+        gate.begin_planning(run("r2"), None).await.unwrap();
+    });
+}
+
+#[test]
+fn one_run_at_a_time() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        assert_eq!(
+            refused(gate.begin_planning(run("r2"), None).await),
+            RunError::RunInProgress(run("r1"))
+        );
+    });
+}
+
+#[test]
+fn a_required_node_suspected_after_commit_faults_the_run() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        gate.commit_plan(run("r1"), vec![node("n1"), node("n2")], Some(Epoch(1)))
+            .await
+            .unwrap();
+        advance_to(&gate, 7000).await;
+        swim(&gate, "n2", SwimState::Suspect, 1).await;
+        advance_to(&gate, 7001).await;
+        let got = drain(&mut events);
+        assert!(
+            got.iter().any(|e| matches!(
+                e,
+                Event::RunFaulted { node: n, reason: Reason::Suspect, at, .. }
+                    if n == &node("n2") && *at == Time::from_millis(7000)
+            )),
+            "{got:?}"
+        );
+        // A faulted run is final: it cannot be finished or committed.
+        assert!(matches!(
+            refused(gate.finish_run(run("r1")).await),
+            RunError::UnknownRun(_)
+        ));
+    });
+}
+
+#[test]
+fn each_loss_of_a_required_node_after_commit_faults_the_run() {
+    let losses: [(&str, Reason); 6] = [
+        ("dead", Reason::Dead),
+        ("left", Reason::Left),
+        ("faulted", Reason::Faulted),
+        ("unavailable", Reason::Unavailable),
+        ("forgotten", Reason::Unknown),
+        ("identity", Reason::IdentityChanged),
+    ];
+    for (how, reason) in losses {
+        on_virtual_time(async move {
+            let gate = gate_wait(None);
+            let mut events = gate.subscribe();
+            ready_pool(&gate).await;
+            gate.begin_planning(run("r1"), None).await.unwrap();
+            gate.commit_plan(run("r1"), vec![node("n1")], None)
+                .await
+                .unwrap();
+            let n1 = node("n1");
+            match how {
+                "dead" => swim(&gate, "n1", SwimState::Dead, 1).await,
+                "left" => swim(&gate, "n1", SwimState::Left, 1).await,
+                "faulted" => drop(
+                    gate.agent(AgentReport::Faulted {
+                        node: n1,
+                        reason: "disk".into(),
+                    })
+                    .await,
+                ),
+                "unavailable" => drop(gate.agent(AgentReport::Unavailable { node: n1 }).await),
+                "forgotten" => drop(gate.registry(RegistryFact::Forgotten { node: n1 }).await),
+                _ => drop(
+                    gate.agent(AgentReport::identity(n1, b"rotated".to_vec()).unwrap())
+                        .await,
+                ),
+            }
+            advance_to(&gate, 5002).await;
+            let got = drain(&mut events);
+            assert!(
+                got.iter().any(|e| matches!(
+                    e, Event::RunFaulted { reason: r, .. } if *r == reason
+                )),
+                "{how}: {got:?}"
+            );
+        });
+    }
+}
+
+#[test]
+fn losing_a_non_required_node_after_commit_does_not_fault_the_run() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        gate.commit_plan(run("r1"), vec![node("n1")], None)
+            .await
+            .unwrap();
+        swim(&gate, "n3", SwimState::Dead, 1).await;
+        // An incarnation bump of a required node is not a loss either.
+        swim(&gate, "n1", SwimState::Alive, 5).await;
+        advance_to(&gate, 60_000).await;
+        let got = names(&drain(&mut events));
+        assert_eq!(
+            got,
+            [
+                "pool_ready",
+                "planning_started",
+                "run_committed",
+                "readiness_lost"
+            ]
+        );
+        gate.finish_run(run("r1")).await.unwrap();
+    });
+}
+
+#[test]
+fn commit_is_refused_for_a_stale_epoch_or_a_non_candidate() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        assert!(matches!(
+            refused(
+                gate.commit_plan(run("r1"), vec![node("n1")], Some(Epoch(7)))
+                    .await
+            ),
+            RunError::StaleEpoch { .. }
+        ));
+        assert_eq!(
+            refused(
+                gate.commit_plan(run("r1"), vec![node("stranger")], None)
+                    .await
+            ),
+            RunError::NotCandidate(node("stranger"))
+        );
+        assert_eq!(
+            refused(gate.commit_plan(run("other"), vec![node("n1")], None).await),
+            RunError::UnknownRun(run("other"))
+        );
+        assert!(matches!(
+            refused(gate.begin_planning(run("r2"), Some(Epoch(0))).await),
+            RunError::StaleEpoch { .. }
+        ));
+    });
+}
+
+#[test]
+fn redefining_the_pool_restarts_readiness_and_is_refused_under_a_committed_run() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        let smaller =
+            PoolDefinition::new(PoolId::new("pool-u").unwrap(), vec![node("n1"), node("n2")])
+                .unwrap();
+        gate.define_pool(smaller.clone()).await.unwrap();
+        let got = drain(&mut events);
+        assert!(
+            matches!(
+                got.last(),
+                Some(Event::ReadinessLost {
+                    node: None,
+                    reason: Reason::PoolRedefined,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+        // The staying nodes kept their facts: ready again after a window.
+        advance_to(&gate, 10_002).await;
+        let report = gate.report().await.unwrap();
+        assert_eq!(report.pool.as_str(), "pool-u");
+        assert_eq!(report.phase, PoolPhase::Ready { epoch: Epoch(2) });
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        gate.commit_plan(run("r1"), vec![node("n1")], None)
+            .await
+            .unwrap();
+        assert!(matches!(
+            refused(gate.define_pool(smaller).await),
+            RunError::RunCommitted(_)
+        ));
+        // n3 is no longer a candidate: its observations are ignored.
+        let outcome = gate
+            .agent(AgentReport::Unavailable { node: node("n3") })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::NotCandidate);
+    });
+}
+
+#[test]
+fn a_new_candidate_starts_with_no_facts() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        ready_pool(&gate).await;
+        let bigger = PoolDefinition::new(
+            PoolId::new("pool-t").unwrap(),
+            vec![node("n1"), node("n2"), node("n3"), node("n4")],
+        )
+        .unwrap();
+        gate.define_pool(bigger).await.unwrap();
+        let report = gate.report().await.unwrap();
+        assert_eq!(report.phase, PoolPhase::Forming);
+        let n4 = report
+            .candidates
+            .iter()
+            .find(|c| c.node == node("n4"))
+            .unwrap();
+        assert_eq!(
+            n4.verdict.blockers().collect::<Vec<_>>(),
+            [
+                Blocker::Unknown,
+                Blocker::NotLive,
+                Blocker::NotAvailable,
+                Blocker::NoIdentity
+            ]
+        );
+    });
+}
+
+#[test]
+fn invalid_identity_material_is_refused_and_the_node_keeps_its_identity() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        ready_pool(&gate).await;
+        assert!(AgentReport::identity(node("n1"), vec![]).is_err());
+        assert!(AgentReport::identity(node("n1"), vec![0; 16 * 1024 + 1]).is_err());
+        let report = gate.report().await.unwrap();
+        assert_eq!(
+            report.candidates[0].fingerprint,
+            Some(Fingerprint::of(b"key-of-n1"))
+        );
+        assert_eq!(report.phase, PoolPhase::Ready { epoch: Epoch(1) });
+    });
+}

@@ -1,0 +1,108 @@
+//! Helpers shared by the integration tests: a paused-clock actix system, a
+//! config builder, and ways to feed a gate and read its events.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use poolgate::gate::{AgentReport, EventStream, Gate, MembershipUpdate, RegistryFact};
+use poolgate::Config;
+use poolgate_actors::core::{Event, NodeId, OnReadinessLost, SwimState, Time};
+
+/// Runs `test` inside an actix system on tokio's paused clock: time only
+/// moves when every task is idle, so timers fire at exact virtual instants.
+pub fn on_virtual_time<F: Future<Output = ()>>(test: F) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    actix::System::with_tokio_rt(move || runtime).block_on(test);
+}
+
+/// A config over `members` with the given window and policy.
+pub fn config(
+    members: &[&str],
+    window_ms: u64,
+    policy: OnReadinessLost,
+    wait_timeout_ms: Option<u64>,
+) -> Config {
+    let policy = match policy {
+        OnReadinessLost::Wait => "wait",
+        OnReadinessLost::Abort => "abort",
+    };
+    let timeout = wait_timeout_ms
+        .map(|ms| format!("wait_timeout = \"{ms}ms\"\n"))
+        .unwrap_or_default();
+    let members: Vec<String> = members.iter().map(|m| format!("\"{m}\"")).collect();
+    let text = format!(
+        "[pool]\nid = \"pool-t\"\nmembers = [{}]\n[readiness]\nconvergence_window = \"{window_ms}ms\"\n[planning]\non_readiness_lost = \"{policy}\"\n{timeout}",
+        members.join(", ")
+    );
+    Config::parse(&text, "test").expect("a valid test config")
+}
+
+pub fn node(name: &str) -> NodeId {
+    NodeId::new(name).expect("a valid node id")
+}
+
+/// Moves virtual time to `ms` after the gate's start; everything due
+/// strictly before has fired and settled.
+pub async fn advance_to(gate: &Gate, ms: u64) {
+    tokio::time::sleep_until(gate.clock().instant(Time::from_millis(ms))).await;
+}
+
+/// The gate's current virtual time in milliseconds.
+pub fn now_ms(gate: &Gate) -> u64 {
+    gate.clock().now().as_millis()
+}
+
+/// Drains every event published so far.
+pub fn drain(events: &mut EventStream) -> Vec<Event> {
+    let mut all = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        all.push(event);
+    }
+    all
+}
+
+/// The names of events, for compact assertions.
+pub fn names(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(Event::name).collect()
+}
+
+/// Feeds the four facts that make a node ready (it is known, alive at
+/// incarnation 1, available, and has identity material).
+pub async fn make_ready(gate: &Gate, name: &str) {
+    let node = node(name);
+    gate.registry(RegistryFact::Known { node: node.clone() })
+        .await
+        .unwrap();
+    gate.membership(MembershipUpdate {
+        node: node.clone(),
+        state: SwimState::Alive,
+        incarnation: 1,
+    })
+    .await
+    .unwrap();
+    gate.agent(AgentReport::Available { node: node.clone() })
+        .await
+        .unwrap();
+    gate.agent(AgentReport::identity(node, format!("key-of-{name}").into_bytes()).unwrap())
+        .await
+        .unwrap();
+}
+
+/// Sends a SWIM observation.
+pub async fn swim(gate: &Gate, name: &str, state: SwimState, incarnation: u64) {
+    gate.membership(MembershipUpdate {
+        node: node(name),
+        state,
+        incarnation,
+    })
+    .await
+    .unwrap();
+}
+
+pub const WINDOW: Duration = Duration::from_millis(5000);
