@@ -190,7 +190,13 @@ struct SwimStateName(SwimState);
 
 /// Parses one scenario line.
 pub fn parse_record(text: &str) -> Result<Record, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        let message = e.to_string();
+        let message = message
+            .rfind(" at line ")
+            .map_or(message.as_str(), |end| &message[..end]);
+        format!("not valid JSON at column {}: {message}", e.column())
+    })?;
     let Value::Object(object) = &value else {
         return Err("a record must be a JSON object".into());
     };

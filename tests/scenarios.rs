@@ -1,0 +1,193 @@
+//! The scenario directory: `tests/scenarios/NAME.jsonl` replayed through the
+//! real actors on virtual time, compared with `NAME.expected.jsonl` (the
+//! events, one JSON object per line) or `NAME.error` (the error of a bad
+//! line). `NAME.toml` is the config if present, `config.toml` otherwise.
+//!
+//! Events of one instant may come in any order (SPEC §5), so both sides are
+//! compared with each instant's events sorted. To write the expected files
+//! after a deliberate change, run with `POOLGATE_BLESS=1` and review the
+//! diff line by line.
+
+use std::path::{Path, PathBuf};
+
+use poolgate::render::json_line;
+use poolgate::replay::{self, ReplayError};
+use poolgate::Config;
+
+fn scenario_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios")
+}
+
+/// Replays one scenario: its event lines, and the bad-line error if any.
+fn replay_file(path: &Path) -> (Vec<String>, Option<String>) {
+    let dir = path.parent().unwrap();
+    let name = path.file_stem().unwrap().to_str().unwrap();
+    let own = dir.join(format!("{name}.toml"));
+    let config_path = if own.exists() {
+        own
+    } else {
+        dir.join("config.toml")
+    };
+    let config = Config::load(&config_path).unwrap();
+    let input = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let mut lines = Vec::new();
+    let result = replay::run(&config, input, |event| {
+        lines.push(json_line(event));
+        Ok(())
+    });
+    let error = match result {
+        Ok(()) => None,
+        Err(ReplayError::BadLine(bad)) => Some(bad.to_string()),
+        Err(other) => panic!("{name}: {other}"),
+    };
+    (canonical(lines), error)
+}
+
+/// Sorts the events of each instant, keeping instants in order.
+fn canonical(lines: Vec<String>) -> Vec<String> {
+    let mut keyed: Vec<(u64, String)> = lines
+        .into_iter()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+            (value["at_ms"].as_u64().unwrap(), line)
+        })
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, line)| line).collect()
+}
+
+#[test]
+fn every_scenario_gives_its_expected_events() {
+    let bless = std::env::var_os("POOLGATE_BLESS").is_some();
+    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(scenario_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jsonl"))
+        .filter(|path| !path.to_string_lossy().ends_with(".expected.jsonl"))
+        .collect();
+    scenarios.sort();
+    assert!(scenarios.len() >= 10, "the scenario directory is there");
+    let mut failures = Vec::new();
+    for path in &scenarios {
+        let name = path.file_stem().unwrap().to_str().unwrap();
+        let (events, error) = replay_file(path);
+        let expected_events = path.with_file_name(format!("{name}.expected.jsonl"));
+        let expected_error = path.with_file_name(format!("{name}.error"));
+        if bless {
+            std::fs::write(
+                &expected_events,
+                events.iter().map(|l| format!("{l}\n")).collect::<String>(),
+            )
+            .unwrap();
+            match &error {
+                Some(error) => std::fs::write(&expected_error, format!("{error}\n")).unwrap(),
+                None => drop(std::fs::remove_file(&expected_error)),
+            }
+            continue;
+        }
+        let want_events: Vec<String> = std::fs::read_to_string(&expected_events)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let want_error = std::fs::read_to_string(&expected_error)
+            .ok()
+            .map(|s| s.trim_end().to_string());
+        if canonical(want_events.clone()) != events {
+            failures.push(format!(
+                "{name}: events differ\n--- expected\n{}\n--- got\n{}",
+                want_events.join("\n"),
+                events.join("\n")
+            ));
+        }
+        if want_error != error {
+            failures.push(format!("{name}: error {error:?}, expected {want_error:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The binary's contract for bad lines: exit 2, `error: line N: …` on
+/// stderr, and the events due before the bad line on stdout.
+#[test]
+fn a_bad_line_exits_2_after_printing_the_events_before_it() {
+    let dir = tempdir();
+    let scenario = dir.join("truncated.jsonl");
+    let mut text =
+        std::fs::read_to_string(scenario_dir().join("change_at_deadline.jsonl")).unwrap();
+    text.push_str("{\"at_ms\":3000,\"type\":\"swim\",\"node\":\"a\",\"sta\n");
+    std::fs::write(&scenario, text).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["replay", "--config"])
+        .arg(scenario_dir().join("config.toml"))
+        .arg(&scenario)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: line 16: not valid JSON"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let events: Vec<&str> = stdout.lines().collect();
+    assert_eq!(events.len(), 3, "{stdout}");
+    assert!(events[1].contains("\"pool_ready\""), "{stdout}");
+    assert!(events[2].contains("\"planning_started\""), "{stdout}");
+}
+
+#[test]
+fn replay_reads_stdin_with_a_dash() {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["replay", "--config"])
+        .arg(scenario_dir().join("config.toml"))
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let scenario = std::fs::read(scenario_dir().join("formation.jsonl")).unwrap();
+    child.stdin.take().unwrap().write_all(&scenario).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1);
+    assert!(stdout.contains("\"at_ms\":1500"), "{stdout}");
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_key_and_line() {
+    let dir = tempdir();
+    let config = dir.join("bad.toml");
+    std::fs::write(
+        &config,
+        "[pool]\nid = \"p\"\nmembers = [\"a\", \"a\"]\n[readiness]\nconvergence_window = \"1s\"\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["replay", "--config"])
+        .arg(&config)
+        .arg(scenario_dir().join("formation.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("line 3: pool.members: node a is listed twice"),
+        "{stderr}"
+    );
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "poolgate-test-{}-{}",
+        std::process::id(),
+        std::thread::current()
+            .name()
+            .unwrap_or("t")
+            .replace("::", "-")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
