@@ -76,25 +76,25 @@ fn main() -> ExitCode {
                     Err(e) => return fail(&format!("{scenario}: {e}")),
                 }
             };
-            replay_to_stdout(&config, input, human)
+            replay_to_stdout(&config, input, human, false)
         }
         Command::Demo { config, json } => {
             if !json {
                 println!("poolgate demo: the shipped scenario replayed on a virtual clock\n");
             }
-            replay_to_stdout(&config, Box::new(DEMO_SCENARIO.as_bytes()), !json)
+            replay_to_stdout(&config, Box::new(DEMO_SCENARIO.as_bytes()), !json, !json)
         }
     }
 }
 
-fn replay_to_stdout(config: &Path, input: Box<dyn BufRead>, human: bool) -> ExitCode {
+fn replay_to_stdout(config: &Path, input: Box<dyn BufRead>, human: bool, echo: bool) -> ExitCode {
     let config = match Config::load(config) {
         Ok(config) => config,
         Err(e) => return fail(&e.to_string()),
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let result = replay::run(&config, input, |event| {
+    let result = replay::run_with(&config, input, echo, |event| {
         let line = if human {
             human_line(event)
         } else {

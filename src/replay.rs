@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::gate::{EventStream, Gate, GateError};
+use crate::render::describe;
 use crate::scenario::{parse_record, BadLine, ScenarioReader};
 
 /// A command or observation the gate refused, as the replay reports it.
@@ -36,6 +37,19 @@ pub struct Rejection {
     pub detail: String,
 }
 
+/// A scenario record echoed into the output (readable mode only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Echo {
+    /// When.
+    #[serde(rename = "at_ms")]
+    pub at: Time,
+    event: &'static str,
+    /// The scenario line.
+    pub line: usize,
+    /// The record, described.
+    pub input: String,
+}
+
 /// One line of replay output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -44,6 +58,8 @@ pub enum ReplayEvent {
     Gate(Event),
     /// A refused record.
     Rejected(Rejection),
+    /// A record as it is fed (only when asked for).
+    Input(Echo),
 }
 
 impl ReplayEvent {
@@ -52,6 +68,7 @@ impl ReplayEvent {
         match self {
             ReplayEvent::Gate(event) => event.at(),
             ReplayEvent::Rejected(rejection) => rejection.at,
+            ReplayEvent::Input(echo) => echo.at,
         }
     }
 }
@@ -77,6 +94,21 @@ where
     R: BufRead,
     S: FnMut(&ReplayEvent) -> io::Result<()>,
 {
+    run_with(config, input, false, sink)
+}
+
+/// As [`run`]; with `echo_inputs`, each record is also handed to `sink`
+/// (as [`ReplayEvent::Input`]) just before what it caused.
+pub fn run_with<R, S>(
+    config: &Config,
+    input: R,
+    echo_inputs: bool,
+    sink: S,
+) -> Result<(), ReplayError>
+where
+    R: BufRead,
+    S: FnMut(&ReplayEvent) -> io::Result<()>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -88,6 +120,7 @@ where
             events: gate.subscribe(),
             gate,
             held: Vec::new(),
+            echo_inputs,
             sink,
         };
         replay.drive(ScenarioReader::new(input)).await
@@ -99,6 +132,7 @@ struct Replay<S> {
     gate: Gate,
     events: EventStream,
     held: Vec<ReplayEvent>,
+    echo_inputs: bool,
     sink: S,
 }
 
@@ -139,6 +173,16 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
                 self.advance_before(at).await?;
             }
             last = Some(record.at_ms);
+            if self.echo_inputs {
+                if let Ok(input) = &record.input {
+                    self.held.push(ReplayEvent::Input(Echo {
+                        at,
+                        event: "input",
+                        line: number,
+                        input: describe(input),
+                    }));
+                }
+            }
             let refused = match record.input {
                 Ok(input) => self.gate.submit(at, input).await.err(),
                 Err(refusal) => Some(refusal),

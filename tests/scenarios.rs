@@ -191,3 +191,33 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// `cargo run` (the demo) shows forming, PoolReady, planning, commit and a
+/// required node's suspicion faulting the run.
+#[test]
+fn the_demo_tells_the_whole_story() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["demo", "--json", "--config"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let events: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "rejected",
+            "pool_ready",
+            "planning_started",
+            "run_committed",
+            "readiness_lost",
+            "run_faulted"
+        ]
+    );
+    assert_eq!(events[5]["reason"], "suspect");
+}

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use actix::fut::{self, ActorFutureExt, WrapFuture};
 use actix::{
-    Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Handler, Message,
-    MessageResponse,
+    Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, MessageResponse,
 };
 
 use crate::core::{
@@ -520,18 +519,5 @@ impl Handler<PendingDeadline> for PoolActor {
                 (a, b) => a.or(b),
             }
         })
-    }
-}
-
-/// Stops the pool actor; its node actors stop with the last address.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct Shutdown;
-
-impl Handler<Shutdown> for PoolActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: Shutdown, ctx: &mut Context<Self>) {
-        ctx.stop();
     }
 }
