@@ -207,7 +207,10 @@ fn the_demo_tells_the_whole_story() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
     assert_eq!(
         names,
         [
