@@ -20,6 +20,7 @@ pub mod gate;
 pub mod render;
 pub mod replay;
 pub mod scenario;
+pub mod swim;
 
 pub use config::{Config, ConfigError};
 pub use gate::{Gate, GateError};

@@ -1,0 +1,255 @@
+//! `SwimMember`: an actor that owns a foca instance and its UDP socket.
+//!
+//! foca does no I/O: the actor feeds it datagrams (`handle_data`) and
+//! timer events (`handle_timer`), then drains what foca asked for: datagrams
+//! to send, timers to schedule (actix `notify_later`), notifications to log.
+//! After each call the tracker turns membership changes into gate input for
+//! the sink, if there is one.
+
+use std::io;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use rand::rngs::StdRng;
+use tokio::net::UdpSocket;
+use tokio::task::JoinHandle;
+
+use super::identity::SwimIdentity;
+use super::tracker::MembershipTracker;
+use crate::gate::MembershipUpdate;
+
+/// Where membership updates go (the gate, in the orchestrator's member).
+pub type MembershipSink = Box<dyn FnMut(MembershipUpdate)>;
+
+/// SWIM timings (config `[swim]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwimSettings {
+    /// How often a random member is probed.
+    pub probe_period: Duration,
+    /// How long to wait for a direct probe reply before asking others.
+    pub probe_rtt: Duration,
+    /// How long a member stays suspect before it is declared down.
+    pub suspicion_timeout: Duration,
+}
+
+impl Default for SwimSettings {
+    fn default() -> Self {
+        Self {
+            probe_period: Duration::from_millis(500),
+            probe_rtt: Duration::from_millis(150),
+            suspicion_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl SwimSettings {
+    /// foca's configuration for a cluster of about `cluster_size` members.
+    pub fn foca_config(&self, cluster_size: u32) -> foca::Config {
+        let size = NonZeroU32::new(cluster_size.max(1)).unwrap_or(NonZeroU32::MIN);
+        let mut config = foca::Config::new_lan(size);
+        config.probe_period = self.probe_period;
+        config.probe_rtt = self.probe_rtt;
+        config.suspect_to_down_after = self.suspicion_timeout;
+        if let Some(gossip) = config.periodic_gossip.as_mut() {
+            gossip.frequency = (self.probe_period / 5).max(Duration::from_millis(20));
+        }
+        config
+    }
+}
+
+type SwimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
+
+/// One SWIM member on a UDP socket.
+pub struct SwimMember {
+    foca: SwimFoca,
+    runtime: AccumulatingRuntime<SwimIdentity>,
+    socket: Arc<UdpSocket>,
+    tracker: MembershipTracker,
+    sink: Option<MembershipSink>,
+    receiver: Option<JoinHandle<()>>,
+}
+
+impl SwimMember {
+    /// Binds `bind` and starts a member named `node` at `generation`.
+    /// Returns its address and the socket address it answers on.
+    pub async fn start(
+        node: &str,
+        bind: SocketAddr,
+        generation: u64,
+        config: foca::Config,
+        rng: StdRng,
+        sink: Option<MembershipSink>,
+    ) -> io::Result<(Addr<SwimMember>, SocketAddr)> {
+        let socket = UdpSocket::bind(bind).await?;
+        let local = socket.local_addr()?;
+        let identity = SwimIdentity {
+            node: node.to_string(),
+            addr: local,
+            generation,
+        };
+        let member = SwimMember {
+            foca: Foca::new(identity, config, rng, PostcardCodec),
+            runtime: AccumulatingRuntime::new(),
+            socket: Arc::new(socket),
+            tracker: MembershipTracker::default(),
+            sink,
+            receiver: None,
+        };
+        Ok((member.start(), local))
+    }
+
+    /// Does what foca asked for, then reports membership changes.
+    fn drain(&mut self, ctx: &mut Context<Self>) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            if let Err(e) = self.socket.try_send_to(&data, to.addr) {
+                // UDP: a datagram that cannot be sent now is lost, as on
+                // the wire; SWIM tolerates loss.
+                tracing::debug!(to = %to.addr, error = %e, "datagram not sent");
+            }
+        }
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            ctx.notify_later(FocaTimer { timer }, after);
+        }
+        while let Some(notification) = self.runtime.to_notify() {
+            match notification {
+                OwnedNotification::Defunct => {
+                    tracing::warn!(node = %self.foca.identity().node, "declared down; identity defunct")
+                }
+                other => tracing::debug!(node = %self.foca.identity().node, ?other, "foca"),
+            }
+        }
+        if let Some(sink) = self.sink.as_mut() {
+            for update in self.tracker.diff(self.foca.iter_membership_state()) {
+                tracing::debug!(node = %update.node, state = %update.state, incarnation = update.incarnation, "SWIM change");
+                sink(update);
+            }
+        }
+    }
+
+    fn report(&self, what: &str, result: Result<(), foca::Error>) {
+        if let Err(e) = result {
+            tracing::debug!(node = %self.foca.identity().node, error = %e, "{what} refused");
+        }
+    }
+}
+
+impl Actor for SwimMember {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let socket = Arc::clone(&self.socket);
+        let me = ctx.address().downgrade();
+        self.receiver = Some(actix::spawn(async move {
+            let mut buffer = vec![0u8; 65_536];
+            loop {
+                match socket.recv_from(&mut buffer).await {
+                    Ok((len, _from)) => {
+                        let Some(member) = me.upgrade() else { break };
+                        member.do_send(Datagram {
+                            data: buffer[..len].to_vec(),
+                        });
+                    }
+                    Err(e) => tracing::debug!(error = %e, "receive failed"),
+                }
+            }
+        }));
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        if let Some(receiver) = self.receiver.take() {
+            receiver.abort();
+        }
+    }
+}
+
+/// Announce this member to seeds known by address.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Join {
+    /// The seeds' socket addresses.
+    pub seeds: Vec<SocketAddr>,
+}
+
+/// A datagram arrived.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Datagram {
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
+/// A timer foca asked for is due.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct FocaTimer {
+    timer: Timer<SwimIdentity>,
+}
+
+/// Stop answering at once, as a crashed process would (the socket closes).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Crash;
+
+/// Leave the cluster gracefully, then stop.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Leave;
+
+impl Handler<Join> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) {
+        for seed in msg.seeds {
+            let result = self
+                .foca
+                .announce(SwimIdentity::seed(seed), &mut self.runtime);
+            self.report("announce", result);
+        }
+        self.drain(ctx);
+    }
+}
+
+impl Handler<Datagram> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Datagram, ctx: &mut Context<Self>) {
+        // A datagram foca cannot use (garbage, oversized, our own) is
+        // dropped: the network is not trusted to be well-formed.
+        let result = self.foca.handle_data(&msg.data, &mut self.runtime);
+        self.report("datagram", result);
+        self.drain(ctx);
+    }
+}
+
+impl Handler<FocaTimer> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
+        let result = self.foca.handle_timer(msg.timer, &mut self.runtime);
+        self.report("timer", result);
+        self.drain(ctx);
+    }
+}
+
+impl Handler<Crash> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Crash, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Leave> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Leave, ctx: &mut Context<Self>) {
+        let result = self.foca.leave_cluster(&mut self.runtime);
+        self.report("leave", result);
+        self.drain(ctx);
+        ctx.stop();
+    }
+}

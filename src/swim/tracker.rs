@@ -1,0 +1,291 @@
+//! foca's membership view → the gate's SWIM observations.
+//!
+//! foca reports members as alive, suspect or down, each with a 16-bit
+//! incarnation per identity. The gate wants one state and one incarnation
+//! per node that only grows: the tracker folds the generation into the high
+//! bits (`generation << 16 | incarnation`), so a restarted node (new
+//! generation, incarnation 0) outranks everything its previous life said.
+//! foca's `Down` becomes `dead`: foca reports a graceful leave and a
+//! confirmed failure the same way (a member marked down), so the two cannot
+//! be told apart on the wire.
+
+use std::collections::HashMap;
+
+use foca::{Member, State};
+use poolgate_actors::core::{NodeId, SwimState};
+
+use super::identity::SwimIdentity;
+use crate::gate::MembershipUpdate;
+
+/// The latest state reported per node, to emit only changes.
+#[derive(Debug, Default)]
+pub struct MembershipTracker {
+    reported: HashMap<String, (SwimState, u64)>,
+    /// Members whose node id is not a valid gate id; never reported.
+    pub invalid_ids: u64,
+}
+
+impl MembershipTracker {
+    /// Compares foca's full membership (`Foca::iter_membership_state`) with
+    /// what was reported before; returns one update per node that changed.
+    /// Where a node has several identities (an old life and a new one), the
+    /// highest generation speaks for it.
+    pub fn diff<'a>(
+        &mut self,
+        members: impl Iterator<Item = &'a Member<SwimIdentity>>,
+    ) -> Vec<MembershipUpdate> {
+        let mut newest: HashMap<&str, &Member<SwimIdentity>> = HashMap::new();
+        for member in members {
+            let id = member.id();
+            match newest.get(id.node.as_str()) {
+                Some(known) if known.id().generation >= id.generation => {}
+                _ => {
+                    newest.insert(id.node.as_str(), member);
+                }
+            }
+        }
+        let mut updates = Vec::new();
+        for (node, member) in newest {
+            let state = match member.state() {
+                State::Alive => SwimState::Alive,
+                State::Suspect => SwimState::Suspect,
+                State::Down => SwimState::Dead,
+            };
+            let incarnation = (member.id().generation << 16) | u64::from(member.incarnation());
+            if self.reported.get(node) == Some(&(state, incarnation)) {
+                continue;
+            }
+            let Ok(node_id) = NodeId::new(node) else {
+                self.invalid_ids += 1;
+                continue;
+            };
+            self.reported.insert(node.to_string(), (state, incarnation));
+            updates.push(MembershipUpdate {
+                node: node_id,
+                state,
+                incarnation,
+            });
+        }
+        updates.sort_by(|a, b| a.node.cmp(&b.node));
+        updates
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! foca instances wired together in memory, on a virtual millisecond
+    //! clock: deterministic, no sockets.
+
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, VecDeque};
+    use std::net::SocketAddr;
+
+    use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, PostcardCodec, Timer};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::swim::SwimSettings;
+
+    type SimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
+
+    struct SimNode {
+        foca: SimFoca,
+        runtime: AccumulatingRuntime<SwimIdentity>,
+        up: bool,
+    }
+
+    struct Sim {
+        now: u64,
+        seq: u64,
+        nodes: Vec<SimNode>,
+        timers: BinaryHeap<Reverse<(u64, u64, usize, Timer<SwimIdentity>)>>,
+        wire: VecDeque<(usize, Vec<u8>)>,
+        tracker: MembershipTracker,
+        seen: Vec<MembershipUpdate>,
+    }
+
+    fn addr(i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16))
+    }
+
+    fn new_foca(i: usize, generation: u64) -> SimFoca {
+        let identity = SwimIdentity {
+            node: format!("n{i}"),
+            addr: addr(i),
+            generation,
+        };
+        let config = SwimSettings::default().foca_config(4);
+        Foca::new(
+            identity,
+            config,
+            StdRng::seed_from_u64(i as u64 * 31 + generation),
+            PostcardCodec,
+        )
+    }
+
+    impl Sim {
+        /// `n` members, each announcing itself to member 0.
+        fn new(n: usize) -> Self {
+            let mut sim = Sim {
+                now: 0,
+                seq: 0,
+                nodes: (0..n)
+                    .map(|i| SimNode {
+                        foca: new_foca(i, 0),
+                        runtime: AccumulatingRuntime::new(),
+                        up: true,
+                    })
+                    .collect(),
+                timers: BinaryHeap::new(),
+                wire: VecDeque::new(),
+                tracker: MembershipTracker::default(),
+                seen: Vec::new(),
+            };
+            for i in 1..n {
+                sim.announce(i);
+            }
+            sim
+        }
+
+        fn announce(&mut self, i: usize) {
+            let node = &mut self.nodes[i];
+            node.foca
+                .announce(SwimIdentity::seed(addr(0)), &mut node.runtime)
+                .unwrap();
+            self.settle(i);
+        }
+
+        /// Takes what node `i` asked for, delivers datagrams at once, and
+        /// lets member 0's tracker look at the result.
+        fn settle(&mut self, i: usize) {
+            let node = &mut self.nodes[i];
+            while let Some((to, data)) = node.runtime.to_send() {
+                let index = (to.addr.port() - 7000) as usize;
+                self.wire.push_back((index, data.to_vec()));
+            }
+            while let Some((after, timer)) = node.runtime.to_schedule() {
+                self.seq += 1;
+                let at = self.now + after.as_millis() as u64;
+                self.timers.push(Reverse((at, self.seq, i, timer)));
+            }
+            while node.runtime.to_notify().is_some() {}
+            while let Some((to, data)) = self.wire.pop_front() {
+                if self.nodes[to].up && self.nodes[i].up {
+                    let target = &mut self.nodes[to];
+                    let _ = target.foca.handle_data(&data, &mut target.runtime);
+                    self.settle(to);
+                }
+            }
+            let updates = self
+                .tracker
+                .diff(self.nodes[0].foca.iter_membership_state());
+            self.seen.extend(updates);
+        }
+
+        fn run_until(&mut self, until: u64) {
+            while let Some(Reverse((at, _, _, _))) = self.timers.peek() {
+                if *at > until {
+                    break;
+                }
+                let Reverse((at, _, i, timer)) = self.timers.pop().unwrap();
+                self.now = at;
+                if self.nodes[i].up {
+                    let node = &mut self.nodes[i];
+                    let _ = node.foca.handle_timer(timer, &mut node.runtime);
+                    self.settle(i);
+                }
+            }
+            self.now = until;
+        }
+
+        /// Runs until member 0 has reported `node` in `state` (counting
+        /// from the `since`-th report); returns that update.
+        fn until_reported(
+            &mut self,
+            since: usize,
+            node: &str,
+            state: SwimState,
+            limit: u64,
+        ) -> MembershipUpdate {
+            let start = since;
+            while self.now < limit {
+                if let Some(found) = self.seen[start..]
+                    .iter()
+                    .find(|u| u.node.as_str() == node && u.state == state)
+                {
+                    return found.clone();
+                }
+                let step = self.now + 10;
+                self.run_until(step);
+            }
+            panic!(
+                "{node} never reported {state} by {limit} ms: {:?}",
+                self.seen
+            );
+        }
+    }
+
+    #[test]
+    fn members_that_join_are_reported_alive() {
+        let mut sim = Sim::new(3);
+        let update = sim.until_reported(0, "n2", SwimState::Alive, 2_000);
+        assert_eq!(update.incarnation, 0);
+    }
+
+    #[test]
+    fn a_crashed_member_is_reported_suspect_at_its_incarnation_then_dead() {
+        let mut sim = Sim::new(4);
+        sim.run_until(3_000);
+        sim.nodes[2].up = false;
+        let since = sim.seen.len();
+        let suspect = sim.until_reported(since, "n2", SwimState::Suspect, 10_000);
+        assert_eq!(suspect.incarnation, 0);
+        let dead = sim.until_reported(since, "n2", SwimState::Dead, 20_000);
+        assert_eq!(dead.incarnation, 0);
+    }
+
+    #[test]
+    fn a_refuted_suspicion_is_reported_alive_at_a_higher_incarnation() {
+        let mut sim = Sim::new(4);
+        sim.run_until(3_000);
+        sim.nodes[2].up = false;
+        let since = sim.seen.len();
+        sim.until_reported(since, "n2", SwimState::Suspect, 10_000);
+        sim.nodes[2].up = true;
+        let since = sim.seen.len();
+        let alive = sim.until_reported(since, "n2", SwimState::Alive, 20_000);
+        assert!(alive.incarnation > 0, "{alive:?}");
+    }
+
+    #[test]
+    fn a_restarted_member_with_a_new_generation_is_alive_again() {
+        let mut sim = Sim::new(4);
+        sim.run_until(3_000);
+        sim.nodes[2].up = false;
+        let since = sim.seen.len();
+        let dead = sim.until_reported(since, "n2", SwimState::Dead, 30_000);
+        let since = sim.seen.len();
+        sim.nodes[2] = SimNode {
+            foca: new_foca(2, 1),
+            runtime: AccumulatingRuntime::new(),
+            up: true,
+        };
+        sim.announce(2);
+        let alive = sim.until_reported(since, "n2", SwimState::Alive, sim.now + 10_000);
+        assert!(alive.incarnation >= 1 << 16, "{alive:?}");
+        assert!(alive.incarnation > dead.incarnation);
+    }
+
+    #[test]
+    fn only_changes_are_reported() {
+        let mut sim = Sim::new(3);
+        sim.run_until(5_000);
+        let alive: Vec<_> = sim
+            .seen
+            .iter()
+            .filter(|u| u.node.as_str() == "n1")
+            .collect();
+        assert_eq!(alive.len(), 1, "{:?}", sim.seen);
+    }
+}
