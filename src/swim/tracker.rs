@@ -95,11 +95,14 @@ mod tests {
         up: bool,
     }
 
+    /// A timer due: (at ms, sequence, member index, timer).
+    type Due = (u64, u64, usize, Timer<SwimIdentity>);
+
     struct Sim {
         now: u64,
         seq: u64,
         nodes: Vec<SimNode>,
-        timers: BinaryHeap<Reverse<(u64, u64, usize, Timer<SwimIdentity>)>>,
+        timers: BinaryHeap<Reverse<Due>>,
         wire: VecDeque<(usize, Vec<u8>)>,
         tracker: MembershipTracker,
         seen: Vec<MembershipUpdate>,
