@@ -1,6 +1,7 @@
 //! `config.toml`: the pool, the convergence window and the planning policy
 //! (SPEC §4). Every error names the key and the line it is on.
 
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
 use poolgate_actors::pool_actor::PoolSettings;
 use toml::de::{DeTable, DeValue};
+
+use crate::swim::SwimSettings;
 use toml::Spanned;
 
 /// A checked configuration.
@@ -19,6 +22,54 @@ pub struct Config {
     pub convergence_window: Duration,
     /// `[planning]`: what to do when readiness is lost before commit.
     pub planning: PlanningPolicy,
+    /// `[swim]`: the live SWIM member (optional section).
+    pub swim: SwimConfig,
+    /// `[demo]`: the live demonstration (optional section).
+    pub demo: DemoConfig,
+}
+
+/// `[swim]`: where the orchestrator's SWIM member listens, whom it asks to
+/// join, and SWIM's timings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwimConfig {
+    /// `bind`: the UDP address (port 0 picks a free one).
+    pub bind: SocketAddr,
+    /// `seeds`: members to announce to at start.
+    pub seeds: Vec<SocketAddr>,
+    /// `probe_period`, `probe_rtt`, `suspicion_timeout`.
+    pub timings: SwimSettings,
+}
+
+impl Default for SwimConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            seeds: Vec::new(),
+            timings: SwimSettings::default(),
+        }
+    }
+}
+
+/// `[demo]`: the live demonstration's cluster and its crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoConfig {
+    /// `nodes`: how many node members to start (1 to 64).
+    pub nodes: u32,
+    /// `announce_within`: each node agent announces itself after a random
+    /// delay up to this.
+    pub announce_within: Duration,
+    /// `crash_after`: how long after commit a required node crashes.
+    pub crash_after: Duration,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 5,
+            announce_within: Duration::from_millis(800),
+            crash_after: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Why a configuration was refused.
@@ -63,7 +114,7 @@ impl Config {
         let root = DeTable::parse(text)
             .map_err(|e| doc.error(e.span().unwrap_or(0..0), "toml", e.message().trim_end()))?;
         let root = root.get_ref();
-        doc.only_keys(root, "", &["pool", "readiness", "planning"])?;
+        doc.only_keys(root, "", &["pool", "readiness", "planning", "swim", "demo"])?;
 
         let (pool_table, pool_span) = doc.required_section(root, "pool")?;
         let (readiness_table, readiness_span) = doc.required_section(root, "readiness")?;
@@ -122,10 +173,21 @@ impl Config {
             }
         }
 
+        let swim = match doc.section(root, "swim")? {
+            Some((table, _)) => doc.swim(table)?,
+            None => SwimConfig::default(),
+        };
+        let demo = match doc.section(root, "demo")? {
+            Some((table, _)) => doc.demo(table)?,
+            None => DemoConfig::default(),
+        };
+
         Ok(Config {
             pool,
             convergence_window,
             planning: planning_policy,
+            swim,
+            demo,
         })
     }
 
@@ -245,6 +307,95 @@ impl<'a> Doc<'a> {
             return Err(self.error(span, key, "must be a whole number of milliseconds"));
         }
         Ok((duration, span))
+    }
+
+    fn swim(&self, table: &Table<'_>) -> Result<SwimConfig, ConfigError> {
+        self.only_keys(
+            table,
+            "swim",
+            &[
+                "bind",
+                "seeds",
+                "probe_period",
+                "probe_rtt",
+                "suspicion_timeout",
+            ],
+        )?;
+        let mut swim = SwimConfig::default();
+        if let Some(value) = table.get("bind") {
+            swim.bind = self.socket_addr(value, "swim.bind")?;
+        }
+        if let Some(value) = table.get("seeds") {
+            let DeValue::Array(items) = value.get_ref() else {
+                return Err(self.error(
+                    value.span(),
+                    "swim.seeds",
+                    "must be a list of \"host:port\"",
+                ));
+            };
+            swim.seeds = items
+                .iter()
+                .map(|item| self.socket_addr(item, "swim.seeds"))
+                .collect::<Result<_, _>>()?;
+        }
+        let timings = &mut swim.timings;
+        let mut rtt_span = None;
+        if let Some(value) = table.get("probe_period") {
+            timings.probe_period = self.duration(value, "swim.probe_period")?.0;
+        }
+        if let Some(value) = table.get("probe_rtt") {
+            let (rtt, span) = self.duration(value, "swim.probe_rtt")?;
+            timings.probe_rtt = rtt;
+            rtt_span = Some(span);
+        }
+        if let Some(value) = table.get("suspicion_timeout") {
+            timings.suspicion_timeout = self.duration(value, "swim.suspicion_timeout")?.0;
+        }
+        if timings.probe_rtt >= timings.probe_period {
+            return Err(self.error(
+                rtt_span.unwrap_or(0..0),
+                "swim.probe_rtt",
+                "must be shorter than swim.probe_period",
+            ));
+        }
+        Ok(swim)
+    }
+
+    fn demo(&self, table: &Table<'_>) -> Result<DemoConfig, ConfigError> {
+        self.only_keys(table, "demo", &["nodes", "announce_within", "crash_after"])?;
+        let mut demo = DemoConfig::default();
+        if let Some(value) = table.get("nodes") {
+            let nodes = value
+                .get_ref()
+                .as_integer()
+                .and_then(|n| u32::from_str_radix(&n.as_str().replace('_', ""), n.radix()).ok())
+                .filter(|n| (1..=64).contains(n));
+            demo.nodes = nodes.ok_or_else(|| {
+                self.error(
+                    value.span(),
+                    "demo.nodes",
+                    "must be a whole number from 1 to 64",
+                )
+            })?;
+        }
+        if let Some(value) = table.get("announce_within") {
+            demo.announce_within = self.duration(value, "demo.announce_within")?.0;
+        }
+        if let Some(value) = table.get("crash_after") {
+            demo.crash_after = self.duration(value, "demo.crash_after")?.0;
+        }
+        Ok(demo)
+    }
+
+    fn socket_addr(&self, value: &Value<'_>, key: &str) -> Result<SocketAddr, ConfigError> {
+        let (text, span) = self.string(value, key)?;
+        text.parse().map_err(|_| {
+            self.error(
+                span,
+                key,
+                format!("`{text}` is not an address like \"127.0.0.1:7946\""),
+            )
+        })
     }
 
     fn members(&self, value: &Value<'_>, id: PoolId) -> Result<PoolDefinition, ConfigError> {
@@ -402,6 +553,26 @@ wait_timeout = "30s"
         let text = GOOD.replace("convergence_window = \"5s\"", "convergence_window = ");
         let (line, key, _) = error_of(&text);
         assert_eq!((line, key.as_str()), (7, "toml"));
+    }
+
+    #[test]
+    fn swim_and_demo_sections_are_read_and_checked() {
+        let text = format!("{GOOD}\n[swim]\nbind = \"127.0.0.1:7946\"\nseeds = [\"127.0.0.1:7947\"]\nprobe_period = \"400ms\"\nprobe_rtt = \"100ms\"\nsuspicion_timeout = \"1s\"\n[demo]\nnodes = 3\ncrash_after = \"2s\"\n");
+        let config = Config::parse(&text, "c").unwrap();
+        assert_eq!(config.swim.bind.port(), 7946);
+        assert_eq!(config.swim.seeds.len(), 1);
+        assert_eq!(config.swim.timings.probe_period, Duration::from_millis(400));
+        assert_eq!(config.demo.nodes, 3);
+        assert_eq!(config.demo.crash_after, Duration::from_secs(2));
+
+        let (line, key, _) = error_of(&text.replace("\"100ms\"", "\"400ms\""));
+        assert_eq!((line, key.as_str()), (17, "swim.probe_rtt"));
+        let (line, key, _) = error_of(&text.replace("nodes = 3", "nodes = 0"));
+        assert_eq!((line, key.as_str()), (20, "demo.nodes"));
+        let (_, key, _) = error_of(&text.replace("127.0.0.1:7947", "nowhere"));
+        assert_eq!(key, "swim.seeds");
+        let (_, key, _) = error_of(&text.replace("probe_period", "probe_perod"));
+        assert_eq!(key, "swim.probe_perod");
     }
 
     #[test]

@@ -252,6 +252,26 @@ impl Gate {
         self.observe(Input::Registry(fact)).await
     }
 
+    /// Feeds a SWIM fact without waiting for it to be applied: for a
+    /// membership feed that must not block (the SWIM adapter). Facts about
+    /// one node keep their order; their order relative to commands sent
+    /// meanwhile is not guaranteed.
+    pub fn membership_nowait(&self, update: MembershipUpdate) {
+        let at = self.clock.now();
+        let MembershipUpdate {
+            node,
+            state,
+            incarnation,
+        } = update;
+        match self.router.route(&node) {
+            Some(addr) => addr.do_send(Observe {
+                at,
+                observation: Observation::Swim { state, incarnation },
+            }),
+            None => IgnoredCounts::bump(&self.router.ignored.non_candidate),
+        }
+    }
+
     /// Replaces the candidate pool (refused while a run is committed).
     pub async fn define_pool(&self, definition: PoolDefinition) -> Result<(), GateError> {
         self.submit_now(Input::DefinePool(definition))

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod demo;
 pub mod gate;
 pub mod render;
 pub mod replay;

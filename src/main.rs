@@ -6,12 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use poolgate::render::{human_line, json_line};
+use poolgate::demo::{self, DemoLine};
+use poolgate::render::{describe_event, human_line, json_line, timed};
 use poolgate::replay::{self, ReplayError};
 use poolgate::Config;
-
-/// The shipped demonstration scenario (`cargo run`).
-const DEMO_SCENARIO: &str = include_str!("../examples/scenarios/demo.jsonl");
 
 #[derive(Parser)]
 #[command(
@@ -38,14 +36,18 @@ enum Command {
         /// The scenario file, or `-` for stdin.
         scenario: String,
     },
-    /// Replay the shipped demonstration scenario, readably (the default).
+    /// The live demo (the default): a SWIM cluster on 127.0.0.1 feeding
+    /// the gate; a required node crashes after commit and the run faults.
     Demo {
         /// The configuration file.
         #[arg(long, default_value = "config.toml")]
         config: PathBuf,
-        /// Print JSON events instead of readable lines.
+        /// Print JSON events (and `node_crashed`) instead of readable lines.
         #[arg(long)]
         json: bool,
+        /// Seed for the agents' delays and keys (random if absent).
+        #[arg(long)]
+        seed: Option<u64>,
     },
 }
 
@@ -61,6 +63,7 @@ fn main() -> ExitCode {
     let command = cli.command.unwrap_or(Command::Demo {
         config: PathBuf::from("config.toml"),
         json: false,
+        seed: None,
     });
     match command {
         Command::Replay {
@@ -78,12 +81,52 @@ fn main() -> ExitCode {
             };
             replay_to_stdout(&config, input, human, false)
         }
-        Command::Demo { config, json } => {
+        Command::Demo { config, json, seed } => live_demo(&config, json, seed),
+    }
+}
+
+fn live_demo(config: &Path, json: bool, seed: Option<u64>) -> ExitCode {
+    let config = match Config::load(config) {
+        Ok(config) => config,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let seed = seed.unwrap_or_else(rand::random);
+    if !json {
+        println!(
+            "poolgate live demo: {} nodes and the orchestrator on 127.0.0.1 (SWIM over UDP), window {}, seed {seed}\n",
+            config.demo.nodes,
+            humantime::format_duration(config.convergence_window)
+        );
+    }
+    let system = actix::System::new();
+    let result = system.block_on(demo::run(&config, seed, |line| {
+        let text = match (line, json) {
+            (DemoLine::Note { .. }, true) => return,
+            (DemoLine::Note { at, text }, false) => timed(*at, &format!("· {text}")),
+            (DemoLine::Event(event), false) => timed(event.at(), &describe_event(event)),
+            (DemoLine::Crashed(crash), false) => timed(
+                crash.at,
+                &format!(
+                    "demo: {}'s SWIM member crashed (its socket stops answering)",
+                    crash.node
+                ),
+            ),
+            (line, true) => serde_json::to_string(line).unwrap_or_default(),
+        };
+        println!("{text}");
+    }));
+    match result {
+        Ok(outcome) => {
             if !json {
-                println!("poolgate demo: the shipped scenario replayed on a virtual clock\n");
+                println!(
+                    "\nPoolReady after {}; the run faulted {:.3}s after the crash.",
+                    outcome.ready_at,
+                    (outcome.faulted_at - outcome.crashed_at).as_secs_f64()
+                );
             }
-            replay_to_stdout(&config, Box::new(DEMO_SCENARIO.as_bytes()), !json, !json)
+            ExitCode::SUCCESS
         }
+        Err(e) => fail(&e.to_string()),
     }
 }
 

@@ -9,7 +9,6 @@
 use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
@@ -67,7 +66,10 @@ type SwimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
 pub struct SwimMember {
     foca: SwimFoca,
     runtime: AccumulatingRuntime<SwimIdentity>,
-    socket: Arc<UdpSocket>,
+    /// Sends go through a plain non-blocking socket (a datagram is sent or
+    /// lost at once); receives through a tokio clone of it.
+    sender: std::net::UdpSocket,
+    receiving: Option<UdpSocket>,
     tracker: MembershipTracker,
     sink: Option<MembershipSink>,
     receiver: Option<JoinHandle<()>>,
@@ -75,8 +77,9 @@ pub struct SwimMember {
 
 impl SwimMember {
     /// Binds `bind` and starts a member named `node` at `generation`.
-    /// Returns its address and the socket address it answers on.
-    pub async fn start(
+    /// Returns its address and the socket address it answers on. Must be
+    /// called inside a running actix `System`.
+    pub fn start(
         node: &str,
         bind: SocketAddr,
         generation: u64,
@@ -84,8 +87,10 @@ impl SwimMember {
         rng: StdRng,
         sink: Option<MembershipSink>,
     ) -> io::Result<(Addr<SwimMember>, SocketAddr)> {
-        let socket = UdpSocket::bind(bind).await?;
-        let local = socket.local_addr()?;
+        let sender = std::net::UdpSocket::bind(bind)?;
+        sender.set_nonblocking(true)?;
+        let local = sender.local_addr()?;
+        let receiving = UdpSocket::from_std(sender.try_clone()?)?;
         let identity = SwimIdentity {
             node: node.to_string(),
             addr: local,
@@ -94,7 +99,8 @@ impl SwimMember {
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, PostcardCodec),
             runtime: AccumulatingRuntime::new(),
-            socket: Arc::new(socket),
+            sender,
+            receiving: Some(receiving),
             tracker: MembershipTracker::default(),
             sink,
             receiver: None,
@@ -105,7 +111,7 @@ impl SwimMember {
     /// Does what foca asked for, then reports membership changes.
     fn drain(&mut self, ctx: &mut Context<Self>) {
         while let Some((to, data)) = self.runtime.to_send() {
-            if let Err(e) = self.socket.try_send_to(&data, to.addr) {
+            if let Err(e) = self.sender.send_to(&data, to.addr) {
                 // UDP: a datagram that cannot be sent now is lost, as on
                 // the wire; SWIM tolerates loss.
                 tracing::debug!(to = %to.addr, error = %e, "datagram not sent");
@@ -141,7 +147,9 @@ impl Actor for SwimMember {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let socket = Arc::clone(&self.socket);
+        let Some(socket) = self.receiving.take() else {
+            return;
+        };
         let me = ctx.address().downgrade();
         self.receiver = Some(actix::spawn(async move {
             let mut buffer = vec![0u8; 65_536];
