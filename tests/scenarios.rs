@@ -192,13 +192,14 @@ fn tempdir() -> PathBuf {
     dir
 }
 
-/// `cargo run` (the demo) shows forming, PoolReady, planning, commit and a
-/// required node's suspicion faulting the run.
+/// The shipped demo scenario shows forming, PoolReady, planning, commit and
+/// a required node's suspicion faulting the run.
 #[test]
-fn the_demo_tells_the_whole_story() {
+fn the_demo_scenario_tells_the_whole_story() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["demo", "--json", "--config"])
+        .args(["replay", "--config"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/scenarios/demo.jsonl"))
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -223,4 +224,35 @@ fn the_demo_tells_the_whole_story() {
         ]
     );
     assert_eq!(events[5]["reason"], "suspect");
+}
+
+/// `cargo run -- demo --json` (the live demo, on the shipped config)
+/// prints parseable events including the whole story.
+#[test]
+fn the_live_demo_prints_the_story_as_json() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["demo", "--json", "--seed", "1", "--config"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let names: Vec<String> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let value: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert!(value["at_ms"].is_u64(), "{l}");
+            value["event"].as_str().unwrap().to_string()
+        })
+        .collect();
+    for needed in ["pool_ready", "run_committed", "node_crashed", "run_faulted"] {
+        assert!(
+            names.iter().any(|n| n == needed),
+            "{needed} missing: {names:?}"
+        );
+    }
 }
