@@ -25,3 +25,6 @@ pub mod node_actor;
 pub mod pool_actor;
 pub mod run_actor;
 pub mod wiring;
+
+#[cfg(test)]
+mod failure_tests;

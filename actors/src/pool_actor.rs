@@ -12,15 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::fut::{self, ActorFutureExt, WrapFuture};
+use actix::ActorContext;
 use actix::{
     Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, MessageResponse,
 };
 
+use crate::core::Reason;
 use crate::core::{
     Epoch, Event, Fingerprint, LastChange, NodeChange, NodeId, PlanningPolicy, PoolDefinition,
     PoolId, PoolPhase, PoolReadiness, RunError, RunId, SlotKey, Time, Verdict,
 };
-use crate::node_actor::NodeActor;
+use crate::node_actor::{NodeActor, Resync};
 use crate::run_actor::{Commit, Finish, News, PoolNews, QueryRun, RunActor, RunSnapshot};
 use crate::wiring::{Clock, IgnoredCounts, Publisher, Router, TimerSlot};
 
@@ -47,6 +49,25 @@ pub struct NodeChanged {
     pub at: Time,
     /// The change.
     pub change: NodeChange,
+}
+
+/// A node actor stopped (failed, or dropped after a redefinition).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct NodeActorStopped {
+    /// Its slot.
+    pub key: SlotKey,
+    /// Its node.
+    pub node: NodeId,
+}
+
+/// Failures a test can inject into the pool actor.
+#[cfg(any(test, feature = "fault-injection"))]
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub enum InjectPoolFault {
+    /// Panic inside a handler, where the core is called.
+    Panic,
 }
 
 /// The convergence timer armed for `at` fired.
@@ -195,7 +216,7 @@ impl PoolActor {
         publisher: Publisher,
         router: Arc<Router>,
     ) -> Addr<PoolActor> {
-        PoolActor::create(|ctx| {
+        actix::Supervisor::start(move |ctx| {
             let (core, added) =
                 PoolReadiness::new(&settings.definition, settings.window, clock.now());
             let mut actor = PoolActor {
@@ -244,6 +265,24 @@ impl PoolActor {
             .rearm(ctx, &self.clock, self.core.deadline(), |generation, at| {
                 ConvergenceDue { generation, at }
             });
+    }
+
+    /// Runs `step` on the core; a panic in it stops the actor, and its
+    /// supervisor restarts it (see `Supervised::restarting`).
+    fn guarded(
+        &mut self,
+        ctx: &mut Context<Self>,
+        step: impl FnOnce(&mut PoolReadiness, &mut Vec<Event>),
+    ) -> bool {
+        let (core, out) = (&mut self.core, &mut self.out);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(core, out))) {
+            Ok(()) => true,
+            Err(_) => {
+                tracing::error!(pool = %self.core.id(), "pool actor failed; restarting it");
+                ctx.stop();
+                false
+            }
+        }
     }
 
     fn settle(&mut self, at: Time, ctx: &mut Context<Self>) {
@@ -344,15 +383,91 @@ impl Actor for PoolActor {
     type Context = Context<Self>;
 }
 
+impl actix::Supervised for PoolActor {
+    /// After a failure readiness starts over: every summary is forgotten, a
+    /// fresh window is needed, the epoch keeps rising, and each node actor
+    /// reports its facts again.
+    fn restarting(&mut self, ctx: &mut Context<Self>) {
+        // The old timers died with the old context.
+        self.timer = TimerSlot::default();
+        self.out.clear();
+        let now = self.clock.now();
+        self.core.restart(now, &mut self.out);
+        for (node, _, _) in self.core.candidates() {
+            if let Some(addr) = self.router.route(&node) {
+                addr.do_send(Resync { at: now });
+            }
+        }
+        self.flush(ctx);
+    }
+}
+
+#[cfg(any(test, feature = "fault-injection"))]
+impl Handler<InjectPoolFault> for PoolActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: InjectPoolFault, ctx: &mut Context<Self>) {
+        self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
+    }
+}
+
+impl Handler<NodeActorStopped> for PoolActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: NodeActorStopped, ctx: &mut Context<Self>) {
+        // Only the actor of a current candidate is replaced.
+        let Some(before) = self.core.verdict_of(msg.key) else {
+            return;
+        };
+        if self
+            .router
+            .route(&msg.node)
+            .is_some_and(|addr| addr.connected())
+        {
+            return;
+        }
+        let addr = NodeActor::new(
+            msg.node.clone(),
+            msg.key,
+            ctx.address(),
+            Arc::clone(&self.router),
+        )
+        .start();
+        self.router.insert(msg.node.clone(), addr);
+        if before == Verdict::NOTHING_KNOWN {
+            return;
+        }
+        // The facts died with the actor: the node is not ready until it
+        // reports again, and a run that requires it faults.
+        let change = NodeChange {
+            reason: Reason::Faulted,
+            before,
+            after: Verdict::NOTHING_KNOWN,
+            fingerprint: None,
+        };
+        self.handle(
+            NodeChanged {
+                key: msg.key,
+                node: msg.node,
+                at: self.clock.now(),
+                change,
+            },
+            ctx,
+        );
+    }
+}
+
 impl Handler<NodeChanged> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
-        if !self
-            .core
-            .node_changed(msg.key, msg.at, &msg.change, &mut self.out)
-        {
-            // From a node actor of an earlier pool definition.
+        let mut accepted = false;
+        let completed = self.guarded(ctx, |core, out| {
+            accepted = core.node_changed(msg.key, msg.at, &msg.change, out);
+        });
+        if !completed || !accepted {
+            // A failure (the actor restarts), or a node actor of an earlier
+            // pool definition.
             return;
         }
         self.flush(ctx);
@@ -372,8 +487,9 @@ impl Handler<ConvergenceDue> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: ConvergenceDue, ctx: &mut Context<Self>) {
-        if self.timer.fired(msg.generation) {
-            self.core.on_deadline(msg.at, &mut self.out);
+        if self.timer.fired(msg.generation)
+            && self.guarded(ctx, |core, out| core.on_deadline(msg.at, out))
+        {
             self.flush(ctx);
         }
     }

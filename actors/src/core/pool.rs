@@ -225,6 +225,27 @@ impl PoolReadiness {
         true
     }
 
+    /// Forgets every candidate's summary, as after a restart of the pool's
+    /// actor: readiness starts over (the node actors report again), the
+    /// epoch counter keeps rising so no proof from before can commit.
+    pub fn restart(&mut self, at: Time, out: &mut Vec<Event>) {
+        let at = self.settle_before(at, out);
+        for slot in self.slots.iter_mut().filter(|s| s.id.is_some()) {
+            slot.verdict = Verdict::NOTHING_KNOWN;
+            slot.fingerprint = None;
+        }
+        self.not_ready = self.by_id.len();
+        self.view_changed(at, None, Reason::ViewChanged, out);
+    }
+
+    /// The latest verdict of a candidate's slot (`None` for a stale key).
+    pub fn verdict_of(&self, key: SlotKey) -> Option<Verdict> {
+        self.slots
+            .get(key.index as usize)
+            .filter(|s| s.generation == key.generation && s.id.is_some())
+            .map(|s| s.verdict)
+    }
+
     /// Fires the convergence deadline if it is due at or before `now`.
     pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
         self.now = self.now.max(now);
@@ -393,6 +414,7 @@ impl PoolReadiness {
         Some(key)
     }
 
+    // Only ever called with keys checked against the live slot table.
     fn slot_mut(&mut self, key: SlotKey) -> Option<&mut Slot> {
         self.slots
             .get_mut(key.index as usize)
@@ -651,6 +673,29 @@ mod tests {
         let definition = PoolDefinition::new(PoolId::new("p").unwrap(), vec![node("a")]).unwrap();
         h.pool.redefine(&definition, t(1000), &mut h.events);
         assert_eq!(h.pool.deadline(), Some(t(6000)));
+    }
+
+    #[test]
+    fn a_restart_forgets_every_summary_and_keeps_the_epoch_rising() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.tick(t(5000));
+        h.pool.restart(t(6000), &mut h.events);
+        assert_eq!(h.names(), ["pool_ready", "readiness_lost"]);
+        assert_eq!(h.pool.phase(), PoolPhase::Forming);
+        let key = h.facts[&node("a")].0;
+        assert_eq!(h.pool.verdict_of(key), Some(Verdict::NOTHING_KNOWN));
+        // The node actor reports its facts again: a fresh window, epoch 2.
+        let facts = h.facts[&node("a")].1.clone();
+        let change = NodeChange {
+            reason: Reason::ViewChanged,
+            before: Verdict::NOTHING_KNOWN,
+            after: facts.verdict(),
+            fingerprint: facts.fingerprint(),
+        };
+        h.pool.node_changed(key, t(6000), &change, &mut h.events);
+        h.tick(t(11_000));
+        assert_eq!(h.pool.ready_epoch(), Some(Epoch(2)));
     }
 
     #[test]

@@ -1,0 +1,230 @@
+//! Failures inside the subsystem: a node actor or the pool actor that
+//! fails is contained and restarted, and never yields a false `PoolReady`.
+//! Driven on tokio's paused clock with injected faults.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use tokio::sync::mpsc;
+
+use crate::core::{
+    Epoch, Event, IdentityMaterial, NodeId, Observation, OnReadinessLost, PlanningPolicy,
+    PoolDefinition, PoolId, PoolPhase, Reason, RunError, RunId, SwimState, Time,
+};
+use crate::node_actor::{InjectFault, Observe, Outcome};
+use crate::pool_actor::{
+    BeginPlanning, CommitPlan, GetReport, InjectPoolFault, PoolActor, PoolSettings,
+};
+use crate::wiring::{Clock, Publisher, Router};
+
+struct Subsystem {
+    pool: Addr<PoolActor>,
+    router: Arc<Router>,
+    clock: Clock,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+fn on_virtual_time<F: std::future::Future<Output = ()>>(test: F) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    actix::System::with_tokio_rt(move || runtime).block_on(test);
+}
+
+fn node(name: &str) -> NodeId {
+    NodeId::new(name).unwrap()
+}
+
+fn start(members: &[&str]) -> Subsystem {
+    let publisher = Publisher::default();
+    let events = publisher.subscribe();
+    let router = Arc::new(Router::default());
+    let clock = Clock::start();
+    let settings = PoolSettings {
+        definition: PoolDefinition::new(
+            PoolId::new("p").unwrap(),
+            members.iter().map(|m| node(m)).collect(),
+        )
+        .unwrap(),
+        window: Duration::from_millis(1000),
+        policy: PlanningPolicy {
+            on_readiness_lost: OnReadinessLost::Wait,
+            wait_timeout: None,
+        },
+    };
+    let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router));
+    Subsystem {
+        pool,
+        router,
+        clock,
+        events,
+    }
+}
+
+impl Subsystem {
+    async fn observe(&self, name: &str, observation: Observation) -> Outcome {
+        let addr = self.router.route(&node(name)).expect("a candidate");
+        addr.send(Observe {
+            at: self.clock.now(),
+            observation,
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn make_ready(&self, name: &str) {
+        self.observe(name, Observation::Known).await;
+        self.observe(
+            name,
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 1,
+            },
+        )
+        .await;
+        self.observe(name, Observation::Available).await;
+        let material = IdentityMaterial::new(name.as_bytes().to_vec()).unwrap();
+        self.observe(name, Observation::Identity(material)).await;
+    }
+
+    async fn advance_to(&self, ms: u64) {
+        tokio::time::sleep_until(self.clock.instant(Time::from_millis(ms))).await;
+    }
+
+    async fn phase(&self) -> PoolPhase {
+        self.pool
+            .send(GetReport {
+                at: self.clock.now(),
+            })
+            .await
+            .unwrap()
+            .phase
+    }
+
+    fn drain(&mut self) -> Vec<Event> {
+        let mut all = Vec::new();
+        while let Ok(event) = self.events.try_recv() {
+            all.push(event);
+        }
+        all
+    }
+}
+
+#[test]
+fn a_failed_node_actor_counts_as_not_ready_and_is_restarted_empty() {
+    for fault in [InjectFault::Panic, InjectFault::Stop] {
+        on_virtual_time(async move {
+            let mut gate = start(&["a", "b"]);
+            gate.make_ready("a").await;
+            gate.make_ready("b").await;
+            gate.advance_to(500).await;
+            gate.router.route(&node("b")).unwrap().do_send(fault);
+            gate.advance_to(5000).await;
+            assert!(
+                gate.drain()
+                    .iter()
+                    .all(|e| !matches!(e, Event::PoolReady { .. })),
+                "{fault:?}: no PoolReady with b's facts lost"
+            );
+            assert_eq!(gate.phase().await, PoolPhase::Forming, "{fault:?}");
+            // The restarted actor starts empty and works: b reports again.
+            assert_eq!(
+                gate.observe("b", Observation::Known).await,
+                Outcome::Changed
+            );
+            gate.make_ready("b").await;
+            gate.advance_to(6001).await;
+            assert_eq!(
+                gate.phase().await,
+                PoolPhase::Ready { epoch: Epoch(1) },
+                "{fault:?}"
+            );
+        });
+    }
+}
+
+#[test]
+fn a_failed_node_actor_faults_a_committed_run_that_requires_it() {
+    on_virtual_time(async {
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        let run = RunId::new("r").unwrap();
+        let at = gate.clock.now();
+        gate.pool
+            .send(BeginPlanning {
+                at,
+                run: run.clone(),
+                epoch: None,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        gate.pool
+            .send(CommitPlan {
+                at,
+                run: run.clone(),
+                required: vec![node("a")],
+                epoch: None,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        gate.router
+            .route(&node("a"))
+            .unwrap()
+            .do_send(InjectFault::Panic);
+        gate.advance_to(1100).await;
+        let events = gate.drain();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Event::RunFaulted { node: n, reason: Reason::Faulted, .. } if n == &node("a")
+            )),
+            "{events:?}"
+        );
+    });
+}
+
+#[test]
+fn a_restarted_pool_actor_needs_a_fresh_window_and_a_new_epoch() {
+    on_virtual_time(async {
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(1) });
+        gate.pool.do_send(InjectPoolFault::Panic);
+        gate.advance_to(1500).await;
+        let events = gate.drain();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Event::ReadinessLost {
+                    epoch: Epoch(1),
+                    ..
+                }
+            )),
+            "{events:?}"
+        );
+        assert!(matches!(gate.phase().await, PoolPhase::Converging { .. }));
+        // A proof from before the restart cannot plan.
+        let refused = gate
+            .pool
+            .send(BeginPlanning {
+                at: gate.clock.now(),
+                run: RunId::new("r").unwrap(),
+                epoch: Some(Epoch(1)),
+            })
+            .await
+            .unwrap();
+        assert_eq!(refused, Err(RunError::PoolNotReady));
+        // Restarted at 1.001 s: the fresh window ends at 2.001 s.
+        gate.advance_to(2002).await;
+        assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(2) });
+    });
+}
