@@ -14,7 +14,7 @@ use crate::core::{
 };
 use crate::node_actor::{InjectFault, Observe, Outcome};
 use crate::pool_actor::{
-    BeginPlanning, CommitPlan, GetReport, InjectPoolFault, PoolActor, PoolSettings,
+    BeginPlanning, CommitPlan, ConvergenceDue, GetReport, InjectPoolFault, PoolActor, PoolSettings,
 };
 use crate::wiring::{Clock, Publisher, Router};
 
@@ -226,5 +226,34 @@ fn a_restarted_pool_actor_needs_a_fresh_window_and_a_new_epoch() {
         // Restarted at 1.001 s: the fresh window ends at 2.001 s.
         gate.advance_to(2002).await;
         assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(2) });
+    });
+}
+
+#[test]
+fn a_convergence_timer_that_fires_after_the_view_changed_is_ignored() {
+    on_virtual_time(async {
+        let mut gate = start(&["a"]);
+        gate.make_ready("a").await; // timer generation 1, due at 1 s
+        gate.advance_to(500).await;
+        let bump = Observation::Swim {
+            state: SwimState::Alive,
+            incarnation: 2,
+        };
+        assert_eq!(gate.observe("a", bump).await, Outcome::Changed); // generation 2, due at 1.5 s
+                                                                     // A message of the first timer's generation arrives after the
+        // change; even one that claims the new deadline must not fire it.
+        for at in [1000, 1500] {
+            gate.pool.do_send(ConvergenceDue {
+                generation: 1,
+                at: Time::from_millis(at),
+            });
+        }
+        gate.advance_to(1200).await;
+        assert!(gate.drain().is_empty(), "the stale timer was ignored");
+        assert!(
+            matches!(gate.phase().await, PoolPhase::Converging { deadline } if deadline == Time::from_millis(1500))
+        );
+        gate.advance_to(1501).await;
+        assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(1) });
     });
 }

@@ -74,8 +74,8 @@ pub enum InjectPoolFault {
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ConvergenceDue {
-    generation: u64,
-    at: Time,
+    pub(crate) generation: u64,
+    pub(crate) at: Time,
 }
 
 /// The active run's wait deadline is due: settle the pool up to `at` first,
