@@ -52,6 +52,9 @@ pub enum GateError {
     /// A pool definition is not valid.
     #[error(transparent)]
     InvalidPool(#[from] DefinitionError),
+    /// A fault reason is too long or holds control characters.
+    #[error("a fault reason must be at most {MAX_REASON_BYTES} bytes without control characters")]
+    InvalidReason,
     /// The gate's actors have stopped (the `System` is shutting down).
     #[error("the gate has stopped")]
     Stopped,
@@ -65,10 +68,14 @@ impl GateError {
             GateError::InvalidId(_) => "invalid_id",
             GateError::InvalidIdentity(_) => "invalid_identity",
             GateError::InvalidPool(_) => "invalid_pool",
+            GateError::InvalidReason => "invalid_reason",
             GateError::Stopped => "stopped",
         }
     }
 }
+
+/// Longest fault reason accepted, in bytes.
+pub const MAX_REASON_BYTES: usize = 1024;
 
 /// Membership input: a SWIM fact about one member.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -366,7 +373,12 @@ impl Gate {
                 AgentReport::Available { node } => (node, Observation::Available),
                 AgentReport::Unavailable { node } => (node, Observation::Unavailable),
                 AgentReport::Identity { node, material } => (node, Observation::Identity(material)),
-                AgentReport::Faulted { node, reason } => (node, Observation::Faulted { reason }),
+                AgentReport::Faulted { node, reason } => {
+                    if reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control) {
+                        return Err(GateError::InvalidReason);
+                    }
+                    (node, Observation::Faulted { reason })
+                }
                 AgentReport::Recovered { node } => (node, Observation::Recovered),
             },
             Input::Registry(RegistryFact::Known { node }) => (node, Observation::Known),

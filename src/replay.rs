@@ -142,7 +142,9 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         mut reader: ScenarioReader<R>,
     ) -> Result<(), ReplayError> {
         let mut last: Option<u64> = None;
+        let mut records = 0usize;
         while let Some(line) = reader.next_line() {
+            records += 1;
             let record = line.and_then(|(number, text)| {
                 let record = parse_record(&text).map_err(|message| BadLine {
                     line: number,
@@ -199,6 +201,13 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
                     detail: error.to_string(),
                 }));
             }
+        }
+        if records == 0 {
+            return Err(BadLine {
+                line: 1,
+                message: "the scenario has no records".into(),
+            }
+            .into());
         }
         while let Some(deadline) = self.gate.pending_deadline().await? {
             self.settle_through(deadline).await?;

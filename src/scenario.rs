@@ -214,11 +214,36 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
         Some(Value::String(_)) => {}
         Some(other) => return Err(format!("`type` must be a string, not {other}")),
     }
+    check_field_types(object)?;
     let raw = RawRecord::deserialize(&value).map_err(|e| e.to_string())?;
     Ok(Record {
         at_ms,
         input: input_of(raw)?,
     })
+}
+
+/// Names the field of a mistyped value (serde's own message does not).
+fn check_field_types(object: &serde_json::Map<String, Value>) -> Result<(), String> {
+    for (name, value) in object {
+        let fits = match name.as_str() {
+            "node" | "run" | "pool" | "material" | "reason" | "state" => value.is_string(),
+            "incarnation" => value.is_u64(),
+            "epoch" => value.is_u64() || value.is_null(),
+            "members" | "required" => value
+                .as_array()
+                .is_some_and(|items| items.iter().all(Value::is_string)),
+            _ => true,
+        };
+        if !fits {
+            let expected = match name.as_str() {
+                "incarnation" | "epoch" => "a whole number ≥ 0",
+                "members" | "required" => "a list of ids",
+                _ => "a string",
+            };
+            return Err(format!("field `{name}` must be {expected}, not {value}"));
+        }
+    }
+    Ok(())
 }
 
 fn input_of(raw: RawRecord) -> Result<Result<Input, GateError>, String> {

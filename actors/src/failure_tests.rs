@@ -241,7 +241,7 @@ fn a_convergence_timer_that_fires_after_the_view_changed_is_ignored() {
         };
         assert_eq!(gate.observe("a", bump).await, Outcome::Changed); // generation 2, due at 1.5 s
                                                                      // A message of the first timer's generation arrives after the
-        // change; even one that claims the new deadline must not fire it.
+                                                                     // change; even one that claims the new deadline must not fire it.
         for at in [1000, 1500] {
             gate.pool.do_send(ConvergenceDue {
                 generation: 1,
