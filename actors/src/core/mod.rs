@@ -7,6 +7,7 @@
 pub mod event;
 pub mod identity;
 pub mod ids;
+pub mod invariants;
 pub mod node;
 pub mod pool;
 pub mod run;
