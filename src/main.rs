@@ -1,9 +1,12 @@
 //! The `poolgate` command line: parse arguments, load the config, call the
 //! library.
 
+#![forbid(unsafe_code)]
+
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
 
 use clap::{Parser, Subcommand};
 use poolgate::demo::{self, DemoLine};

@@ -51,6 +51,7 @@ pub struct Model {
     facts: BTreeMap<String, Facts>,
     ready_epoch: Option<u64>,
     converge_at: Option<u64>,
+    last_change: u64,
     epochs: u64,
     run: Option<Run>,
     /// The events so far.
@@ -90,6 +91,7 @@ impl Model {
                 .collect(),
             ready_epoch: None,
             converge_at: None,
+            last_change: 0,
             epochs: 0,
             run: None,
             out: Vec::new(),
@@ -308,6 +310,7 @@ impl Model {
     }
 
     fn restart_window(&mut self, at: u64) {
+        self.last_change = at;
         self.converge_at = if self.facts.values().all(Facts::ready) {
             Some(at + self.window)
         } else {
@@ -337,6 +340,10 @@ impl Model {
             }
             let at = next.0;
             if next.1 {
+                // The contract's invariants, checked where PoolReady is made:
+                // every candidate ready, and a full quiet window behind it.
+                assert!(self.facts.values().all(Facts::ready), "PoolReady with a candidate not ready");
+                assert!(at >= self.last_change + self.window, "PoolReady inside the window");
                 self.converge_at = None;
                 self.epochs += 1;
                 let epoch = self.epochs;
