@@ -85,6 +85,14 @@ macro_rules! string_id {
             }
         }
 
+        /// Lets maps keyed by id be searched with the `&str` as it
+        /// arrives (the derived `Hash`/`Eq` are those of the text).
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl std::str::FromStr for $name {
             type Err = InvalidId;
             fn from_str(text: &str) -> Result<Self, InvalidId> {
