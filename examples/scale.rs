@@ -65,7 +65,10 @@ fn emit(json: bool, value: serde_json::Value) {
         println!("{value}");
     } else {
         let metric = value["metric"].as_str().unwrap_or_default();
-        let nodes = value.get("nodes").map(|n| format!(" at {n} nodes")).unwrap_or_default();
+        let nodes = value
+            .get("nodes")
+            .map(|n| format!(" at {n} nodes"))
+            .unwrap_or_default();
         let rest = match (value.get("baseline"), value.get("ratio")) {
             (Some(b), Some(r)) => format!(" (baseline {b}, ratio {r})"),
             _ => String::new(),
@@ -101,7 +104,9 @@ fn ready_facts(node: &NodeId) -> Vec<Input> {
             incarnation: 1,
         }),
         Input::Agent(AgentReport::Available { node: node.clone() }),
-        Input::Agent(AgentReport::identity(node.clone(), node.as_str().as_bytes().to_vec()).expect("valid")),
+        Input::Agent(
+            AgentReport::identity(node.clone(), node.as_str().as_bytes().to_vec()).expect("valid"),
+        ),
     ]
 }
 
@@ -184,8 +189,9 @@ fn baseline_run(n: usize, feed: &[(String, Observation)]) -> Duration {
         incarnation: u64,
         available: bool,
     }
-    let mut nodes: HashMap<String, Plain> =
-        (0..n).map(|i| (format!("node-{i}"), Plain::default())).collect();
+    let mut nodes: HashMap<String, Plain> = (0..n)
+        .map(|i| (format!("node-{i}"), Plain::default()))
+        .collect();
     let (mut changes, mut up) = (0u64, 0i64);
     let start = Instant::now();
     for (id, observation) in feed {
@@ -193,7 +199,9 @@ fn baseline_run(n: usize, feed: &[(String, Observation)]) -> Duration {
             match observation {
                 Observation::Swim { state, incarnation } => {
                     let s = *state as u8;
-                    if (s, *incarnation) != (node.state, node.incarnation) && *incarnation >= node.incarnation {
+                    if (s, *incarnation) != (node.state, node.incarnation)
+                        && *incarnation >= node.incarnation
+                    {
                         up += i64::from(s == 0) - i64::from(node.state == 0);
                         node.state = s;
                         node.incarnation = *incarnation;
@@ -230,12 +238,21 @@ fn core_metrics(sizes: &Sizes, json: bool) {
         let feed = stream(n, sizes.core_stream, 7);
         // Warm up both, then take the best of three.
         let core = (0..3).map(|_| core_run(n, &feed)).min().unwrap_or_default();
-        let base = (0..3).map(|_| baseline_run(n, &feed)).min().unwrap_or_default();
+        let base = (0..3)
+            .map(|_| baseline_run(n, &feed))
+            .min()
+            .unwrap_or_default();
         let (value, baseline) = (per_second(feed.len(), core), per_second(feed.len(), base));
         ns_per_obs.push(core.as_nanos() as f64 / feed.len() as f64);
-        emit(json, json!({"metric": "core_obs_per_s", "value": value, "baseline": baseline, "ratio": round2(value / baseline), "nodes": n}));
+        emit(
+            json,
+            json!({"metric": "core_obs_per_s", "value": value, "baseline": baseline, "ratio": round2(value / baseline), "nodes": n}),
+        );
     }
-    emit(json, json!({"metric": "core_flatness", "value": round2(ns_per_obs[2] / ns_per_obs[0])}));
+    emit(
+        json,
+        json!({"metric": "core_flatness", "value": round2(ns_per_obs[2] / ns_per_obs[0])}),
+    );
 }
 
 /// The same hops as the gate, with trivial handlers.
@@ -309,7 +326,13 @@ async fn actor_metric(sizes: &Sizes, json: bool) {
             for (id, observation) in share {
                 let node = NodeId::new(&id).expect("valid id");
                 let input = match observation {
-                    Observation::Swim { state, incarnation } => Input::Membership(MembershipUpdate { node, state, incarnation }),
+                    Observation::Swim { state, incarnation } => {
+                        Input::Membership(MembershipUpdate {
+                            node,
+                            state,
+                            incarnation,
+                        })
+                    }
                     Observation::Available => Input::Agent(AgentReport::Available { node }),
                     _ => Input::Agent(AgentReport::Unavailable { node }),
                 };
@@ -338,7 +361,12 @@ async fn actor_metric(sizes: &Sizes, json: bool) {
             for (id, observation) in share {
                 let _node = NodeId::new(&id).expect("valid id");
                 if let Some(addr) = bare.get(id.as_str()) {
-                    let _ = addr.send(Ping { _at: Time::ZERO, _observation: observation }).await;
+                    let _ = addr
+                        .send(Ping {
+                            _at: Time::ZERO,
+                            _observation: observation,
+                        })
+                        .await;
                 }
             }
         }));
@@ -348,8 +376,14 @@ async fn actor_metric(sizes: &Sizes, json: bool) {
     }
     let _ = sink.send(Count).await;
     let bare_time = start.elapsed();
-    let (value, baseline) = (per_second(feed.len(), gate_time), per_second(feed.len(), bare_time));
-    emit(json, json!({"metric": "actor_obs_per_s", "value": value, "baseline": baseline, "ratio": round2(value / baseline), "nodes": n}));
+    let (value, baseline) = (
+        per_second(feed.len(), gate_time),
+        per_second(feed.len(), bare_time),
+    );
+    emit(
+        json,
+        json!({"metric": "actor_obs_per_s", "value": value, "baseline": baseline, "ratio": round2(value / baseline), "nodes": n}),
+    );
 }
 
 fn rss_kib() -> u64 {
@@ -375,7 +409,10 @@ async fn memory_metric(sizes: &Sizes, json: bool) {
     let after = rss_kib();
     // The ids themselves are counted: the gate must hold them.
     let bytes = (after.saturating_sub(before) * 1024) as f64 / n as f64;
-    emit(json, json!({"metric": "bytes_per_candidate", "value": bytes.round(), "nodes": n}));
+    emit(
+        json,
+        json!({"metric": "bytes_per_candidate", "value": bytes.round(), "nodes": n}),
+    );
     drop(members);
 }
 
@@ -407,14 +444,24 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
             Err(_) => break,
         };
         let run = RunId::new(&format!("run-{trial}")).expect("valid id");
-        if gate.begin_planning(run.clone(), Some(proof.epoch)).await.is_err()
-            || gate.commit_plan(run, members[..100.min(n)].to_vec(), Some(proof.epoch)).await.is_err()
+        if gate
+            .begin_planning(run.clone(), Some(proof.epoch))
+            .await
+            .is_err()
+            || gate
+                .commit_plan(run, members[..100.min(n)].to_vec(), Some(proof.epoch))
+                .await
+                .is_err()
         {
             continue;
         }
         while events.try_recv().is_ok() {}
         let start = Instant::now();
-        gate.membership_nowait(MembershipUpdate { node: victim.clone(), state: SwimState::Suspect, incarnation });
+        gate.membership_nowait(MembershipUpdate {
+            node: victim.clone(),
+            state: SwimState::Suspect,
+            incarnation,
+        });
         while let Some(event) = events.recv().await {
             if matches!(event, Event::RunFaulted { .. }) {
                 latencies.push(start.elapsed().as_secs_f64() * 1e6);
@@ -422,11 +469,21 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
             }
         }
         incarnation += 1;
-        gate.membership_nowait(MembershipUpdate { node: victim.clone(), state: SwimState::Alive, incarnation });
+        gate.membership_nowait(MembershipUpdate {
+            node: victim.clone(),
+            state: SwimState::Alive,
+            incarnation,
+        });
     }
     latencies.sort_by(f64::total_cmp);
-    emit(json, json!({"metric": "fault_latency_us_p50", "value": round2(percentile(&latencies, 50.0)), "nodes": n}));
-    emit(json, json!({"metric": "fault_latency_us_p99", "value": round2(percentile(&latencies, 99.0)), "nodes": n}));
+    emit(
+        json,
+        json!({"metric": "fault_latency_us_p50", "value": round2(percentile(&latencies, 50.0)), "nodes": n}),
+    );
+    emit(
+        json,
+        json!({"metric": "fault_latency_us_p99", "value": round2(percentile(&latencies, 99.0)), "nodes": n}),
+    );
 }
 
 async fn overshoot_metric(sizes: &Sizes, json: bool) {
@@ -443,7 +500,12 @@ async fn overshoot_metric(sizes: &Sizes, json: bool) {
         while let Some(event) = events.recv().await {
             if let Event::PoolReady { at, .. } = event {
                 let due = gate.clock().instant(at);
-                late.push(tokio::time::Instant::now().saturating_duration_since(due).as_secs_f64() * 1e3);
+                late.push(
+                    tokio::time::Instant::now()
+                        .saturating_duration_since(due)
+                        .as_secs_f64()
+                        * 1e3,
+                );
                 break;
             }
         }
@@ -455,14 +517,20 @@ async fn overshoot_metric(sizes: &Sizes, json: bool) {
         });
     }
     late.sort_by(f64::total_cmp);
-    emit(json, json!({"metric": "ready_overshoot_ms_p99", "value": round2(percentile(&late, 99.0))}));
+    emit(
+        json,
+        json!({"metric": "ready_overshoot_ms_p99", "value": round2(percentile(&late, 99.0))}),
+    );
 }
 
 fn replay_metric(sizes: &Sizes, json: bool) {
     let n = 1000;
     let mut text = String::with_capacity(sizes.replay_records * 80);
     let members: Vec<String> = (0..n).map(|i| format!("\"node-{i}\"")).collect();
-    text.push_str(&format!("{{\"at_ms\":0,\"type\":\"define_pool\",\"pool\":\"scale\",\"members\":[{}]}}\n", members.join(",")));
+    text.push_str(&format!(
+        "{{\"at_ms\":0,\"type\":\"define_pool\",\"pool\":\"scale\",\"members\":[{}]}}\n",
+        members.join(",")
+    ));
     let feed = stream(n, sizes.replay_records - 1, 13);
     for (i, (id, observation)) in feed.iter().enumerate() {
         let at = i / 10; // ten records per millisecond
@@ -489,13 +557,20 @@ fn replay_metric(sizes: &Sizes, json: bool) {
     if let Err(e) = result {
         eprintln!("replay failed: {e}");
     }
-    emit(json, json!({"metric": "replay_records_per_s", "value": per_second(records, spent)}));
+    emit(
+        json,
+        json!({"metric": "replay_records_per_s", "value": per_second(records, spent)}),
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
-    let sizes = if args.iter().any(|a| a == "--quick") { &QUICK } else { &FULL };
+    let sizes = if args.iter().any(|a| a == "--quick") {
+        &QUICK
+    } else {
+        &FULL
+    };
     core_metrics(sizes, json);
     actix::System::new().block_on(async {
         actor_metric(sizes, json).await;

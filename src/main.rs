@@ -7,7 +7,6 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-
 use clap::{Parser, Subcommand};
 use poolgate::demo::{self, DemoLine};
 use poolgate::render::{describe_event, human_line, json_line, timed};

@@ -75,7 +75,6 @@ pub enum InjectPoolFault {
 #[rtype(result = "()")]
 pub struct ConvergenceDue {
     pub(crate) generation: u64,
-    pub(crate) at: Time,
 }
 
 /// The active run's wait deadline is due: settle the pool up to `at` first,
@@ -262,8 +261,8 @@ impl PoolActor {
         }
         self.publisher.publish(&mut self.out);
         self.timer
-            .rearm(ctx, &self.clock, self.core.deadline(), |generation, at| {
-                ConvergenceDue { generation, at }
+            .rearm(ctx, &self.clock, self.core.deadline(), |generation| {
+                ConvergenceDue { generation }
             });
     }
 
@@ -487,9 +486,10 @@ impl Handler<ConvergenceDue> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: ConvergenceDue, ctx: &mut Context<Self>) {
-        if self.timer.fired(msg.generation)
-            && self.guarded(ctx, |core, out| core.on_deadline(msg.at, out))
-        {
+        let Some(at) = self.timer.fired(msg.generation) else {
+            return;
+        };
+        if self.guarded(ctx, |core, out| core.on_deadline(at, out)) {
             self.flush(ctx);
         }
     }

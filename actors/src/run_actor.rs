@@ -87,7 +87,6 @@ pub struct Finish {
 #[rtype(result = "()")]
 pub struct WaitTimerFired {
     generation: u64,
-    at: Time,
 }
 
 /// The actor of one run.
@@ -132,8 +131,8 @@ impl RunActor {
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.publisher.publish(&mut self.out);
         self.timer
-            .rearm(ctx, &self.clock, self.guard.deadline(), |generation, at| {
-                WaitTimerFired { generation, at }
+            .rearm(ctx, &self.clock, self.guard.deadline(), |generation| {
+                WaitTimerFired { generation }
             });
         if self.guard.is_ended() {
             self.pool.do_send(RunEnded {
@@ -173,12 +172,12 @@ impl Handler<WaitTimerFired> for RunActor {
     type Result = ();
 
     fn handle(&mut self, msg: WaitTimerFired, _ctx: &mut Context<Self>) {
-        if self.timer.fired(msg.generation) {
+        if let Some(at) = self.timer.fired(msg.generation) {
             // The pool settles first, so a PoolReady due at the same instant
             // reaches this run before the timeout does (SPEC §3).
             self.pool.do_send(WaitDeadlineDue {
                 run: self.guard.run().clone(),
-                at: msg.at,
+                at,
             });
         }
     }

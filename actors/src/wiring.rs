@@ -85,10 +85,15 @@ impl Publisher {
 
 /// One timer of an actor, armed for the core's next deadline.
 ///
-/// The message it delivers carries the generation it was armed for; a
-/// message of an older generation (a timer that was re-armed or cancelled
-/// while its message was in flight) is recognised by [`TimerSlot::fired`] and
-/// ignored.
+/// Re-arming is lazy: when the deadline moves later (every view change
+/// while converging does that), the armed timer is kept; it fires early, the
+/// core finds nothing due, and the timer is armed again for the new
+/// deadline. A view change thus costs no timer allocation. Only a deadline
+/// earlier than the armed one cancels and re-arms.
+///
+/// The message carries the generation it was armed for; [`TimerSlot::fired`]
+/// accepts only the current one and answers with the instant it was armed
+/// for, so a late or forged message cannot fire anything.
 #[derive(Default, Debug)]
 pub struct TimerSlot {
     armed: Option<(Time, SpawnHandle)>,
@@ -96,38 +101,42 @@ pub struct TimerSlot {
 }
 
 impl TimerSlot {
-    /// Arms the timer for `deadline`, cancelling the previous one, unless it
-    /// is already armed for exactly that deadline.
+    /// Makes sure a timer fires at or before `deadline`.
     pub fn rearm<A, M>(
         &mut self,
         ctx: &mut Context<A>,
         clock: &Clock,
         deadline: Option<Time>,
-        message: impl FnOnce(u64, Time) -> M,
+        message: impl FnOnce(u64) -> M,
     ) where
         A: Actor<Context = Context<A>> + Handler<M>,
         M: Message + 'static,
     {
-        if self.armed.as_ref().map(|(at, _)| *at) == deadline {
+        let Some(at) = deadline else {
+            // An armed timer with nothing due fires as a no-op.
             return;
+        };
+        match self.armed {
+            Some((armed, _)) if armed <= at => return,
+            Some((_, handle)) => {
+                ctx.cancel_future(handle);
+            }
+            None => {}
         }
-        if let Some((_, handle)) = self.armed.take() {
-            ctx.cancel_future(handle);
-        }
-        if let Some(at) = deadline {
-            self.generation += 1;
-            let handle = ctx.notify_later(message(self.generation, at), clock.until(at));
-            self.armed = Some((at, handle));
-        }
+        self.generation += 1;
+        let handle = ctx.notify_later(message(self.generation), clock.until(at));
+        self.armed = Some((at, handle));
     }
 
-    /// Whether a timer message of `generation` is the one currently armed.
-    pub fn fired(&mut self, generation: u64) -> bool {
-        if self.armed.is_some() && generation == self.generation {
-            self.armed = None;
-            true
-        } else {
-            false
+    /// If a timer message of `generation` is the one currently armed, the
+    /// instant it was armed for.
+    pub fn fired(&mut self, generation: u64) -> Option<Time> {
+        match self.armed {
+            Some((at, _)) if generation == self.generation => {
+                self.armed = None;
+                Some(at)
+            }
+            _ => None,
         }
     }
 }

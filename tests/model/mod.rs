@@ -342,8 +342,14 @@ impl Model {
             if next.1 {
                 // The contract's invariants, checked where PoolReady is made:
                 // every candidate ready, and a full quiet window behind it.
-                assert!(self.facts.values().all(Facts::ready), "PoolReady with a candidate not ready");
-                assert!(at >= self.last_change + self.window, "PoolReady inside the window");
+                assert!(
+                    self.facts.values().all(Facts::ready),
+                    "PoolReady with a candidate not ready"
+                );
+                assert!(
+                    at >= self.last_change + self.window,
+                    "PoolReady inside the window"
+                );
                 self.converge_at = None;
                 self.epochs += 1;
                 let epoch = self.epochs;
