@@ -60,7 +60,15 @@ const QUICK: Sizes = Sizes {
     replay_records: 2_000,
 };
 
+thread_local! {
+    static EMITTED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn emit(json: bool, value: serde_json::Value) {
+    EMITTED.with(|e| {
+        e.borrow_mut()
+            .push(value["metric"].as_str().unwrap_or_default().to_string())
+    });
     if json {
         println!("{value}");
     } else {
@@ -571,6 +579,10 @@ fn main() {
     } else {
         &FULL
     };
+    run(sizes, json);
+}
+
+fn run(sizes: &Sizes, json: bool) {
     core_metrics(sizes, json);
     actix::System::new().block_on(async {
         actor_metric(sizes, json).await;
@@ -584,4 +596,26 @@ fn main() {
     actix::System::new().block_on(async {
         memory_metric(sizes, json).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// Smoke test: every metric comes out at tiny sizes (no speed asserted).
+    #[test]
+    fn every_metric_is_printed_at_tiny_sizes() {
+        super::run(&super::QUICK, true);
+        let names = super::EMITTED.with(|e| e.borrow().clone());
+        for metric in [
+            "core_obs_per_s",
+            "core_flatness",
+            "actor_obs_per_s",
+            "bytes_per_candidate",
+            "fault_latency_us_p50",
+            "fault_latency_us_p99",
+            "ready_overshoot_ms_p99",
+            "replay_records_per_s",
+        ] {
+            assert!(names.iter().any(|n| n == metric), "{metric} missing");
+        }
+    }
 }
