@@ -444,7 +444,9 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
         }
     }
     let mut latencies = Vec::new();
+    // The plan requires 100 nodes around the victim.
     let victim = members[n / 2].clone();
+    let required = members[(n / 2).saturating_sub(50)..(n / 2 + 50).min(n)].to_vec();
     let mut incarnation = 1;
     for trial in 0..sizes.fault_trials {
         let proof = match gate.wait_ready().await {
@@ -457,7 +459,7 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
             .await
             .is_err()
             || gate
-                .commit_plan(run, members[..100.min(n)].to_vec(), Some(proof.epoch))
+                .commit_plan(run.clone(), required.clone(), Some(proof.epoch))
                 .await
                 .is_err()
         {
@@ -470,10 +472,19 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
             state: SwimState::Suspect,
             incarnation,
         });
-        while let Some(event) = events.recv().await {
-            if matches!(event, Event::RunFaulted { .. }) {
-                latencies.push(start.elapsed().as_secs_f64() * 1e6);
-                break;
+        let faulted = async {
+            while let Some(event) = events.recv().await {
+                if matches!(event, Event::RunFaulted { .. }) {
+                    return Some(start.elapsed());
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(Duration::from_secs(5), faulted).await {
+            Ok(Some(latency)) => latencies.push(latency.as_secs_f64() * 1e6),
+            _ => {
+                eprintln!("trial {trial}: no run_faulted within 5 s");
+                let _ = gate.finish_run(run).await;
             }
         }
         incarnation += 1;
@@ -583,6 +594,10 @@ fn main() {
 }
 
 fn run(sizes: &Sizes, json: bool) {
+    // First, while nothing else has been allocated: RSS growth is the gate's.
+    actix::System::new().block_on(async {
+        memory_metric(sizes, json).await;
+    });
     core_metrics(sizes, json);
     actix::System::new().block_on(async {
         actor_metric(sizes, json).await;
@@ -592,10 +607,6 @@ fn run(sizes: &Sizes, json: bool) {
         overshoot_metric(sizes, json).await;
     });
     replay_metric(sizes, json);
-    // Last: a fresh system, so the RSS growth is the new gate's.
-    actix::System::new().block_on(async {
-        memory_metric(sizes, json).await;
-    });
 }
 
 #[cfg(test)]
