@@ -201,6 +201,50 @@ pub struct ReadyProof {
     pub epoch: Epoch,
 }
 
+/// What [`Gate::push`] did with an input.
+#[derive(Debug)]
+pub enum Push {
+    /// The observation went to this candidate's actor.
+    Sent(NodeId),
+    /// The node is not a candidate; ignored and counted.
+    NotCandidate,
+    /// A command: submit it with [`Gate::submit`].
+    Command(Input),
+}
+
+/// An input taken apart: an observation about one node, or a command.
+enum Routed {
+    Observation(NodeId, Observation),
+    Command(Input),
+}
+
+/// Checks an input and takes it apart.
+fn split(input: Input) -> Result<Routed, GateError> {
+    let (node, observation) = match input {
+        Input::Membership(MembershipUpdate {
+            node,
+            state,
+            incarnation,
+        }) => (node, Observation::Swim { state, incarnation }),
+        Input::Agent(report) => match report {
+            AgentReport::Available { node } => (node, Observation::Available),
+            AgentReport::Unavailable { node } => (node, Observation::Unavailable),
+            AgentReport::Identity { node, material } => (node, Observation::Identity(material)),
+            AgentReport::Faulted { node, reason } => {
+                if reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control) {
+                    return Err(GateError::InvalidReason);
+                }
+                (node, Observation::Faulted { reason })
+            }
+            AgentReport::Recovered { node } => (node, Observation::Recovered),
+        },
+        Input::Registry(RegistryFact::Known { node }) => (node, Observation::Known),
+        Input::Registry(RegistryFact::Forgotten { node }) => (node, Observation::Forgotten),
+        command => return Ok(Routed::Command(command)),
+    };
+    Ok(Routed::Observation(node, observation))
+}
+
 /// A subscription to the gate's events, in the order they were published.
 pub type EventStream = mpsc::UnboundedReceiver<Event>;
 
@@ -264,19 +308,9 @@ impl Gate {
     /// one node keep their order; their order relative to commands sent
     /// meanwhile is not guaranteed.
     pub fn membership_nowait(&self, update: MembershipUpdate) {
-        let at = self.clock.now();
-        let MembershipUpdate {
-            node,
-            state,
-            incarnation,
-        } = update;
-        match self.router.route(&node) {
-            Some(addr) => addr.do_send(Observe {
-                at,
-                observation: Observation::Swim { state, incarnation },
-            }),
-            None => IgnoredCounts::bump(&self.router.ignored.non_candidate),
-        }
+        // A membership update always passes the checks (its id is already
+        // valid), so there is no error to report.
+        let _ = self.push(self.clock.now(), Input::Membership(update));
     }
 
     /// Replaces the candidate pool (refused while a run is committed).
@@ -363,63 +397,64 @@ impl Gate {
     /// an input stamped `T` must arrive before the clock reaches `T` for it
     /// to be applied before timers due at `T`.
     pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
-        let (node, observation) = match input {
-            Input::Membership(MembershipUpdate {
-                node,
-                state,
-                incarnation,
-            }) => (node, Observation::Swim { state, incarnation }),
-            Input::Agent(report) => match report {
-                AgentReport::Available { node } => (node, Observation::Available),
-                AgentReport::Unavailable { node } => (node, Observation::Unavailable),
-                AgentReport::Identity { node, material } => (node, Observation::Identity(material)),
-                AgentReport::Faulted { node, reason } => {
-                    if reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control) {
-                        return Err(GateError::InvalidReason);
-                    }
-                    (node, Observation::Faulted { reason })
+        match split(input)? {
+            Routed::Observation(node, observation) => Ok(Accepted::Observation(
+                self.route(at, node, observation).await,
+            )),
+            Routed::Command(command) => self.command_at(at, command).await,
+        }
+    }
+
+    /// Hands an observation to its node's actor without waiting: a
+    /// command is given back for [`Gate::submit`]. Observations about one
+    /// node keep their order; their order relative to observations about
+    /// other nodes, and to commands, is not kept (use [`Gate::submit`]
+    /// where it matters, as replay does).
+    pub fn push(&self, at: Time, input: Input) -> Result<Push, GateError> {
+        match split(input)? {
+            Routed::Observation(node, observation) => match self.router.route(&node) {
+                Some(addr) => {
+                    addr.do_send(Observe { at, observation });
+                    Ok(Push::Sent(node))
                 }
-                AgentReport::Recovered { node } => (node, Observation::Recovered),
+                None => {
+                    IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                    Ok(Push::NotCandidate)
+                }
             },
-            Input::Registry(RegistryFact::Known { node }) => (node, Observation::Known),
-            Input::Registry(RegistryFact::Forgotten { node }) => (node, Observation::Forgotten),
-            Input::DefinePool(definition) => {
-                return self
-                    .command(DefinePool { at, definition })
-                    .await
-                    .map(|_| Accepted::Done)
-            }
-            Input::BeginPlanning { run, epoch } => {
-                return self
-                    .command(BeginPlanning { at, run, epoch })
-                    .await
-                    .map(Accepted::Planning)
-            }
+            Routed::Command(command) => Ok(Push::Command(command)),
+        }
+    }
+
+    async fn command_at(&self, at: Time, command: Input) -> Result<Accepted, GateError> {
+        match command {
+            Input::DefinePool(definition) => self
+                .command(DefinePool { at, definition })
+                .await
+                .map(|_| Accepted::Done),
+            Input::BeginPlanning { run, epoch } => self
+                .command(BeginPlanning { at, run, epoch })
+                .await
+                .map(Accepted::Planning),
             Input::CommitPlan {
                 run,
                 required,
                 epoch,
-            } => {
-                return self
-                    .command(CommitPlan {
-                        at,
-                        run,
-                        required,
-                        epoch,
-                    })
-                    .await
-                    .map(|_| Accepted::Done)
-            }
-            Input::FinishRun { run } => {
-                return self
-                    .command(FinishRun { at, run })
-                    .await
-                    .map(|_| Accepted::Done)
-            }
-        };
-        Ok(Accepted::Observation(
-            self.route(at, node, observation).await,
-        ))
+            } => self
+                .command(CommitPlan {
+                    at,
+                    run,
+                    required,
+                    epoch,
+                })
+                .await
+                .map(|_| Accepted::Done),
+            Input::FinishRun { run } => self
+                .command(FinishRun { at, run })
+                .await
+                .map(|_| Accepted::Done),
+            observation => Box::pin(self.submit(at, observation)).await,
+        }
     }
 
     async fn observe(&self, input: Input) -> Result<Outcome, GateError> {
