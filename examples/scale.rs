@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Addr, Context, Handler, Message};
 use poolgate::gate::{AgentReport, Gate, Input, MembershipUpdate, RegistryFact};
 use poolgate_actors::core::{
-    Applied, Event, NodeFacts, NodeId, Observation, OnReadinessLost, PlanningPolicy,
-    PoolDefinition, PoolId, PoolReadiness, RunId, SlotKey, SwimState, Time,
+    Applied, Event, IdentityMaterial, NodeFacts, NodeId, Observation, OnReadinessLost,
+    PlanningPolicy, PoolDefinition, PoolId, PoolReadiness, RunId, SlotKey, SwimState, Time,
 };
 use poolgate_actors::pool_actor::PoolSettings;
 use rand::rngs::StdRng;
@@ -174,6 +174,25 @@ fn core_run(n: usize, feed: &[(String, Observation)]) -> Duration {
         .map(|(id, key)| (id, (key, NodeFacts::default())))
         .collect();
     let mut out: Vec<Event> = Vec::new();
+    // Every node starts known, alive at incarnation 1, available and with
+    // identity (untimed), so the stream's mix of repeats and changes is the
+    // same at every size.
+    for (key, facts) in nodes.values_mut() {
+        for observation in [
+            Observation::Known,
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 1,
+            },
+            Observation::Available,
+            Observation::Identity(IdentityMaterial::new(vec![7; 32]).expect("valid")),
+        ] {
+            if let Applied::Changed(change) = facts.apply(observation) {
+                pool.node_changed(*key, Time::ZERO, &change, &mut out);
+            }
+        }
+    }
+    out.clear();
     let start = Instant::now();
     for (at, (id, observation)) in feed.iter().enumerate() {
         if let Some((key, facts)) = nodes.get_mut(id.as_str()) {
@@ -590,6 +609,18 @@ fn main() {
     } else {
         &FULL
     };
+    // `--profile-core N`: only the core at N candidates, once, without the
+    // baseline: for a profiler (`valgrind --tool=cachegrind`).
+    if let Some(at) = args.iter().position(|a| a == "--profile-core") {
+        let n = args
+            .get(at + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        let feed = stream(n, 200_000, 7);
+        let spent = core_run(n, &feed);
+        println!("{} observations at {n} candidates in {spent:?}", feed.len());
+        return;
+    }
     run(sizes, json);
 }
 
