@@ -194,17 +194,29 @@ fn core_run(n: usize, feed: &[(String, Observation)]) -> Duration {
     }
     out.clear();
     let start = Instant::now();
+    core_loop(&mut pool, &mut nodes, feed, &mut out);
+    let spent = start.elapsed();
+    std::hint::black_box(pool.counts());
+    spent
+}
+
+/// The timed part of [`core_run`], alone in a function so a profiler can
+/// count it alone (`--toggle-collect='scale::core_loop'`).
+#[inline(never)]
+fn core_loop(
+    pool: &mut PoolReadiness,
+    nodes: &mut HashMap<NodeId, (SlotKey, NodeFacts)>,
+    feed: &[(String, Observation)],
+    out: &mut Vec<Event>,
+) {
     for (at, (id, observation)) in feed.iter().enumerate() {
         if let Some((key, facts)) = nodes.get_mut(id.as_str()) {
             if let Applied::Changed(change) = facts.apply(observation.clone()) {
-                pool.node_changed(*key, Time::from_millis(at as u64), &change, &mut out);
+                pool.node_changed(*key, Time::from_millis(at as u64), &change, out);
                 out.clear();
             }
         }
     }
-    let spent = start.elapsed();
-    std::hint::black_box(pool.counts());
-    spent
 }
 
 /// The baseline: a plain map from id to a few fields, plus counters, over
