@@ -38,6 +38,13 @@ async fn ready_pool(gate: &Gate) {
     );
 }
 
+/// Plans run r1 on the ready pool and commits it over `required`.
+async fn commit_r1(gate: &Gate, required: &[&str]) {
+    gate.begin_planning(run("r1"), None).await.unwrap();
+    let required = required.iter().map(|n| node(n)).collect();
+    gate.commit_plan(run("r1"), required, None).await.unwrap();
+}
+
 fn refused(result: Result<impl std::fmt::Debug, GateError>) -> RunError {
     match result {
         Err(GateError::Refused(e)) => e,
@@ -443,10 +450,7 @@ fn each_loss_of_a_required_node_after_commit_faults_the_run() {
             let gate = gate_wait(None);
             let mut events = gate.subscribe();
             ready_pool(&gate).await;
-            gate.begin_planning(run("r1"), None).await.unwrap();
-            gate.commit_plan(run("r1"), vec![node("n1")], None)
-                .await
-                .unwrap();
+            commit_r1(&gate, &["n1"]).await;
             let n1 = node("n1");
             match how {
                 "dead" => swim(&gate, "n1", SwimState::Dead, 1).await,
@@ -483,10 +487,7 @@ fn losing_a_non_required_node_after_commit_does_not_fault_the_run() {
         let gate = gate_wait(None);
         let mut events = gate.subscribe();
         ready_pool(&gate).await;
-        gate.begin_planning(run("r1"), None).await.unwrap();
-        gate.commit_plan(run("r1"), vec![node("n1")], None)
-            .await
-            .unwrap();
+        commit_r1(&gate, &["n1"]).await;
         swim(&gate, "n3", SwimState::Dead, 1).await;
         // An incarnation bump of a required node is not a loss either.
         swim(&gate, "n1", SwimState::Alive, 5).await;
@@ -563,10 +564,7 @@ fn redefining_the_pool_restarts_readiness_and_is_refused_under_a_committed_run()
         let report = gate.report().await.unwrap();
         assert_eq!(report.pool.as_str(), "pool-u");
         assert_eq!(report.phase, PoolPhase::Ready { epoch: Epoch(2) });
-        gate.begin_planning(run("r1"), None).await.unwrap();
-        gate.commit_plan(run("r1"), vec![node("n1")], None)
-            .await
-            .unwrap();
+        commit_r1(&gate, &["n1"]).await;
         assert!(matches!(
             refused(gate.define_pool(smaller).await),
             RunError::RunCommitted(_)

@@ -486,6 +486,15 @@ mod tests {
             self.observe(at, name, Observation::Identity(material));
         }
 
+        /// A refuted-style incarnation bump: a change that keeps `name` ready.
+        fn bump(&mut self, at: Time, name: &str, incarnation: u64) {
+            let observation = Observation::Swim {
+                state: SwimState::Alive,
+                incarnation,
+            };
+            self.observe(at, name, observation);
+        }
+
         fn tick(&mut self, now: Time) {
             self.pool.on_deadline(now, &mut self.events);
         }
@@ -540,14 +549,7 @@ mod tests {
     fn a_change_inside_the_window_restarts_it() {
         let mut h = Harness::new(&["a"]);
         h.make_ready(t(0), "a");
-        h.observe(
-            t(3000),
-            "a",
-            Observation::Swim {
-                state: SwimState::Alive,
-                incarnation: 2,
-            },
-        );
+        h.bump(t(3000), "a", 2);
         h.tick(t(5000));
         assert!(h.events.is_empty());
         h.tick(t(8000));
@@ -559,14 +561,7 @@ mod tests {
         let mut h = Harness::new(&["a"]);
         h.make_ready(t(0), "a");
         // Input stamped at the deadline: applied before the timer.
-        h.observe(
-            t(5000),
-            "a",
-            Observation::Swim {
-                state: SwimState::Alive,
-                incarnation: 2,
-            },
-        );
+        h.bump(t(5000), "a", 2);
         h.tick(t(5000));
         assert!(h.events.is_empty());
         assert_eq!(h.pool.deadline(), Some(t(10_000)));
