@@ -303,7 +303,7 @@ fn waiting_for(report: &crate::actors::pool_actor::PoolReport, now: Time) -> Str
                 .filter(|c| !c.verdict.is_ready())
                 .map(|c| {
                     let blockers: Vec<&str> = c.verdict.blockers().map(|b| b.as_str()).collect();
-                    format!("{} {}", c.node, blockers.join("+"))
+                    format!("{} {} (since {})", c.node, blockers.join("+"), c.since)
                 })
                 .collect();
             format!("forming; waiting for {}", blocked.join(", "))

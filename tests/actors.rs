@@ -623,3 +623,24 @@ fn invalid_identity_material_is_refused_and_the_node_keeps_its_identity() {
         assert_eq!(report.phase, PoolPhase::Ready { epoch: Epoch(1) });
     });
 }
+
+#[test]
+fn the_report_says_since_when_each_candidate_is_blocked() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        all_ready(&gate).await;
+        advance_to(&gate, 2000).await;
+        swim(&gate, "n2", SwimState::Suspect, 1).await;
+        advance_to(&gate, 3000).await;
+        let report = gate.report().await.unwrap();
+        let n2 = &report.candidates[1];
+        assert_eq!(
+            n2.verdict.blockers().collect::<Vec<_>>(),
+            [Blocker::Suspect]
+        );
+        assert_eq!(n2.since, Time::from_millis(2000));
+        assert_eq!(report.candidates[0].since, Time::ZERO);
+        assert_eq!(report.last_change.node, Some(node("n2")));
+        assert_eq!(report.last_change.reason, Reason::Suspect);
+    });
+}

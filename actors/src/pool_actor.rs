@@ -19,7 +19,7 @@ use actix::{
 
 use crate::core::Reason;
 use crate::core::{
-    Epoch, Event, Fingerprint, LastChange, NodeChange, NodeId, PlanningPolicy, PoolDefinition,
+    CandidateSummary, Epoch, Event, LastChange, NodeChange, NodeId, PlanningPolicy, PoolDefinition,
     PoolId, PoolPhase, PoolReadiness, RunError, RunId, SlotKey, Time, Verdict,
 };
 use crate::node_actor::{NodeActor, Resync};
@@ -158,17 +158,6 @@ pub struct PendingDeadline {
     pub at: Time,
 }
 
-/// One candidate in a report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CandidateReport {
-    /// The candidate.
-    pub node: NodeId,
-    /// Ready, or what blocks it.
-    pub verdict: Verdict,
-    /// Its identity fingerprint, if any.
-    pub fingerprint: Option<Fingerprint>,
-}
-
 /// Where the pool stands, and why.
 #[derive(Clone, Debug, MessageResponse)]
 pub struct PoolReport {
@@ -176,8 +165,9 @@ pub struct PoolReport {
     pub pool: PoolId,
     /// Forming, converging (with deadline) or ready (with epoch).
     pub phase: PoolPhase,
-    /// Every candidate, sorted by id.
-    pub candidates: Vec<CandidateReport>,
+    /// Every candidate, sorted by id: ready or what blocks it, and since
+    /// when.
+    pub candidates: Vec<CandidateSummary>,
     /// The last view change (the start of the current window).
     pub last_change: LastChange,
     /// The active run, if any.
@@ -392,8 +382,8 @@ impl actix::Supervised for PoolActor {
         self.out.clear();
         let now = self.clock.now();
         self.core.restart(now, &mut self.out);
-        for (node, _, _) in self.core.candidates() {
-            if let Some(addr) = self.router.route(&node) {
+        for candidate in self.core.candidates() {
+            if let Some(addr) = self.router.route(&candidate.node) {
                 addr.do_send(Resync { at: now });
             }
         }
@@ -605,16 +595,7 @@ impl Handler<GetReport> for PoolActor {
         PoolReport {
             pool: self.core.id().clone(),
             phase: self.core.phase(),
-            candidates: self
-                .core
-                .candidates()
-                .into_iter()
-                .map(|(node, verdict, fingerprint)| CandidateReport {
-                    node,
-                    verdict,
-                    fingerprint,
-                })
-                .collect(),
+            candidates: self.core.candidates(),
             last_change: self.core.last_change().clone(),
             run: self.run.as_ref().map(|r| r.id.clone()),
             ignored_stale: IgnoredCounts::read(&self.router.ignored.stale),

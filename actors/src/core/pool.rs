@@ -80,6 +80,21 @@ struct Slot {
     generation: u32,
     verdict: Verdict,
     fingerprint: Option<Fingerprint>,
+    /// When the verdict last changed (for "blocked since" in reports).
+    since: Time,
+}
+
+/// One candidate as the pool sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CandidateSummary {
+    /// The candidate.
+    pub node: NodeId,
+    /// Ready, or what blocks it.
+    pub verdict: Verdict,
+    /// Its identity fingerprint, if any.
+    pub fingerprint: Option<Fingerprint>,
+    /// Since when the verdict has been what it is.
+    pub since: Time,
 }
 
 /// Where the pool stands.
@@ -162,7 +177,7 @@ impl PoolReadiness {
         let added = definition
             .members
             .iter()
-            .map(|id| (id.clone(), pool.insert(id.clone())))
+            .map(|id| (id.clone(), pool.insert(id.clone(), now)))
             .collect();
         (pool, added)
     }
@@ -191,7 +206,7 @@ impl PoolReadiness {
         }
         for id in &definition.members {
             if !self.by_id.contains_key(id) {
-                change.added.push((id.clone(), self.insert(id.clone())));
+                change.added.push((id.clone(), self.insert(id.clone(), at)));
             }
         }
         self.view_changed(at, None, Reason::PoolRedefined, out);
@@ -213,6 +228,9 @@ impl PoolReadiness {
             return false;
         };
         let was_ready = slot.verdict.is_ready();
+        if slot.verdict != change.after {
+            slot.since = at;
+        }
         slot.verdict = change.after;
         slot.fingerprint = change.fingerprint;
         let node = slot.id.clone();
@@ -233,6 +251,7 @@ impl PoolReadiness {
         for slot in self.slots.iter_mut().filter(|s| s.id.is_some()) {
             slot.verdict = Verdict::NOTHING_KNOWN;
             slot.fingerprint = None;
+            slot.since = at;
         }
         self.not_ready = self.by_id.len();
         self.view_changed(at, None, Reason::ViewChanged, out);
@@ -320,14 +339,21 @@ impl PoolReadiness {
         (self.by_id.len(), self.not_ready)
     }
 
-    /// Every candidate with its latest verdict and fingerprint, sorted by id.
-    pub fn candidates(&self) -> Vec<(NodeId, Verdict, Option<Fingerprint>)> {
+    /// Every candidate with its latest verdict, sorted by id.
+    pub fn candidates(&self) -> Vec<CandidateSummary> {
         let mut all: Vec<_> = self
             .slots
             .iter()
-            .filter_map(|s| Some((s.id.clone()?, s.verdict, s.fingerprint)))
+            .filter_map(|s| {
+                Some(CandidateSummary {
+                    node: s.id.clone()?,
+                    verdict: s.verdict,
+                    fingerprint: s.fingerprint,
+                    since: s.since,
+                })
+            })
             .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.sort_by(|a, b| a.node.cmp(&b.node));
         all
     }
 
@@ -338,13 +364,13 @@ impl PoolReadiness {
         let candidates = self.candidates();
         let fingerprints: BTreeMap<NodeId, Fingerprint> = candidates
             .iter()
-            .filter_map(|(id, _, fp)| Some((id.clone(), (*fp)?)))
+            .filter_map(|c| Some((c.node.clone(), c.fingerprint?)))
             .collect();
         out.push(Event::PoolReady {
             at,
             pool: self.id.clone(),
             epoch,
-            members: candidates.into_iter().map(|(id, _, _)| id).collect(),
+            members: candidates.into_iter().map(|c| c.node).collect(),
             fingerprints,
         });
     }
@@ -375,7 +401,7 @@ impl PoolReadiness {
         };
     }
 
-    fn insert(&mut self, id: NodeId) -> SlotKey {
+    fn insert(&mut self, id: NodeId, at: Time) -> SlotKey {
         let index = match self.free.pop() {
             Some(index) => index,
             None => {
@@ -384,6 +410,7 @@ impl PoolReadiness {
                     generation: 0,
                     verdict: Verdict::NOTHING_KNOWN,
                     fingerprint: None,
+                    since: at,
                 });
                 u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
             }
@@ -392,6 +419,7 @@ impl PoolReadiness {
         slot.id = Some(id.clone());
         slot.verdict = Verdict::NOTHING_KNOWN;
         slot.fingerprint = None;
+        slot.since = at;
         let key = SlotKey {
             index,
             generation: slot.generation,
