@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use poolgate::gate::{AgentReport, Gate, GateError, RegistryFact};
 use poolgate_actors::core::{
-    AbortReason, Blocker, Epoch, Event, Fingerprint, OnReadinessLost, PoolDefinition, PoolId,
-    PoolPhase, Reason, RunError, RunId, SwimState, Time,
+    AbortReason, Blocker, Epoch, Event, Fingerprint, Membership, OnReadinessLost, PoolDefinition,
+    PoolId, PoolPhase, Reason, RunError, RunId, SwimState, Time,
 };
 use poolgate_actors::node_actor::Outcome;
 
@@ -642,5 +642,24 @@ fn the_report_says_since_when_each_candidate_is_blocked() {
         assert_eq!(report.candidates[0].since, Time::ZERO);
         assert_eq!(report.last_change.node, Some(node("n2")));
         assert_eq!(report.last_change.reason, Reason::Suspect);
+        assert_eq!(
+            n2.detail.membership,
+            Membership::Seen {
+                state: SwimState::Suspect,
+                incarnation: 1
+            }
+        );
+        gate.agent(AgentReport::Faulted {
+            node: node("n3"),
+            reason: "ecc error".into(),
+        })
+        .await
+        .unwrap();
+        let report = gate.report().await.unwrap();
+        assert_eq!(
+            report.candidates[2].detail.fault.as_deref(),
+            Some("ecc error")
+        );
+        assert_eq!(report.candidates[2].since, Time::from_millis(3000));
     });
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::{Actor, ActorContext, Addr, Context, Handler, Message, MessageResponse};
 
 use crate::core::{
-    Applied, NodeChange, NodeFacts, NodeId, Observation, Reason, SlotKey, Time, Verdict,
+    Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Observation, Reason, SlotKey, Time, Verdict,
 };
 use crate::pool_actor::{NodeActorStopped, NodeChanged, PoolActor};
 use crate::wiring::{IgnoredCounts, Router};
@@ -95,6 +95,13 @@ pub enum InjectFault {
 }
 
 impl NodeActor {
+    fn detail(&self) -> NodeDetail {
+        NodeDetail {
+            membership: self.facts.membership(),
+            fault: self.facts.fault().map(Arc::from),
+        }
+    }
+
     /// Runs `apply` on the facts; a panic in it stops the actor (the pool
     /// restarts it with no facts) instead of taking the arbiter down.
     fn guarded<R>(
@@ -144,6 +151,7 @@ impl Handler<Resync> for NodeActor {
                     after: verdict,
                     fingerprint: self.facts.fingerprint(),
                 },
+                detail: self.detail(),
             });
         }
     }
@@ -163,6 +171,7 @@ impl Handler<Observe> for NodeActor {
                     node: self.node.clone(),
                     at: msg.at,
                     change,
+                    detail: self.detail(),
                 });
                 Outcome::Changed
             }

@@ -19,8 +19,8 @@ use actix::{
 
 use crate::core::Reason;
 use crate::core::{
-    CandidateSummary, Epoch, Event, LastChange, NodeChange, NodeId, PlanningPolicy, PoolDefinition,
-    PoolId, PoolPhase, PoolReadiness, RunError, RunId, SlotKey, Time, Verdict,
+    CandidateSummary, Epoch, Event, LastChange, NodeChange, NodeDetail, NodeId, PlanningPolicy,
+    PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunError, RunId, SlotKey, Time, Verdict,
 };
 use crate::node_actor::{NodeActor, Resync};
 use crate::run_actor::{Commit, Finish, News, PoolNews, QueryRun, RunActor, RunSnapshot};
@@ -49,6 +49,8 @@ pub struct NodeChanged {
     pub at: Time,
     /// The change.
     pub change: NodeChange,
+    /// The node's SWIM state and fault reason after it, for reports.
+    pub detail: NodeDetail,
 }
 
 /// A node actor stopped (failed, or dropped after a redefinition).
@@ -440,6 +442,7 @@ impl Handler<NodeActorStopped> for PoolActor {
                 node: msg.node,
                 at: self.clock.now(),
                 change,
+                detail: NodeDetail::default(),
             },
             ctx,
         );
@@ -453,6 +456,7 @@ impl Handler<NodeChanged> for PoolActor {
         let mut accepted = false;
         let completed = self.guarded(ctx, |core, out| {
             accepted = core.node_changed(msg.key, msg.at, &msg.change, out);
+            core.set_detail(msg.key, msg.detail);
         });
         if !completed || !accepted {
             // A failure (the actor restarts), or a node actor of an earlier

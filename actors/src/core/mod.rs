@@ -20,8 +20,8 @@ pub use node::{
     Applied, Blocker, Membership, NodeChange, NodeFacts, Observation, Reason, SwimState, Verdict,
 };
 pub use pool::{
-    CandidateSummary, DefinitionError, LastChange, PoolDefinition, PoolPhase, PoolReadiness,
-    Redefinition, SlotKey,
+    CandidateSummary, DefinitionError, LastChange, NodeDetail, PoolDefinition, PoolPhase,
+    PoolReadiness, Redefinition, SlotKey,
 };
 pub use run::{OnReadinessLost, PlanningPolicy, RunEnd, RunError, RunGuard, RunPhase};
 pub use time::Time;

@@ -12,12 +12,13 @@
 //! reach the actor does not matter, and a spurious or late timer is a no-op.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::event::Event;
 use super::identity::Fingerprint;
 use super::ids::{Epoch, NodeId, PoolId};
-use super::node::{NodeChange, Reason, Verdict};
+use super::node::{Membership, NodeChange, Reason, Verdict};
 use super::time::Time;
 
 /// Why a pool definition was refused. The pool is unchanged.
@@ -82,6 +83,17 @@ struct Slot {
     fingerprint: Option<Fingerprint>,
     /// When the verdict last changed (for "blocked since" in reports).
     since: Time,
+    detail: NodeDetail,
+}
+
+/// What a report shows of a node beyond its verdict: the SWIM state and
+/// the fault reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDetail {
+    /// The SWIM view of the node.
+    pub membership: Membership,
+    /// The fault reason, while faulted.
+    pub fault: Option<Arc<str>>,
 }
 
 /// One candidate as the pool sees it.
@@ -95,6 +107,8 @@ pub struct CandidateSummary {
     pub fingerprint: Option<Fingerprint>,
     /// Since when the verdict has been what it is.
     pub since: Time,
+    /// SWIM state and fault reason.
+    pub detail: NodeDetail,
 }
 
 /// Where the pool stands.
@@ -252,9 +266,17 @@ impl PoolReadiness {
             slot.verdict = Verdict::NOTHING_KNOWN;
             slot.fingerprint = None;
             slot.since = at;
+            slot.detail = NodeDetail::default();
         }
         self.not_ready = self.by_id.len();
         self.view_changed(at, None, Reason::ViewChanged, out);
+    }
+
+    /// Records what a report shows of a candidate besides its verdict.
+    pub fn set_detail(&mut self, key: SlotKey, detail: NodeDetail) {
+        if let Some(slot) = self.slot_mut(key) {
+            slot.detail = detail;
+        }
     }
 
     /// The latest verdict of a candidate's slot (`None` for a stale key).
@@ -350,6 +372,7 @@ impl PoolReadiness {
                     verdict: s.verdict,
                     fingerprint: s.fingerprint,
                     since: s.since,
+                    detail: s.detail.clone(),
                 })
             })
             .collect();
@@ -411,6 +434,7 @@ impl PoolReadiness {
                     verdict: Verdict::NOTHING_KNOWN,
                     fingerprint: None,
                     since: at,
+                    detail: NodeDetail::default(),
                 });
                 u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
             }
@@ -420,6 +444,7 @@ impl PoolReadiness {
         slot.verdict = Verdict::NOTHING_KNOWN;
         slot.fingerprint = None;
         slot.since = at;
+        slot.detail = NodeDetail::default();
         let key = SlotKey {
             index,
             generation: slot.generation,
