@@ -10,6 +10,7 @@
 //! - [`scenario`]: the JSON Lines scenario format.
 //! - [`replay`]: the gate on a scenario and a virtual clock.
 //! - [`render`]: events as JSON lines or as a readable timeline.
+//! - [`explain`]: `replay --explain`, the pool's state and blockers in words.
 //! - `src/main.rs`: the `poolgate` command line.
 
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod explain;
 pub mod gate;
 pub mod render;
 pub mod replay;

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use poolgate::demo::{self, DemoLine};
 use poolgate::render::{describe_event, human_line, json_line, timed};
-use poolgate::replay::{self, ReplayError};
+use poolgate::replay::{self, ReplayError, ReplayOptions};
 use poolgate::Config;
 
 #[derive(Parser)]
@@ -35,6 +35,10 @@ enum Command {
         /// Print readable lines instead of JSON.
         #[arg(long)]
         human: bool,
+        /// A readable account: each event, and the pool's state and
+        /// blockers whenever they change, then a summary.
+        #[arg(long)]
+        explain: bool,
         /// The scenario file, or `-` for stdin.
         scenario: String,
     },
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Command::Replay {
             config,
             human,
+            explain,
             scenario,
         } => {
             let input: Box<dyn BufRead> = if scenario == "-" {
@@ -81,7 +86,11 @@ fn main() -> ExitCode {
                     Err(e) => return fail(&format!("{scenario}: {e}")),
                 }
             };
-            replay_to_stdout(&config, input, human, false)
+            let options = ReplayOptions {
+                echo_inputs: false,
+                explain,
+            };
+            replay_to_stdout(&config, input, human || explain, options)
         }
         Command::Demo { config, json, seed } => live_demo(&config, json, seed),
     }
@@ -132,14 +141,19 @@ fn live_demo(config: &Path, json: bool, seed: Option<u64>) -> ExitCode {
     }
 }
 
-fn replay_to_stdout(config: &Path, input: Box<dyn BufRead>, human: bool, echo: bool) -> ExitCode {
+fn replay_to_stdout(
+    config: &Path,
+    input: Box<dyn BufRead>,
+    human: bool,
+    options: ReplayOptions,
+) -> ExitCode {
     let config = match Config::load(config) {
         Ok(config) => config,
         Err(e) => return fail(&e.to_string()),
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let result = replay::run_with(&config, input, echo, |event| {
+    let result = replay::run_with(&config, input, options, |event| {
         let line = if human {
             human_line(event)
         } else {

@@ -51,6 +51,7 @@ pub fn human_line(event: &ReplayEvent) -> String {
     let what = match event {
         ReplayEvent::Rejected(r) => format!("rejected line {}: {} ({})", r.line, r.error, r.detail),
         ReplayEvent::Input(echo) => format!("  <- {}", echo.input),
+        ReplayEvent::Note(note) => format!("· {}", note.text),
         ReplayEvent::Gate(event) => describe_event(event),
     };
     timed(event.at(), &what)

@@ -18,6 +18,7 @@ use poolgate_actors::core::{Event, Time};
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::explain::Explainer;
 use crate::gate::{EventStream, Gate, GateError};
 use crate::render::describe;
 use crate::scenario::{parse_record, BadLine, ScenarioReader};
@@ -50,6 +51,27 @@ pub struct Echo {
     pub input: String,
 }
 
+/// A readable remark (`--explain` only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Note {
+    /// When.
+    #[serde(rename = "at_ms")]
+    pub at: Time,
+    event: &'static str,
+    /// The remark.
+    pub text: String,
+}
+
+/// How to replay.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayOptions {
+    /// Hand each record to the sink too, just before what it caused.
+    pub echo_inputs: bool,
+    /// Add the pool's state and blockers whenever they change, and a
+    /// closing summary ([`ReplayEvent::Note`]).
+    pub explain: bool,
+}
+
 /// One line of replay output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -60,6 +82,8 @@ pub enum ReplayEvent {
     Rejected(Rejection),
     /// A record as it is fed (only when asked for).
     Input(Echo),
+    /// The pool's state, or the summary (only with `explain`).
+    Note(Note),
 }
 
 impl ReplayEvent {
@@ -69,6 +93,7 @@ impl ReplayEvent {
             ReplayEvent::Gate(event) => event.at(),
             ReplayEvent::Rejected(rejection) => rejection.at,
             ReplayEvent::Input(echo) => echo.at,
+            ReplayEvent::Note(note) => note.at,
         }
     }
 }
@@ -94,15 +119,14 @@ where
     R: BufRead,
     S: FnMut(&ReplayEvent) -> io::Result<()>,
 {
-    run_with(config, input, false, sink)
+    run_with(config, input, ReplayOptions::default(), sink)
 }
 
-/// As [`run`]; with `echo_inputs`, each record is also handed to `sink`
-/// (as [`ReplayEvent::Input`]) just before what it caused.
+/// As [`run`], with options.
 pub fn run_with<R, S>(
     config: &Config,
     input: R,
-    echo_inputs: bool,
+    options: ReplayOptions,
     sink: S,
 ) -> Result<(), ReplayError>
 where
@@ -120,7 +144,8 @@ where
             events: gate.subscribe(),
             gate,
             held: Vec::new(),
-            echo_inputs,
+            echo_inputs: options.echo_inputs,
+            explainer: options.explain.then(Explainer::default),
             sink,
         };
         replay.drive(ScenarioReader::new(input)).await
@@ -133,6 +158,7 @@ struct Replay<S> {
     events: EventStream,
     held: Vec<ReplayEvent>,
     echo_inputs: bool,
+    explainer: Option<Explainer>,
     sink: S,
 }
 
@@ -172,6 +198,9 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
             };
             let at = Time::from_millis(record.at_ms);
             if last != Some(record.at_ms) {
+                if let Some(previous) = last {
+                    self.explain(Time::from_millis(previous)).await?;
+                }
                 self.advance_before(at).await?;
             }
             last = Some(record.at_ms);
@@ -209,11 +238,45 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
             }
             .into());
         }
+        if let Some(previous) = last {
+            self.explain(Time::from_millis(previous)).await?;
+        }
         while let Some(deadline) = self.gate.pending_deadline().await? {
             self.settle_through(deadline).await?;
         }
         self.collect();
+        if let Some(explainer) = self.explainer.as_mut() {
+            let end = explainer.latest();
+            for text in explainer.summary(end) {
+                self.note(end, text);
+            }
+        }
         self.write_through(None)
+    }
+
+    /// With `--explain`: once every record of instant `at` is in, a line
+    /// when the pool's state or blockers changed.
+    async fn explain(&mut self, at: Time) -> Result<(), ReplayError> {
+        if self.explainer.is_none() {
+            return Ok(());
+        }
+        let report = self.gate.report().await?;
+        if let Some(text) = self
+            .explainer
+            .as_mut()
+            .and_then(|e| e.after_input(at, &report))
+        {
+            self.note(at, text);
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, at: Time, text: String) {
+        self.held.push(ReplayEvent::Note(Note {
+            at,
+            event: "note",
+            text,
+        }));
     }
 
     /// Moves the clock to 1 ms before `at` and writes what can no longer be
@@ -236,6 +299,9 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
 
     fn collect(&mut self) {
         while let Ok(event) = self.events.try_recv() {
+            if let Some(explainer) = self.explainer.as_mut() {
+                explainer.saw(&event);
+            }
             self.held.push(ReplayEvent::Gate(event));
         }
     }

@@ -81,7 +81,8 @@ struct Slot {
     generation: u32,
     verdict: Verdict,
     fingerprint: Option<Fingerprint>,
-    /// When the verdict last changed (for "blocked since" in reports).
+    /// When the node last became ready or stopped being ready (for
+    /// "blocked since" in reports).
     since: Time,
     detail: NodeDetail,
 }
@@ -105,7 +106,7 @@ pub struct CandidateSummary {
     pub verdict: Verdict,
     /// Its identity fingerprint, if any.
     pub fingerprint: Option<Fingerprint>,
-    /// Since when the verdict has been what it is.
+    /// Since when the node has been ready, or blocked (by anything).
     pub since: Time,
     /// SWIM state and fault reason.
     pub detail: NodeDetail,
@@ -242,7 +243,7 @@ impl PoolReadiness {
             return false;
         };
         let was_ready = slot.verdict.is_ready();
-        if slot.verdict != change.after {
+        if slot.verdict.is_ready() != change.after.is_ready() {
             slot.since = at;
         }
         slot.verdict = change.after;
