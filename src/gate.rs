@@ -32,6 +32,7 @@ use poolgate_actors::pool_actor::{
     BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, PendingDeadline, PoolActor,
     PoolReport, PoolSettings,
 };
+use poolgate_actors::telemetry;
 use poolgate_actors::wiring::{Clock, IgnoredCounts, Publisher, Router};
 use tokio::sync::mpsc;
 
@@ -397,12 +398,17 @@ impl Gate {
     /// an input stamped `T` must arrive before the clock reaches `T` for it
     /// to be applied before timers due at `T`.
     pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
-        match split(input)? {
-            Routed::Observation(node, observation) => Ok(Accepted::Observation(
+        let result = match split(input) {
+            Ok(Routed::Observation(node, observation)) => Ok(Accepted::Observation(
                 self.route(at, node, observation).await,
             )),
-            Routed::Command(command) => self.command_at(at, command).await,
+            Ok(Routed::Command(command)) => self.command_at(at, command).await,
+            Err(refused) => Err(refused),
+        };
+        if let Err(refused) = &result {
+            telemetry::rejected(refused.code());
         }
+        result
     }
 
     /// Hands an observation to its node's actor without waiting: a
@@ -419,6 +425,7 @@ impl Gate {
                 }
                 None => {
                     IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                    telemetry::observation("non_candidate");
                     Ok(Push::NotCandidate)
                 }
             },
@@ -473,6 +480,7 @@ impl Gate {
     async fn route(&self, at: Time, node: NodeId, observation: Observation) -> Outcome {
         let Some(addr) = self.router.route(&node) else {
             IgnoredCounts::bump(&self.router.ignored.non_candidate);
+            telemetry::observation("non_candidate");
             tracing::debug!(%node, "observation about a non-candidate ignored");
             return Outcome::NotCandidate;
         };

@@ -216,7 +216,10 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
             }
             let refused = match record.input {
                 Ok(input) => self.gate.submit(at, input).await.err(),
-                Err(refusal) => Some(refusal),
+                Err(refusal) => {
+                    poolgate_actors::telemetry::rejected(refusal.code());
+                    Some(refusal)
+                }
             };
             if let Some(error) = refused {
                 if matches!(error, GateError::Stopped) {

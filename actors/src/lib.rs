@@ -11,6 +11,7 @@
 //!   owns the convergence timer and publishes events.
 //! - [`run_actor`]: `RunActor`, one per run; takes over fault handling once
 //!   the plan is committed.
+//! - [`telemetry`]: metrics through the `metrics` facade.
 //! - [`wiring`]: what the actors share (clock, publisher, timer slot, router).
 //!
 //! Data flows one way: an observation reaches its node's `NodeActor`; only a
@@ -24,6 +25,7 @@ pub mod core;
 pub mod node_actor;
 pub mod pool_actor;
 pub mod run_actor;
+pub mod telemetry;
 pub mod wiring;
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use crate::core::{
     Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Observation, Reason, SlotKey, Time, Verdict,
 };
 use crate::pool_actor::{NodeActorStopped, NodeChanged, PoolActor};
+use crate::telemetry;
 use crate::wiring::{IgnoredCounts, Router};
 
 /// What became of one observation.
@@ -173,14 +174,17 @@ impl Handler<Observe> for NodeActor {
                     change,
                     detail: self.detail(),
                 });
+                telemetry::observation("applied");
                 Outcome::Changed
             }
             Applied::Duplicate => {
                 IgnoredCounts::bump(&self.router.ignored.duplicate);
+                telemetry::observation("duplicate");
                 Outcome::Duplicate
             }
             Applied::Stale => {
                 IgnoredCounts::bump(&self.router.ignored.stale);
+                telemetry::observation("stale");
                 tracing::debug!(node = %self.node, "stale SWIM observation ignored");
                 Outcome::Stale
             }

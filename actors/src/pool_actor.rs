@@ -24,6 +24,7 @@ use crate::core::{
 };
 use crate::node_actor::{NodeActor, Resync};
 use crate::run_actor::{Commit, Finish, News, PoolNews, QueryRun, RunActor, RunSnapshot};
+use crate::telemetry::{self, BlockedGauges};
 use crate::wiring::{Clock, IgnoredCounts, Publisher, Router, TimerSlot};
 
 /// What the pool actor needs to start.
@@ -197,6 +198,9 @@ pub struct PoolActor {
     timer: TimerSlot,
     run: Option<ActiveRun>,
     out: Vec<Event>,
+    blocked: BlockedGauges,
+    /// When the pool last started forming (for `time_to_ready`).
+    forming_since: Option<Time>,
 }
 
 impl PoolActor {
@@ -219,10 +223,18 @@ impl PoolActor {
                 timer: TimerSlot::default(),
                 run: None,
                 out: Vec::new(),
+                blocked: BlockedGauges::default(),
+                forming_since: Some(clock.now()),
             };
             actor.start_nodes(ctx, added);
+            actor.recount_blocked();
             actor
         })
+    }
+
+    fn recount_blocked(&mut self) {
+        let verdicts = self.core.candidates().into_iter().map(|c| c.verdict);
+        self.blocked.recount(verdicts);
     }
 
     fn start_nodes(&mut self, ctx: &mut Context<Self>, added: Vec<(NodeId, SlotKey)>) {
@@ -236,6 +248,19 @@ impl PoolActor {
     /// Publishes what the core produced, hands pool news to the active run,
     /// and re-arms the convergence timer for the core's next deadline.
     fn flush(&mut self, ctx: &mut Context<Self>) {
+        for event in &self.out {
+            match event {
+                Event::PoolReady { at, .. } => {
+                    if let Some(since) = self.forming_since.take() {
+                        telemetry::time_to_ready((*at - since).as_secs_f64());
+                    }
+                }
+                Event::ReadinessLost { at, .. } => {
+                    self.forming_since.get_or_insert(*at);
+                }
+                _ => {}
+            }
+        }
         if let Some(run) = &self.run {
             for event in &self.out {
                 let news = match event {
@@ -384,6 +409,7 @@ impl actix::Supervised for PoolActor {
         self.out.clear();
         let now = self.clock.now();
         self.core.restart(now, &mut self.out);
+        self.recount_blocked();
         for candidate in self.core.candidates() {
             if let Some(addr) = self.router.route(&candidate.node) {
                 addr.do_send(Resync { at: now });
@@ -454,6 +480,14 @@ impl Handler<NodeChanged> for PoolActor {
 
     fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
         let mut accepted = false;
+        let before = self.core.verdict_of(msg.key);
+        if matches!(
+            self.core.phase(),
+            PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
+        ) && before.is_some()
+        {
+            telemetry::window_restart(msg.change.reason);
+        }
         let completed = self.guarded(ctx, |core, out| {
             accepted = core.node_changed(msg.key, msg.at, &msg.change, out);
             core.set_detail(msg.key, msg.detail);
@@ -462,6 +496,9 @@ impl Handler<NodeChanged> for PoolActor {
             // A failure (the actor restarts), or a node actor of an earlier
             // pool definition.
             return;
+        }
+        if let Some(before) = before {
+            self.blocked.changed(before, msg.change.after);
         }
         self.flush(ctx);
         if let Some(run) = &self.run {
@@ -523,6 +560,12 @@ impl Handler<DefinePool> for PoolActor {
             if let Some(run) = run.filter(|r| r.committed) {
                 return Err(RunError::RunCommitted(run.run));
             }
+            if matches!(
+                act.core.phase(),
+                PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
+            ) {
+                telemetry::window_restart(Reason::PoolRedefined);
+            }
             let change = act.core.redefine(&msg.definition, msg.at, &mut act.out);
             for (node, _) in change.removed {
                 // Dropping the router's address stops the node actor once
@@ -531,6 +574,7 @@ impl Handler<DefinePool> for PoolActor {
                 act.router.remove(&node);
             }
             act.start_nodes(ctx, change.added);
+            act.recount_blocked();
             Ok(())
         })
     }

@@ -9,6 +9,7 @@ use crate::core::{
     Epoch, Event, NodeChange, NodeId, PlanningPolicy, RunError, RunGuard, RunId, RunPhase, Time,
 };
 use crate::pool_actor::{PoolActor, RunEnded, WaitDeadlineDue};
+use crate::telemetry;
 use crate::wiring::{Clock, Publisher, TimerSlot};
 
 /// What the pool tells its active run.
@@ -129,6 +130,11 @@ impl RunActor {
     /// Publishes what the guard produced, re-arms the wait timer, and stops
     /// once the run has ended.
     fn flush(&mut self, ctx: &mut Context<Self>) {
+        for event in &self.out {
+            if let Event::RunFaulted { reason, .. } = event {
+                telemetry::run_faulted(*reason);
+            }
+        }
         self.publisher.publish(&mut self.out);
         self.timer
             .rearm(ctx, &self.clock, self.guard.deadline(), |generation| {

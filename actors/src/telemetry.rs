@@ -1,0 +1,76 @@
+//! Metrics through the `metrics` facade: the embedder installs whichever
+//! recorder (exporter) it likes; without one every call is a no-op.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `poolgate_observations_total` | counter | `outcome`: applied, duplicate, stale, non_candidate |
+//! | `poolgate_rejected_total` | counter | `error`: the rejection code |
+//! | `poolgate_window_restarts_total` | counter | `cause`: the reason of the view change |
+//! | `poolgate_time_to_ready_seconds` | histogram | — (from losing or first forming to `PoolReady`) |
+//! | `poolgate_runs_faulted_total` | counter | `reason` |
+//! | `poolgate_candidates_blocked` | gauge | `condition`: each blocker |
+
+use crate::core::{Blocker, Reason, Verdict};
+
+/// One observation's fate.
+pub fn observation(outcome: &'static str) {
+    metrics::counter!("poolgate_observations_total", "outcome" => outcome).increment(1);
+}
+
+/// A refused input or command.
+pub fn rejected(error: &'static str) {
+    metrics::counter!("poolgate_rejected_total", "error" => error).increment(1);
+}
+
+/// The convergence window started over (a change while converging or
+/// ready).
+pub fn window_restart(cause: Reason) {
+    metrics::counter!("poolgate_window_restarts_total", "cause" => cause.as_str()).increment(1);
+}
+
+/// How long forming took, to `PoolReady`.
+pub fn time_to_ready(seconds: f64) {
+    metrics::histogram!("poolgate_time_to_ready_seconds").record(seconds);
+}
+
+/// A run faulted.
+pub fn run_faulted(reason: Reason) {
+    metrics::counter!("poolgate_runs_faulted_total", "reason" => reason.as_str()).increment(1);
+}
+
+/// How many candidates each condition blocks, kept incrementally (O(1)
+/// per change) and published as gauges.
+#[derive(Debug, Default)]
+pub struct BlockedGauges {
+    counts: [i64; Blocker::ALL.len()],
+}
+
+impl BlockedGauges {
+    /// Counts afresh from every candidate's verdict (after a redefinition
+    /// or a restart).
+    pub fn recount(&mut self, verdicts: impl IntoIterator<Item = Verdict>) {
+        let mut counts = [0i64; Blocker::ALL.len()];
+        for verdict in verdicts {
+            for (i, blocker) in Blocker::ALL.iter().enumerate() {
+                counts[i] += i64::from(verdict.has(*blocker));
+            }
+        }
+        self.counts = counts;
+        for (i, blocker) in Blocker::ALL.iter().enumerate() {
+            metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
+                .set(counts[i] as f64);
+        }
+    }
+
+    /// A candidate's verdict went from `before` to `after`.
+    pub fn changed(&mut self, before: Verdict, after: Verdict) {
+        for (i, blocker) in Blocker::ALL.iter().enumerate() {
+            let delta = i64::from(after.has(*blocker)) - i64::from(before.has(*blocker));
+            if delta != 0 {
+                self.counts[i] += delta;
+                metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
+                    .set(self.counts[i] as f64);
+            }
+        }
+    }
+}

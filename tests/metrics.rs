@@ -1,0 +1,144 @@
+//! Metric values after a scripted scenario, read with a test recorder
+//! (`metrics-util`'s debugging recorder, installed for this thread only).
+
+mod common;
+
+use common::*;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use poolgate::gate::{AgentReport, Gate, GateError, MembershipUpdate};
+use poolgate_actors::core::{Epoch, OnReadinessLost, RunId, SwimState};
+
+fn value(
+    snapshot: &[(String, Vec<(String, String)>, DebugValue)],
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<f64> {
+    snapshot.iter().find_map(|(n, labels, v)| {
+        let labelled = match label {
+            Some((k, val)) => labels.iter().any(|(a, b)| a == k && b == val),
+            None => true,
+        };
+        (n == name && labelled).then(|| match v {
+            DebugValue::Counter(c) => *c as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(h) => h.first().map(|x| x.into_inner()).unwrap_or(f64::NAN),
+        })
+    })
+}
+
+#[test]
+fn metrics_follow_a_scripted_scenario() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        on_virtual_time(async {
+            let gate = Gate::start(&config(
+                &["n1", "n2", "n3"],
+                5000,
+                OnReadinessLost::Wait,
+                None,
+            ));
+            for n in ["n1", "n2", "n3"] {
+                make_ready(&gate, n).await; // 12 applied
+            }
+            advance_to(&gate, 1000).await;
+            swim(&gate, "n1", SwimState::Alive, 2).await; // a restart, view_changed
+            gate.agent(AgentReport::Available { node: node("n1") })
+                .await
+                .unwrap(); // duplicate
+            swim(&gate, "n1", SwimState::Suspect, 1).await; // stale
+            swim(&gate, "outsider", SwimState::Alive, 1).await; // non-candidate
+            let refused = gate
+                .agent(AgentReport::Faulted {
+                    node: node("n2"),
+                    reason: "x".repeat(2000),
+                })
+                .await;
+            assert!(matches!(refused, Err(GateError::InvalidReason)));
+            advance_to(&gate, 6001).await; // PoolReady at 6 s
+            let run = RunId::new("r").unwrap();
+            gate.begin_planning(run.clone(), Some(Epoch(1)))
+                .await
+                .unwrap();
+            gate.commit_plan(run, vec![node("n2")], None).await.unwrap();
+            gate.membership(MembershipUpdate {
+                node: node("n2"),
+                state: SwimState::Suspect,
+                incarnation: 1,
+            })
+            .await
+            .unwrap(); // readiness lost (restart, suspect) and run faulted
+            advance_to(&gate, 6002).await;
+        });
+    });
+    let snapshot: Vec<Reading> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, v)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            (key.name().to_string(), labels, v)
+        })
+        .collect();
+    let get = |name, label| value(&snapshot, name, label);
+    assert_eq!(
+        get("poolgate_observations_total", Some(("outcome", "applied"))),
+        Some(14.0)
+    );
+    assert_eq!(
+        get(
+            "poolgate_observations_total",
+            Some(("outcome", "duplicate"))
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("poolgate_observations_total", Some(("outcome", "stale"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        get(
+            "poolgate_observations_total",
+            Some(("outcome", "non_candidate"))
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("poolgate_rejected_total", Some(("error", "invalid_reason"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        get(
+            "poolgate_window_restarts_total",
+            Some(("cause", "view_changed"))
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("poolgate_window_restarts_total", Some(("cause", "suspect"))),
+        Some(1.0)
+    );
+    assert_eq!(get("poolgate_time_to_ready_seconds", None), Some(6.0));
+    assert_eq!(
+        get("poolgate_runs_faulted_total", Some(("reason", "suspect"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        get(
+            "poolgate_candidates_blocked",
+            Some(("condition", "suspect"))
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        get(
+            "poolgate_candidates_blocked",
+            Some(("condition", "unknown"))
+        ),
+        Some(0.0)
+    );
+}
