@@ -8,11 +8,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use poolgate::gate::{AgentReport, Gate, GateError, MembershipUpdate};
 use poolgate_actors::core::{Epoch, OnReadinessLost, RunId, SwimState};
 
-fn value(
-    snapshot: &[(String, Vec<(String, String)>, DebugValue)],
-    name: &str,
-    label: Option<(&str, &str)>,
-) -> Option<f64> {
+/// A metric as read back: name, labels, value.
+type Reading = (String, Vec<(String, String)>, DebugValue);
+
+fn value(snapshot: &[Reading], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
     snapshot.iter().find_map(|(n, labels, v)| {
         let labelled = match label {
             Some((k, val)) => labels.iter().any(|(a, b)| a == k && b == val),
