@@ -20,8 +20,17 @@ use poolgate::Config;
     about = "Membership and pool-readiness gate"
 )]
 struct Cli {
+    /// Log format on stderr (`RUST_LOG` sets what is logged).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -58,14 +67,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let command = cli.command.unwrap_or(Command::Demo {
         config: PathBuf::from("config.toml"),
         json: false,

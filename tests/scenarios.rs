@@ -256,3 +256,29 @@ fn the_live_demo_prints_the_story_as_json() {
         );
     }
 }
+
+/// `--log-format json` with `RUST_LOG=info`: one JSON object per log line
+/// on stderr, each decision with structured fields.
+#[test]
+fn logs_can_be_json_with_structured_fields() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["--log-format", "json", "replay", "--config"])
+        .arg(scenario_dir().join("config.toml"))
+        .arg(scenario_dir().join("wait_then_fault.jsonl"))
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let logs: Vec<serde_json::Value> = String::from_utf8(output.stderr)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let fault = logs
+        .iter()
+        .find(|l| l["fields"]["message"] == "gate event: run_faulted")
+        .expect("the fault is logged");
+    assert_eq!(fault["fields"]["node"], "b");
+    assert_eq!(fault["fields"]["reason"], "identity_changed");
+    assert_eq!(fault["fields"]["run"], "r1");
+}

@@ -479,6 +479,8 @@ impl Handler<NodeChanged> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+        let _span = tracing::debug_span!("pool", pool = %self.core.id()).entered();
+        tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
         let mut accepted = false;
         let before = self.core.verdict_of(msg.key);
         if matches!(

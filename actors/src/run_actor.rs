@@ -161,6 +161,7 @@ impl Handler<PoolNews> for RunActor {
     type Result = ();
 
     fn handle(&mut self, msg: PoolNews, ctx: &mut Context<Self>) {
+        let _span = tracing::debug_span!("run", run = %self.guard.run()).entered();
         let out = &mut self.out;
         match msg.news {
             News::PoolReady { epoch } => self.guard.pool_ready(msg.at, epoch, out),

@@ -70,7 +70,7 @@ impl Publisher {
         }
         let mut subscribers = self.lock();
         for event in events.drain(..) {
-            tracing::info!(event = event.name(), at = %event.at(), details = ?event, "gate event");
+            log_decision(&event);
             subscribers.retain(|tx| tx.send(event.clone()).is_ok());
         }
     }
@@ -80,6 +80,54 @@ impl Publisher {
         self.subscribers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Each decision as a tracing event with structured fields (identity shows
+/// only as fingerprints, in `PoolReady`'s count of them).
+fn log_decision(event: &Event) {
+    let at = event.at().as_millis();
+    match event {
+        Event::PoolReady {
+            pool,
+            epoch,
+            members,
+            ..
+        } => {
+            tracing::info!(at_ms = at, %pool, epoch = epoch.0, members = members.len(), "gate event: pool_ready")
+        }
+        Event::ReadinessLost {
+            pool,
+            epoch,
+            node,
+            reason,
+            ..
+        } => {
+            let node = node.as_ref().map(NodeId::as_str).unwrap_or("");
+            tracing::info!(at_ms = at, %pool, epoch = epoch.0, node, %reason, "gate event: readiness_lost")
+        }
+        Event::PlanningStarted { run, epoch, .. } | Event::PlanningResumed { run, epoch, .. } => {
+            tracing::info!(at_ms = at, %run, epoch = epoch.0, event = event.name(), "gate event: planning")
+        }
+        Event::PlanningSuspended { run, .. } | Event::RunFinished { run, .. } => {
+            tracing::info!(at_ms = at, %run, event = event.name(), "gate event: run")
+        }
+        Event::PlanningAborted { run, reason, .. } => {
+            tracing::warn!(at_ms = at, %run, reason = ?reason, "gate event: planning_aborted")
+        }
+        Event::RunCommitted {
+            run,
+            epoch,
+            required,
+            ..
+        } => {
+            tracing::info!(at_ms = at, %run, epoch = epoch.0, required = required.len(), "gate event: run_committed")
+        }
+        Event::RunFaulted {
+            run, node, reason, ..
+        } => {
+            tracing::warn!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
+        }
     }
 }
 
