@@ -10,6 +10,7 @@
 //! - [`scenario`]: the JSON Lines scenario format.
 //! - [`replay`]: the gate on a scenario and a virtual clock.
 //! - [`render`]: events as JSON lines or as a readable timeline.
+//! - [`timeline`]: `replay --timeline`, an SVG of every candidate's state.
 //! - [`explain`]: `replay --explain`, the pool's state and blockers in words.
 //! - `src/main.rs`: the `poolgate` command line.
 
@@ -24,6 +25,7 @@ pub mod render;
 pub mod replay;
 pub mod scenario;
 pub mod swim;
+pub mod timeline;
 
 pub use config::{Config, ConfigError};
 pub use gate::{Gate, GateError};

@@ -48,6 +48,9 @@ enum Command {
         /// blockers whenever they change, then a summary.
         #[arg(long)]
         explain: bool,
+        /// Also draw every candidate's state over time into FILE (SVG).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
         /// The scenario file, or `-` for stdin.
         scenario: String,
     },
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
             config,
             human,
             explain,
+            timeline,
             scenario,
         } => {
             let input: Box<dyn BufRead> = if scenario == "-" {
@@ -101,8 +105,15 @@ fn main() -> ExitCode {
             let options = ReplayOptions {
                 echo_inputs: false,
                 explain,
+                timeline: timeline.is_some(),
             };
-            replay_to_stdout(&config, input, human || explain, options)
+            replay_to_stdout(
+                &config,
+                input,
+                human || explain,
+                options,
+                timeline.as_deref(),
+            )
         }
         Command::Demo { config, json, seed } => live_demo(&config, json, seed),
     }
@@ -158,6 +169,7 @@ fn replay_to_stdout(
     input: Box<dyn BufRead>,
     human: bool,
     options: ReplayOptions,
+    timeline_file: Option<&Path>,
 ) -> ExitCode {
     let config = match Config::load(config) {
         Ok(config) => config,
@@ -165,7 +177,7 @@ fn replay_to_stdout(
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    let result = replay::run_with(&config, input, options, |event| {
+    let result = replay::run_with_timeline(&config, input, options, |event| {
         let line = if human {
             human_line(event)
         } else {
@@ -175,10 +187,16 @@ fn replay_to_stdout(
     });
     let flushed = out.flush();
     match (result, flushed) {
-        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Ok(timeline), Ok(())) => match (timeline, timeline_file) {
+            (Some(timeline), Some(file)) => match std::fs::write(file, timeline.svg()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&format!("{}: {e}", file.display())),
+            },
+            _ => ExitCode::SUCCESS,
+        },
         (Err(ReplayError::BadLine(bad)), _) => fail(&bad.to_string()),
         (Err(e), _) => fail(&e.to_string()),
-        (Ok(()), Err(e)) => fail(&e.to_string()),
+        (Ok(_), Err(e)) => fail(&e.to_string()),
     }
 }
 

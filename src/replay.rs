@@ -22,6 +22,7 @@ use crate::explain::Explainer;
 use crate::gate::{EventStream, Gate, GateError};
 use crate::render::describe;
 use crate::scenario::{parse_record, BadLine, ScenarioReader};
+use crate::timeline::Timeline;
 
 /// A command or observation the gate refused, as the replay reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -70,6 +71,8 @@ pub struct ReplayOptions {
     /// Add the pool's state and blockers whenever they change, and a
     /// closing summary ([`ReplayEvent::Note`]).
     pub explain: bool,
+    /// Draw a timeline (see [`run_with_timeline`]).
+    pub timeline: bool,
 }
 
 /// One line of replay output.
@@ -133,6 +136,20 @@ where
     R: BufRead,
     S: FnMut(&ReplayEvent) -> io::Result<()>,
 {
+    run_with_timeline(config, input, options, sink).map(drop)
+}
+
+/// As [`run_with`]; returns the timeline when `options.timeline` is set.
+pub fn run_with_timeline<R, S>(
+    config: &Config,
+    input: R,
+    options: ReplayOptions,
+    sink: S,
+) -> Result<Option<Timeline>, ReplayError>
+where
+    R: BufRead,
+    S: FnMut(&ReplayEvent) -> io::Result<()>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -146,9 +163,11 @@ where
             held: Vec::new(),
             echo_inputs: options.echo_inputs,
             explainer: options.explain.then(Explainer::default),
+            timeline: options.timeline.then(Timeline::default),
             sink,
         };
-        replay.drive(ScenarioReader::new(input)).await
+        replay.drive(ScenarioReader::new(input)).await?;
+        Ok(replay.timeline.take())
     });
     result
 }
@@ -159,6 +178,7 @@ struct Replay<S> {
     held: Vec<ReplayEvent>,
     echo_inputs: bool,
     explainer: Option<Explainer>,
+    timeline: Option<Timeline>,
     sink: S,
 }
 
@@ -260,10 +280,13 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
     /// With `--explain`: once every record of instant `at` is in, a line
     /// when the pool's state or blockers changed.
     async fn explain(&mut self, at: Time) -> Result<(), ReplayError> {
-        if self.explainer.is_none() {
+        if self.explainer.is_none() && self.timeline.is_none() {
             return Ok(());
         }
         let report = self.gate.report().await?;
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.sample(at, &report);
+        }
         if let Some(text) = self
             .explainer
             .as_mut()
@@ -304,6 +327,9 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         while let Ok(event) = self.events.try_recv() {
             if let Some(explainer) = self.explainer.as_mut() {
                 explainer.saw(&event);
+            }
+            if let Some(timeline) = self.timeline.as_mut() {
+                timeline.saw(&event);
             }
             self.held.push(ReplayEvent::Gate(event));
         }

@@ -58,3 +58,44 @@ fn explain_names_each_blocker_and_sums_up() {
 fn explain_reads_stdin() {
     assert_eq!(explain(true), explain(false));
 }
+
+/// `--timeline FILE.svg`: a standalone SVG with one lane per candidate,
+/// the convergence windows and the PoolReady / commit / fault marks.
+#[test]
+fn the_timeline_is_svg_with_one_lane_per_candidate() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("poolgate-timeline-{}.svg", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["replay", "--config"])
+        .arg(dir.join("config.toml"))
+        .arg("--timeline")
+        .arg(&out)
+        .arg(dir.join("examples/scenarios/demo.jsonl"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+        "{svg}"
+    );
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<g class=\"lane\"").count(), 4);
+    for node in ["node-1", "node-2", "node-3", "node-4"] {
+        assert!(svg.contains(&format!("data-node=\"{node}\"")), "{node}");
+    }
+    // Two windows: one cut short by node-3's suspicion, one that ended in
+    // PoolReady; then the marks.
+    assert_eq!(svg.matches("class=\"window\"").count(), 2);
+    for mark in ["ready e1", "commit run-1", "fault run-1"] {
+        assert!(svg.contains(mark), "{mark}");
+    }
+    // Every element opened is closed (a cheap well-formedness check).
+    assert_eq!(svg.matches("<g ").count(), svg.matches("</g>").count());
+    assert_eq!(
+        svg.matches("<title>").count(),
+        svg.matches("</title>").count()
+    );
+    let _ = std::fs::remove_file(out);
+}

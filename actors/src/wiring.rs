@@ -113,7 +113,7 @@ fn log_decision(event: &Event) {
             tracing::info!(at_ms = at, %run, event = event.name(), "gate event: run")
         }
         Event::PlanningAborted { run, reason, .. } => {
-            tracing::warn!(at_ms = at, %run, reason = ?reason, "gate event: planning_aborted")
+            tracing::info!(at_ms = at, %run, reason = ?reason, "gate event: planning_aborted")
         }
         Event::RunCommitted {
             run,
@@ -126,7 +126,7 @@ fn log_decision(event: &Event) {
         Event::RunFaulted {
             run, node, reason, ..
         } => {
-            tracing::warn!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
+            tracing::info!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
         }
     }
 }
