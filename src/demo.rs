@@ -288,25 +288,14 @@ pub async fn run(
     outcome
 }
 
-/// What the pool is waiting for, from the readiness report.
+/// What the pool is waiting for, from the readiness report: the blockers
+/// as `--explain` words them, or the window's countdown.
 fn waiting_for(report: &crate::actors::pool_actor::PoolReport, now: Time) -> String {
     match report.phase {
-        PoolPhase::Ready { epoch } => format!("pool ready, epoch {epoch}"),
         PoolPhase::Converging { deadline } => format!(
             "every node ready; the view must hold still: PoolReady in {:.0}s",
             (deadline - now).as_secs_f64().ceil()
         ),
-        PoolPhase::Forming => {
-            let blocked: Vec<String> = report
-                .candidates
-                .iter()
-                .filter(|c| !c.verdict.is_ready())
-                .map(|c| {
-                    let blockers: Vec<&str> = c.verdict.blockers().map(|b| b.as_str()).collect();
-                    format!("{} {} (since {})", c.node, blockers.join("+"), c.since)
-                })
-                .collect();
-            format!("forming; waiting for {}", blocked.join(", "))
-        }
+        _ => crate::explain::state_line(report),
     }
 }
