@@ -213,10 +213,47 @@ pub enum Push {
     Command(Input),
 }
 
-/// An input taken apart: an observation about one node, or a command.
+/// An input taken apart: an observation about one node, or a command for
+/// the pool actor.
 enum Routed {
     Observation(NodeId, Observation),
-    Command(Input),
+    Command(Command),
+}
+
+/// The inputs that are commands.
+enum Command {
+    DefinePool(PoolDefinition),
+    BeginPlanning {
+        run: RunId,
+        epoch: Option<Epoch>,
+    },
+    CommitPlan {
+        run: RunId,
+        required: Vec<NodeId>,
+        epoch: Option<Epoch>,
+    },
+    FinishRun {
+        run: RunId,
+    },
+}
+
+impl From<Command> for Input {
+    fn from(command: Command) -> Input {
+        match command {
+            Command::DefinePool(definition) => Input::DefinePool(definition),
+            Command::BeginPlanning { run, epoch } => Input::BeginPlanning { run, epoch },
+            Command::CommitPlan {
+                run,
+                required,
+                epoch,
+            } => Input::CommitPlan {
+                run,
+                required,
+                epoch,
+            },
+            Command::FinishRun { run } => Input::FinishRun { run },
+        }
+    }
 }
 
 /// Checks an input and takes it apart.
@@ -241,7 +278,24 @@ fn split(input: Input) -> Result<Routed, GateError> {
         },
         Input::Registry(RegistryFact::Known { node }) => (node, Observation::Known),
         Input::Registry(RegistryFact::Forgotten { node }) => (node, Observation::Forgotten),
-        command => return Ok(Routed::Command(command)),
+        Input::DefinePool(definition) => {
+            return Ok(Routed::Command(Command::DefinePool(definition)))
+        }
+        Input::BeginPlanning { run, epoch } => {
+            return Ok(Routed::Command(Command::BeginPlanning { run, epoch }))
+        }
+        Input::CommitPlan {
+            run,
+            required,
+            epoch,
+        } => {
+            return Ok(Routed::Command(Command::CommitPlan {
+                run,
+                required,
+                epoch,
+            }))
+        }
+        Input::FinishRun { run } => return Ok(Routed::Command(Command::FinishRun { run })),
     };
     Ok(Routed::Observation(node, observation))
 }
@@ -429,21 +483,21 @@ impl Gate {
                     Ok(Push::NotCandidate)
                 }
             },
-            Routed::Command(command) => Ok(Push::Command(command)),
+            Routed::Command(command) => Ok(Push::Command(command.into())),
         }
     }
 
-    async fn command_at(&self, at: Time, command: Input) -> Result<Accepted, GateError> {
+    async fn command_at(&self, at: Time, command: Command) -> Result<Accepted, GateError> {
         match command {
-            Input::DefinePool(definition) => self
+            Command::DefinePool(definition) => self
                 .command(DefinePool { at, definition })
                 .await
                 .map(|_| Accepted::Done),
-            Input::BeginPlanning { run, epoch } => self
+            Command::BeginPlanning { run, epoch } => self
                 .command(BeginPlanning { at, run, epoch })
                 .await
                 .map(Accepted::Planning),
-            Input::CommitPlan {
+            Command::CommitPlan {
                 run,
                 required,
                 epoch,
@@ -456,11 +510,10 @@ impl Gate {
                 })
                 .await
                 .map(|_| Accepted::Done),
-            Input::FinishRun { run } => self
+            Command::FinishRun { run } => self
                 .command(FinishRun { at, run })
                 .await
                 .map(|_| Accepted::Done),
-            observation => Box::pin(self.submit(at, observation)).await,
         }
     }
 

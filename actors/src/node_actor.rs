@@ -178,7 +178,6 @@ impl Handler<Observe> for NodeActor {
                 Outcome::Changed
             }
             Applied::Duplicate => {
-                IgnoredCounts::bump(&self.router.ignored.duplicate);
                 telemetry::observation("duplicate");
                 Outcome::Duplicate
             }

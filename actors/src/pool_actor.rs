@@ -481,27 +481,24 @@ impl Handler<NodeChanged> for PoolActor {
     fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
         let _span = tracing::debug_span!("pool", pool = %self.core.id()).entered();
         tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
-        let mut accepted = false;
-        let before = self.core.verdict_of(msg.key);
-        if matches!(
+        let restarts_window = matches!(
             self.core.phase(),
             PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
-        ) && before.is_some()
-        {
-            telemetry::window_restart(msg.change.reason);
-        }
+        );
+        let mut before = None;
         let completed = self.guarded(ctx, |core, out| {
-            accepted = core.node_changed(msg.key, msg.at, &msg.change, out);
+            before = core.node_changed(msg.key, msg.at, &msg.change, out);
             core.set_detail(msg.key, msg.detail);
         });
-        if !completed || !accepted {
-            // A failure (the actor restarts), or a node actor of an earlier
-            // pool definition.
+        // Nothing more on a failure (the actor restarts) or for a node actor
+        // of an earlier pool definition.
+        let (true, Some(before)) = (completed, before) else {
             return;
+        };
+        if restarts_window {
+            telemetry::window_restart(msg.change.reason);
         }
-        if let Some(before) = before {
-            self.blocked.changed(before, msg.change.after);
-        }
+        self.blocked.changed(before, msg.change.after);
         self.flush(ctx);
         if let Some(run) = &self.run {
             run.addr.do_send(PoolNews {

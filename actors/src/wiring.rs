@@ -196,8 +196,6 @@ pub struct IgnoredCounts {
     pub stale: AtomicU64,
     /// Observations about nodes outside the candidate pool.
     pub non_candidate: AtomicU64,
-    /// Observations that repeated the view.
-    pub duplicate: AtomicU64,
 }
 
 impl IgnoredCounts {

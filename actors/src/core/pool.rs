@@ -97,6 +97,12 @@ pub struct NodeDetail {
     pub fault: Option<Arc<str>>,
 }
 
+impl Slot {
+    fn live(&self, key: SlotKey) -> bool {
+        self.generation == key.generation && self.id.is_some()
+    }
+}
+
 /// One candidate as the pool sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CandidateSummary {
@@ -229,20 +235,20 @@ impl PoolReadiness {
         change
     }
 
-    /// A candidate's node actor reports a change of its view. A key from an
-    /// earlier definition is ignored (returns `false`).
+    /// A candidate's node actor reports a change of its view; returns the
+    /// verdict it replaced. A key from an earlier definition is ignored
+    /// (returns `None`).
     pub fn node_changed(
         &mut self,
         key: SlotKey,
         at: Time,
         change: &NodeChange,
         out: &mut Vec<Event>,
-    ) -> bool {
+    ) -> Option<Verdict> {
         let at = self.settle_before(at, out);
-        let Some(slot) = self.slot_mut(key) else {
-            return false;
-        };
-        let was_ready = slot.verdict.is_ready();
+        let slot = self.slot_mut(key)?;
+        let before = slot.verdict;
+        let was_ready = before.is_ready();
         if slot.verdict.is_ready() != change.after.is_ready() {
             slot.since = at;
         }
@@ -255,7 +261,7 @@ impl PoolReadiness {
             _ => {}
         }
         self.view_changed(at, node, change.reason, out);
-        true
+        Some(before)
     }
 
     /// Forgets every candidate's summary, as after a restart of the pool's
@@ -282,10 +288,7 @@ impl PoolReadiness {
 
     /// The latest verdict of a candidate's slot (`None` for a stale key).
     pub fn verdict_of(&self, key: SlotKey) -> Option<Verdict> {
-        self.slots
-            .get(key.index as usize)
-            .filter(|s| s.generation == key.generation && s.id.is_some())
-            .map(|s| s.verdict)
+        self.slot(key).map(|s| s.verdict)
     }
 
     /// Fires the convergence deadline if it is due at or before `now`.
@@ -468,11 +471,15 @@ impl PoolReadiness {
         Some(key)
     }
 
-    // Only ever called with keys checked against the live slot table.
+    /// The live slot of `key`: same generation, still a candidate.
+    fn slot(&self, key: SlotKey) -> Option<&Slot> {
+        self.slots.get(key.index as usize).filter(|s| s.live(key))
+    }
+
     fn slot_mut(&mut self, key: SlotKey) -> Option<&mut Slot> {
         self.slots
             .get_mut(key.index as usize)
-            .filter(|s| s.generation == key.generation && s.id.is_some())
+            .filter(|s| s.live(key))
     }
 }
 
@@ -711,7 +718,10 @@ mod tests {
             after: Verdict::NOTHING_KNOWN,
             fingerprint: None,
         };
-        assert!(!h.pool.node_changed(b_key, t(6001), &change, &mut h.events));
+        assert_eq!(
+            h.pool.node_changed(b_key, t(6001), &change, &mut h.events),
+            None
+        );
     }
 
     #[test]
