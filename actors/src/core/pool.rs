@@ -291,14 +291,21 @@ impl PoolReadiness {
         self.slot(key).map(|s| s.verdict)
     }
 
-    /// Fires the convergence deadline if it is due at or before `now`.
+    /// A timer armed for `now` fired: fires the convergence deadline if it
+    /// is due at or before `now`.
+    ///
+    /// Only the timer's own instant counts, never the latest input's: a
+    /// timer armed for an earlier deadline that fires after an input stamped
+    /// `T` was applied must not fire a deadline due at `T`, because inputs
+    /// stamped `T` come before timers due at `T` (SPEC §2). A timer that
+    /// finds nothing due is a no-op; the caller re-arms it.
     pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
-        self.now = self.now.max(now);
         if let PoolPhase::Converging { deadline } = self.phase {
-            if deadline <= self.now {
+            if deadline <= now {
                 self.become_ready(deadline, out);
             }
         }
+        self.now = self.now.max(now);
     }
 
     /// Fires the convergence deadline if it is due strictly before `at`, the
@@ -626,6 +633,22 @@ mod tests {
         h.tick(t(5000));
         assert!(h.events.is_empty());
         assert_eq!(h.pool.deadline(), Some(t(10_000)));
+    }
+
+    #[test]
+    fn a_timer_armed_earlier_does_not_fire_a_deadline_due_at_the_latest_input() {
+        let mut h = Harness::new(&["a"]);
+        h.make_ready(t(0), "a");
+        h.bump(t(1), "a", 2);
+        // A command is settled at the new deadline (5001): nothing is due
+        // strictly before it.
+        h.pool.settle_before(t(5001), &mut h.events);
+        // The timer still armed for the old deadline fires late.
+        h.tick(t(5000));
+        assert!(h.events.is_empty(), "{:?}", h.events);
+        assert_eq!(h.pool.deadline(), Some(t(5001)));
+        h.tick(t(5001));
+        assert_eq!(h.names(), ["pool_ready"]);
     }
 
     #[test]
