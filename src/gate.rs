@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use actix::Addr;
 use poolgate_actors::core::{
-    DefinitionError, Epoch, Event, IdentityMaterial, InvalidId, InvalidIdentity, NodeId,
-    Observation, PoolDefinition, PoolId, PoolPhase, RunError, RunId, SwimState, Time,
+    DefinitionError, Epoch, Event, FaultReason, IdentityMaterial, InvalidId, InvalidIdentity,
+    NodeId, Observation, PoolDefinition, PoolId, PoolPhase, RunError, RunId, SwimState, Time,
 };
 use poolgate_actors::node_actor::{Observe, Outcome};
 use poolgate_actors::pool_actor::{
@@ -53,9 +53,6 @@ pub enum GateError {
     /// A pool definition is not valid.
     #[error(transparent)]
     InvalidPool(#[from] DefinitionError),
-    /// A fault reason is too long or holds control characters.
-    #[error("a fault reason must be at most {MAX_REASON_BYTES} bytes without control characters")]
-    InvalidReason,
     /// The gate's actors have stopped (the `System` is shutting down).
     #[error("the gate has stopped")]
     Stopped,
@@ -69,14 +66,10 @@ impl GateError {
             GateError::InvalidId(_) => "invalid_id",
             GateError::InvalidIdentity(_) => "invalid_identity",
             GateError::InvalidPool(_) => "invalid_pool",
-            GateError::InvalidReason => "invalid_reason",
             GateError::Stopped => "stopped",
         }
     }
 }
-
-/// Longest fault reason accepted, in bytes.
-pub const MAX_REASON_BYTES: usize = 1024;
 
 /// Membership input: a SWIM fact about one member.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,11 +102,13 @@ pub enum AgentReport {
         /// The material (only its fingerprint is ever shown).
         material: IdentityMaterial,
     },
-    /// The node is faulted.
+    /// The node is faulted. Any reason is accepted: control characters
+    /// become U+FFFD and it is cut to 1 KiB (a fault is never lost to its
+    /// wording).
     Faulted {
         /// The node.
         node: NodeId,
-        /// Why.
+        /// Why, in the node's words.
         reason: String,
     },
     /// The node's fault is cleared.
@@ -268,12 +263,12 @@ fn split(input: Input) -> Result<Routed, GateError> {
             AgentReport::Available { node } => (node, Observation::Available),
             AgentReport::Unavailable { node } => (node, Observation::Unavailable),
             AgentReport::Identity { node, material } => (node, Observation::Identity(material)),
-            AgentReport::Faulted { node, reason } => {
-                if reason.len() > MAX_REASON_BYTES || reason.chars().any(char::is_control) {
-                    return Err(GateError::InvalidReason);
-                }
-                (node, Observation::Faulted { reason })
-            }
+            AgentReport::Faulted { node, reason } => (
+                node,
+                Observation::Faulted {
+                    reason: FaultReason::new(&reason),
+                },
+            ),
             AgentReport::Recovered { node } => (node, Observation::Recovered),
         },
         Input::Registry(RegistryFact::Known { node }) => (node, Observation::Known),
@@ -351,6 +346,20 @@ impl Gate {
     /// Feeds a node agent's report.
     pub async fn agent(&self, report: AgentReport) -> Result<Outcome, GateError> {
         self.observe(Input::Agent(report)).await
+    }
+
+    /// Feeds a node agent's identity material as the agent sent it: bytes
+    /// that are not valid material (empty, over 16 KiB) are refused with
+    /// [`GateError::InvalidIdentity`] and the node keeps the identity it had.
+    pub async fn identity(&self, node: NodeId, bytes: Vec<u8>) -> Result<Outcome, GateError> {
+        match AgentReport::identity(node, bytes) {
+            Ok(report) => self.agent(report).await,
+            Err(invalid) => {
+                let refused = GateError::from(invalid);
+                telemetry::rejected(refused.code());
+                Err(refused)
+            }
+        }
     }
 
     /// Feeds a registry fact.

@@ -16,6 +16,9 @@ use serde_json::Value;
 
 use crate::gate::{AgentReport, GateError, Input, MembershipUpdate, RegistryFact};
 
+/// The latest `at_ms` accepted: 2^53 − 1, exact in any JSON reader.
+pub const MAX_AT_MS: u64 = (1 << 53) - 1;
+
 /// The longest line accepted, in bytes (without the newline).
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
@@ -262,7 +265,7 @@ impl FlatLine {
 /// Parses one scenario line.
 pub fn parse_record(text: &str) -> Result<Record, String> {
     if let Ok(line) = serde_json::from_str::<FlatLine>(text) {
-        let at_ms = line.at_ms;
+        let at_ms = checked_at_ms(line.at_ms)?;
         if let Some(raw) = line.into_raw() {
             return Ok(Record {
                 at_ms,
@@ -282,9 +285,10 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
     };
     let at_ms = match object.get("at_ms") {
         None => return Err("missing field `at_ms`".into()),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            format!("`at_ms` must be a whole number of milliseconds ≥ 0, not {v}")
-        })?,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| format!("`at_ms` must be a whole number of milliseconds ≥ 0, not {v}"))
+            .and_then(checked_at_ms)?,
     };
     match object.get("type") {
         None => return Err("missing field `type`".into()),
@@ -300,6 +304,15 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
         at_ms,
         input: input_of(raw)?,
     })
+}
+
+fn checked_at_ms(at_ms: u64) -> Result<u64, String> {
+    if at_ms > MAX_AT_MS {
+        return Err(format!(
+            "`at_ms` must be at most {MAX_AT_MS} (2^53 − 1), not {at_ms}"
+        ));
+    }
+    Ok(at_ms)
 }
 
 /// Names the field of a mistyped value (serde's own message does not).

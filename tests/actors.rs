@@ -354,7 +354,7 @@ fn the_wait_timeout_aborts_planning() {
             "{got:?}"
         );
         assert!(matches!(
-            refused(gate.commit_plan(run("r1"), vec![], None).await),
+            refused(gate.commit_plan(run("r1"), vec![node("n1")], None).await),
             RunError::UnknownRun(_)
         ));
         assert_eq!(gate.pending_deadline().await.unwrap(), None);
@@ -613,8 +613,19 @@ fn invalid_identity_material_is_refused_and_the_node_keeps_its_identity() {
     on_virtual_time(async {
         let gate = gate_wait(None);
         ready_pool(&gate).await;
-        assert!(AgentReport::identity(node("n1"), vec![]).is_err());
-        assert!(AgentReport::identity(node("n1"), vec![0; 16 * 1024 + 1]).is_err());
+        let mut events = gate.subscribe();
+        for bytes in [vec![], vec![7; 16 * 1024 + 1]] {
+            let refused = gate.identity(node("n1"), bytes).await;
+            assert!(
+                matches!(refused, Err(GateError::InvalidIdentity(_))),
+                "{refused:?}"
+            );
+        }
+        // Valid material of the same node goes through the same door.
+        let kept = gate.identity(node("n1"), b"key-of-n1".to_vec()).await;
+        assert_eq!(kept.unwrap(), Outcome::Duplicate);
+        advance_to(&gate, 60_000).await;
+        assert!(drain(&mut events).is_empty(), "the view did not change");
         let report = gate.report().await.unwrap();
         assert_eq!(
             report.candidates[0].fingerprint,
@@ -661,5 +672,52 @@ fn the_report_says_since_when_each_candidate_is_blocked() {
             Some("ecc error")
         );
         assert_eq!(report.candidates[2].since, Time::from_millis(3000));
+    });
+}
+
+#[test]
+fn a_fault_is_never_lost_to_its_wording() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        ready_pool(&gate).await;
+        commit_r1(&gate, &["n1"]).await;
+        let wording = format!("bad\u{7}dimm\n{}", "é".repeat(3000));
+        let outcome = gate
+            .agent(AgentReport::Faulted {
+                node: node("n1"),
+                reason: wording,
+            })
+            .await;
+        assert_eq!(outcome.unwrap(), Outcome::Changed);
+        let faulted: Vec<_> = drain(&mut events)
+            .into_iter()
+            .filter(|e| matches!(e, Event::RunFaulted { .. }))
+            .collect();
+        assert!(
+            matches!(&faulted[..], [Event::RunFaulted { node: n, reason: Reason::Faulted, .. }] if n == &node("n1")),
+            "{faulted:?}"
+        );
+        let report = gate.report().await.unwrap();
+        let kept = report.candidates[0].detail.fault.as_deref().unwrap();
+        assert!(kept.len() <= 1024 && kept.len() > 1000, "{}", kept.len());
+        assert!(kept.starts_with("bad\u{fffd}dimm\u{fffd}é"));
+        assert!(!kept.chars().any(char::is_control));
+    });
+}
+
+#[test]
+fn an_empty_plan_is_refused_and_planning_goes_on() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        ready_pool(&gate).await;
+        gate.begin_planning(run("r1"), None).await.unwrap();
+        assert_eq!(
+            refused(gate.commit_plan(run("r1"), vec![], None).await),
+            RunError::InvalidPlan(run("r1"))
+        );
+        gate.commit_plan(run("r1"), vec![node("n2")], None)
+            .await
+            .unwrap();
     });
 }

@@ -185,6 +185,6 @@ fn a_million_observations_into_ten_thousand_nodes_lose_no_transition() {
             report.ignored_non_candidate > 0,
             "the stream had non-candidates"
         );
-        assert!(peak < 512 * 1024, "peak RSS {peak} KiB");
+        assert!(peak < 64 * 1024, "peak RSS {peak} KiB");
     });
 }

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use poolgate::gate::{AgentReport, Gate, GateError, MembershipUpdate};
-use poolgate_actors::core::{Epoch, OnReadinessLost, RunId, SwimState};
+use poolgate_actors::core::{Epoch, OnReadinessLost, RunError, RunId, SwimState};
 
 /// A metric as read back: name, labels, value.
 type Reading = (String, Vec<(String, String)>, DebugValue);
@@ -48,12 +48,12 @@ fn metrics_follow_a_scripted_scenario() {
             swim(&gate, "n1", SwimState::Suspect, 1).await; // stale
             swim(&gate, "outsider", SwimState::Alive, 1).await; // non-candidate
             let refused = gate
-                .agent(AgentReport::Faulted {
-                    node: node("n2"),
-                    reason: "x".repeat(2000),
-                })
+                .commit_plan(RunId::new("empty").unwrap(), Vec::new(), None)
                 .await;
-            assert!(matches!(refused, Err(GateError::InvalidReason)));
+            assert!(matches!(
+                refused,
+                Err(GateError::Refused(RunError::InvalidPlan(_)))
+            ));
             advance_to(&gate, 6001).await; // PoolReady at 6 s
             let run = RunId::new("r").unwrap();
             gate.begin_planning(run.clone(), Some(Epoch(1)))
@@ -107,7 +107,7 @@ fn metrics_follow_a_scripted_scenario() {
         Some(1.0)
     );
     assert_eq!(
-        get("poolgate_rejected_total", Some(("error", "invalid_reason"))),
+        get("poolgate_rejected_total", Some(("error", "invalid_plan"))),
         Some(1.0)
     );
     assert_eq!(

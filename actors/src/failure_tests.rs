@@ -183,7 +183,7 @@ fn a_failed_node_actor_faults_a_committed_run_that_requires_it() {
         assert!(
             events.iter().any(|e| matches!(
                 e,
-                Event::RunFaulted { node: n, reason: Reason::Faulted, .. } if n == &node("a")
+                Event::RunFaulted { node: n, reason: Reason::Internal, .. } if n == &node("a")
             )),
             "{events:?}"
         );

@@ -455,9 +455,10 @@ impl Handler<NodeActorStopped> for PoolActor {
             return;
         }
         // The facts died with the actor: the node is not ready until it
-        // reports again, and a run that requires it faults.
+        // reports again, and a run that requires it faults. The failure is
+        // the gate's own, not the node's.
         let change = NodeChange {
-            reason: Reason::Faulted,
+            reason: Reason::Internal,
             before,
             after: Verdict::NOTHING_KNOWN,
             fingerprint: None,
@@ -609,6 +610,10 @@ impl Handler<CommitPlan> for PoolActor {
 
     fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
         self.settle(msg.at, ctx);
+        // The plan's shape is checked first, as other malformed input is.
+        if msg.required.is_empty() {
+            return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::InvalidPlan(msg.run)))));
+        }
         let Some(addr) = self.active_run(&msg.run) else {
             return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::UnknownRun(msg.run)))));
         };

@@ -1,7 +1,7 @@
-//! A small model of SPEC §1–3, written apart from the core and as plainly
-//! as possible: facts in maps, readiness by a full scan, timers by
-//! comparison. It reads scenario records as JSON and produces the events
-//! the replay should print, so the two can be compared.
+//! An independent model of the gate, written from the words of SPEC §1–3
+//! and §5 (the quoted lines), not from the core's code: facts in maps,
+//! readiness by a full scan, timers by comparison. It reads scenario records
+//! as JSON and produces the events a replay must print.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,28 +9,66 @@ use base64::Engine;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+/// "Per candidate node the gate holds exactly these facts (its view)".
 #[derive(Clone, Default, PartialEq, Eq, Debug)]
-struct Facts {
+struct View {
     known: bool,
+    /// Membership state and incarnation; `None` is "never seen".
     swim: Option<(String, u64)>,
     available: bool,
+    /// The identity's SHA-256 fingerprint.
     identity: Option<String>,
     fault: Option<String>,
 }
 
-impl Facts {
+impl View {
+    /// "ready iff known ∧ state = alive ∧ available ∧ identity present ∧
+    /// ¬faulted".
     fn ready(&self) -> bool {
         self.known
-            && matches!(&self.swim, Some((s, _)) if s == "alive")
+            && self.swim.as_ref().is_some_and(|(s, _)| s == "alive")
             && self.available
             && self.identity.is_some()
             && self.fault.is_none()
     }
 }
 
+/// "With current state S at incarnation i, a new observation at incarnation
+/// j applies iff: …"
+fn applies(current: &Option<(String, u64)>, new: &str, j: u64) -> bool {
+    let Some((s, i)) = current else {
+        // "About a node never seen, alive, dead and left apply and a
+        // suspicion is stale."
+        return new != "suspect";
+    };
+    let (s, i) = (s.as_str(), *i);
+    let down = |state: &str| state == "dead" || state == "left";
+    match new {
+        "alive" => j > i,
+        "suspect" => j >= i && (s == "alive" || (s == "suspect" && j > i)),
+        // "dead / left: j ≥ i and S is not already dead/left at ≥ j"
+        _ => j >= i && !(down(s) && i >= j),
+    }
+}
+
+/// "the reason is cut to 1 KiB on a character boundary and each control
+/// character becomes U+FFFD" (a fault is never lost to its wording).
+fn safe_reason(text: &str) -> String {
+    let replaced: String = text
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    let mut end = replaced.len().min(1024);
+    while !replaced.is_char_boundary(end) {
+        end -= 1;
+    }
+    replaced[..end].to_string()
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Phase {
+enum Stage {
     Planning,
+    /// Suspended under `wait`, giving up at the instant held (if any).
     Suspended(Option<u64>),
     Committed,
 }
@@ -38,7 +76,7 @@ enum Phase {
 #[derive(Debug)]
 struct Run {
     id: String,
-    phase: Phase,
+    stage: Stage,
     required: BTreeSet<String>,
 }
 
@@ -48,27 +86,15 @@ pub struct Model {
     abort: bool,
     wait_timeout: Option<u64>,
     pool: String,
-    facts: BTreeMap<String, Facts>,
-    ready_epoch: Option<u64>,
-    converge_at: Option<u64>,
-    last_change: u64,
+    views: BTreeMap<String, View>,
+    /// The current epoch while Ready.
+    ready: Option<u64>,
+    /// When `PoolReady` is due, while every candidate is ready.
+    due: Option<u64>,
     epochs: u64,
     run: Option<Run>,
     /// The events so far.
     pub out: Vec<Value>,
-}
-
-fn admits(current: &Option<(String, u64)>, state: &str, j: u64) -> bool {
-    let Some((s, i)) = current else {
-        return state != "suspect";
-    };
-    let i = *i;
-    let down = s == "dead" || s == "left";
-    match state {
-        "alive" => j > i,
-        "suspect" => j >= i && (s == "alive" || (s == "suspect" && j > i)),
-        _ => j >= i && !(down && i >= j),
-    }
 }
 
 impl Model {
@@ -85,133 +111,155 @@ impl Model {
             abort,
             wait_timeout,
             pool: pool.to_string(),
-            facts: members
+            views: members
                 .iter()
-                .map(|m| (m.to_string(), Facts::default()))
+                .map(|m| (m.to_string(), View::default()))
                 .collect(),
-            ready_epoch: None,
-            converge_at: None,
-            last_change: 0,
+            ready: None,
+            due: None,
             epochs: 0,
             run: None,
             out: Vec::new(),
         }
     }
 
-    /// Applies one record (after the timers due strictly before it).
+    /// The next instant a timer is due, if any.
+    pub fn next_timer(&self) -> Option<u64> {
+        [self.due, self.wait_deadline()].into_iter().flatten().min()
+    }
+
+    /// Applies one record: "Observations stamped at a time T are applied
+    /// before timers due at T", so first every timer due strictly before.
     pub fn input(&mut self, line: usize, record: &Value) {
         let at = record["at_ms"].as_u64().unwrap();
-        self.fire_before(Some(at));
-        let kind = record["type"].as_str().unwrap();
-        let node = record["node"].as_str().unwrap_or_default().to_string();
-        let reject = |model: &mut Model, error: &str| {
-            model
-                .out
-                .push(json!({"at_ms": at, "event": "rejected", "line": line, "error": error}));
+        self.fire_timers(Some(at));
+        let text = |field: &str| record[field].as_str().unwrap().to_string();
+        let list = |field: &str| -> Vec<String> {
+            record[field]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
         };
-        match kind {
-            "define_pool" => {
-                let members: Vec<String> = record["members"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|m| m.as_str().unwrap().to_string())
-                    .collect();
-                let distinct: BTreeSet<&String> = members.iter().collect();
-                if members.is_empty() || distinct.len() != members.len() {
-                    return reject(self, "invalid_pool");
-                }
-                if matches!(&self.run, Some(r) if r.phase == Phase::Committed) {
-                    return reject(self, "run_committed");
-                }
-                self.lose_readiness(at, Value::Null, "pool_redefined");
-                self.facts.retain(|n, _| members.contains(n));
-                for m in members {
-                    self.facts.entry(m).or_default();
-                }
-                self.pool = record["pool"].as_str().unwrap().to_string();
-                self.restart_window(at);
-            }
-            "begin_planning" => {
-                let Some(epoch) = self.ready_epoch else {
-                    return reject(self, "pool_not_ready");
-                };
-                if record["epoch"].as_u64().is_some_and(|e| e != epoch) {
-                    return reject(self, "stale_epoch");
-                }
-                if self.run.is_some() {
-                    return reject(self, "run_in_progress");
-                }
-                let run = record["run"].as_str().unwrap().to_string();
-                self.out.push(
-                    json!({"at_ms": at, "event": "planning_started", "run": run, "epoch": epoch}),
-                );
-                self.run = Some(Run {
-                    id: run,
-                    phase: Phase::Planning,
-                    required: BTreeSet::new(),
-                });
-            }
+        let refusal = match record["type"].as_str().unwrap() {
+            "define_pool" => self.define_pool(at, text("pool"), list("members")),
+            "begin_planning" => self.begin_planning(at, text("run"), record["epoch"].as_u64()),
             "commit_plan" => {
-                let run = record["run"].as_str().unwrap();
-                if self.run.as_ref().is_none_or(|r| r.id != run) {
-                    return reject(self, "unknown_run");
-                }
-                let Some(epoch) = self.ready_epoch else {
-                    return reject(self, "pool_not_ready");
-                };
-                if record["epoch"].as_u64().is_some_and(|e| e != epoch) {
-                    return reject(self, "stale_epoch");
-                }
-                let required: BTreeSet<String> = record["required"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|m| m.as_str().unwrap().to_string())
-                    .collect();
-                if required.iter().any(|n| !self.facts.contains_key(n)) {
-                    return reject(self, "not_candidate");
-                }
-                let active = self.run.as_mut().unwrap();
-                if active.phase != Phase::Planning {
-                    return reject(self, "run_not_planning");
-                }
-                active.phase = Phase::Committed;
-                active.required = required.clone();
-                self.out.push(json!({"at_ms": at, "event": "run_committed", "run": run, "epoch": epoch, "required": required}));
+                self.commit_plan(at, text("run"), list("required"), record["epoch"].as_u64())
             }
-            "finish_run" => {
-                let run = record["run"].as_str().unwrap();
-                match &self.run {
-                    Some(r) if r.id == run && r.phase == Phase::Committed => {
-                        self.out
-                            .push(json!({"at_ms": at, "event": "run_finished", "run": run}));
-                        self.run = None;
-                    }
-                    Some(r) if r.id == run => reject(self, "run_not_committed"),
-                    _ => reject(self, "unknown_run"),
-                }
-            }
-            _ => {
-                let mut identity = None;
-                if kind == "identity" {
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(record["material"].as_str().unwrap());
-                    match bytes {
-                        Ok(b) if !b.is_empty() && b.len() <= 16 * 1024 => {
-                            identity = Some(hex::encode(Sha256::digest(&b)))
-                        }
-                        _ => return reject(self, "invalid_identity"),
-                    }
-                }
-                self.observe(at, &node, kind, record, identity);
-            }
+            "finish_run" => self.finish_run(at, text("run")),
+            kind => self.observe(at, &text("node"), kind, record),
+        };
+        if let Err(error) = refusal {
+            self.out
+                .push(json!({"at_ms": at, "event": "rejected", "line": line, "error": error}));
         }
     }
 
-    /// Fires every timer still pending.
+    /// After the last record: "keeps advancing virtual time until no timer
+    /// is pending".
     pub fn finish(&mut self) {
-        self.fire_before(None);
+        self.fire_timers(None);
+    }
+
+    fn define_pool(
+        &mut self,
+        at: u64,
+        pool: String,
+        members: Vec<String>,
+    ) -> Result<(), &'static str> {
+        let distinct: BTreeSet<&String> = members.iter().collect();
+        if members.is_empty() || distinct.len() != members.len() {
+            return Err("invalid_pool");
+        }
+        // "It is rejected while a run is committed."
+        if self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.stage == Stage::Committed)
+        {
+            return Err("run_committed");
+        }
+        // "nodes that stay candidates keep their facts, new candidates start
+        // with none, readiness restarts"
+        self.views.retain(|node, _| members.contains(node));
+        for member in members {
+            self.views.entry(member).or_default();
+        }
+        self.view_changed(at, Value::Null, "pool_redefined");
+        self.pool = pool;
+        Ok(())
+    }
+
+    fn begin_planning(
+        &mut self,
+        at: u64,
+        run: String,
+        epoch: Option<u64>,
+    ) -> Result<(), &'static str> {
+        let current = self.current_epoch(epoch)?;
+        if self.run.is_some() {
+            return Err("run_in_progress");
+        }
+        self.out
+            .push(json!({"at_ms": at, "event": "planning_started", "run": run, "epoch": current}));
+        self.run = Some(Run {
+            id: run,
+            stage: Stage::Planning,
+            required: BTreeSet::new(),
+        });
+        Ok(())
+    }
+
+    fn commit_plan(
+        &mut self,
+        at: u64,
+        run: String,
+        required: Vec<String>,
+        epoch: Option<u64>,
+    ) -> Result<(), &'static str> {
+        if required.is_empty() {
+            return Err("invalid_plan");
+        }
+        if self.run.as_ref().is_none_or(|r| r.id != run) {
+            return Err("unknown_run");
+        }
+        let current = self.current_epoch(epoch)?;
+        if required.iter().any(|n| !self.views.contains_key(n)) {
+            return Err("not_candidate");
+        }
+        let active = self.run.as_mut().unwrap();
+        if active.stage != Stage::Planning {
+            return Err("run_not_planning");
+        }
+        active.stage = Stage::Committed;
+        active.required = required.into_iter().collect();
+        self.out.push(json!({"at_ms": at, "event": "run_committed", "run": run, "epoch": current, "required": active.required}));
+        Ok(())
+    }
+
+    fn finish_run(&mut self, at: u64, run: String) -> Result<(), &'static str> {
+        match &self.run {
+            Some(r) if r.id == run && r.stage == Stage::Committed => {
+                self.out
+                    .push(json!({"at_ms": at, "event": "run_finished", "run": run}));
+                self.run = None;
+                Ok(())
+            }
+            Some(r) if r.id == run => Err("run_not_committed"),
+            _ => Err("unknown_run"),
+        }
+    }
+
+    /// "accepted only while Ready"; "stale_epoch when an epoch is given and
+    /// is not the current one".
+    fn current_epoch(&self, given: Option<u64>) -> Result<u64, &'static str> {
+        let current = self.ready.ok_or("pool_not_ready")?;
+        match given {
+            Some(given) if given != current => Err("stale_epoch"),
+            _ => Ok(current),
+        }
     }
 
     fn observe(
@@ -220,29 +268,42 @@ impl Model {
         node: &str,
         kind: &str,
         record: &Value,
-        identity: Option<String>,
-    ) {
-        let Some(before) = self.facts.get(node).cloned() else {
-            return; // not a candidate
+    ) -> Result<(), &'static str> {
+        let mut fingerprint = None;
+        if kind == "identity" {
+            // "standard base64 with padding, in its canonical form"; 1 B to
+            // 16 KiB; "Invalid identity material … is rejected".
+            let material = record["material"].as_str().unwrap();
+            match base64::engine::general_purpose::STANDARD.decode(material) {
+                Ok(bytes) if !bytes.is_empty() && bytes.len() <= 16 * 1024 => {
+                    fingerprint = Some(hex::encode(Sha256::digest(&bytes)));
+                }
+                _ => return Err("invalid_identity"),
+            }
+        }
+        // "Observations about nodes outside the candidate pool are ignored".
+        let Some(before) = self.views.get(node).cloned() else {
+            return Ok(());
         };
-        let mut after = before.clone();
+        let mut view = before.clone();
+        // The reason names what was observed.
         let reason = match kind {
             "known" => {
-                after.known = true;
+                view.known = true;
                 "view_changed"
             }
             "forgotten" => {
-                after.known = false;
-                after.identity = None;
+                view.known = false;
+                view.identity = None;
                 "unknown"
             }
             "swim" => {
                 let state = record["state"].as_str().unwrap();
-                let inc = record["incarnation"].as_u64().unwrap();
-                if !admits(&before.swim, state, inc) {
-                    return;
+                let incarnation = record["incarnation"].as_u64().unwrap();
+                if !applies(&view.swim, state, incarnation) {
+                    return Ok(()); // stale: ignored and counted
                 }
-                after.swim = Some((state.to_string(), inc));
+                view.swim = Some((state.to_string(), incarnation));
                 if state == "alive" {
                     "view_changed"
                 } else {
@@ -250,126 +311,133 @@ impl Model {
                 }
             }
             "available" => {
-                after.available = true;
+                view.available = true;
                 "view_changed"
             }
             "unavailable" => {
-                after.available = false;
+                view.available = false;
                 "unavailable"
             }
-            "identity" => {
-                after.identity = identity;
-                if before.identity.is_some() {
-                    "identity_changed"
-                } else {
-                    "view_changed"
-                }
-            }
+            "identity" => match view.identity.replace(fingerprint.unwrap()) {
+                Some(_) => "identity_changed",
+                None => "view_changed",
+            },
             "faulted" => {
-                after.fault = Some(record["reason"].as_str().unwrap().to_string());
-                after.available = false;
+                view.fault = Some(safe_reason(record["reason"].as_str().unwrap()));
+                view.available = false;
                 "faulted"
             }
             "recovered" => {
-                after.fault = None;
+                view.fault = None;
                 "view_changed"
             }
             other => panic!("unknown record type {other}"),
         };
-        if after == before {
-            return;
+        // "a duplicate is not a change; an incarnation bump or identity
+        // rotation is"
+        if view == before {
+            return Ok(());
         }
-        let lost_required = (before.ready() && !after.ready()) || reason == "identity_changed";
-        self.facts.insert(node.to_string(), after);
-        self.lose_readiness(at, json!(node), reason);
-        self.restart_window(at);
-        let faults = matches!(&self.run, Some(r) if r.phase == Phase::Committed && r.required.contains(node));
-        if faults && lost_required {
+        self.views.insert(node.to_string(), view);
+        self.view_changed(at, json!(node), reason);
+        // "After commit, a required node that becomes suspect, dead or left,
+        // faulted, unavailable, forgotten, or changes identity faults the run
+        // at once".
+        let loses = [
+            "suspect",
+            "dead",
+            "left",
+            "faulted",
+            "unavailable",
+            "unknown",
+            "identity_changed",
+        ];
+        let faults = self.run.as_ref().is_some_and(|r| {
+            r.stage == Stage::Committed && r.required.contains(node) && loses.contains(&reason)
+        });
+        if faults {
             let run = self.run.take().unwrap();
             self.out.push(json!({"at_ms": at, "event": "run_faulted", "run": run.id, "node": node, "reason": reason}));
         }
+        Ok(())
     }
 
-    fn lose_readiness(&mut self, at: u64, node: Value, reason: &str) {
-        let Some(epoch) = self.ready_epoch.take() else {
+    /// "Any view change while Ready emits readiness_lost … and returns to
+    /// forming"; the window starts again at `at`.
+    fn view_changed(&mut self, at: u64, node: Value, reason: &str) {
+        if let Some(epoch) = self.ready.take() {
+            self.out.push(json!({"at_ms": at, "event": "readiness_lost", "pool": self.pool, "epoch": epoch, "node": node, "reason": reason}));
+            self.planning_loses_readiness(at);
+        }
+        // "PoolReady is emitted at t0 + window … iff every candidate is
+        // ready at t0 and no view change happens in (t0, t0 + window]".
+        self.due = self
+            .views
+            .values()
+            .all(View::ready)
+            .then_some(at + self.window);
+    }
+
+    /// "Readiness lost while planning, policy abort: planning_aborted …
+    /// Policy wait: planning_suspended".
+    fn planning_loses_readiness(&mut self, at: u64) {
+        let Some(run) = self.run.as_mut().filter(|r| r.stage == Stage::Planning) else {
             return;
         };
-        self.out.push(json!({"at_ms": at, "event": "readiness_lost", "pool": self.pool, "epoch": epoch, "node": node, "reason": reason}));
-        if let Some(run) = &mut self.run {
-            if run.phase == Phase::Planning {
-                if self.abort {
-                    self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "readiness_lost"}));
-                    self.run = None;
-                } else {
-                    run.phase = Phase::Suspended(self.wait_timeout.map(|t| at + t));
-                    self.out
-                        .push(json!({"at_ms": at, "event": "planning_suspended", "run": run.id}));
-                }
+        if self.abort {
+            self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "readiness_lost"}));
+            self.run = None;
+        } else {
+            run.stage = Stage::Suspended(self.wait_timeout.map(|t| at + t));
+            self.out
+                .push(json!({"at_ms": at, "event": "planning_suspended", "run": run.id}));
+        }
+    }
+
+    fn wait_deadline(&self) -> Option<u64> {
+        match self.run.as_ref()?.stage {
+            Stage::Suspended(deadline) => deadline,
+            _ => None,
+        }
+    }
+
+    /// Fires, in time order, the timers due strictly before `limit` (all of
+    /// them for `None`). "When both fall due at the same instant, PoolReady
+    /// wins."
+    fn fire_timers(&mut self, limit: Option<u64>) {
+        while let Some(at) = self.next_timer().filter(|t| limit.is_none_or(|l| *t < l)) {
+            if self.due == Some(at) {
+                self.pool_ready(at);
+            } else {
+                let run = self.run.take().unwrap();
+                self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "wait_timeout"}));
             }
         }
     }
 
-    fn restart_window(&mut self, at: u64) {
-        self.last_change = at;
-        self.converge_at = if self.facts.values().all(Facts::ready) {
-            Some(at + self.window)
-        } else {
-            None
-        };
-    }
-
-    /// Fires timers due strictly before `limit` (all of them for `None`),
-    /// in time order; a PoolReady wins a tie with a wait timeout.
-    fn fire_before(&mut self, limit: Option<u64>) {
-        loop {
-            let wait = match &self.run {
-                Some(Run {
-                    phase: Phase::Suspended(Some(w)),
-                    ..
-                }) => Some(*w),
-                _ => None,
-            };
-            let next = match (self.converge_at, wait) {
-                (Some(c), Some(w)) if w < c => (w, false),
-                (Some(c), _) => (c, true),
-                (None, Some(w)) => (w, false),
-                (None, None) => return,
-            };
-            if limit.is_some_and(|l| next.0 >= l) {
-                return;
-            }
-            let at = next.0;
-            if next.1 {
-                // The contract's invariants, checked where PoolReady is made:
-                // every candidate ready, and a full quiet window behind it.
-                assert!(
-                    self.facts.values().all(Facts::ready),
-                    "PoolReady with a candidate not ready"
-                );
-                assert!(
-                    at >= self.last_change + self.window,
-                    "PoolReady inside the window"
-                );
-                self.converge_at = None;
-                self.epochs += 1;
-                let epoch = self.epochs;
-                self.ready_epoch = Some(epoch);
-                let members: Vec<&String> = self.facts.keys().collect();
-                let fingerprints: BTreeMap<&String, &String> = self
-                    .facts
-                    .iter()
-                    .map(|(n, f)| (n, f.identity.as_ref().unwrap()))
-                    .collect();
-                self.out.push(json!({"at_ms": at, "event": "pool_ready", "pool": self.pool, "epoch": epoch, "members": members, "fingerprints": fingerprints}));
-                if let Some(run) = &mut self.run {
-                    if matches!(run.phase, Phase::Suspended(_)) {
-                        run.phase = Phase::Planning;
-                        self.out.push(json!({"at_ms": at, "event": "planning_resumed", "run": run.id, "epoch": epoch}));
-                    }
-                }
-            } else {
-                let run = self.run.take().unwrap();
-                self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "wait_timeout"}));
+    /// "Each PoolReady carries the pool id, a new epoch, the sorted member
+    /// list and each member's identity fingerprint"; a suspended run
+    /// resumes on it.
+    fn pool_ready(&mut self, at: u64) {
+        assert!(
+            self.views.values().all(View::ready),
+            "PoolReady with a candidate not ready"
+        );
+        self.due = None;
+        self.epochs += 1;
+        let epoch = self.epochs;
+        self.ready = Some(epoch);
+        let members: Vec<&String> = self.views.keys().collect();
+        let fingerprints: BTreeMap<&String, &String> = self
+            .views
+            .iter()
+            .map(|(n, v)| (n, v.identity.as_ref().unwrap()))
+            .collect();
+        self.out.push(json!({"at_ms": at, "event": "pool_ready", "pool": self.pool, "epoch": epoch, "members": members, "fingerprints": fingerprints}));
+        if let Some(run) = self.run.as_mut() {
+            if matches!(run.stage, Stage::Suspended(_)) {
+                run.stage = Stage::Planning;
+                self.out.push(json!({"at_ms": at, "event": "planning_resumed", "run": run.id, "epoch": epoch}));
             }
         }
     }

@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::{
-    Applied, Epoch, Event, IdentityMaterial, NodeFacts, NodeId, Observation, OnReadinessLost,
-    PlanningPolicy, PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunGuard, RunId, RunPhase,
-    SlotKey, SwimState, Time,
+    Applied, Epoch, Event, FaultReason, IdentityMaterial, NodeFacts, NodeId, Observation,
+    OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunGuard,
+    RunId, RunPhase, SlotKey, SwimState, Time,
 };
 
 const WINDOW: Duration = Duration::from_millis(100);
@@ -90,7 +90,7 @@ impl Drill {
                 Err(e) => return Err(e.to_string()),
             },
             8 => Observation::Faulted {
-                reason: format!("r{}", arg % 2),
+                reason: FaultReason::new(&format!("r{}", arg % 2)),
             },
             9 => Observation::Recovered,
             10 => return self.begin(arg),

@@ -17,7 +17,8 @@ pub use event::{AbortReason, Event};
 pub use identity::{Fingerprint, IdentityMaterial, InvalidIdentity, MAX_IDENTITY_BYTES};
 pub use ids::{Epoch, InvalidId, NodeId, PoolId, RunId, MAX_ID_BYTES};
 pub use node::{
-    Applied, Blocker, Membership, NodeChange, NodeFacts, Observation, Reason, SwimState, Verdict,
+    Applied, Blocker, FaultReason, Membership, NodeChange, NodeFacts, Observation, Reason,
+    SwimState, Verdict, MAX_REASON_BYTES,
 };
 pub use pool::{
     CandidateSummary, DefinitionError, LastChange, NodeDetail, PoolDefinition, PoolPhase,

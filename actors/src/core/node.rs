@@ -128,11 +128,57 @@ pub enum Observation {
     Identity(IdentityMaterial),
     /// Node agent: the node is faulted; clears available.
     Faulted {
-        /// Why, in the agent's words.
-        reason: String,
+        /// Why, in the agent's words (made safe to show).
+        reason: FaultReason,
     },
     /// Node agent: the fault is cleared.
     Recovered,
+}
+
+/// Longest fault reason kept, in bytes.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// A node's own words for its fault, made safe to keep and show.
+///
+/// A fault is never lost to its wording (SPEC §5): any text is accepted;
+/// each control character becomes U+FFFD and the result is cut to
+/// [`MAX_REASON_BYTES`] on a character boundary.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FaultReason(String);
+
+impl FaultReason {
+    /// The reason `text`, control characters replaced and cut to length.
+    pub fn new(text: &str) -> Self {
+        let mut reason = String::with_capacity(text.len().min(MAX_REASON_BYTES));
+        for c in text.chars() {
+            let c = if c.is_control() {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            };
+            if reason.len() + c.len_utf8() > MAX_REASON_BYTES {
+                break;
+            }
+            reason.push(c);
+        }
+        FaultReason(reason)
+    }
+
+    /// The reason as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The reason as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl fmt::Display for FaultReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Why a view changed, as `readiness_lost` and `run_faulted` report it.
@@ -159,6 +205,9 @@ pub enum Reason {
     ViewChanged,
     /// The orchestrator replaced the candidate pool.
     PoolRedefined,
+    /// The gate's own actor for the node failed and was replaced with no
+    /// facts: not the node's fault.
+    Internal,
 }
 
 impl Reason {
@@ -175,6 +224,7 @@ impl Reason {
             Reason::Faulted => "faulted",
             Reason::ViewChanged => "view_changed",
             Reason::PoolRedefined => "pool_redefined",
+            Reason::Internal => "internal",
         }
     }
 }
@@ -385,7 +435,7 @@ impl NodeFacts {
                 if self.fault.as_deref() == Some(reason.as_str()) && !self.available {
                     return Applied::Duplicate;
                 }
-                self.fault = Some(reason);
+                self.fault = Some(reason.into_string());
                 self.available = false;
                 Reason::Faulted
             }
@@ -497,7 +547,7 @@ mod tests {
             (Observation::Unavailable, Blocker::NotAvailable),
             (
                 Observation::Faulted {
-                    reason: "ecc".into(),
+                    reason: FaultReason::new("ecc"),
                 },
                 Blocker::Faulted,
             ),
@@ -525,7 +575,7 @@ mod tests {
     fn a_fault_clears_availability_and_recovery_does_not_restore_it() {
         let mut facts = ready_facts();
         changed(facts.apply(Observation::Faulted {
-            reason: "ecc".into(),
+            reason: FaultReason::new("ecc"),
         }));
         let change = changed(facts.apply(Observation::Recovered));
         assert!(change.after.has(Blocker::NotAvailable));
@@ -622,5 +672,32 @@ mod tests {
         assert_eq!(facts.apply(swim(SwimState::Alive, 1)), Applied::Stale);
         let change = changed(facts.apply(swim(SwimState::Alive, 2)));
         assert!(change.after.is_ready());
+    }
+
+    #[test]
+    fn a_fault_reason_keeps_ordinary_text_as_it_is() {
+        assert_eq!(
+            FaultReason::new("ecc error on dimm 3").as_str(),
+            "ecc error on dimm 3"
+        );
+    }
+
+    #[test]
+    fn a_fault_reason_replaces_control_characters() {
+        assert_eq!(
+            FaultReason::new("a\nb\u{7}c").as_str(),
+            "a\u{fffd}b\u{fffd}c"
+        );
+    }
+
+    #[test]
+    fn a_long_fault_reason_is_cut_to_one_kib_on_a_character_boundary() {
+        let reason = FaultReason::new(&"é".repeat(600));
+        assert_eq!(reason.as_str().len(), MAX_REASON_BYTES);
+        let reason = FaultReason::new(&format!("x{}", "é".repeat(600)));
+        assert_eq!(reason.as_str().len(), MAX_REASON_BYTES - 1);
+        assert!(reason.as_str().ends_with('é'));
+        let replaced = FaultReason::new(&"\n".repeat(2000));
+        assert_eq!(replaced.as_str().chars().count(), MAX_REASON_BYTES / 3);
     }
 }

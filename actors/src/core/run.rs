@@ -75,6 +75,10 @@ pub enum RunError {
     /// The pool cannot be redefined under a committed run.
     #[error("run {0} is committed; the pool cannot be redefined")]
     RunCommitted(RunId),
+    /// A plan must require at least one node: a plan that requires none
+    /// could never fault.
+    #[error("the plan of run {0} requires no node")]
+    InvalidPlan(RunId),
 }
 
 impl RunError {
@@ -89,6 +93,7 @@ impl RunError {
             RunError::NotCommitted { .. } => "run_not_committed",
             RunError::NotCandidate(_) => "not_candidate",
             RunError::RunCommitted(_) => "run_committed",
+            RunError::InvalidPlan(_) => "invalid_plan",
         }
     }
 }
