@@ -721,3 +721,31 @@ fn an_empty_plan_is_refused_and_planning_goes_on() {
             .unwrap();
     });
 }
+
+/// Live inputs meet timers at the pool: one that arrives after the timer
+/// due at `T` fired is applied at `T + 1 ms`, so that inputs applied at `T`
+/// always come before timers due at `T` (SPEC §2), as in replay.
+#[test]
+fn a_live_input_after_the_timer_at_its_instant_is_applied_a_millisecond_later() {
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        all_ready(&gate).await;
+        advance_to(&gate, 5000).await;
+        for _ in 0..100 {
+            if matches!(gate.report().await.unwrap().phase, PoolPhase::Ready { .. }) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(now_ms(&gate), 5000, "the clock has not moved");
+        swim(&gate, "n2", SwimState::Alive, 2).await;
+        let got = drain(&mut events);
+        let stamps: Vec<_> = got.iter().map(|e| (e.name(), e.at().as_millis())).collect();
+        assert_eq!(
+            stamps,
+            [("pool_ready", 5000), ("readiness_lost", 5001)],
+            "{got:?}"
+        );
+    });
+}

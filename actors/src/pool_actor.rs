@@ -201,6 +201,8 @@ pub struct PoolActor {
     blocked: BlockedGauges,
     /// When the pool last started forming (for `time_to_ready`).
     forming_since: Option<Time>,
+    /// Inputs are applied at this instant or later (see `applied_at`).
+    fired_through: Time,
 }
 
 impl PoolActor {
@@ -225,6 +227,7 @@ impl PoolActor {
                 out: Vec::new(),
                 blocked: BlockedGauges::default(),
                 forming_since: Some(clock.now()),
+                fired_through: Time::ZERO,
             };
             actor.start_nodes(ctx, added);
             actor.recount_blocked();
@@ -299,6 +302,25 @@ impl PoolActor {
                 false
             }
         }
+    }
+
+    /// The instant an input is applied at: its stamp, or later if the
+    /// pool's clock reads later (the input waited in a mailbox) or a timer
+    /// already fired at its stamp.
+    ///
+    /// The pool is where inputs and timers meet, so this is where their
+    /// order is fixed. Inputs stamped `T` come before timers due at `T`
+    /// (SPEC §2); an input that reaches the pool after a timer due at `T`
+    /// fired is therefore applied at `T + 1 ms` at the earliest. The clock
+    /// reads whole milliseconds, so the applied instants, recorded, replay
+    /// to the same events.
+    fn applied_at(&self, stamp: Time) -> Time {
+        stamp.max(self.clock.now()).max(self.fired_through)
+    }
+
+    /// A timer due at `at` fired: later inputs are applied after it.
+    fn timer_fired(&mut self, at: Time) {
+        self.fired_through = self.fired_through.max(at + Duration::from_millis(1));
     }
 
     fn settle(&mut self, at: Time, ctx: &mut Context<Self>) {
@@ -479,7 +501,8 @@ impl Handler<NodeActorStopped> for PoolActor {
 impl Handler<NodeChanged> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+    fn handle(&mut self, mut msg: NodeChanged, ctx: &mut Context<Self>) {
+        msg.at = self.applied_at(msg.at);
         let _span = tracing::debug_span!("pool", pool = %self.core.id()).entered();
         tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
         let restarts_window = matches!(
@@ -520,7 +543,11 @@ impl Handler<ConvergenceDue> for PoolActor {
         let Some(at) = self.timer.fired(msg.generation) else {
             return;
         };
+        let due = self.core.deadline().filter(|deadline| *deadline <= at);
         if self.guarded(ctx, |core, out| core.on_deadline(at, out)) {
+            if let Some(deadline) = due {
+                self.timer_fired(deadline);
+            }
             self.flush(ctx);
         }
     }
@@ -533,6 +560,7 @@ impl Handler<WaitDeadlineDue> for PoolActor {
         self.core.on_deadline(msg.at, &mut self.out);
         self.flush(ctx);
         if let Some(addr) = self.active_run(&msg.run) {
+            self.timer_fired(msg.at);
             addr.do_send(PoolNews {
                 at: msg.at,
                 news: News::WaitExpired,
@@ -554,7 +582,8 @@ impl Handler<RunEnded> for PoolActor {
 impl Handler<DefinePool> for PoolActor {
     type Result = AtomicResponse<Self, Result<(), RunError>>;
 
-    fn handle(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: DefinePool, ctx: &mut Context<Self>) -> Self::Result {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         self.with_active_run(msg.at, move |act, ctx, run| {
             if let Some(run) = run.filter(|r| r.committed) {
@@ -583,7 +612,8 @@ impl Handler<DefinePool> for PoolActor {
 impl Handler<BeginPlanning> for PoolActor {
     type Result = AtomicResponse<Self, Result<Epoch, RunError>>;
 
-    fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: BeginPlanning, ctx: &mut Context<Self>) -> Self::Result {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         self.with_active_run(msg.at, move |act, ctx, active| {
             let epoch = act.current_epoch(msg.epoch)?;
@@ -608,7 +638,8 @@ impl Handler<BeginPlanning> for PoolActor {
 impl Handler<CommitPlan> for PoolActor {
     type Result = AtomicResponse<Self, Result<(), RunError>>;
 
-    fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         // The plan's shape is checked first, as other malformed input is.
         if msg.required.is_empty() {
@@ -630,7 +661,8 @@ impl Handler<CommitPlan> for PoolActor {
 impl Handler<FinishRun> for PoolActor {
     type Result = AtomicResponse<Self, Result<(), RunError>>;
 
-    fn handle(&mut self, msg: FinishRun, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: FinishRun, ctx: &mut Context<Self>) -> Self::Result {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         let Some(addr) = self.active_run(&msg.run) else {
             return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::UnknownRun(msg.run)))));
@@ -642,7 +674,8 @@ impl Handler<FinishRun> for PoolActor {
 impl Handler<GetReport> for PoolActor {
     type Result = PoolReport;
 
-    fn handle(&mut self, msg: GetReport, ctx: &mut Context<Self>) -> PoolReport {
+    fn handle(&mut self, mut msg: GetReport, ctx: &mut Context<Self>) -> PoolReport {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         PoolReport {
             pool: self.core.id().clone(),
@@ -659,7 +692,8 @@ impl Handler<GetReport> for PoolActor {
 impl Handler<PendingDeadline> for PoolActor {
     type Result = AtomicResponse<Self, Option<Time>>;
 
-    fn handle(&mut self, msg: PendingDeadline, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, mut msg: PendingDeadline, ctx: &mut Context<Self>) -> Self::Result {
+        msg.at = self.applied_at(msg.at);
         self.settle(msg.at, ctx);
         self.with_active_run(msg.at, |act, _ctx, run| {
             let run_deadline = run.and_then(|r| r.deadline);

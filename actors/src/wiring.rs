@@ -29,9 +29,12 @@ impl Clock {
         }
     }
 
-    /// The current point on the timeline.
+    /// The current point on the timeline, in whole milliseconds (the
+    /// resolution of the replay format, so a live run can be recorded and
+    /// replayed exactly).
     pub fn now(&self) -> Time {
-        Time::from_offset(self.origin.elapsed())
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Time::from_millis(ms)
     }
 
     /// The tokio instant of a point on the timeline.
