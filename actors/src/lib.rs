@@ -21,7 +21,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod core;
+pub use poolgate_core as core;
 pub mod node_actor;
 pub mod pool_actor;
 pub mod run_actor;

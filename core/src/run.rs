@@ -10,10 +10,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::event::{AbortReason, Event};
-use super::ids::{Epoch, NodeId, RunId};
-use super::node::NodeChange;
-use super::time::Time;
+use crate::event::{AbortReason, Event};
+use crate::ids::{Epoch, NodeId, RunId};
+use crate::node::NodeChange;
+use crate::time::Time;
 
 /// What planning does when the pool stops being ready before commit.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -346,7 +346,7 @@ impl RunGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::node::{Reason, Verdict};
+    use crate::node::{Reason, Verdict};
 
     fn t(ms: u64) -> Time {
         Time::from_millis(ms)

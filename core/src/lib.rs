@@ -1,13 +1,17 @@
-//! The pure core: one state machine per actor, no clock, no actix, no I/O.
+//! poolgate's decisions: one pure state machine per actor of the gate, with
+//! no clock, no actors and no I/O (Cargo keeps it so: this crate depends on
+//! none of them).
 //!
 //! Each machine takes `now` as an argument and returns what happened (events
 //! pushed onto an `out` vector) and when it next wants to be woken
 //! (`deadline()`). Tests drive them directly.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod event;
 pub mod identity;
 pub mod ids;
-pub mod invariants;
 pub mod node;
 pub mod pool;
 pub mod run;
@@ -26,3 +30,6 @@ pub use pool::{
 };
 pub use run::{OnReadinessLost, PlanningPolicy, RunEnd, RunError, RunGuard, RunPhase};
 pub use time::Time;
+
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;

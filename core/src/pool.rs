@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::Event;
-use super::identity::Fingerprint;
-use super::ids::{Epoch, NodeId, PoolId};
-use super::node::{Membership, NodeChange, Reason, Verdict};
-use super::time::Time;
+use crate::event::Event;
+use crate::identity::Fingerprint;
+use crate::ids::{Epoch, NodeId, PoolId};
+use crate::node::{Membership, NodeChange, Reason, Verdict};
+use crate::time::Time;
 
 /// Why a pool definition was refused. The pool is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -493,8 +493,8 @@ impl PoolReadiness {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::node::{Applied, NodeFacts, Observation, SwimState};
-    use crate::core::IdentityMaterial;
+    use crate::node::{Applied, NodeFacts, Observation, SwimState};
+    use crate::IdentityMaterial;
 
     const WINDOW: Duration = Duration::from_secs(5);
 

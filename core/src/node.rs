@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::identity::{Fingerprint, IdentityMaterial};
+use crate::identity::{Fingerprint, IdentityMaterial};
 
 /// A SWIM member state as the membership feed reports it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]

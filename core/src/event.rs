@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::identity::Fingerprint;
-use super::ids::{Epoch, NodeId, PoolId, RunId};
-use super::node::Reason;
-use super::time::Time;
+use crate::identity::Fingerprint;
+use crate::ids::{Epoch, NodeId, PoolId, RunId};
+use crate::node::Reason;
+use crate::time::Time;
 
 /// Why planning was abandoned.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{
+use crate::{
     Applied, Epoch, Event, FaultReason, IdentityMaterial, NodeFacts, NodeId, Observation,
     OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunGuard,
     RunId, RunPhase, SlotKey, SwimState, Time,
