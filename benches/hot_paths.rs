@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use poolgate::scenario::parse_record;
+use poolgate::replay::scenario::parse_record;
 use poolgate_actors::core::{
     Applied, NodeFacts, NodeId, Observation, PoolDefinition, PoolId, PoolReadiness, SwimState, Time,
 };

@@ -11,7 +11,8 @@
 
 use std::time::Duration;
 
-use poolgate::{demo, Config};
+use poolgate::live::demo;
+use poolgate::Config;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

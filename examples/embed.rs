@@ -8,11 +8,12 @@
 
 use std::time::Duration;
 
-use poolgate::gate::{AgentReport, Gate, GateError, MembershipUpdate, RegistryFact};
+use poolgate::core::{AgentReport, MembershipUpdate, RegistryFact};
+use poolgate::GateSettings;
+use poolgate::{Gate, GateError};
 use poolgate_actors::core::{
     Event, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, RunId, SwimState,
 };
-use poolgate_actors::pool_actor::PoolSettings;
 
 #[actix_rt::main]
 async fn main() -> Result<(), GateError> {
@@ -20,7 +21,7 @@ async fn main() -> Result<(), GateError> {
         .into_iter()
         .map(NodeId::new)
         .collect::<Result<_, _>>()?;
-    let gate = Gate::start_with(PoolSettings {
+    let gate = Gate::start(GateSettings {
         definition: PoolDefinition::new(PoolId::new("training")?, members.clone())?,
         window: Duration::from_millis(300),
         policy: PlanningPolicy {

@@ -14,12 +14,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr, Context, Handler, Message};
-use poolgate::gate::{AgentReport, Gate, Input, MembershipUpdate, RegistryFact};
+use poolgate::core::{AgentReport, Input, MembershipUpdate, RegistryFact};
+use poolgate::Gate;
+use poolgate::GateSettings;
 use poolgate_actors::core::{
     Applied, Event, IdentityMaterial, NodeFacts, NodeId, Observation, OnReadinessLost,
     PlanningPolicy, PoolDefinition, PoolId, PoolReadiness, RunId, SlotKey, SwimState, Time,
 };
-use poolgate_actors::pool_actor::PoolSettings;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -91,8 +92,8 @@ fn names(n: usize) -> Vec<NodeId> {
         .collect()
 }
 
-fn settings(members: Vec<NodeId>, window: Duration) -> PoolSettings {
-    PoolSettings {
+fn settings(members: Vec<NodeId>, window: Duration) -> GateSettings {
+    GateSettings {
         definition: PoolDefinition::new(PoolId::new("scale").expect("valid id"), members)
             .expect("distinct members"),
         window,
@@ -105,14 +106,14 @@ fn settings(members: Vec<NodeId>, window: Duration) -> PoolSettings {
 
 fn ready_facts(node: &NodeId) -> Vec<Input> {
     vec![
-        Input::Registry(RegistryFact::Known { node: node.clone() }),
-        Input::Membership(MembershipUpdate {
+        Input::from(RegistryFact::Known { node: node.clone() }),
+        Input::from(MembershipUpdate {
             node: node.clone(),
             state: SwimState::Alive,
             incarnation: 1,
         }),
-        Input::Agent(AgentReport::Available { node: node.clone() }),
-        Input::Agent(
+        Input::from(AgentReport::Available { node: node.clone() }),
+        Input::from(
             AgentReport::identity(node.clone(), node.as_str().as_bytes().to_vec()).expect("valid"),
         ),
     ]
@@ -351,7 +352,7 @@ async fn actor_metric(sizes: &Sizes, json: bool) {
     };
 
     // The gate: the embedding API, one observation in flight per producer.
-    let gate = Gate::start_with(settings(members.clone(), Duration::from_secs(5)));
+    let gate = Gate::start(settings(members.clone(), Duration::from_secs(5)));
     for node in &members {
         for input in ready_facts(node) {
             let _ = gate.submit(gate.clock().now(), input).await;
@@ -365,15 +366,13 @@ async fn actor_metric(sizes: &Sizes, json: bool) {
             for (id, observation) in share {
                 let node = NodeId::new(&id).expect("valid id");
                 let input = match observation {
-                    Observation::Swim { state, incarnation } => {
-                        Input::Membership(MembershipUpdate {
-                            node,
-                            state,
-                            incarnation,
-                        })
-                    }
-                    Observation::Available => Input::Agent(AgentReport::Available { node }),
-                    _ => Input::Agent(AgentReport::Unavailable { node }),
+                    Observation::Swim { state, incarnation } => Input::from(MembershipUpdate {
+                        node,
+                        state,
+                        incarnation,
+                    }),
+                    Observation::Available => Input::from(AgentReport::Available { node }),
+                    _ => Input::from(AgentReport::Unavailable { node }),
                 };
                 let _ = gate.submit(gate.clock().now(), input).await;
             }
@@ -438,7 +437,7 @@ async fn memory_metric(sizes: &Sizes, json: bool) {
     let n = sizes.memory_nodes;
     let members = names(n);
     let before = rss_kib();
-    let gate = Gate::start_with(settings(members.clone(), Duration::from_secs(5)));
+    let gate = Gate::start(settings(members.clone(), Duration::from_secs(5)));
     for node in &members {
         for input in ready_facts(node) {
             let _ = gate.submit(gate.clock().now(), input).await;
@@ -467,7 +466,7 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
     let n = sizes.fault_nodes;
     let members = names(n);
     let window = Duration::from_millis(5);
-    let gate = Gate::start_with(settings(members.clone(), window));
+    let gate = Gate::start(settings(members.clone(), window));
     let mut events = gate.subscribe();
     for node in &members {
         for input in ready_facts(node) {
@@ -538,7 +537,7 @@ async fn fault_metric(sizes: &Sizes, json: bool) {
 
 async fn overshoot_metric(sizes: &Sizes, json: bool) {
     let members = names(10);
-    let gate = Gate::start_with(settings(members.clone(), Duration::from_millis(20)));
+    let gate = Gate::start(settings(members.clone(), Duration::from_millis(20)));
     let mut events = gate.subscribe();
     for node in &members {
         for input in ready_facts(node) {

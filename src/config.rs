@@ -7,10 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
-use poolgate_actors::pool_actor::PoolSettings;
+use poolgate_actors::GateSettings;
 use toml::de::{DeTable, DeValue};
 
-use crate::swim::SwimSettings;
+use crate::live::swim::SwimSettings;
 use toml::Spanned;
 
 /// A checked configuration.
@@ -192,8 +192,8 @@ impl Config {
     }
 
     /// What the pool actor needs.
-    pub fn pool_settings(&self) -> PoolSettings {
-        PoolSettings {
+    pub fn gate_settings(&self) -> GateSettings {
+        GateSettings {
             definition: self.pool.clone(),
             window: self.convergence_window,
             policy: self.planning,

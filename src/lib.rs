@@ -3,30 +3,28 @@
 //!
 //! # Layout
 //!
-//! - `poolgate_actors` (the `actors/` crate): the pure state machines and
-//!   the three actors (`NodeActor`, `PoolActor`, `RunActor`).
+//! - `poolgate_core` (the `core/` crate): the decisions, as pure state
+//!   machines with no clock, no actors and no I/O; the one [`Input`] type;
+//!   events; the readiness report.
+//! - `poolgate_actors` (the `actors/` crate): the three actors around the
+//!   core, behind one handle, [`Gate`].
 //! - [`config`]: `config.toml`, checked, with errors that name key and line.
-//! - [`gate`]: the embedding API: start, feed, subscribe, report, plan.
-//! - [`scenario`]: the JSON Lines scenario format.
-//! - [`replay`]: the gate on a scenario and a virtual clock.
-//! - [`render`]: events as JSON lines or as a readable timeline.
-//! - [`timeline`]: `replay --timeline`, an SVG of every candidate's state.
-//! - [`explain`]: `replay --explain`, the pool's state and blockers in words.
-//! - `src/main.rs`: the `poolgate` command line.
+//! - [`replay`]: the gate on a recorded scenario and a virtual clock, with
+//!   its format ([`replay::scenario`]) and its renderers
+//!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
+//! - [`live`]: the live cluster: the SWIM adapter ([`live::swim`]) and the
+//!   demo ([`live::demo`]).
+//! - `src/main.rs`: the `poolgate` command line, thin.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod config;
-pub mod demo;
-pub mod explain;
-pub mod gate;
-pub mod render;
+pub mod live;
 pub mod replay;
-pub mod scenario;
-pub mod swim;
-pub mod timeline;
 
 pub use config::{Config, ConfigError};
-pub use gate::{Gate, GateError};
-pub use poolgate_actors as actors;
+pub use poolgate_actors::core::{self, Input};
+pub use poolgate_actors::{
+    Accepted, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,
+};

@@ -3,14 +3,13 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use poolgate::demo::{self, DemoLine};
-use poolgate::render::{describe_event, human_line, json_line, timed};
-use poolgate::replay::{self, ReplayError, ReplayOptions};
+use poolgate::live::demo;
+use poolgate::replay::{self, ReplayOptions};
 use poolgate::Config;
 
 #[derive(Parser)]
@@ -86,121 +85,65 @@ fn main() -> ExitCode {
         json: false,
         seed: None,
     });
-    match command {
+    let result = match command {
         Command::Replay {
             config,
             human,
             explain,
             timeline,
             scenario,
-        } => {
-            let input: Box<dyn BufRead> = if scenario == "-" {
-                Box::new(io::stdin().lock())
-            } else {
-                match std::fs::File::open(&scenario) {
-                    Ok(file) => Box::new(BufReader::new(file)),
-                    Err(e) => return fail(&format!("{scenario}: {e}")),
-                }
-            };
-            let options = ReplayOptions {
-                echo_inputs: false,
-                explain,
-                timeline: timeline.is_some(),
-            };
-            replay_to_stdout(
-                &config,
-                input,
-                human || explain,
-                options,
-                timeline.as_deref(),
-            )
-        }
-        Command::Demo { config, json, seed } => live_demo(&config, json, seed),
-    }
-}
-
-fn live_demo(config: &Path, json: bool, seed: Option<u64>) -> ExitCode {
-    let config = match Config::load(config) {
-        Ok(config) => config,
-        Err(e) => return fail(&e.to_string()),
+        } => replay(
+            &config,
+            &scenario,
+            human || explain,
+            explain,
+            timeline.as_deref(),
+        ),
+        Command::Demo { config, json, seed } => load(&config).and_then(|config| {
+            let seed = seed.unwrap_or_else(rand::random);
+            demo::print(&config, json, seed)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }),
     };
-    let seed = seed.unwrap_or_else(rand::random);
-    if !json {
-        println!(
-            "poolgate live demo: {} nodes and the orchestrator on 127.0.0.1 (SWIM over UDP), window {}, seed {seed}\n",
-            config.demo.nodes,
-            humantime::format_duration(config.convergence_window)
-        );
-    }
-    let system = actix::System::new();
-    let result = system.block_on(demo::run(&config, seed, |line| {
-        let text = match (line, json) {
-            (DemoLine::Note { .. }, true) => return,
-            (DemoLine::Note { at, text }, false) => timed(*at, &format!("· {text}")),
-            (DemoLine::Event(event), false) => timed(event.at(), &describe_event(event)),
-            (DemoLine::Crashed(crash), false) => timed(
-                crash.at,
-                &format!(
-                    "demo: {}'s SWIM member crashed (its socket stops answering)",
-                    crash.node
-                ),
-            ),
-            (line, true) => serde_json::to_string(line).unwrap_or_default(),
-        };
-        println!("{text}");
-    }));
     match result {
-        Ok(outcome) => {
-            if !json {
-                println!(
-                    "\nPoolReady after {}; the run faulted {:.3}s after the crash.",
-                    outcome.ready_at,
-                    (outcome.faulted_at - outcome.crashed_at).as_secs_f64()
-                );
-            }
-            ExitCode::SUCCESS
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
         }
-        Err(e) => fail(&e.to_string()),
     }
 }
 
-fn replay_to_stdout(
+fn load(config: &Path) -> Result<Config, String> {
+    Config::load(config).map_err(|e| e.to_string())
+}
+
+fn replay(
     config: &Path,
-    input: Box<dyn BufRead>,
+    scenario: &str,
     human: bool,
-    options: ReplayOptions,
+    explain: bool,
     timeline_file: Option<&Path>,
-) -> ExitCode {
-    let config = match Config::load(config) {
-        Ok(config) => config,
-        Err(e) => return fail(&e.to_string()),
+) -> Result<(), String> {
+    let config = load(config)?;
+    let input: Box<dyn BufRead> = if scenario == "-" {
+        Box::new(io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(scenario).map_err(|e| format!("{scenario}: {e}"))?;
+        Box::new(BufReader::new(file))
     };
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
-    let result = replay::run_with_timeline(&config, input, options, |event| {
-        let line = if human {
-            human_line(event)
-        } else {
-            json_line(event)
-        };
-        writeln!(out, "{line}")
-    });
-    let flushed = out.flush();
-    match (result, flushed) {
-        (Ok(timeline), Ok(())) => match (timeline, timeline_file) {
-            (Some(timeline), Some(file)) => match std::fs::write(file, timeline.svg()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&format!("{}: {e}", file.display())),
-            },
-            _ => ExitCode::SUCCESS,
-        },
-        (Err(ReplayError::BadLine(bad)), _) => fail(&bad.to_string()),
-        (Err(e), _) => fail(&e.to_string()),
-        (Ok(_), Err(e)) => fail(&e.to_string()),
+    let options = ReplayOptions {
+        explain,
+        timeline: timeline_file.is_some(),
+    };
+    let stdout = io::BufWriter::new(io::stdout().lock());
+    let timeline =
+        replay::to_writer(&config, input, human, options, stdout).map_err(|e| e.to_string())?;
+    match (timeline, timeline_file) {
+        (Some(timeline), Some(file)) => {
+            std::fs::write(file, timeline.svg()).map_err(|e| format!("{}: {e}", file.display()))
+        }
+        _ => Ok(()),
     }
-}
-
-fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(2)
 }

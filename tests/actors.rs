@@ -5,17 +5,18 @@
 mod common;
 
 use common::*;
-use poolgate::gate::{AgentReport, Gate, GateError, RegistryFact};
+use poolgate::core::{AgentReport, RegistryFact};
+use poolgate::Outcome;
+use poolgate::{Gate, GateError};
 use poolgate_actors::core::{
     AbortReason, Blocker, Epoch, Event, Fingerprint, Membership, OnReadinessLost, PoolDefinition,
-    PoolId, PoolPhase, Reason, RunError, RunId, SwimState, Time,
+    PoolId, PoolPhase, Reason, Refusal, RunId, SwimState, Time,
 };
-use poolgate_actors::node_actor::Outcome;
 
 const MEMBERS: &[&str] = &["n1", "n2", "n3"];
 
 fn gate_wait(timeout_ms: Option<u64>) -> Gate {
-    Gate::start(&config(MEMBERS, 5000, OnReadinessLost::Wait, timeout_ms))
+    Gate::start(config(MEMBERS, 5000, OnReadinessLost::Wait, timeout_ms).gate_settings())
 }
 
 fn run(name: &str) -> RunId {
@@ -45,7 +46,7 @@ async fn commit_r1(gate: &Gate, required: &[&str]) {
     gate.commit_plan(run("r1"), required, None).await.unwrap();
 }
 
-fn refused(result: Result<impl std::fmt::Debug, GateError>) -> RunError {
+fn refused(result: Result<impl std::fmt::Debug, GateError>) -> Refusal {
     match result {
         Err(GateError::Refused(e)) => e,
         other => panic!("expected a refusal, got {other:?}"),
@@ -216,7 +217,7 @@ fn duplicates_and_stale_observations_do_not_restart_the_window() {
         swim(&gate, "n1", SwimState::Alive, 2).await;
         advance_to(&gate, 4000).await;
         let stale = gate
-            .membership(poolgate::gate::MembershipUpdate {
+            .membership(poolgate::core::MembershipUpdate {
                 node: node("n1"),
                 state: SwimState::Suspect,
                 incarnation: 1,
@@ -238,7 +239,7 @@ fn observations_about_non_candidates_are_ignored() {
         all_ready(&gate).await;
         advance_to(&gate, 2000).await;
         let outcome = gate
-            .membership(poolgate::gate::MembershipUpdate {
+            .membership(poolgate::core::MembershipUpdate {
                 node: node("outsider"),
                 state: SwimState::Dead,
                 incarnation: 9,
@@ -262,7 +263,7 @@ fn planning_is_refused_before_pool_ready() {
         advance_to(&gate, 4999).await;
         assert_eq!(
             refused(gate.begin_planning(run("r1"), None).await),
-            RunError::PoolNotReady
+            Refusal::PoolNotReady
         );
         advance_to(&gate, 5001).await;
         assert_eq!(
@@ -302,7 +303,7 @@ fn readiness_lost_while_planning_under_wait_suspends_then_resumes_on_a_new_epoch
         advance_to(&gate, 6000).await;
         assert_eq!(
             refused(gate.commit_plan(run("r1"), vec![node("n1")], None).await),
-            RunError::PoolNotReady
+            Refusal::PoolNotReady
         );
         swim(&gate, "n2", SwimState::Alive, 2).await;
         advance_to(&gate, 11_001).await;
@@ -323,7 +324,7 @@ fn readiness_lost_while_planning_under_wait_suspends_then_resumes_on_a_new_epoch
                 gate.commit_plan(run("r1"), vec![node("n1")], Some(Epoch(1)))
                     .await
             ),
-            RunError::StaleEpoch {
+            Refusal::StaleEpoch {
                 given: Epoch(1),
                 current: Some(Epoch(2))
             }
@@ -355,7 +356,7 @@ fn the_wait_timeout_aborts_planning() {
         );
         assert!(matches!(
             refused(gate.commit_plan(run("r1"), vec![node("n1")], None).await),
-            RunError::UnknownRun(_)
+            Refusal::UnknownRun(_)
         ));
         assert_eq!(gate.pending_deadline().await.unwrap(), None);
     });
@@ -364,7 +365,7 @@ fn the_wait_timeout_aborts_planning() {
 #[test]
 fn readiness_lost_while_planning_under_abort_aborts() {
     on_virtual_time(async {
-        let gate = Gate::start(&config(MEMBERS, 5000, OnReadinessLost::Abort, None));
+        let gate = Gate::start(config(MEMBERS, 5000, OnReadinessLost::Abort, None).gate_settings());
         let mut events = gate.subscribe();
         ready_pool(&gate).await;
         gate.begin_planning(run("r1"), None).await.unwrap();
@@ -387,7 +388,9 @@ fn readiness_lost_while_planning_under_abort_aborts() {
         gate.agent(AgentReport::Available { node: node("n1") })
             .await
             .unwrap();
-        advance_to(&gate, 10_002).await;
+        // Ready again at 10.002 s; a command stamped at that very instant
+        // would come before it, so plan a millisecond later.
+        advance_to(&gate, 10_003).await;
         gate.begin_planning(run("r2"), None).await.unwrap();
     });
 }
@@ -400,7 +403,7 @@ fn one_run_at_a_time() {
         gate.begin_planning(run("r1"), None).await.unwrap();
         assert_eq!(
             refused(gate.begin_planning(run("r2"), None).await),
-            RunError::RunInProgress(run("r1"))
+            Refusal::RunInProgress(run("r1"))
         );
     });
 }
@@ -430,7 +433,7 @@ fn a_required_node_suspected_after_commit_faults_the_run() {
         // A faulted run is final: it cannot be finished or committed.
         assert!(matches!(
             refused(gate.finish_run(run("r1")).await),
-            RunError::UnknownRun(_)
+            Refusal::UnknownRun(_)
         ));
     });
 }
@@ -517,22 +520,22 @@ fn commit_is_refused_for_a_stale_epoch_or_a_non_candidate() {
                 gate.commit_plan(run("r1"), vec![node("n1")], Some(Epoch(7)))
                     .await
             ),
-            RunError::StaleEpoch { .. }
+            Refusal::StaleEpoch { .. }
         ));
         assert_eq!(
             refused(
                 gate.commit_plan(run("r1"), vec![node("stranger")], None)
                     .await
             ),
-            RunError::NotCandidate(node("stranger"))
+            Refusal::NotCandidate(node("stranger"))
         );
         assert_eq!(
             refused(gate.commit_plan(run("other"), vec![node("n1")], None).await),
-            RunError::UnknownRun(run("other"))
+            Refusal::UnknownRun(run("other"))
         );
         assert!(matches!(
             refused(gate.begin_planning(run("r2"), Some(Epoch(0))).await),
-            RunError::StaleEpoch { .. }
+            Refusal::StaleEpoch { .. }
         ));
     });
 }
@@ -567,7 +570,7 @@ fn redefining_the_pool_restarts_readiness_and_is_refused_under_a_committed_run()
         commit_r1(&gate, &["n1"]).await;
         assert!(matches!(
             refused(gate.define_pool(smaller).await),
-            RunError::RunCommitted(_)
+            Refusal::RunCommitted(_)
         ));
         // n3 is no longer a candidate: its observations are ignored.
         let outcome = gate
@@ -714,7 +717,7 @@ fn an_empty_plan_is_refused_and_planning_goes_on() {
         gate.begin_planning(run("r1"), None).await.unwrap();
         assert_eq!(
             refused(gate.commit_plan(run("r1"), vec![], None).await),
-            RunError::InvalidPlan(run("r1"))
+            Refusal::InvalidPlan(run("r1"))
         );
         gate.commit_plan(run("r1"), vec![node("n2")], None)
             .await

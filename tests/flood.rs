@@ -12,9 +12,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::on_virtual_time;
-use poolgate::gate::{AgentReport, Gate, Input, MembershipUpdate, RegistryFact};
+use poolgate::core::{AgentReport, Input, MembershipUpdate, Observation, RegistryFact};
+use poolgate::Gate;
+use poolgate::GateSettings;
 use poolgate_actors::core::{NodeId, OnReadinessLost, PoolDefinition, PoolId, SwimState};
-use poolgate_actors::pool_actor::PoolSettings;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -34,15 +35,16 @@ struct Fold {
 
 impl Fold {
     fn apply(&mut self, input: &Input) {
-        match input {
-            Input::Registry(RegistryFact::Known { .. }) => self.known = true,
-            Input::Registry(RegistryFact::Forgotten { .. }) => {
+        let Input::Observation { observation, .. } = input else {
+            unreachable!("the flood has observations only");
+        };
+        match observation {
+            Observation::Known => self.known = true,
+            Observation::Forgotten => {
                 self.known = false;
                 self.identity = false;
             }
-            Input::Membership(MembershipUpdate {
-                state, incarnation, ..
-            }) => {
+            Observation::Swim { state, incarnation } => {
                 let (state, j) = (*state, *incarnation);
                 let admitted = match self.swim {
                     None => state != SwimState::Suspect,
@@ -61,15 +63,14 @@ impl Fold {
                     self.swim = Some((state, j));
                 }
             }
-            Input::Agent(AgentReport::Available { .. }) => self.available = true,
-            Input::Agent(AgentReport::Unavailable { .. }) => self.available = false,
-            Input::Agent(AgentReport::Identity { .. }) => self.identity = true,
-            Input::Agent(AgentReport::Faulted { .. }) => {
+            Observation::Available => self.available = true,
+            Observation::Unavailable => self.available = false,
+            Observation::Identity(_) => self.identity = true,
+            Observation::Faulted { .. } => {
                 self.faulted = true;
                 self.available = false;
             }
-            Input::Agent(AgentReport::Recovered { .. }) => self.faulted = false,
-            _ => unreachable!("the flood has observations only"),
+            Observation::Recovered => self.faulted = false,
         }
     }
 
@@ -90,24 +91,24 @@ fn observation(rng: &mut StdRng, node: NodeId, keys: &[Vec<u8>]) -> Input {
                 7..9 => SwimState::Suspect,
                 _ => SwimState::Dead,
             };
-            Input::Membership(MembershipUpdate {
+            Input::from(MembershipUpdate {
                 node,
                 state,
                 incarnation: rng.random_range(0..6),
             })
         }
-        45..60 => Input::Registry(RegistryFact::Known { node }),
-        60..62 => Input::Registry(RegistryFact::Forgotten { node }),
-        62..80 => Input::Agent(AgentReport::Available { node }),
-        80..84 => Input::Agent(AgentReport::Unavailable { node }),
-        84..96 => Input::Agent(
+        45..60 => Input::from(RegistryFact::Known { node }),
+        60..62 => Input::from(RegistryFact::Forgotten { node }),
+        62..80 => Input::from(AgentReport::Available { node }),
+        80..84 => Input::from(AgentReport::Unavailable { node }),
+        84..96 => Input::from(
             AgentReport::identity(node, keys[rng.random_range(0..keys.len())].clone()).unwrap(),
         ),
-        96..98 => Input::Agent(AgentReport::Faulted {
+        96..98 => Input::from(AgentReport::Faulted {
             node,
             reason: "flood".into(),
         }),
-        _ => Input::Agent(AgentReport::Recovered { node }),
+        _ => Input::from(AgentReport::Recovered { node }),
     }
 }
 
@@ -132,7 +133,7 @@ fn a_million_observations_into_ten_thousand_nodes_lose_no_transition() {
         let names: Vec<NodeId> = (0..NODES + NODES / 10)
             .map(|i| NodeId::new(&format!("n{i}")).unwrap())
             .collect();
-        let gate = Gate::start_with(PoolSettings {
+        let gate = Gate::start(GateSettings {
             definition: PoolDefinition::new(PoolId::new("flood").unwrap(), names[..NODES].to_vec())
                 .unwrap(),
             window: std::time::Duration::from_secs(5),

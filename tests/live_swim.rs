@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use poolgate::demo::LiveCluster;
+use poolgate::live::demo::LiveCluster;
 use poolgate::Config;
 use poolgate_actors::core::{Event, NodeId, Reason, RunId};
 
@@ -29,7 +29,7 @@ fn node(name: &str) -> NodeId {
 
 /// Waits for the first event that `pick` accepts; every event seen is kept.
 async fn until<T>(
-    events: &mut poolgate::gate::EventStream,
+    events: &mut poolgate::EventStream,
     seen: &mut Vec<Event>,
     mut pick: impl FnMut(&Event) -> Option<T>,
 ) -> T {

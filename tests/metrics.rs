@@ -5,8 +5,9 @@ mod common;
 
 use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use poolgate::gate::{AgentReport, Gate, GateError, MembershipUpdate};
-use poolgate_actors::core::{Epoch, OnReadinessLost, RunError, RunId, SwimState};
+use poolgate::core::{AgentReport, MembershipUpdate};
+use poolgate::{Gate, GateError};
+use poolgate_actors::core::{Epoch, OnReadinessLost, Refusal, RunId, SwimState};
 
 /// A metric as read back: name, labels, value.
 type Reading = (String, Vec<(String, String)>, DebugValue);
@@ -31,12 +32,9 @@ fn metrics_follow_a_scripted_scenario() {
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
         on_virtual_time(async {
-            let gate = Gate::start(&config(
-                &["n1", "n2", "n3"],
-                5000,
-                OnReadinessLost::Wait,
-                None,
-            ));
+            let gate = Gate::start(
+                config(&["n1", "n2", "n3"], 5000, OnReadinessLost::Wait, None).gate_settings(),
+            );
             for n in ["n1", "n2", "n3"] {
                 make_ready(&gate, n).await; // 12 applied
             }
@@ -52,7 +50,7 @@ fn metrics_follow_a_scripted_scenario() {
                 .await;
             assert!(matches!(
                 refused,
-                Err(GateError::Refused(RunError::InvalidPlan(_)))
+                Err(GateError::Refused(Refusal::InvalidPlan(_)))
             ));
             advance_to(&gate, 6001).await; // PoolReady at 6 s
             let run = RunId::new("r").unwrap();

@@ -2,7 +2,7 @@
 //! and parser, and the config parser, on arbitrary and on near-valid input,
 //! answer with a value or an error, never a panic; errors name a line.
 
-use poolgate::scenario::{parse_record, ScenarioReader};
+use poolgate::replay::scenario::{parse_record, ScenarioReader};
 use poolgate::{Config, ConfigError};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestRunner};

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use model::Model;
-use poolgate::render::json_line;
 use poolgate::replay;
+use poolgate::replay::render::json_line;
 use poolgate::Config;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestRunner};

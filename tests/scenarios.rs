@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use poolgate::render::json_line;
+use poolgate::replay::render::json_line;
 use poolgate::replay::{self, ReplayError};
 use poolgate::Config;
 

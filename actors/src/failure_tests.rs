@@ -8,15 +8,17 @@ use std::time::Duration;
 use actix::Addr;
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::core::{
     Epoch, Event, IdentityMaterial, NodeId, Observation, OnReadinessLost, PlanningPolicy,
-    PoolDefinition, PoolId, PoolPhase, Reason, RunError, RunId, SwimState, Time,
+    PoolDefinition, PoolId, PoolPhase, Reason, Refusal, RunId, SwimState, Time,
 };
-use crate::node_actor::{InjectFault, Observe, Outcome};
-use crate::pool_actor::{
-    BeginPlanning, CommitPlan, ConvergenceDue, GetReport, InjectPoolFault, PoolActor, PoolSettings,
+use crate::messages::{
+    BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Observe, Outcome, TimerDue,
 };
-use crate::wiring::{Clock, Publisher, Router};
+use crate::pool_actor::{GateSettings, PoolActor};
+use crate::publisher::Publisher;
+use crate::router::Router;
 
 struct Subsystem {
     pool: Addr<PoolActor>,
@@ -43,7 +45,7 @@ fn start(members: &[&str]) -> Subsystem {
     let events = publisher.subscribe();
     let router = Arc::new(Router::default());
     let clock = Clock::start();
-    let settings = PoolSettings {
+    let settings = GateSettings {
         definition: PoolDefinition::new(
             PoolId::new("p").unwrap(),
             members.iter().map(|m| node(m)).collect(),
@@ -222,7 +224,7 @@ fn a_restarted_pool_actor_needs_a_fresh_window_and_a_new_epoch() {
             })
             .await
             .unwrap();
-        assert_eq!(refused, Err(RunError::PoolNotReady));
+        assert_eq!(refused, Err(Refusal::PoolNotReady));
         // Restarted at 1.001 s: the fresh window ends at 2.001 s.
         gate.advance_to(2002).await;
         assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(2) });
@@ -243,7 +245,7 @@ fn a_convergence_timer_that_fires_after_the_view_changed_is_ignored() {
         assert_eq!(gate.observe("a", bump).await, Outcome::Changed);
         // Messages of other generations arrive late: none fires anything.
         for generation in [0, 2, 7] {
-            gate.pool.do_send(ConvergenceDue { generation });
+            gate.pool.do_send(TimerDue { generation });
         }
         gate.advance_to(1200).await;
         assert!(gate.drain().is_empty(), "the stale timer was ignored");

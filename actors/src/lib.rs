@@ -1,32 +1,48 @@
-//! poolgate's actors and the pure state machines they host.
+//! poolgate's actor subsystem: the gate as three kinds of actor around the
+//! pure core, behind one handle.
+//!
+//! An embedder (and the `poolgate` binary) uses [`Gate`], [`GateSettings`],
+//! [`GateError`] and the core's types (re-exported as [`core`]): inputs,
+//! events, ids and the readiness report. Actors and messages stay inside.
+//! The handle lives here, not in the root crate, because it is the only
+//! door to the actors: it needs their messages and addresses, and nothing
+//! outside needs them.
 //!
 //! # Layout
 //!
-//! - [`core`]: the decisions, with no clock, no actix and no I/O. One state
-//!   machine per actor: [`core::NodeFacts`] (a node's facts and its
-//!   readiness verdict), [`core::PoolReadiness`] (counts, convergence window,
-//!   epochs) and [`core::RunGuard`] (planning policy, commit, faults).
-//! - [`node_actor`]: `NodeActor`, one per candidate; forwards real changes.
-//! - [`pool_actor`]: `PoolActor`, supervises the node actors, aggregates,
-//!   owns the convergence timer and publishes events.
-//! - [`run_actor`]: `RunActor`, one per run; takes over fault handling once
-//!   the plan is committed.
+//! - [`gate`]: the handle: start, feed, subscribe, report, plan.
+//! - `node_actor`: `NodeActor`, one per candidate; holds the node's facts
+//!   and forwards only real changes.
+//! - `pool_actor`: `PoolActor`, hosts the core's `PoolGate` (readiness,
+//!   planning admission, policy), supervises the node actors, owns the
+//!   pool's timer, publishes events, starts a run actor at each commit.
+//! - `run_actor`: `RunActor`, one per committed run; owns its faults.
+//! - `messages`: every message between the handle and the actors.
+//! - `clock`, `publisher`, `router`: the clock and timers, the events' way
+//!   out, and which node actor holds which candidate.
 //! - [`telemetry`]: metrics through the `metrics` facade.
-//! - [`wiring`]: what the actors share (clock, publisher, timer slot, router).
 //!
-//! Data flows one way: an observation reaches its node's `NodeActor`; only a
-//! change goes on to the `PoolActor`; the pool's news and, once committed,
-//! the required nodes' changes go on to the `RunActor`.
+//! Data flows one way: handle → node actor → pool actor → run actor; no
+//! actor file imports another's that imports it back.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub use poolgate_core as core;
-pub mod node_actor;
-pub mod pool_actor;
-pub mod run_actor;
+mod clock;
+pub mod gate;
+mod messages;
+mod node_actor;
+mod pool_actor;
+mod publisher;
+mod router;
+mod run_actor;
 pub mod telemetry;
-pub mod wiring;
 
 #[cfg(test)]
 mod failure_tests;
+
+pub use clock::Clock;
+pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof};
+pub use messages::Outcome;
+pub use pool_actor::GateSettings;
+pub use poolgate_core as core;

@@ -3,41 +3,11 @@
 
 use std::sync::Arc;
 
-use actix::{Actor, ActorContext, Addr, Context, Handler, Message, MessageResponse};
+use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
-use crate::core::{
-    Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Observation, Reason, SlotKey, Time, Verdict,
-};
-use crate::pool_actor::{NodeActorStopped, NodeChanged, PoolActor};
-use crate::telemetry;
-use crate::wiring::{IgnoredCounts, Router};
-
-/// What became of one observation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, MessageResponse)]
-pub enum Outcome {
-    /// The node's view changed; the pool was told.
-    Changed,
-    /// The observation repeated the view.
-    Duplicate,
-    /// A SWIM observation older than the view, ignored.
-    Stale,
-    /// The node is not a candidate; ignored.
-    NotCandidate,
-    /// The node's actor failed while applying it; the actor was restarted
-    /// with no facts, and the node counts as not ready until it reports
-    /// again.
-    Failed,
-}
-
-/// Apply one observation, stamped with the instant it entered the gate.
-#[derive(Message, Debug)]
-#[rtype(result = "Outcome")]
-pub struct Observe {
-    /// When the observation entered the gate.
-    pub at: Time,
-    /// What was observed.
-    pub observation: Observation,
-}
+use crate::core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
+use crate::messages::{NodeActorStopped, NodeChanged, Observe, Outcome, Resync};
+use crate::telemetry::{self, IgnoredCounts};
 
 /// The actor of one candidate node.
 #[derive(Debug)]
@@ -45,19 +15,29 @@ pub struct NodeActor {
     node: NodeId,
     key: SlotKey,
     facts: NodeFacts,
-    pool: Addr<PoolActor>,
-    router: Arc<Router>,
+    /// Where changes go: the pool actor.
+    changes: Recipient<NodeChanged>,
+    /// Where the actor's end is told: the pool actor.
+    stopped: Recipient<NodeActorStopped>,
+    ignored: Arc<IgnoredCounts>,
 }
 
 impl NodeActor {
-    /// A node actor with no facts yet, reporting to `pool` under `key`.
-    pub fn new(node: NodeId, key: SlotKey, pool: Addr<PoolActor>, router: Arc<Router>) -> Self {
+    /// A node actor with no facts yet, reporting changes under `key`.
+    pub fn new(
+        node: NodeId,
+        key: SlotKey,
+        changes: Recipient<NodeChanged>,
+        stopped: Recipient<NodeActorStopped>,
+        ignored: Arc<IgnoredCounts>,
+    ) -> Self {
         Self {
             node,
             key,
             facts: NodeFacts::default(),
-            pool,
-            router,
+            changes,
+            stopped,
+            ignored,
         }
     }
 }
@@ -69,30 +49,11 @@ impl Actor for NodeActor {
     /// pool decides whether that matters (a current candidate's actor is
     /// replaced; one of a former candidate is not).
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.pool.do_send(NodeActorStopped {
+        self.stopped.do_send(NodeActorStopped {
             key: self.key,
             node: self.node.clone(),
         });
     }
-}
-
-/// Re-send the node's verdict to a restarted pool actor.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct Resync {
-    /// When the pool restarted.
-    pub at: Time,
-}
-
-/// Failures a test can inject into a node actor.
-#[cfg(any(test, feature = "fault-injection"))]
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
-pub enum InjectFault {
-    /// Panic inside the handler, where observations are applied.
-    Panic,
-    /// Stop the actor.
-    Stop,
 }
 
 impl NodeActor {
@@ -123,10 +84,11 @@ impl NodeActor {
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
-impl Handler<InjectFault> for NodeActor {
+impl Handler<crate::messages::InjectFault> for NodeActor {
     type Result = ();
 
-    fn handle(&mut self, msg: InjectFault, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: crate::messages::InjectFault, ctx: &mut Context<Self>) {
+        use crate::messages::InjectFault;
         match msg {
             InjectFault::Panic => {
                 self.guarded(ctx, |_| panic!("injected node actor fault"));
@@ -142,7 +104,7 @@ impl Handler<Resync> for NodeActor {
     fn handle(&mut self, msg: Resync, _ctx: &mut Context<Self>) {
         let verdict = self.facts.verdict();
         if verdict != Verdict::NOTHING_KNOWN {
-            self.pool.do_send(NodeChanged {
+            self.changes.do_send(NodeChanged {
                 key: self.key,
                 node: self.node.clone(),
                 at: msg.at,
@@ -167,7 +129,7 @@ impl Handler<Observe> for NodeActor {
         };
         match applied {
             Applied::Changed(change) => {
-                self.pool.do_send(NodeChanged {
+                self.changes.do_send(NodeChanged {
                     key: self.key,
                     node: self.node.clone(),
                     at: msg.at,
@@ -182,7 +144,7 @@ impl Handler<Observe> for NodeActor {
                 Outcome::Duplicate
             }
             Applied::Stale => {
-                IgnoredCounts::bump(&self.router.ignored.stale);
+                IgnoredCounts::bump(&self.ignored.stale);
                 telemetry::observation("stale");
                 tracing::debug!(node = %self.node, "stale SWIM observation ignored");
                 Outcome::Stale

@@ -1,202 +1,60 @@
-//! `PoolActor`: supervises the node actors of the candidate pool, aggregates
-//! their verdicts in [`PoolReadiness`], owns the convergence timer, publishes
-//! events, and hands pool news to the active run's `RunActor`.
+//! `PoolActor`: hosts the pool's [`PoolGate`] (readiness, planning
+//! admission and policy), supervises the node actors of the candidates,
+//! owns the pool's timer, publishes events, and starts a `RunActor` for
+//! each committed run.
 //!
-//! Commands (define, begin, commit, finish) are answered in order with the
-//! inputs: each first settles the core at its instant, and where the active
-//! run's state matters it asks the run actor before answering, holding its
-//! own mailbox meanwhile (`AtomicResponse`), so the answer does not depend
-//! on message timing.
+//! The pool actor is where inputs and timers meet, so it fixes their order
+//! (see [`PoolActor::applied_at`]). Every command is decided here, from the
+//! core's state, with no round trip; only a change of a node that a
+//! committed run requires waits for that run's answer (its [`RunStatus`]),
+//! holding the mailbox meanwhile, so the pool knows at once whether the
+//! run ended.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::fut::{self, ActorFutureExt, WrapFuture};
-use actix::ActorContext;
 use actix::{
-    Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, MessageResponse,
+    Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Handler, MessageResult,
 };
 
-use crate::core::Reason;
+use crate::clock::{Clock, TimerSlot};
 use crate::core::{
-    CandidateSummary, Epoch, Event, LastChange, NodeChange, NodeDetail, NodeId, PlanningPolicy,
-    PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunError, RunId, SlotKey, Time, Verdict,
+    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate,
+    PoolPhase, Reason, Refusal, SlotKey, Time, Verdict,
 };
-use crate::node_actor::{NodeActor, Resync};
-use crate::run_actor::{Commit, Finish, News, PoolNews, QueryRun, RunActor, RunSnapshot};
-use crate::telemetry::{self, BlockedGauges};
-use crate::wiring::{Clock, IgnoredCounts, Publisher, Router, TimerSlot};
+use crate::messages::{
+    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, NodeActorStopped, NodeChanged,
+    PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
+};
+use crate::node_actor::NodeActor;
+use crate::publisher::Publisher;
+use crate::router::Router;
+use crate::run_actor::RunActor;
+use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 
-/// What the pool actor needs to start.
+/// What the gate needs to start: the first pool, its window and the
+/// planning policy.
 #[derive(Debug, Clone)]
-pub struct PoolSettings {
+pub struct GateSettings {
     /// The first candidate pool.
     pub definition: PoolDefinition,
     /// How long the view must hold still before `PoolReady`.
     pub window: Duration,
-    /// What planning does when readiness is lost.
+    /// What planning does when readiness is lost before commit.
     pub policy: PlanningPolicy,
-}
-
-/// A node actor reports a change of its node's view.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct NodeChanged {
-    /// The candidate's slot, as given to the node actor.
-    pub key: SlotKey,
-    /// The candidate.
-    pub node: NodeId,
-    /// When the observation that changed it entered the gate.
-    pub at: Time,
-    /// The change.
-    pub change: NodeChange,
-    /// The node's SWIM state and fault reason after it, for reports.
-    pub detail: NodeDetail,
-}
-
-/// A node actor stopped (failed, or dropped after a redefinition).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct NodeActorStopped {
-    /// Its slot.
-    pub key: SlotKey,
-    /// Its node.
-    pub node: NodeId,
-}
-
-/// Failures a test can inject into the pool actor.
-#[cfg(any(test, feature = "fault-injection"))]
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
-pub enum InjectPoolFault {
-    /// Panic inside a handler, where the core is called.
-    Panic,
-}
-
-/// The convergence timer armed for `at` fired.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct ConvergenceDue {
-    pub(crate) generation: u64,
-}
-
-/// The active run's wait deadline is due: settle the pool up to `at` first,
-/// so a `PoolReady` at the same instant reaches the run before the timeout.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct WaitDeadlineDue {
-    /// The run whose deadline it is.
-    pub run: RunId,
-    /// The deadline.
-    pub at: Time,
-}
-
-/// A run actor ended its run (aborted, faulted or finished).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
-pub struct RunEnded {
-    /// The run that ended.
-    pub run: RunId,
-}
-
-/// The orchestrator replaces the candidate pool (SPEC §2).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), RunError>")]
-pub struct DefinePool {
-    /// When.
-    pub at: Time,
-    /// The new pool.
-    pub definition: PoolDefinition,
-}
-
-/// Begin planning a run on the ready pool (SPEC §3).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Epoch, RunError>")]
-pub struct BeginPlanning {
-    /// When.
-    pub at: Time,
-    /// The run.
-    pub run: RunId,
-    /// Proof of the epoch the caller saw ready, if it has one.
-    pub epoch: Option<Epoch>,
-}
-
-/// Commit a run's plan: provisioning begins (SPEC §3).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), RunError>")]
-pub struct CommitPlan {
-    /// When.
-    pub at: Time,
-    /// The run.
-    pub run: RunId,
-    /// The nodes the plan requires.
-    pub required: Vec<NodeId>,
-    /// The epoch the plan was made on, if the caller gives one.
-    pub epoch: Option<Epoch>,
-}
-
-/// End a committed run.
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), RunError>")]
-pub struct FinishRun {
-    /// When.
-    pub at: Time,
-    /// The run.
-    pub run: RunId,
-}
-
-/// Ask where the pool stands.
-#[derive(Message, Debug)]
-#[rtype(result = "PoolReport")]
-pub struct GetReport {
-    /// As of when.
-    pub at: Time,
-}
-
-/// Ask for the earliest timer the pool or its run has pending.
-#[derive(Message, Debug)]
-#[rtype(result = "Option<Time>")]
-pub struct PendingDeadline {
-    /// As of when.
-    pub at: Time,
-}
-
-/// Where the pool stands, and why.
-#[derive(Clone, Debug, MessageResponse)]
-pub struct PoolReport {
-    /// The pool.
-    pub pool: PoolId,
-    /// Forming, converging (with deadline) or ready (with epoch).
-    pub phase: PoolPhase,
-    /// Every candidate, sorted by id: ready or what blocks it, and since
-    /// when.
-    pub candidates: Vec<CandidateSummary>,
-    /// The last view change (the start of the current window).
-    pub last_change: LastChange,
-    /// The active run, if any.
-    pub run: Option<RunId>,
-    /// SWIM observations ignored as stale.
-    pub ignored_stale: u64,
-    /// Observations ignored because the node is not a candidate.
-    pub ignored_non_candidate: u64,
-}
-
-#[derive(Debug)]
-struct ActiveRun {
-    id: RunId,
-    addr: Addr<RunActor>,
 }
 
 /// The actor of the candidate pool.
 #[derive(Debug)]
-pub struct PoolActor {
-    core: PoolReadiness,
-    policy: PlanningPolicy,
+pub(crate) struct PoolActor {
+    core: PoolGate,
     clock: Clock,
     publisher: Publisher,
     router: Arc<Router>,
     timer: TimerSlot,
-    run: Option<ActiveRun>,
+    /// The actor of the committed run, if any.
+    run: Option<Addr<RunActor>>,
     out: Vec<Event>,
     blocked: BlockedGauges,
     /// When the pool last started forming (for `time_to_ready`).
@@ -206,19 +64,23 @@ pub struct PoolActor {
 }
 
 impl PoolActor {
-    /// Starts the pool actor and one node actor per candidate.
-    pub fn launch(
-        settings: PoolSettings,
+    /// Starts the pool actor, under a supervisor, and one node actor per
+    /// candidate.
+    pub(crate) fn launch(
+        settings: GateSettings,
         clock: Clock,
         publisher: Publisher,
         router: Arc<Router>,
     ) -> Addr<PoolActor> {
         actix::Supervisor::start(move |ctx| {
-            let (core, added) =
-                PoolReadiness::new(&settings.definition, settings.window, clock.now());
+            let (core, added) = PoolGate::new(
+                &settings.definition,
+                settings.window,
+                settings.policy,
+                clock.now(),
+            );
             let mut actor = PoolActor {
                 core,
-                policy: settings.policy,
                 clock,
                 publisher,
                 router,
@@ -229,79 +91,31 @@ impl PoolActor {
                 forming_since: Some(clock.now()),
                 fired_through: Time::ZERO,
             };
-            actor.start_nodes(ctx, added);
+            for (node, key) in added {
+                actor.start_node(ctx, node, key);
+            }
             actor.recount_blocked();
             actor
         })
     }
 
+    fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
+        let me = ctx.address();
+        let addr = NodeActor::new(
+            node.clone(),
+            key,
+            me.clone().recipient(),
+            me.recipient(),
+            Arc::clone(&self.router.ignored),
+        )
+        .start();
+        self.router.insert(node, addr);
+    }
+
     fn recount_blocked(&mut self) {
-        let verdicts = self.core.candidates().into_iter().map(|c| c.verdict);
-        self.blocked.recount(verdicts);
-    }
-
-    fn start_nodes(&mut self, ctx: &mut Context<Self>, added: Vec<(NodeId, SlotKey)>) {
-        for (node, key) in added {
-            let addr =
-                NodeActor::new(node.clone(), key, ctx.address(), Arc::clone(&self.router)).start();
-            self.router.insert(node, addr);
-        }
-    }
-
-    /// Publishes what the core produced, hands pool news to the active run,
-    /// and re-arms the convergence timer for the core's next deadline.
-    fn flush(&mut self, ctx: &mut Context<Self>) {
-        for event in &self.out {
-            match event {
-                Event::PoolReady { at, .. } => {
-                    if let Some(since) = self.forming_since.take() {
-                        telemetry::time_to_ready((*at - since).as_secs_f64());
-                    }
-                }
-                Event::ReadinessLost { at, .. } => {
-                    self.forming_since.get_or_insert(*at);
-                }
-                _ => {}
-            }
-        }
-        if let Some(run) = &self.run {
-            for event in &self.out {
-                let news = match event {
-                    Event::PoolReady { epoch, .. } => News::PoolReady { epoch: *epoch },
-                    Event::ReadinessLost { .. } => News::ReadinessLost,
-                    _ => continue,
-                };
-                // A run actor that already stopped has ended its run; the
-                // news no longer concerns it.
-                run.addr.do_send(PoolNews {
-                    at: event.at(),
-                    news,
-                });
-            }
-        }
-        self.publisher.publish(&mut self.out);
-        self.timer
-            .rearm(ctx, &self.clock, self.core.deadline(), |generation| {
-                ConvergenceDue { generation }
-            });
-    }
-
-    /// Runs `step` on the core; a panic in it stops the actor, and its
-    /// supervisor restarts it (see `Supervised::restarting`).
-    fn guarded(
-        &mut self,
-        ctx: &mut Context<Self>,
-        step: impl FnOnce(&mut PoolReadiness, &mut Vec<Event>),
-    ) -> bool {
-        let (core, out) = (&mut self.core, &mut self.out);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(core, out))) {
-            Ok(()) => true,
-            Err(_) => {
-                tracing::error!(pool = %self.core.id(), "pool actor failed; restarting it");
-                ctx.stop();
-                false
-            }
-        }
+        let candidates = self.core.readiness().candidates();
+        self.blocked
+            .recount(candidates.into_iter().map(|c| c.verdict));
     }
 
     /// The instant an input is applied at: its stamp, or later if the
@@ -318,102 +132,85 @@ impl PoolActor {
         stamp.max(self.clock.now()).max(self.fired_through)
     }
 
-    /// A timer due at `at` fired: later inputs are applied after it.
-    fn timer_fired(&mut self, at: Time) {
-        self.fired_through = self.fired_through.max(at + Duration::from_millis(1));
+    /// Publishes what the core produced and re-arms the timer for the
+    /// core's next deadline.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        for event in &self.out {
+            match event {
+                Event::PoolReady { at, .. } => {
+                    if let Some(since) = self.forming_since.take() {
+                        telemetry::time_to_ready((*at - since).as_secs_f64());
+                    }
+                }
+                Event::ReadinessLost { at, .. } => {
+                    self.forming_since.get_or_insert(*at);
+                }
+                _ => {}
+            }
+        }
+        self.publisher.publish(&mut self.out);
+        self.timer
+            .rearm(ctx, &self.clock, self.core.deadline(), |generation| {
+                TimerDue { generation }
+            });
     }
 
+    /// Runs `step` on the core; a panic in it stops the actor, and its
+    /// supervisor restarts it (see `Supervised::restarting`).
+    fn guarded<R>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        step: impl FnOnce(&mut PoolGate, &mut Vec<Event>) -> R,
+    ) -> Option<R> {
+        let (core, out) = (&mut self.core, &mut self.out);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(core, out))) {
+            Ok(result) => Some(result),
+            Err(_) => {
+                let pool = self.core.readiness().id();
+                tracing::error!(%pool, "pool actor failed; restarting it");
+                ctx.stop();
+                None
+            }
+        }
+    }
+
+    /// Settles the core up to `at` and publishes what fell due.
     fn settle(&mut self, at: Time, ctx: &mut Context<Self>) {
         self.core.settle_before(at, &mut self.out);
         self.flush(ctx);
     }
 
-    /// Asks the active run where it stands at `at` (settling it first), then
-    /// runs `then` with the answer; `None` when no run is active.
-    fn with_active_run<R, F>(&mut self, at: Time, then: F) -> AtomicResponse<Self, R>
-    where
-        R: 'static,
-        F: FnOnce(&mut Self, &mut Context<Self>, Option<RunSnapshot>) -> R + 'static,
-    {
-        let query = self.run.as_ref().map(|run| run.addr.send(QueryRun { at }));
-        let answer = async move {
-            match query {
-                // A closed mailbox means the run actor stopped: its run ended.
-                Some(query) => query.await.ok().flatten(),
-                None => None,
-            }
-        };
-        AtomicResponse::new(Box::pin(answer.into_actor(self).map(
-            move |snapshot, act: &mut Self, ctx| {
-                if snapshot.is_none() {
-                    act.run = None;
-                }
-                let result = then(act, ctx, snapshot);
-                act.flush(ctx);
-                result
-            },
-        )))
+    fn window_running(&self) -> bool {
+        matches!(
+            self.core.readiness().phase(),
+            PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
+        )
     }
 
-    fn active_run(&self, run: &RunId) -> Option<Addr<RunActor>> {
-        self.run
-            .as_ref()
-            .filter(|active| &active.id == run)
-            .map(|active| active.addr.clone())
-    }
-
-    fn pool_check(&self, required: &[NodeId], given: Option<Epoch>) -> Result<Epoch, RunError> {
-        let epoch = self.current_epoch(given)?;
-        if let Some(node) = required.iter().find(|n| !self.core.is_candidate(n)) {
-            return Err(RunError::NotCandidate(node.clone()));
-        }
-        Ok(epoch)
-    }
-
-    fn current_epoch(&self, given: Option<Epoch>) -> Result<Epoch, RunError> {
-        let epoch = self.core.ready_epoch().ok_or(RunError::PoolNotReady)?;
-        match given {
-            Some(given) if given != epoch => Err(RunError::StaleEpoch {
-                given,
-                current: Some(epoch),
-            }),
-            _ => Ok(epoch),
-        }
-    }
-
-    /// Forwards a run command and forgets the run if it turns out to have
-    /// ended.
-    fn forward_to_run<M>(
+    /// A change of a node that the committed run requires goes to the run;
+    /// the pool waits for its answer before it handles anything else.
+    fn tell_committed_run(
         &mut self,
-        run: RunId,
-        addr: Addr<RunActor>,
-        message: M,
-        ends_run: bool,
-    ) -> AtomicResponse<Self, Result<(), RunError>>
-    where
-        M: Message<Result = Result<(), RunError>> + Send + 'static,
-        RunActor: Handler<M>,
-    {
-        let request = addr.send(message);
-        let ended_run = run.clone();
-        let answer = async move {
-            request
-                .await
-                .unwrap_or(Err(RunError::UnknownRun(ended_run)))
+        ctx: &mut Context<Self>,
+        at: Time,
+        node: NodeId,
+        change: NodeChange,
+    ) {
+        let Some(run) = self.core.committed_run_requiring(&node).cloned() else {
+            return;
         };
-        AtomicResponse::new(Box::pin(answer.into_actor(self).map(
-            move |result, act: &mut Self, _ctx| {
-                let ended = match &result {
-                    Ok(()) => ends_run,
-                    Err(RunError::UnknownRun(_)) => true,
-                    Err(_) => false,
-                };
-                if ended && act.active_run(&run).is_some() {
-                    act.run = None;
-                }
-                result
-            },
-        )))
+        let Some(addr) = self.run.clone() else {
+            self.core.run_ended(&run);
+            return;
+        };
+        let answer = addr.send(RequiredNodeChanged { at, node, change });
+        ctx.wait(answer.into_actor(self).map(move |status, act, _ctx| {
+            // A closed mailbox means the run's actor is gone: its run ended.
+            if !matches!(status, Ok(RunStatus::Active)) {
+                act.core.run_ended(&run);
+                act.run = None;
+            }
+        }));
     }
 }
 
@@ -429,10 +226,10 @@ impl actix::Supervised for PoolActor {
         // The old timers died with the old context.
         self.timer = TimerSlot::default();
         self.out.clear();
-        let now = self.clock.now();
+        let now = self.applied_at(self.clock.now());
         self.core.restart(now, &mut self.out);
         self.recount_blocked();
-        for candidate in self.core.candidates() {
+        for candidate in self.core.readiness().candidates() {
             if let Some(addr) = self.router.route(&candidate.node) {
                 addr.do_send(Resync { at: now });
             }
@@ -442,10 +239,10 @@ impl actix::Supervised for PoolActor {
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
-impl Handler<InjectPoolFault> for PoolActor {
+impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: InjectPoolFault, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _msg: crate::messages::InjectPoolFault, ctx: &mut Context<Self>) {
         self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
     }
 }
@@ -455,7 +252,7 @@ impl Handler<NodeActorStopped> for PoolActor {
 
     fn handle(&mut self, msg: NodeActorStopped, ctx: &mut Context<Self>) {
         // Only the actor of a current candidate is replaced.
-        let Some(before) = self.core.verdict_of(msg.key) else {
+        let Some(before) = self.core.readiness().verdict_of(msg.key) else {
             return;
         };
         if self
@@ -465,14 +262,7 @@ impl Handler<NodeActorStopped> for PoolActor {
         {
             return;
         }
-        let addr = NodeActor::new(
-            msg.node.clone(),
-            msg.key,
-            ctx.address(),
-            Arc::clone(&self.router),
-        )
-        .start();
-        self.router.insert(msg.node.clone(), addr);
+        self.start_node(ctx, msg.node.clone(), msg.key);
         if before == Verdict::NOTHING_KNOWN {
             return;
         }
@@ -501,206 +291,164 @@ impl Handler<NodeActorStopped> for PoolActor {
 impl Handler<NodeChanged> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, mut msg: NodeChanged, ctx: &mut Context<Self>) {
-        msg.at = self.applied_at(msg.at);
-        let _span = tracing::debug_span!("pool", pool = %self.core.id()).entered();
+    fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+        let at = self.applied_at(msg.at);
+        let _span = tracing::debug_span!("pool", pool = %self.core.readiness().id()).entered();
         tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
-        let restarts_window = matches!(
-            self.core.phase(),
-            PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
-        );
-        let mut before = None;
-        let completed = self.guarded(ctx, |core, out| {
-            before = core.node_changed(msg.key, msg.at, &msg.change, out);
-            core.set_detail(msg.key, msg.detail);
+        let restarts_window = self.window_running();
+        let NodeChanged {
+            key,
+            node,
+            change,
+            detail,
+            ..
+        } = msg;
+        let before = self.guarded(ctx, |core, out| {
+            let before = core.node_changed(key, at, &change, out);
+            core.set_detail(key, detail);
+            before
         });
         // Nothing more on a failure (the actor restarts) or for a node actor
         // of an earlier pool definition.
-        let (true, Some(before)) = (completed, before) else {
+        let Some(Some(before)) = before else {
             return;
         };
         if restarts_window {
-            telemetry::window_restart(msg.change.reason);
+            telemetry::window_restart(change.reason);
         }
-        self.blocked.changed(before, msg.change.after);
+        self.blocked.changed(before, change.after);
         self.flush(ctx);
-        if let Some(run) = &self.run {
-            run.addr.do_send(PoolNews {
-                at: msg.at,
-                news: News::NodeChanged {
-                    node: msg.node,
-                    change: msg.change,
-                },
-            });
-        }
+        self.tell_committed_run(ctx, at, node, change);
     }
 }
 
-impl Handler<ConvergenceDue> for PoolActor {
+impl Handler<TimerDue> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, msg: ConvergenceDue, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: TimerDue, ctx: &mut Context<Self>) {
         let Some(at) = self.timer.fired(msg.generation) else {
             return;
         };
         let due = self.core.deadline().filter(|deadline| *deadline <= at);
-        if self.guarded(ctx, |core, out| core.on_deadline(at, out)) {
+        if self
+            .guarded(ctx, |core, out| core.on_deadline(at, out))
+            .is_some()
+        {
             if let Some(deadline) = due {
-                self.timer_fired(deadline);
+                // Inputs reaching the pool from now on come after it.
+                self.fired_through = self.fired_through.max(deadline + Duration::from_millis(1));
             }
             self.flush(ctx);
         }
     }
 }
 
-impl Handler<WaitDeadlineDue> for PoolActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: WaitDeadlineDue, ctx: &mut Context<Self>) {
-        self.core.on_deadline(msg.at, &mut self.out);
-        self.flush(ctx);
-        if let Some(addr) = self.active_run(&msg.run) {
-            self.timer_fired(msg.at);
-            addr.do_send(PoolNews {
-                at: msg.at,
-                news: News::WaitExpired,
-            });
-        }
-    }
-}
-
-impl Handler<RunEnded> for PoolActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: RunEnded, _ctx: &mut Context<Self>) {
-        if self.active_run(&msg.run).is_some() {
-            self.run = None;
-        }
-    }
-}
-
 impl Handler<DefinePool> for PoolActor {
-    type Result = AtomicResponse<Self, Result<(), RunError>>;
+    type Result = Result<(), Refusal>;
 
-    fn handle(&mut self, mut msg: DefinePool, ctx: &mut Context<Self>) -> Self::Result {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        self.with_active_run(msg.at, move |act, ctx, run| {
-            if let Some(run) = run.filter(|r| r.committed) {
-                return Err(RunError::RunCommitted(run.run));
-            }
-            if matches!(
-                act.core.phase(),
-                PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
-            ) {
+    fn handle(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Result<(), Refusal> {
+        let at = self.applied_at(msg.at);
+        self.settle(at, ctx);
+        let restarts_window = self.window_running();
+        let result = self.core.define(&msg.definition, at, &mut self.out);
+        if let Ok(change) = &result {
+            if restarts_window {
                 telemetry::window_restart(Reason::PoolRedefined);
             }
-            let change = act.core.redefine(&msg.definition, msg.at, &mut act.out);
-            for (node, _) in change.removed {
+            for (node, _) in &change.removed {
                 // Dropping the router's address stops the node actor once
                 // its mailbox is empty; a late change of it is ignored by
                 // slot generation.
-                act.router.remove(&node);
+                self.router.remove(node);
             }
-            act.start_nodes(ctx, change.added);
-            act.recount_blocked();
-            Ok(())
-        })
+            for (node, key) in change.added.clone() {
+                self.start_node(ctx, node, key);
+            }
+            self.recount_blocked();
+        }
+        self.flush(ctx);
+        result.map(drop)
     }
 }
 
 impl Handler<BeginPlanning> for PoolActor {
-    type Result = AtomicResponse<Self, Result<Epoch, RunError>>;
+    type Result = Result<Epoch, Refusal>;
 
-    fn handle(&mut self, mut msg: BeginPlanning, ctx: &mut Context<Self>) -> Self::Result {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        self.with_active_run(msg.at, move |act, ctx, active| {
-            let epoch = act.current_epoch(msg.epoch)?;
-            if let Some(active) = active {
-                return Err(RunError::RunInProgress(active.run));
-            }
-            let addr = RunActor::begin(
-                msg.run.clone(),
-                epoch,
-                act.policy,
-                msg.at,
-                ctx.address(),
-                act.publisher.clone(),
-                act.clock,
-            );
-            act.run = Some(ActiveRun { id: msg.run, addr });
-            Ok(epoch)
-        })
+    fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, Refusal> {
+        let at = self.applied_at(msg.at);
+        let result = self.core.begin(msg.run, msg.epoch, at, &mut self.out);
+        self.flush(ctx);
+        result
     }
 }
 
 impl Handler<CommitPlan> for PoolActor {
-    type Result = AtomicResponse<Self, Result<(), RunError>>;
+    type Result = Result<(), Refusal>;
 
-    fn handle(&mut self, mut msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        // The plan's shape is checked first, as other malformed input is.
-        if msg.required.is_empty() {
-            return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::InvalidPlan(msg.run)))));
-        }
-        let Some(addr) = self.active_run(&msg.run) else {
-            return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::UnknownRun(msg.run)))));
-        };
-        let pool_check = self.pool_check(&msg.required, msg.epoch);
-        let commit = Commit {
-            at: msg.at,
-            required: msg.required,
-            pool_check,
-        };
-        self.forward_to_run(msg.run, addr, commit, false)
+    fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Result<(), Refusal> {
+        let at = self.applied_at(msg.at);
+        let result = self
+            .core
+            .commit(&msg.run, msg.required, msg.epoch, at, &mut self.out);
+        self.flush(ctx);
+        let guard = result?;
+        self.run = Some(RunActor::new(guard, self.publisher.clone()).start());
+        Ok(())
     }
 }
 
 impl Handler<FinishRun> for PoolActor {
-    type Result = AtomicResponse<Self, Result<(), RunError>>;
+    type Result = AtomicResponse<Self, Result<(), Refusal>>;
 
-    fn handle(&mut self, mut msg: FinishRun, ctx: &mut Context<Self>) -> Self::Result {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        let Some(addr) = self.active_run(&msg.run) else {
-            return AtomicResponse::new(Box::pin(fut::ready(Err(RunError::UnknownRun(msg.run)))));
+    fn handle(&mut self, msg: FinishRun, ctx: &mut Context<Self>) -> Self::Result {
+        let at = self.applied_at(msg.at);
+        let admitted = self.core.may_finish(&msg.run, at, &mut self.out);
+        self.flush(ctx);
+        let (Ok(()), Some(addr)) = (admitted.clone(), self.run.clone()) else {
+            if admitted.is_ok() {
+                // Committed, but its actor is gone: the run has ended.
+                self.core.run_ended(&msg.run);
+            }
+            let refused = admitted.and(Err(Refusal::UnknownRun(msg.run)));
+            return AtomicResponse::new(Box::pin(fut::ready(refused)));
         };
-        self.forward_to_run(msg.run, addr, Finish { at: msg.at }, true)
+        let run = msg.run.clone();
+        let answer = addr.send(FinishRun { at, run: msg.run });
+        AtomicResponse::new(Box::pin(answer.into_actor(self).map(
+            move |answer, act: &mut Self, _ctx| {
+                // A closed mailbox means the run's actor is gone: its run
+                // ended before this command.
+                let result = answer.unwrap_or_else(|_| Err(Refusal::UnknownRun(run.clone())));
+                if !matches!(result, Err(Refusal::NotCommitted { .. })) {
+                    act.core.run_ended(&run);
+                    act.run = None;
+                }
+                result
+            },
+        )))
     }
 }
 
 impl Handler<GetReport> for PoolActor {
-    type Result = PoolReport;
+    type Result = MessageResult<GetReport>;
 
-    fn handle(&mut self, mut msg: GetReport, ctx: &mut Context<Self>) -> PoolReport {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        PoolReport {
-            pool: self.core.id().clone(),
-            phase: self.core.phase(),
-            candidates: self.core.candidates(),
-            last_change: self.core.last_change().clone(),
-            run: self.run.as_ref().map(|r| r.id.clone()),
-            ignored_stale: IgnoredCounts::read(&self.router.ignored.stale),
-            ignored_non_candidate: IgnoredCounts::read(&self.router.ignored.non_candidate),
-        }
+    fn handle(&mut self, msg: GetReport, ctx: &mut Context<Self>) -> Self::Result {
+        let at = self.applied_at(msg.at);
+        self.settle(at, ctx);
+        let ignored = &self.router.ignored;
+        MessageResult(self.core.report(
+            IgnoredCounts::read(&ignored.stale),
+            IgnoredCounts::read(&ignored.non_candidate),
+        ))
     }
 }
 
 impl Handler<PendingDeadline> for PoolActor {
-    type Result = AtomicResponse<Self, Option<Time>>;
+    type Result = Option<Time>;
 
-    fn handle(&mut self, mut msg: PendingDeadline, ctx: &mut Context<Self>) -> Self::Result {
-        msg.at = self.applied_at(msg.at);
-        self.settle(msg.at, ctx);
-        self.with_active_run(msg.at, |act, _ctx, run| {
-            let run_deadline = run.and_then(|r| r.deadline);
-            match (act.core.deadline(), run_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        })
+    fn handle(&mut self, msg: PendingDeadline, ctx: &mut Context<Self>) -> Option<Time> {
+        let at = self.applied_at(msg.at);
+        self.settle(at, ctx);
+        self.core.deadline()
     }
 }

@@ -10,6 +10,8 @@
 //! | `poolgate_runs_faulted_total` | counter | `reason` |
 //! | `poolgate_candidates_blocked` | gauge | `condition`: each blocker |
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::core::{Blocker, Reason, Verdict};
 
 /// One observation's fate.
@@ -72,5 +74,26 @@ impl BlockedGauges {
                     .set(self.counts[i] as f64);
             }
         }
+    }
+}
+
+/// Observations that never changed a view, counted for reports.
+#[derive(Debug, Default)]
+pub struct IgnoredCounts {
+    /// SWIM observations older than the view.
+    pub stale: AtomicU64,
+    /// Observations about nodes outside the candidate pool.
+    pub non_candidate: AtomicU64,
+}
+
+impl IgnoredCounts {
+    /// Adds one to a counter.
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn read(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
     }
 }

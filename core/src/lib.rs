@@ -10,16 +10,20 @@
 #![deny(missing_docs)]
 
 pub mod event;
+pub mod gate;
 pub mod identity;
 pub mod ids;
+pub mod input;
 pub mod node;
 pub mod pool;
 pub mod run;
 pub mod time;
 
 pub use event::{AbortReason, Event};
+pub use gate::{PoolGate, PoolReport};
 pub use identity::{Fingerprint, IdentityMaterial, InvalidIdentity, MAX_IDENTITY_BYTES};
 pub use ids::{Epoch, InvalidId, NodeId, PoolId, RunId, MAX_ID_BYTES};
+pub use input::{AgentReport, Command, Input, MembershipUpdate, RegistryFact};
 pub use node::{
     Applied, Blocker, FaultReason, Membership, NodeChange, NodeFacts, Observation, Reason,
     SwimState, Verdict, MAX_REASON_BYTES,
@@ -28,7 +32,7 @@ pub use pool::{
     CandidateSummary, DefinitionError, LastChange, NodeDetail, PoolDefinition, PoolPhase,
     PoolReadiness, Redefinition, SlotKey,
 };
-pub use run::{OnReadinessLost, PlanningPolicy, RunEnd, RunError, RunGuard, RunPhase};
+pub use run::{OnReadinessLost, PlanningPolicy, Refusal, RunEnd, RunGuard, RunPhase};
 pub use time::Time;
 
 #[cfg(any(test, feature = "testkit"))]

@@ -35,7 +35,7 @@ pub struct PlanningPolicy {
 
 /// A command that was refused. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RunError {
+pub enum Refusal {
     /// Planning and commit need a ready pool.
     #[error("the pool is not ready")]
     PoolNotReady,
@@ -81,19 +81,19 @@ pub enum RunError {
     InvalidPlan(RunId),
 }
 
-impl RunError {
+impl Refusal {
     /// A short stable code for the replay's `rejected` event.
     pub fn code(&self) -> &'static str {
         match self {
-            RunError::PoolNotReady => "pool_not_ready",
-            RunError::RunInProgress(_) => "run_in_progress",
-            RunError::UnknownRun(_) => "unknown_run",
-            RunError::StaleEpoch { .. } => "stale_epoch",
-            RunError::NotPlanning { .. } => "run_not_planning",
-            RunError::NotCommitted { .. } => "run_not_committed",
-            RunError::NotCandidate(_) => "not_candidate",
-            RunError::RunCommitted(_) => "run_committed",
-            RunError::InvalidPlan(_) => "invalid_plan",
+            Refusal::PoolNotReady => "pool_not_ready",
+            Refusal::RunInProgress(_) => "run_in_progress",
+            Refusal::UnknownRun(_) => "unknown_run",
+            Refusal::StaleEpoch { .. } => "stale_epoch",
+            Refusal::NotPlanning { .. } => "run_not_planning",
+            Refusal::NotCommitted { .. } => "run_not_committed",
+            Refusal::NotCandidate(_) => "not_candidate",
+            Refusal::RunCommitted(_) => "run_committed",
+            Refusal::InvalidPlan(_) => "invalid_plan",
         }
     }
 }
@@ -133,7 +133,8 @@ pub enum RunPhase {
 }
 
 impl RunPhase {
-    fn name(&self) -> &'static str {
+    /// The phase's name, as refusals word it.
+    pub fn name(&self) -> &'static str {
         match self {
             RunPhase::Planning { .. } => "planning",
             RunPhase::Suspended { .. } => "suspended",
@@ -239,18 +240,18 @@ impl RunGuard {
         required: Vec<NodeId>,
         pool_epoch: Epoch,
         out: &mut Vec<Event>,
-    ) -> Result<(), RunError> {
+    ) -> Result<(), Refusal> {
         self.settle_before(at, out);
         match self.phase {
             RunPhase::Planning { epoch } if epoch == pool_epoch => {}
             RunPhase::Planning { epoch } => {
-                return Err(RunError::StaleEpoch {
+                return Err(Refusal::StaleEpoch {
                     given: epoch,
                     current: Some(pool_epoch),
                 })
             }
             ref other => {
-                return Err(RunError::NotPlanning {
+                return Err(Refusal::NotPlanning {
                     run: self.run.clone(),
                     state: other.name(),
                 })
@@ -271,10 +272,10 @@ impl RunGuard {
     }
 
     /// Ends a committed run.
-    pub fn finish(&mut self, at: Time, out: &mut Vec<Event>) -> Result<(), RunError> {
+    pub fn finish(&mut self, at: Time, out: &mut Vec<Event>) -> Result<(), Refusal> {
         self.settle_before(at, out);
         if !matches!(self.phase, RunPhase::Committed { .. }) {
-            return Err(RunError::NotCommitted {
+            return Err(Refusal::NotCommitted {
                 run: self.run.clone(),
                 state: self.phase.name(),
             });
@@ -331,6 +332,11 @@ impl RunGuard {
     /// Whether `node` is required by the committed plan.
     pub fn requires(&self, node: &NodeId) -> bool {
         self.required.contains(node)
+    }
+
+    /// The nodes the committed plan requires (none before commit).
+    pub fn required(&self) -> impl Iterator<Item = &NodeId> {
+        self.required.iter()
     }
 
     fn abort(&mut self, at: Time, reason: AbortReason, out: &mut Vec<Event>) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use poolgate::scenario::{parse_record, ScenarioReader};
+use poolgate::replay::scenario::{parse_record, ScenarioReader};
 
 fuzz_target!(|data: &[u8]| {
     let mut reader = ScenarioReader::new(data);

@@ -6,8 +6,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use poolgate::gate::{AgentReport, EventStream, Gate, MembershipUpdate, RegistryFact};
+use poolgate::core::{AgentReport, MembershipUpdate, RegistryFact};
 use poolgate::Config;
+use poolgate::{EventStream, Gate};
 use poolgate_actors::core::{Event, NodeId, OnReadinessLost, SwimState, Time};
 
 /// Runs `test` inside an actix system on tokio's paused clock: time only

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::identity::SwimIdentity;
 use super::tracker::MembershipTracker;
-use crate::gate::MembershipUpdate;
+use poolgate_actors::core::MembershipUpdate;
 
 /// Where membership updates go (the gate, in the orchestrator's member).
 pub type MembershipSink = Box<dyn FnMut(MembershipUpdate)>;

@@ -4,7 +4,7 @@
 //! Only SWIM facts cross this boundary (state and incarnation per node);
 //! SWIM assigns nothing. foca has no "suspect" notification, so after every
 //! foca call the [`MembershipTracker`] compares the membership with the
-//! previous one and emits one [`MembershipUpdate`](crate::gate::MembershipUpdate)
+//! previous one and emits one [`MembershipUpdate`](poolgate_actors::core::MembershipUpdate)
 //! per change.
 //!
 //! - [`identity`]: who a member is (node id, socket address, generation).

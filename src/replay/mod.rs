@@ -11,18 +11,24 @@
 //! Events are printed in time order: each is held until no earlier one can
 //! still come, then written.
 
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Write};
 use std::time::Duration;
 
 use poolgate_actors::core::{Event, Time};
 use serde::Serialize;
 
+use poolgate_actors::{EventStream, Gate, GateError};
+
 use crate::config::Config;
-use crate::explain::Explainer;
-use crate::gate::{EventStream, Gate, GateError};
-use crate::render::describe;
-use crate::scenario::{parse_record, BadLine, ScenarioReader};
-use crate::timeline::Timeline;
+
+pub mod explain;
+pub mod render;
+pub mod scenario;
+pub mod timeline;
+
+use explain::Explainer;
+use scenario::{parse_record, BadLine, ScenarioReader};
+use timeline::Timeline;
 
 const MILLISECOND: Duration = Duration::from_millis(1);
 
@@ -44,19 +50,6 @@ pub struct Rejection {
     pub detail: String,
 }
 
-/// A scenario record echoed into the output (readable mode only).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Echo {
-    /// When.
-    #[serde(rename = "at_ms")]
-    pub at: Time,
-    event: &'static str,
-    /// The scenario line.
-    pub line: usize,
-    /// The record, described.
-    pub input: String,
-}
-
 /// A readable remark (`--explain` only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Note {
@@ -71,8 +64,6 @@ pub struct Note {
 /// How to replay.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReplayOptions {
-    /// Hand each record to the sink too, just before what it caused.
-    pub echo_inputs: bool,
     /// Add the pool's state and blockers whenever they change, and a
     /// closing summary ([`ReplayEvent::Note`]).
     pub explain: bool,
@@ -88,8 +79,6 @@ pub enum ReplayEvent {
     Gate(Event),
     /// A refused record.
     Rejected(Rejection),
-    /// A record as it is fed (only when asked for).
-    Input(Echo),
     /// The pool's state, or the summary (only with `explain`).
     Note(Note),
 }
@@ -100,7 +89,6 @@ impl ReplayEvent {
         match self {
             ReplayEvent::Gate(event) => event.at(),
             ReplayEvent::Rejected(rejection) => rejection.at,
-            ReplayEvent::Input(echo) => echo.at,
             ReplayEvent::Note(note) => note.at,
         }
     }
@@ -118,6 +106,28 @@ pub enum ReplayError {
     /// The gate stopped under the replay.
     #[error(transparent)]
     Gate(#[from] GateError),
+}
+
+/// Replays `input` and writes each event to `out` as a line: JSON (SPEC
+/// §5), or readable text (`human`). Returns the timeline when
+/// `options.timeline` is set.
+pub fn to_writer<R: BufRead, W: Write>(
+    config: &Config,
+    input: R,
+    human: bool,
+    options: ReplayOptions,
+    mut out: W,
+) -> Result<Option<Timeline>, ReplayError> {
+    let timeline = run_with_timeline(config, input, options, |event| {
+        let line = if human {
+            render::human_line(event)
+        } else {
+            render::json_line(event)
+        };
+        writeln!(out, "{line}")
+    });
+    out.flush()?;
+    timeline
 }
 
 /// Replays `input` through a fresh gate built from `config`, on a virtual
@@ -161,12 +171,11 @@ where
         .build()?;
     let system = actix::System::with_tokio_rt(move || runtime);
     let result = system.block_on(async {
-        let gate = Gate::start(config);
+        let gate = Gate::start(config.gate_settings());
         let mut replay = Replay {
             events: gate.subscribe(),
             gate,
             held: Vec::new(),
-            echo_inputs: options.echo_inputs,
             explainer: options.explain.then(Explainer::default),
             timeline: options.timeline.then(Timeline::default),
             sink,
@@ -181,7 +190,6 @@ struct Replay<S> {
     gate: Gate,
     events: EventStream,
     held: Vec<ReplayEvent>,
-    echo_inputs: bool,
     explainer: Option<Explainer>,
     timeline: Option<Timeline>,
     sink: S,
@@ -229,20 +237,10 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
                 self.advance_before(at).await?;
             }
             last = Some(record.at_ms);
-            if self.echo_inputs {
-                if let Ok(input) = &record.input {
-                    self.held.push(ReplayEvent::Input(Echo {
-                        at,
-                        event: "input",
-                        line: number,
-                        input: describe(input),
-                    }));
-                }
-            }
             let refused = match record.input {
                 Ok(input) => self.gate.submit(at, input).await.err(),
                 Err(refusal) => {
-                    poolgate_actors::telemetry::rejected(refusal.code());
+                    self.gate.count_rejection(&refusal);
                     Some(refusal)
                 }
             };

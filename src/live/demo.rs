@@ -14,16 +14,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use actix::Addr;
-use poolgate_actors::core::{Event, NodeId, PoolDefinition, PoolPhase, RunId, Time};
-use poolgate_actors::pool_actor::PoolSettings;
+use poolgate_actors::core::{
+    AgentReport, Event, NodeId, PoolDefinition, PoolPhase, PoolReport, RegistryFact, RunId, Time,
+};
+use poolgate_actors::{Gate, GateError, GateSettings};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::gate::{AgentReport, Gate, GateError, RegistryFact};
-use crate::swim::member::{Crash, Join, Leave};
-use crate::swim::SwimMember;
+use crate::live::swim::member::{Crash, Join, Leave};
+use crate::live::swim::SwimMember;
+use crate::replay::{explain, render};
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +63,7 @@ impl LiveCluster {
             .map_err(GateError::from)?;
         let definition = PoolDefinition::new(config.pool.id().clone(), names.clone())
             .map_err(GateError::from)?;
-        let gate = Gate::start_with(PoolSettings {
+        let gate = Gate::start(GateSettings {
             definition,
             window: config.convergence_window,
             policy: config.planning,
@@ -187,6 +189,57 @@ pub enum DemoLine {
     },
 }
 
+impl DemoLine {
+    /// The line as printed: a JSON object (`json`), or readable text.
+    /// Notes are for people only: `None` in JSON.
+    pub fn render(&self, json: bool) -> Option<String> {
+        let text = match (self, json) {
+            (DemoLine::Note { .. }, true) => return None,
+            (DemoLine::Note { at, text }, false) => render::timed(*at, &format!("· {text}")),
+            (DemoLine::Event(event), false) => {
+                render::timed(event.at(), &render::describe_event(event))
+            }
+            (DemoLine::Crashed(crash), false) => render::timed(
+                crash.at,
+                &format!(
+                    "demo: {}'s SWIM member crashed (its socket stops answering)",
+                    crash.node
+                ),
+            ),
+            // Serialising these types cannot fail: every map key is a string.
+            (line, true) => serde_json::to_string(line).unwrap_or_default(),
+        };
+        Some(text)
+    }
+}
+
+/// Runs the demo in a new actix `System` and prints its story on stdout:
+/// readable lines with a header and a closing summary, or (`json`) one
+/// JSON event per line.
+pub fn print(config: &Config, json: bool, seed: u64) -> Result<DemoOutcome, DemoError> {
+    if !json {
+        println!(
+            "poolgate live demo: {} nodes and the orchestrator on 127.0.0.1 (SWIM over UDP), window {}, seed {seed}\n",
+            config.demo.nodes,
+            humantime::format_duration(config.convergence_window)
+        );
+    }
+    let system = actix::System::new();
+    let outcome = system.block_on(run(config, seed, |line| {
+        if let Some(text) = line.render(json) {
+            println!("{text}");
+        }
+    }))?;
+    if !json {
+        println!(
+            "\nPoolReady after {}; the run faulted {:.3}s after the crash.",
+            outcome.ready_at,
+            (outcome.faulted_at - outcome.crashed_at).as_secs_f64()
+        );
+    }
+    Ok(outcome)
+}
+
 /// The demo's own event: it crashed a node's SWIM member.
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeCrashed {
@@ -290,12 +343,12 @@ pub async fn run(
 
 /// What the pool is waiting for, from the readiness report: the blockers
 /// as `--explain` words them, or the window's countdown.
-fn waiting_for(report: &crate::actors::pool_actor::PoolReport, now: Time) -> String {
+fn waiting_for(report: &PoolReport, now: Time) -> String {
     match report.phase {
         PoolPhase::Converging { deadline } => format!(
             "every node ready; the view must hold still: PoolReady in {:.0}s",
             (deadline - now).as_secs_f64().ceil()
         ),
-        _ => crate::explain::state_line(report),
+        _ => explain::state_line(report),
     }
 }

@@ -3,42 +3,7 @@
 
 use poolgate_actors::core::{Event, NodeId};
 
-use crate::gate::{AgentReport, Input, MembershipUpdate, RegistryFact};
-use crate::replay::ReplayEvent;
-
-/// An input in a few words, for readable output. Identity material shows
-/// as its fingerprint.
-pub fn describe(input: &Input) -> String {
-    match input {
-        Input::Membership(MembershipUpdate {
-            node,
-            state,
-            incarnation,
-        }) => format!("swim: {node} {state} (incarnation {incarnation})"),
-        Input::Agent(report) => match report {
-            AgentReport::Available { node } => format!("agent: {node} NodeAvailable"),
-            AgentReport::Unavailable { node } => format!("agent: {node} unavailable"),
-            AgentReport::Identity { node, material } => {
-                let fingerprint = material.fingerprint().to_string();
-                format!("agent: {node} identity sha256:{}…", &fingerprint[..12])
-            }
-            AgentReport::Faulted { node, reason } => format!("agent: {node} faulted ({reason})"),
-            AgentReport::Recovered { node } => format!("agent: {node} recovered"),
-        },
-        Input::Registry(RegistryFact::Known { node }) => format!("registry: {node} known"),
-        Input::Registry(RegistryFact::Forgotten { node }) => format!("registry: {node} forgotten"),
-        Input::DefinePool(definition) => format!(
-            "orchestrator: define pool {} = {}",
-            definition.id(),
-            list(definition.members())
-        ),
-        Input::BeginPlanning { run, .. } => format!("orchestrator: begin planning {run}"),
-        Input::CommitPlan { run, required, .. } => {
-            format!("orchestrator: commit {run}, requiring {}", list(required))
-        }
-        Input::FinishRun { run } => format!("orchestrator: finish {run}"),
-    }
-}
+use super::ReplayEvent;
 
 /// The event as one line of JSON, as SPEC §5 specifies.
 pub fn json_line(event: &ReplayEvent) -> String {
@@ -50,7 +15,6 @@ pub fn json_line(event: &ReplayEvent) -> String {
 pub fn human_line(event: &ReplayEvent) -> String {
     let what = match event {
         ReplayEvent::Rejected(r) => format!("rejected line {}: {} ({})", r.line, r.error, r.detail),
-        ReplayEvent::Input(echo) => format!("  <- {}", echo.input),
         ReplayEvent::Note(note) => format!("· {}", note.text),
         ReplayEvent::Gate(event) => describe_event(event),
     };

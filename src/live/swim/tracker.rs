@@ -15,14 +15,12 @@ use foca::{Member, State};
 use poolgate_actors::core::{NodeId, SwimState};
 
 use super::identity::SwimIdentity;
-use crate::gate::MembershipUpdate;
+use poolgate_actors::core::MembershipUpdate;
 
 /// The latest state reported per node, to emit only changes.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
     reported: HashMap<String, (SwimState, u64)>,
-    /// Members whose node id is not a valid gate id; never reported.
-    pub invalid_ids: u64,
 }
 
 impl MembershipTracker {
@@ -55,11 +53,15 @@ impl MembershipTracker {
             if self.reported.get(node) == Some(&(state, incarnation)) {
                 continue;
             }
+            self.reported.insert(node.to_string(), (state, incarnation));
             let Ok(node_id) = NodeId::new(node) else {
-                self.invalid_ids += 1;
+                // Noted once per change of the member; never reported.
+                tracing::warn!(
+                    member = node,
+                    "a SWIM member's name is not a valid node id; ignored"
+                );
                 continue;
             };
-            self.reported.insert(node.to_string(), (state, incarnation));
             updates.push(MembershipUpdate {
                 node: node_id,
                 state,
@@ -85,7 +87,7 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
-    use crate::swim::SwimSettings;
+    use crate::live::swim::SwimSettings;
 
     type SimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
 

@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use poolgate_actors::core::{Blocker, Event, NodeId, PoolPhase, Time, Verdict};
-use poolgate_actors::pool_actor::PoolReport;
+use poolgate_actors::core::{Blocker, Event, NodeId, PoolPhase, PoolReport, Time, Verdict};
 
 /// A candidate's state as a lane shows it: the first blocker in this order,
 /// or ready.

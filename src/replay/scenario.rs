@@ -9,12 +9,12 @@ use std::io::BufRead;
 
 use base64::Engine;
 use poolgate_actors::core::{
-    Epoch, IdentityMaterial, InvalidIdentity, NodeId, PoolDefinition, PoolId, RunId, SwimState,
+    AgentReport, Command, Epoch, IdentityMaterial, Input, InvalidIdentity, MembershipUpdate,
+    NodeId, PoolDefinition, PoolId, RegistryFact, RunId, SwimState,
 };
+use poolgate_actors::GateError;
 use serde::Deserialize;
 use serde_json::Value;
-
-use crate::gate::{AgentReport, GateError, Input, MembershipUpdate, RegistryFact};
 
 /// The latest `at_ms` accepted: 2^53 − 1, exact in any JSON reader.
 pub const MAX_AT_MS: u64 = (1 << 53) - 1;
@@ -347,33 +347,28 @@ fn input_of(raw: RawRecord) -> Result<Result<Input, GateError>, String> {
             .map(|n| NodeId::new(n).map_err(|e| format!("field `{field}`: {e}")))
             .collect::<Result<Vec<_>, _>>()
     };
-    let input = match raw {
+    let input: Input = match raw {
         RawRecord::DefinePool { pool, members } => {
             let pool = PoolId::new(&pool).map_err(|e| format!("field `pool`: {e}"))?;
             let members = nodes("members", &members)?;
             return Ok(PoolDefinition::new(pool, members)
-                .map(Input::DefinePool)
+                .map(|definition| Command::DefinePool(definition).into())
                 .map_err(GateError::from));
         }
-        RawRecord::Known { node: n } => Input::Registry(RegistryFact::Known { node: node(&n)? }),
-        RawRecord::Forgotten { node: n } => {
-            Input::Registry(RegistryFact::Forgotten { node: node(&n)? })
-        }
+        RawRecord::Known { node: n } => RegistryFact::Known { node: node(&n)? }.into(),
+        RawRecord::Forgotten { node: n } => RegistryFact::Forgotten { node: node(&n)? }.into(),
         RawRecord::Swim {
             node: n,
             state,
             incarnation,
-        } => Input::Membership(MembershipUpdate {
+        } => MembershipUpdate {
             node: node(&n)?,
             state: state.0,
             incarnation,
-        }),
-        RawRecord::Available { node: n } => {
-            Input::Agent(AgentReport::Available { node: node(&n)? })
         }
-        RawRecord::Unavailable { node: n } => {
-            Input::Agent(AgentReport::Unavailable { node: node(&n)? })
-        }
+        .into(),
+        RawRecord::Available { node: n } => AgentReport::Available { node: node(&n)? }.into(),
+        RawRecord::Unavailable { node: n } => AgentReport::Unavailable { node: node(&n)? }.into(),
         RawRecord::Identity { node: n, material } => {
             let node = node(&n)?;
             let material = base64::engine::general_purpose::STANDARD
@@ -381,30 +376,31 @@ fn input_of(raw: RawRecord) -> Result<Result<Input, GateError>, String> {
                 .map_err(|_| InvalidIdentity::NotBase64)
                 .and_then(IdentityMaterial::new);
             return Ok(material
-                .map(|material| Input::Agent(AgentReport::Identity { node, material }))
+                .map(|material| AgentReport::Identity { node, material }.into())
                 .map_err(GateError::from));
         }
-        RawRecord::Faulted { node: n, reason } => Input::Agent(AgentReport::Faulted {
+        RawRecord::Faulted { node: n, reason } => AgentReport::Faulted {
             node: node(&n)?,
             reason,
-        }),
-        RawRecord::Recovered { node: n } => {
-            Input::Agent(AgentReport::Recovered { node: node(&n)? })
         }
-        RawRecord::BeginPlanning { run: r, epoch } => Input::BeginPlanning {
+        .into(),
+        RawRecord::Recovered { node: n } => AgentReport::Recovered { node: node(&n)? }.into(),
+        RawRecord::BeginPlanning { run: r, epoch } => Command::BeginPlanning {
             run: run(&r)?,
             epoch: epoch.map(Epoch),
-        },
+        }
+        .into(),
         RawRecord::CommitPlan {
             run: r,
             required,
             epoch,
-        } => Input::CommitPlan {
+        } => Command::CommitPlan {
             run: run(&r)?,
             required: nodes("required", &required)?,
             epoch: epoch.map(Epoch),
-        },
-        RawRecord::FinishRun { run: r } => Input::FinishRun { run: run(&r)? },
+        }
+        .into(),
+        RawRecord::FinishRun { run: r } => Command::FinishRun { run: run(&r)? }.into(),
     };
     Ok(Ok(input))
 }

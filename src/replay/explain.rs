@@ -10,8 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use poolgate_actors::core::{Event, Membership, NodeId, PoolPhase, Reason, Time};
-use poolgate_actors::pool_actor::PoolReport;
+use poolgate_actors::core::{Event, Membership, NodeId, PoolPhase, PoolReport, Reason, Time};
 
 /// Follows the reports and events of one replay.
 #[derive(Debug, Default)]

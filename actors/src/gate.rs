@@ -1,0 +1,343 @@
+//! The one public face of the actor subsystem (SPEC §6): start the gate
+//! inside a running actix `System`, feed it the three kinds of input,
+//! subscribe to its events, ask where it stands, and drive planning.
+//!
+//! ```no_run
+//! # async fn demo(settings: poolgate_actors::GateSettings) -> Result<(), poolgate_actors::GateError> {
+//! use poolgate_actors::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, RunId, SwimState};
+//! use poolgate_actors::Gate;
+//!
+//! let gate = Gate::start(settings);
+//! let node = NodeId::new("node-1")?;
+//! gate.registry(RegistryFact::Known { node: node.clone() }).await?;
+//! gate.membership(MembershipUpdate { node: node.clone(), state: SwimState::Alive, incarnation: 1 }).await?;
+//! gate.agent(AgentReport::Available { node: node.clone() }).await?;
+//! gate.agent(AgentReport::identity(node.clone(), b"key".to_vec())?).await?;
+//! let ready = gate.wait_ready().await?;
+//! let run = RunId::new("run-1")?;
+//! gate.begin_planning(run.clone(), Some(ready.epoch)).await?;
+//! gate.commit_plan(run, vec![node], Some(ready.epoch)).await?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use actix::Addr;
+use tokio::sync::mpsc;
+
+use crate::clock::Clock;
+use crate::core::{
+    AgentReport, Command, DefinitionError, Epoch, Event, Input, InvalidId, InvalidIdentity,
+    MembershipUpdate, NodeId, Observation, PoolDefinition, PoolId, PoolPhase, PoolReport, Refusal,
+    RegistryFact, RunId, Time,
+};
+use crate::messages::{
+    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, Observe, Outcome, PendingDeadline,
+};
+use crate::pool_actor::{GateSettings, PoolActor};
+use crate::publisher::Publisher;
+use crate::router::Router;
+use crate::telemetry::{self, IgnoredCounts};
+
+/// Why the gate refused something. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// A command was refused by the pool's rules.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// An id is not valid.
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
+    /// Identity material is not valid; the node keeps the identity it had.
+    #[error(transparent)]
+    InvalidIdentity(#[from] InvalidIdentity),
+    /// A pool definition is not valid.
+    #[error(transparent)]
+    InvalidPool(#[from] DefinitionError),
+    /// The gate's actors have stopped (the `System` is shutting down).
+    #[error("the gate has stopped")]
+    Stopped,
+}
+
+impl GateError {
+    /// A short stable code, as the replay's `rejected` event prints it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GateError::Refused(e) => e.code(),
+            GateError::InvalidId(_) => "invalid_id",
+            GateError::InvalidIdentity(_) => "invalid_identity",
+            GateError::InvalidPool(_) => "invalid_pool",
+            GateError::Stopped => "stopped",
+        }
+    }
+}
+
+/// What an accepted input did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// An observation, and what became of it.
+    Observation(Outcome),
+    /// Planning began on this epoch.
+    Planning(Epoch),
+    /// A command was carried out.
+    Done,
+}
+
+/// Proof that the pool was ready: present it to plan and commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyProof {
+    /// The pool that was ready.
+    pub pool: PoolId,
+    /// The epoch of that readiness.
+    pub epoch: Epoch,
+}
+
+/// A subscription to the gate's events, in the order they were published.
+pub type EventStream = mpsc::UnboundedReceiver<Event>;
+
+/// The handle of a running gate. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    pool: Addr<PoolActor>,
+    router: Arc<Router>,
+    publisher: Publisher,
+    clock: Clock,
+}
+
+impl Gate {
+    /// Starts the gate's actors on the current actix `System`. Must be
+    /// called from within a running `System`.
+    pub fn start(settings: GateSettings) -> Gate {
+        let clock = Clock::start();
+        let publisher = Publisher::default();
+        let router = Arc::new(Router::default());
+        let pool = PoolActor::launch(settings, clock, publisher.clone(), Arc::clone(&router));
+        Gate {
+            pool,
+            router,
+            publisher,
+            clock,
+        }
+    }
+
+    /// The gate's timeline (time since it started).
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Every event from now on.
+    pub fn subscribe(&self) -> EventStream {
+        self.publisher.subscribe()
+    }
+
+    /// Feeds a SWIM membership fact.
+    pub async fn membership(&self, update: MembershipUpdate) -> Result<Outcome, GateError> {
+        let (node, observation) = update.into_observation();
+        self.route(self.clock.now(), node, observation).await
+    }
+
+    /// Feeds a node agent's report.
+    pub async fn agent(&self, report: AgentReport) -> Result<Outcome, GateError> {
+        let (node, observation) = report.into_observation();
+        self.route(self.clock.now(), node, observation).await
+    }
+
+    /// Feeds a node agent's identity material as the agent sent it: bytes
+    /// that are not valid material (empty, over 16 KiB) are refused with
+    /// [`GateError::InvalidIdentity`] and the node keeps the identity it had.
+    pub async fn identity(&self, node: NodeId, bytes: Vec<u8>) -> Result<Outcome, GateError> {
+        match AgentReport::identity(node, bytes) {
+            Ok(report) => self.agent(report).await,
+            Err(invalid) => Err(Self::counted(invalid.into())),
+        }
+    }
+
+    /// Feeds a registry fact.
+    pub async fn registry(&self, fact: RegistryFact) -> Result<Outcome, GateError> {
+        let (node, observation) = fact.into_observation();
+        self.route(self.clock.now(), node, observation).await
+    }
+
+    /// Feeds a SWIM fact without waiting for it to be applied: for a
+    /// membership feed that must not block (the SWIM adapter). Facts about
+    /// one node keep their order; their order relative to commands sent
+    /// meanwhile is not guaranteed.
+    pub fn membership_nowait(&self, update: MembershipUpdate) {
+        let at = self.clock.now();
+        let (node, observation) = update.into_observation();
+        match self.router.route(&node) {
+            Some(addr) => addr.do_send(Observe { at, observation }),
+            None => self.not_candidate(&node),
+        }
+    }
+
+    /// Replaces the candidate pool (refused while a run is committed).
+    pub async fn define_pool(&self, definition: PoolDefinition) -> Result<(), GateError> {
+        let at = self.clock.now();
+        self.ask(DefinePool { at, definition }).await
+    }
+
+    /// Begins planning `run` on the ready pool; `epoch` is the proof from
+    /// [`Gate::wait_ready`] or a `PoolReady` event.
+    pub async fn begin_planning(
+        &self,
+        run: RunId,
+        epoch: Option<Epoch>,
+    ) -> Result<Epoch, GateError> {
+        let at = self.clock.now();
+        self.ask(BeginPlanning { at, run, epoch }).await
+    }
+
+    /// Commits `run`'s plan over `required` (not empty): provisioning
+    /// begins.
+    pub async fn commit_plan(
+        &self,
+        run: RunId,
+        required: Vec<NodeId>,
+        epoch: Option<Epoch>,
+    ) -> Result<(), GateError> {
+        let at = self.clock.now();
+        self.ask(CommitPlan {
+            at,
+            run,
+            required,
+            epoch,
+        })
+        .await
+    }
+
+    /// Ends a committed run.
+    pub async fn finish_run(&self, run: RunId) -> Result<(), GateError> {
+        let at = self.clock.now();
+        self.ask(FinishRun { at, run }).await
+    }
+
+    /// Where the pool stands, per candidate: ready or what blocks it.
+    pub async fn report(&self) -> Result<PoolReport, GateError> {
+        let at = self.clock.now();
+        self.pool
+            .send(GetReport { at })
+            .await
+            .map_err(|_| GateError::Stopped)
+    }
+
+    /// Waits until the pool is ready and returns the proof.
+    pub async fn wait_ready(&self) -> Result<ReadyProof, GateError> {
+        let mut events = self.subscribe();
+        let report = self.report().await?;
+        if let PoolPhase::Ready { epoch } = report.phase {
+            return Ok(ReadyProof {
+                pool: report.pool,
+                epoch,
+            });
+        }
+        while let Some(event) = events.recv().await {
+            if let Event::PoolReady { pool, epoch, .. } = event {
+                return Ok(ReadyProof { pool, epoch });
+            }
+        }
+        Err(GateError::Stopped)
+    }
+
+    /// The earliest timer the pool has pending.
+    pub async fn pending_deadline(&self) -> Result<Option<Time>, GateError> {
+        let at = self.clock.now();
+        self.pool
+            .send(PendingDeadline { at })
+            .await
+            .map_err(|_| GateError::Stopped)
+    }
+
+    /// Applies an input stamped with an explicit instant. For replaying
+    /// recorded input on a virtual clock: stamps must not go backwards, and
+    /// an input stamped `T` must arrive before the clock reaches `T` for it
+    /// to be applied before timers due at `T`.
+    pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
+        match input {
+            Input::Observation { node, observation } => self
+                .route(at, node, observation)
+                .await
+                .map(Accepted::Observation),
+            Input::Command(Command::DefinePool(definition)) => self
+                .ask(DefinePool { at, definition })
+                .await
+                .map(|()| Accepted::Done),
+            Input::Command(Command::BeginPlanning { run, epoch }) => self
+                .ask(BeginPlanning { at, run, epoch })
+                .await
+                .map(Accepted::Planning),
+            Input::Command(Command::CommitPlan {
+                run,
+                required,
+                epoch,
+            }) => self
+                .ask(CommitPlan {
+                    at,
+                    run,
+                    required,
+                    epoch,
+                })
+                .await
+                .map(|()| Accepted::Done),
+            Input::Command(Command::FinishRun { run }) => self
+                .ask(FinishRun { at, run })
+                .await
+                .map(|()| Accepted::Done),
+        }
+    }
+
+    /// Counts a refusal made before the input reached the gate (the replay
+    /// reads invalid identity material and pool definitions as such).
+    pub fn count_rejection(&self, refused: &GateError) {
+        telemetry::rejected(refused.code());
+    }
+
+    /// Hands an observation to its node's actor; waiting for the answer keeps
+    /// observations and later commands in order.
+    async fn route(
+        &self,
+        at: Time,
+        node: NodeId,
+        observation: Observation,
+    ) -> Result<Outcome, GateError> {
+        let Some(addr) = self.router.route(&node) else {
+            self.not_candidate(&node);
+            return Ok(Outcome::NotCandidate);
+        };
+        match addr.send(Observe { at, observation }).await {
+            Ok(outcome) => Ok(outcome),
+            // The node left the pool while the observation was in flight.
+            Err(_) => {
+                IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                Ok(Outcome::NotCandidate)
+            }
+        }
+    }
+
+    fn not_candidate(&self, node: &NodeId) {
+        IgnoredCounts::bump(&self.router.ignored.non_candidate);
+        telemetry::observation("non_candidate");
+        tracing::debug!(%node, "observation about a non-candidate ignored");
+    }
+
+    /// Sends a command to the pool actor; a refusal is counted.
+    async fn ask<M, T>(&self, message: M) -> Result<T, GateError>
+    where
+        M: actix::Message<Result = Result<T, Refusal>> + Send + 'static,
+        M::Result: Send,
+        PoolActor: actix::Handler<M>,
+        T: Send + 'static,
+    {
+        let answer = self
+            .pool
+            .send(message)
+            .await
+            .map_err(|_| GateError::Stopped)?;
+        answer.map_err(|refused| Self::counted(refused.into()))
+    }
+
+    fn counted(refused: GateError) -> GateError {
+        telemetry::rejected(refused.code());
+        refused
+    }
+}

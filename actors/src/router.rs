@@ -1,0 +1,47 @@
+//! Which node actor holds which candidate: written by the pool actor when
+//! the pool is (re)defined, read by the gate's handle to route input.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use actix::Addr;
+
+use crate::core::NodeId;
+use crate::node_actor::NodeActor;
+use crate::telemetry::IgnoredCounts;
+
+/// The node actors of the current candidates, by node id.
+#[derive(Debug, Default)]
+pub(crate) struct Router {
+    nodes: RwLock<HashMap<NodeId, Addr<NodeActor>>>,
+    /// What was ignored, and why; shared with the node actors.
+    pub(crate) ignored: Arc<IgnoredCounts>,
+}
+
+impl Router {
+    /// The node actor of a candidate, or `None` for a non-candidate.
+    pub(crate) fn route(&self, node: &NodeId) -> Option<Addr<NodeActor>> {
+        self.read().get(node).cloned()
+    }
+
+    pub(crate) fn insert(&self, node: NodeId, addr: Addr<NodeActor>) {
+        self.write().insert(node, addr);
+    }
+
+    pub(crate) fn remove(&self, node: &NodeId) -> Option<Addr<NodeActor>> {
+        self.write().remove(node)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<NodeId, Addr<NodeActor>>> {
+        // A panic elsewhere while holding the lock leaves the map intact.
+        self.nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<NodeId, Addr<NodeActor>>> {
+        self.nodes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

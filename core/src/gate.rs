@@ -1,0 +1,360 @@
+//! The pool's gate: its readiness, and every decision about runs that the
+//! pool makes (SPEC §2–§3): planning admission, the wait/abort policy until
+//! a plan is committed, and handing the committed run over to its guard.
+//!
+//! [`PoolGate`] composes [`PoolReadiness`] with the planning run's
+//! [`RunGuard`]. Once a plan is committed the guard leaves the pool
+//! ([`PoolGate::commit`] returns it): faults are the run's own business
+//! from then on. The pool keeps the run's id and required nodes so it can
+//! refuse what a committed run forbids and tell which changes concern it;
+//! it hears that the run ended through [`PoolGate::run_ended`].
+//!
+//! Calling contract: inputs stamped `T` are applied before timers due at
+//! `T`. Every input first fires the deadlines (convergence, wait) due
+//! strictly before it, in time order; [`PoolGate::on_deadline`] fires those
+//! at or before its instant. When `PoolReady` and a wait timeout fall due
+//! at the same instant, `PoolReady` wins (SPEC §3).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::event::Event;
+use crate::ids::PoolId;
+use crate::ids::{Epoch, NodeId, RunId};
+use crate::node::{NodeChange, Verdict};
+use crate::pool::{
+    CandidateSummary, LastChange, NodeDetail, PoolDefinition, PoolPhase, PoolReadiness,
+    Redefinition, SlotKey,
+};
+use crate::run::{PlanningPolicy, Refusal, RunGuard};
+use crate::time::Time;
+
+/// The run the pool has, if any.
+#[derive(Debug)]
+enum ActiveRun {
+    /// No run: the next `begin_planning` may start one.
+    None,
+    /// Planning or suspended; the pool holds its guard. Left by commit
+    /// (to `Committed`) or by an abort (to `None`).
+    Planning(RunGuard),
+    /// Committed: its guard lives with the run's actor. Left when the run
+    /// ends (faulted or finished).
+    Committed {
+        run: RunId,
+        required: HashSet<NodeId>,
+    },
+}
+
+/// Where the pool stands, and why (SPEC §6's readiness report).
+#[derive(Clone, Debug)]
+pub struct PoolReport {
+    /// The pool's id.
+    pub pool: PoolId,
+    /// Forming, converging (with deadline) or ready (with epoch).
+    pub phase: PoolPhase,
+    /// Every candidate, sorted by id: ready or what blocks it, and since
+    /// when.
+    pub candidates: Vec<CandidateSummary>,
+    /// The last view change (the start of the current window).
+    pub last_change: LastChange,
+    /// The active run, planning or committed, if any.
+    pub run: Option<RunId>,
+    /// SWIM observations ignored as older than the view.
+    pub ignored_stale: u64,
+    /// Observations ignored because their node is not a candidate.
+    pub ignored_non_candidate: u64,
+}
+
+/// The readiness of one candidate pool and the runs planned on it.
+#[derive(Debug)]
+pub struct PoolGate {
+    readiness: PoolReadiness,
+    policy: PlanningPolicy,
+    run: ActiveRun,
+}
+
+impl PoolGate {
+    /// A pool of `definition`'s candidates, none with any fact yet, and no
+    /// run. Returns the slots to start node actors for.
+    pub fn new(
+        definition: &PoolDefinition,
+        window: Duration,
+        policy: PlanningPolicy,
+        now: Time,
+    ) -> (Self, Vec<(NodeId, SlotKey)>) {
+        let (readiness, added) = PoolReadiness::new(definition, window, now);
+        let gate = PoolGate {
+            readiness,
+            policy,
+            run: ActiveRun::None,
+        };
+        (gate, added)
+    }
+
+    /// The pool's readiness, for reports.
+    pub fn readiness(&self) -> &PoolReadiness {
+        &self.readiness
+    }
+
+    /// The report of where the pool stands; the counts of ignored
+    /// observations are kept by whoever routes them.
+    pub fn report(&self, ignored_stale: u64, ignored_non_candidate: u64) -> PoolReport {
+        PoolReport {
+            pool: self.readiness.id().clone(),
+            phase: self.readiness.phase(),
+            candidates: self.readiness.candidates(),
+            last_change: self.readiness.last_change().clone(),
+            run: self.active_run().cloned(),
+            ignored_stale,
+            ignored_non_candidate,
+        }
+    }
+
+    /// The active run, planning or committed.
+    pub fn active_run(&self) -> Option<&RunId> {
+        match &self.run {
+            ActiveRun::None => None,
+            ActiveRun::Planning(guard) => Some(guard.run()),
+            ActiveRun::Committed { run, .. } => Some(run),
+        }
+    }
+
+    /// The committed run, if `node` is one of its required nodes: its
+    /// changes go to that run's guard.
+    pub fn committed_run_requiring(&self, node: &NodeId) -> Option<&RunId> {
+        match &self.run {
+            ActiveRun::Committed { run, required } if required.contains(node) => Some(run),
+            _ => None,
+        }
+    }
+
+    /// When the next timer is due (the convergence window or the planning
+    /// run's wait), if any.
+    pub fn deadline(&self) -> Option<Time> {
+        let wait = match &self.run {
+            ActiveRun::Planning(guard) => guard.deadline(),
+            _ => None,
+        };
+        match (self.readiness.deadline(), wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A timer armed for `now` fired: fires what is due at or before it. A
+    /// timer that finds nothing due is a no-op.
+    pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
+        self.fire_due(|due| due <= now, out);
+    }
+
+    /// Fires what fell due strictly before `at`, the instant of an input,
+    /// and returns the instant the input is applied at (never earlier than
+    /// anything seen).
+    pub fn settle_before(&mut self, at: Time, out: &mut Vec<Event>) -> Time {
+        self.fire_due(|due| due < at, out);
+        self.readiness.settle_before(at, out)
+    }
+
+    /// Records what a report shows of a candidate besides its verdict.
+    pub fn set_detail(&mut self, key: SlotKey, detail: NodeDetail) {
+        self.readiness.set_detail(key, detail);
+    }
+
+    /// A candidate's node actor reports a change of its view; returns the
+    /// verdict it replaced (`None` for a slot of an earlier definition).
+    pub fn node_changed(
+        &mut self,
+        key: SlotKey,
+        at: Time,
+        change: &NodeChange,
+        out: &mut Vec<Event>,
+    ) -> Option<Verdict> {
+        let at = self.settle_before(at, out);
+        let start = out.len();
+        let before = self.readiness.node_changed(key, at, change, out);
+        self.planning_hears(start, out);
+        before
+    }
+
+    /// Replaces the candidate set (SPEC §2); refused while a run is
+    /// committed.
+    pub fn define(
+        &mut self,
+        definition: &PoolDefinition,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<Redefinition, Refusal> {
+        let at = self.settle_before(at, out);
+        if let ActiveRun::Committed { run, .. } = &self.run {
+            return Err(Refusal::RunCommitted(run.clone()));
+        }
+        let start = out.len();
+        let change = self.readiness.redefine(definition, at, out);
+        self.planning_hears(start, out);
+        Ok(change)
+    }
+
+    /// Forgets every candidate's summary, as after a restart of the pool's
+    /// actor: readiness starts over, the epoch keeps rising.
+    pub fn restart(&mut self, at: Time, out: &mut Vec<Event>) {
+        let at = self.settle_before(at, out);
+        let start = out.len();
+        self.readiness.restart(at, out);
+        self.planning_hears(start, out);
+    }
+
+    /// Begins planning `run` (SPEC §3): only while Ready, on the current
+    /// epoch if one is given, one run at a time. Returns the epoch the run
+    /// is bound to.
+    pub fn begin(
+        &mut self,
+        run: RunId,
+        epoch: Option<Epoch>,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<Epoch, Refusal> {
+        let at = self.settle_before(at, out);
+        let current = self.current_epoch(epoch)?;
+        if let Some(active) = self.active_run() {
+            return Err(Refusal::RunInProgress(active.clone()));
+        }
+        self.run = ActiveRun::Planning(RunGuard::begin(run, current, self.policy, at, out));
+        Ok(current)
+    }
+
+    /// Commits the planning run's plan (SPEC §3): provisioning begins, and
+    /// the run's guard is handed over for the run's actor to keep.
+    ///
+    /// Checked in this order: a plan that requires no node
+    /// (`invalid_plan`), a run that is not the active one (`unknown_run`),
+    /// a pool that is not ready or an epoch that is not the current one, a
+    /// required node that is not a candidate, a run that is not planning.
+    pub fn commit(
+        &mut self,
+        run: &RunId,
+        required: Vec<NodeId>,
+        epoch: Option<Epoch>,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<RunGuard, Refusal> {
+        let at = self.settle_before(at, out);
+        if required.is_empty() {
+            return Err(Refusal::InvalidPlan(run.clone()));
+        }
+        if self.active_run() != Some(run) {
+            return Err(Refusal::UnknownRun(run.clone()));
+        }
+        let current = self.current_epoch(epoch)?;
+        if let Some(node) = required.iter().find(|n| !self.readiness.is_candidate(n)) {
+            return Err(Refusal::NotCandidate(node.clone()));
+        }
+        let ActiveRun::Planning(guard) = &mut self.run else {
+            return Err(Refusal::NotPlanning {
+                run: run.clone(),
+                state: "committed",
+            });
+        };
+        guard.commit(at, required, current, out)?;
+        let ActiveRun::Planning(guard) = std::mem::replace(&mut self.run, ActiveRun::None) else {
+            unreachable!("the run was planning a line above");
+        };
+        self.run = ActiveRun::Committed {
+            run: run.clone(),
+            required: guard.required().cloned().collect(),
+        };
+        Ok(guard)
+    }
+
+    /// Whether `run` may be finished by its guard: it must be the active
+    /// run, and committed.
+    pub fn may_finish(
+        &mut self,
+        run: &RunId,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<(), Refusal> {
+        self.settle_before(at, out);
+        match &self.run {
+            ActiveRun::Committed { run: active, .. } if active == run => Ok(()),
+            ActiveRun::Planning(guard) if guard.run() == run => Err(Refusal::NotCommitted {
+                run: run.clone(),
+                state: guard.phase().name(),
+            }),
+            _ => Err(Refusal::UnknownRun(run.clone())),
+        }
+    }
+
+    /// The committed run `run` ended (faulted or finished): the pool is
+    /// free for the next run.
+    pub fn run_ended(&mut self, run: &RunId) {
+        if matches!(&self.run, ActiveRun::Committed { run: active, .. } if active == run) {
+            self.run = ActiveRun::None;
+        }
+    }
+
+    fn current_epoch(&self, given: Option<Epoch>) -> Result<Epoch, Refusal> {
+        let current = self.readiness.ready_epoch().ok_or(Refusal::PoolNotReady)?;
+        match given {
+            Some(given) if given != current => Err(Refusal::StaleEpoch {
+                given,
+                current: Some(current),
+            }),
+            _ => Ok(current),
+        }
+    }
+
+    /// Fires, in time order, every deadline `due` accepts; `PoolReady`
+    /// first when both fall due at one instant.
+    fn fire_due(&mut self, due: impl Fn(Time) -> bool, out: &mut Vec<Event>) {
+        loop {
+            let convergence = self.readiness.deadline().filter(|t| due(*t));
+            let wait = match &self.run {
+                ActiveRun::Planning(guard) => guard.deadline().filter(|t| due(*t)),
+                _ => None,
+            };
+            let next = match (convergence, wait) {
+                (None, None) => return,
+                (Some(ready), Some(timeout)) if timeout < ready => Err(timeout),
+                (Some(ready), _) => Ok(ready),
+                (None, Some(timeout)) => Err(timeout),
+            };
+            match next {
+                Ok(ready) => {
+                    let start = out.len();
+                    self.readiness.on_deadline(ready, out);
+                    self.planning_hears(start, out);
+                }
+                Err(timeout) => {
+                    if let ActiveRun::Planning(guard) = &mut self.run {
+                        guard.on_deadline(timeout, out);
+                    }
+                    self.drop_ended_run();
+                }
+            }
+        }
+    }
+
+    /// The planning run hears what the pool's readiness did (the events
+    /// from `start` on): suspended, aborted or resumed by its policy.
+    fn planning_hears(&mut self, start: usize, out: &mut Vec<Event>) {
+        let ActiveRun::Planning(guard) = &mut self.run else {
+            return;
+        };
+        let mut heard = Vec::new();
+        for event in &out[start..] {
+            match event {
+                Event::PoolReady { at, epoch, .. } => guard.pool_ready(*at, *epoch, &mut heard),
+                Event::ReadinessLost { at, .. } => guard.readiness_lost(*at, &mut heard),
+                _ => {}
+            }
+        }
+        out.append(&mut heard);
+        self.drop_ended_run();
+    }
+
+    fn drop_ended_run(&mut self) {
+        if matches!(&self.run, ActiveRun::Planning(guard) if guard.is_ended()) {
+            self.run = ActiveRun::None;
+        }
+    }
+}
