@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::{Actor, AsyncContext, Context, Handler, Message, SpawnHandle};
 use tokio::time::Instant;
 
-use crate::core::Time;
+use poolgate_core::Time;
 
 /// The gate's timeline: core [`Time`] is the offset from `origin`. Under
 /// tokio's paused clock this is virtual time.

@@ -9,16 +9,16 @@ use actix::Addr;
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::core::{
-    Epoch, Event, IdentityMaterial, NodeId, Observation, OnReadinessLost, PlanningPolicy,
-    PoolDefinition, PoolId, PoolPhase, Reason, Refusal, RunId, SwimState, Time,
-};
 use crate::messages::{
     BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Observe, Outcome, TimerDue,
 };
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
 use crate::router::Router;
+use poolgate_core::{
+    Epoch, Event, IdentityMaterial, NodeId, Observation, OnReadinessLost, PlanningPolicy,
+    PoolDefinition, PoolId, PoolPhase, Reason, Refusal, RunId, SwimState, Time,
+};
 
 struct Subsystem {
     pool: Addr<PoolActor>,

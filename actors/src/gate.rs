@@ -26,11 +26,6 @@ use actix::Addr;
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::core::{
-    AgentReport, Command, DefinitionError, Epoch, Event, Input, InvalidId, InvalidIdentity,
-    MembershipUpdate, NodeId, Observation, PoolDefinition, PoolId, PoolPhase, PoolReport, Refusal,
-    RegistryFact, RunId, Time,
-};
 use crate::messages::{
     BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, Observe, Outcome, PendingDeadline,
 };
@@ -38,6 +33,11 @@ use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
 use crate::router::Router;
 use crate::telemetry::{self, IgnoredCounts};
+use poolgate_core::{
+    AgentReport, Command, DefinitionError, Epoch, Event, Input, InvalidId, InvalidIdentity,
+    MembershipUpdate, NodeId, Observation, PoolDefinition, PoolId, PoolPhase, PoolReport, Refusal,
+    RegistryFact, RunId, Time,
+};
 
 /// Why the gate refused something. Nothing changed.
 #[derive(Debug, thiserror::Error)]

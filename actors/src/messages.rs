@@ -9,7 +9,7 @@
 
 use actix::Message;
 
-use crate::core::{
+use poolgate_core::{
     Epoch, NodeChange, NodeDetail, NodeId, Observation, PoolDefinition, PoolReport, Refusal, RunId,
     SlotKey, Time,
 };

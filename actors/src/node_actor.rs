@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
-use crate::core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
 use crate::messages::{NodeActorStopped, NodeChanged, Observe, Outcome, Resync};
 use crate::telemetry::{self, IgnoredCounts};
+use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
 
 /// The actor of one candidate node.
 #[derive(Debug)]

@@ -19,10 +19,6 @@ use actix::{
 };
 
 use crate::clock::{Clock, TimerSlot};
-use crate::core::{
-    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate,
-    PoolPhase, Reason, Refusal, SlotKey, Time, Verdict,
-};
 use crate::messages::{
     BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, NodeActorStopped, NodeChanged,
     PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
@@ -32,6 +28,10 @@ use crate::publisher::Publisher;
 use crate::router::Router;
 use crate::run_actor::RunActor;
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
+use poolgate_core::{
+    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate,
+    PoolPhase, Reason, Refusal, SlotKey, Time, Verdict,
+};
 
 /// What the gate needs to start: the first pool, its window and the
 /// planning policy.

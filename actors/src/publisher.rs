@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
-use crate::core::{Event, NodeId};
+use poolgate_core::{Event, NodeId};
 
 /// Sends every event to every subscriber, in the order published.
 ///

@@ -6,9 +6,9 @@ use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 
-use crate::core::NodeId;
 use crate::node_actor::NodeActor;
 use crate::telemetry::IgnoredCounts;
+use poolgate_core::NodeId;
 
 /// The node actors of the current candidates, by node id.
 #[derive(Debug, Default)]

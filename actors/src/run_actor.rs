@@ -7,10 +7,10 @@
 
 use actix::{Actor, ActorContext, Context, Handler};
 
-use crate::core::{Event, Refusal, RunGuard};
 use crate::messages::{FinishRun, RequiredNodeChanged, RunStatus};
 use crate::publisher::Publisher;
 use crate::telemetry;
+use poolgate_core::{Event, Refusal, RunGuard};
 
 /// The actor of one committed run.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::{Blocker, Reason, Verdict};
+use poolgate_core::{Blocker, Reason, Verdict};
 
 /// One observation's fate.
 pub fn observation(outcome: &'static str) {

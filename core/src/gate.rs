@@ -358,3 +358,187 @@ impl PoolGate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{Applied, NodeFacts, Observation, SwimState};
+    use crate::run::OnReadinessLost;
+    use crate::{IdentityMaterial, PoolId};
+
+    const WINDOW: Duration = Duration::from_millis(100);
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    fn node(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    fn run(name: &str) -> RunId {
+        RunId::new(name).unwrap()
+    }
+
+    /// A gate over `a` and `b`, waiting up to `wait` ms on lost readiness.
+    struct Harness {
+        gate: PoolGate,
+        facts: Vec<(NodeId, SlotKey, NodeFacts)>,
+        out: Vec<Event>,
+    }
+
+    impl Harness {
+        fn new(wait: Option<u64>) -> Self {
+            let definition =
+                PoolDefinition::new(PoolId::new("p").unwrap(), vec![node("a"), node("b")]).unwrap();
+            let policy = PlanningPolicy {
+                on_readiness_lost: OnReadinessLost::Wait,
+                wait_timeout: wait.map(Duration::from_millis),
+            };
+            let (gate, added) = PoolGate::new(&definition, WINDOW, policy, t(0));
+            let facts = added
+                .into_iter()
+                .map(|(id, key)| (id, key, NodeFacts::default()))
+                .collect();
+            Harness {
+                gate,
+                facts,
+                out: Vec::new(),
+            }
+        }
+
+        fn observe(&mut self, at: u64, name: &str, observation: Observation) {
+            let (_, key, facts) = self
+                .facts
+                .iter_mut()
+                .find(|(id, ..)| id.as_str() == name)
+                .unwrap();
+            if let Applied::Changed(change) = facts.apply(observation) {
+                self.gate.node_changed(*key, t(at), &change, &mut self.out);
+            }
+        }
+
+        fn make_ready(&mut self, at: u64, name: &str, incarnation: u64) {
+            self.observe(at, name, Observation::Known);
+            let alive = Observation::Swim {
+                state: SwimState::Alive,
+                incarnation,
+            };
+            self.observe(at, name, alive);
+            self.observe(at, name, Observation::Available);
+            let material = IdentityMaterial::new(name.as_bytes().to_vec()).unwrap();
+            self.observe(at, name, Observation::Identity(material));
+        }
+
+        fn ready_at_100(wait: Option<u64>) -> Self {
+            let mut h = Harness::new(wait);
+            h.make_ready(0, "a", 1);
+            h.make_ready(0, "b", 1);
+            h.gate.on_deadline(t(100), &mut h.out);
+            assert_eq!(h.gate.readiness().ready_epoch(), Some(Epoch(1)));
+            h.out.clear();
+            h
+        }
+
+        fn names(&self) -> Vec<(&'static str, u64)> {
+            self.out
+                .iter()
+                .map(|e| (e.name(), e.at().as_millis()))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn planning_begins_only_on_a_ready_pool_on_its_current_epoch_one_run_at_a_time() {
+        let mut h = Harness::new(None);
+        assert_eq!(
+            h.gate.begin(run("r"), None, t(0), &mut h.out),
+            Err(Refusal::PoolNotReady)
+        );
+        let mut h = Harness::ready_at_100(None);
+        assert!(matches!(
+            h.gate.begin(run("r"), Some(Epoch(7)), t(101), &mut h.out),
+            Err(Refusal::StaleEpoch { .. })
+        ));
+        assert_eq!(
+            h.gate.begin(run("r"), Some(Epoch(1)), t(101), &mut h.out),
+            Ok(Epoch(1))
+        );
+        assert_eq!(
+            h.gate.begin(run("s"), None, t(102), &mut h.out),
+            Err(Refusal::RunInProgress(run("r")))
+        );
+    }
+
+    #[test]
+    fn an_empty_plan_is_refused_before_anything_else() {
+        let mut h = Harness::new(None);
+        let refused = h
+            .gate
+            .commit(&run("nobody"), vec![], None, t(0), &mut h.out);
+        assert_eq!(refused.err(), Some(Refusal::InvalidPlan(run("nobody"))));
+    }
+
+    #[test]
+    fn commit_hands_the_guard_over_and_the_pool_refuses_what_a_committed_run_forbids() {
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        assert_eq!(
+            h.gate
+                .commit(&run("r"), vec![node("z")], None, t(101), &mut h.out)
+                .err(),
+            Some(Refusal::NotCandidate(node("z")))
+        );
+        let guard = h
+            .gate
+            .commit(&run("r"), vec![node("a")], None, t(101), &mut h.out)
+            .unwrap();
+        assert!(guard.requires(&node("a")));
+        assert_eq!(h.gate.committed_run_requiring(&node("a")), Some(&run("r")));
+        assert_eq!(h.gate.committed_run_requiring(&node("b")), None);
+        let definition = PoolDefinition::new(PoolId::new("q").unwrap(), vec![node("a")]).unwrap();
+        assert_eq!(
+            h.gate.define(&definition, t(102), &mut h.out).err(),
+            Some(Refusal::RunCommitted(run("r")))
+        );
+        assert!(h.gate.may_finish(&run("r"), t(102), &mut h.out).is_ok());
+        h.gate.run_ended(&run("r"));
+        assert_eq!(h.gate.active_run(), None);
+        assert!(h.gate.define(&definition, t(103), &mut h.out).is_ok());
+    }
+
+    #[test]
+    fn pool_ready_wins_a_tie_with_the_wait_timeout() {
+        let mut h = Harness::ready_at_100(Some(250));
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        // Lost at 150: the wait runs out at 400.
+        h.observe(150, "a", Observation::Unavailable);
+        // Ready again at 300: PoolReady due at 400 too.
+        h.observe(300, "a", Observation::Available);
+        h.out.clear();
+        h.gate.on_deadline(t(400), &mut h.out);
+        assert_eq!(h.names(), [("pool_ready", 400), ("planning_resumed", 400)]);
+        assert_eq!(h.gate.active_run(), Some(&run("r")));
+    }
+
+    #[test]
+    fn deadlines_due_before_an_input_fire_in_time_order() {
+        let mut h = Harness::ready_at_100(Some(250));
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        h.observe(150, "a", Observation::Unavailable); // the wait runs out at 400
+        h.observe(350, "a", Observation::Available); // PoolReady due at 450
+        h.out.clear();
+        // An input at 500 fires both first: the timeout at 400, then
+        // PoolReady at 450 with no run left to resume.
+        h.observe(500, "b", Observation::Unavailable);
+        assert_eq!(
+            h.names(),
+            [
+                ("planning_aborted", 400),
+                ("pool_ready", 450),
+                ("readiness_lost", 500)
+            ]
+        );
+        assert_eq!(h.gate.active_run(), None);
+    }
+}

@@ -1,6 +1,9 @@
-//! A driver that runs the three state machines together on an arbitrary
-//! byte string read as operations, and checks the contract's invariants on
-//! everything they emit. The fuzz target and a property test both use it.
+//! A test kit, not part of the core's interface (feature `testkit`): a
+//! driver that runs the state machines together, wired as the actors wire
+//! them ([`PoolGate`] for the pool, a committed run's [`RunGuard`] on its
+//! own), on an arbitrary byte string read as operations, and checks the
+//! contract's invariants on everything they emit. The fuzz target and a
+//! property test both use it.
 //!
 //! Invariants checked:
 //! - `PoolReady` only when every candidate is ready, and only after the
@@ -14,8 +17,8 @@ use std::time::Duration;
 
 use crate::{
     Applied, Epoch, Event, FaultReason, IdentityMaterial, NodeFacts, NodeId, Observation,
-    OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, PoolPhase, PoolReadiness, RunGuard,
-    RunId, RunPhase, SlotKey, SwimState, Time,
+    OnReadinessLost, PlanningPolicy, PoolDefinition, PoolGate, PoolId, PoolPhase, RunGuard, RunId,
+    SlotKey, SwimState, Time,
 };
 
 const WINDOW: Duration = Duration::from_millis(100);
@@ -23,9 +26,10 @@ const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 struct Drill {
     now: Time,
-    pool: PoolReadiness,
+    pool: PoolGate,
     facts: BTreeMap<NodeId, (SlotKey, NodeFacts)>,
-    run: Option<RunGuard>,
+    /// The committed run's guard, as its actor would hold it.
+    committed: Option<RunGuard>,
     required: BTreeSet<NodeId>,
     last_change: Time,
     last_epoch: Epoch,
@@ -43,7 +47,11 @@ pub fn drive(ops: &[u8]) -> Result<(), String> {
     let members: Vec<NodeId> = (0..3).map(node).collect();
     let definition = PoolDefinition::new(PoolId::new("p").map_err(|e| e.to_string())?, members)
         .map_err(|e| e.to_string())?;
-    let (pool, added) = PoolReadiness::new(&definition, WINDOW, Time::ZERO);
+    let policy = PlanningPolicy {
+        on_readiness_lost: OnReadinessLost::Wait,
+        wait_timeout: Some(Duration::from_millis(250)),
+    };
+    let (pool, added) = PoolGate::new(&definition, WINDOW, policy, Time::ZERO);
     let mut drill = Drill {
         now: Time::ZERO,
         pool,
@@ -51,7 +59,7 @@ pub fn drive(ops: &[u8]) -> Result<(), String> {
             .into_iter()
             .map(|(id, key)| (id, (key, NodeFacts::default())))
             .collect(),
-        run: None,
+        committed: None,
         required: BTreeSet::new(),
         last_change: Time::ZERO,
         last_epoch: Epoch(0),
@@ -124,9 +132,6 @@ impl Drill {
     /// first, so the checks see the facts those deadlines were due on.
     fn catch_up(&mut self) -> Result<(), String> {
         self.pool.settle_before(self.now, &mut self.out);
-        if let Some(run) = self.run.as_mut() {
-            run.settle_before(self.now, &mut self.out);
-        }
         self.settle().map(drop)
     }
 
@@ -145,15 +150,21 @@ impl Drill {
             && facts.fingerprint().is_some();
         let lost = was_ready && !facts.verdict().is_ready();
         let key = *key;
+        let committed = self.committed.is_some();
         let faults = self.required.contains(&target) && (lost || rotated);
         self.pool
             .node_changed(key, self.now, &change, &mut self.out);
-        if let Some(run) = self.run.as_mut() {
-            run.node_changed(self.now, &target, &change, &mut self.out);
+        if let Some(run) = self.pool.committed_run_requiring(&target).cloned() {
+            if let Some(guard) = self.committed.as_mut() {
+                guard.node_changed(self.now, &target, &change, &mut self.out);
+                if guard.is_ended() {
+                    self.pool.run_ended(&run);
+                }
+            }
         }
         let faulted = self.settle()?;
         self.last_change = self.now;
-        if faulted != faults && self.committed_before(faulted) {
+        if committed && faulted != faults {
             return Err(format!(
                 "at {}: {target} {change:?}: run faulted = {faulted}, expected {faults}",
                 self.now
@@ -162,71 +173,71 @@ impl Drill {
         Ok(())
     }
 
-    fn committed_before(&self, faulted: bool) -> bool {
-        faulted
-            || matches!(
-                self.run.as_ref().map(RunGuard::phase),
-                Some(RunPhase::Committed { .. })
-            )
-    }
-
     fn begin(&mut self, _arg: u8) -> Result<(), String> {
         self.catch_up()?;
-        let Some(epoch) = self.pool.ready_epoch() else {
-            return Ok(());
-        };
-        if self.run.is_some() {
-            return Ok(());
-        }
-        let policy = PlanningPolicy {
-            on_readiness_lost: OnReadinessLost::Wait,
-            wait_timeout: Some(Duration::from_millis(250)),
-        };
         let run = RunId::new("r").map_err(|e| e.to_string())?;
-        self.run = Some(RunGuard::begin(run, epoch, policy, self.now, &mut self.out));
+        let ready = self.pool.readiness().ready_epoch();
+        let free = self.pool.active_run().is_none();
+        let begun = self.pool.begin(run, None, self.now, &mut self.out);
+        if begun.is_ok() != (ready.is_some() && free) {
+            return Err(format!(
+                "begin_planning: {begun:?}, ready {ready:?}, free {free}"
+            ));
+        }
         self.settle().map(drop)
     }
 
     fn commit(&mut self, arg: u8) -> Result<(), String> {
         self.catch_up()?;
-        let (Some(run), Some(epoch)) = (self.run.as_mut(), self.pool.ready_epoch()) else {
-            return Ok(());
-        };
+        let run = RunId::new("r").map_err(|e| e.to_string())?;
         let required: Vec<NodeId> = (0..3u8)
             .filter(|i| arg & (1 << i) != 0)
             .map(node)
             .filter(|n| self.facts.contains_key(n))
             .collect();
-        if run
-            .commit(self.now, required.clone(), epoch, &mut self.out)
-            .is_ok()
+        if let Ok(guard) = self
+            .pool
+            .commit(&run, required.clone(), None, self.now, &mut self.out)
         {
+            if self.pool.readiness().ready_epoch().is_none() {
+                return Err("committed on a pool that is not ready".into());
+            }
             self.required = required.into_iter().collect();
+            self.committed = Some(guard);
         }
         self.settle().map(drop)
     }
 
     fn finish(&mut self) -> Result<(), String> {
         self.catch_up()?;
-        if let Some(run) = self.run.as_mut() {
-            let _ = run.finish(self.now, &mut self.out);
+        let run = RunId::new("r").map_err(|e| e.to_string())?;
+        if self.pool.may_finish(&run, self.now, &mut self.out).is_ok() {
+            if let Some(guard) = self.committed.as_mut() {
+                guard
+                    .finish(self.now, &mut self.out)
+                    .map_err(|e| e.to_string())?;
+                self.pool.run_ended(&run);
+            }
         }
         self.settle().map(drop)
     }
 
     fn redefine(&mut self, arg: u8) -> Result<(), String> {
         self.catch_up()?;
-        if matches!(
-            self.run.as_ref().map(RunGuard::phase),
-            Some(RunPhase::Committed { .. })
-        ) {
-            return Ok(());
-        }
         let members: Vec<NodeId> = (0..4u8).filter(|i| arg & (1 << i) != 0).map(node).collect();
-        let Ok(definition) = PoolDefinition::new(self.pool.id().clone(), members) else {
+        let pool = self.pool.readiness().id().clone();
+        let Ok(definition) = PoolDefinition::new(pool, members) else {
             return Ok(());
         };
-        let change = self.pool.redefine(&definition, self.now, &mut self.out);
+        let Ok(change) = self.pool.define(&definition, self.now, &mut self.out) else {
+            if self.committed.is_none() {
+                return Err("redefinition refused with no committed run".into());
+            }
+            return Ok(());
+        };
+        if self.committed.is_some() {
+            return Err("redefined under a committed run".into());
+        }
         for (id, _) in change.removed {
             self.facts.remove(&id);
         }
@@ -240,14 +251,10 @@ impl Drill {
 
     fn tick(&mut self) -> Result<(), String> {
         self.pool.on_deadline(self.now, &mut self.out);
-        if let Some(run) = self.run.as_mut() {
-            run.on_deadline(self.now, &mut self.out);
-        }
         self.settle().map(drop)
     }
 
-    /// Hands pool news to the run, checks every event, and reports whether
-    /// the run faulted.
+    /// Checks every event, and reports whether the run faulted.
     fn settle(&mut self) -> Result<bool, String> {
         let mut faulted = false;
         let mut index = 0;
@@ -278,14 +285,6 @@ impl Drill {
                     if members.len() != self.facts.len() {
                         return Err("PoolReady members differ from the candidates".into());
                     }
-                    if let Some(run) = self.run.as_mut() {
-                        run.pool_ready(*at, *epoch, &mut self.out);
-                    }
-                }
-                Event::ReadinessLost { at, .. } => {
-                    if let Some(run) = self.run.as_mut() {
-                        run.readiness_lost(*at, &mut self.out);
-                    }
                 }
                 Event::RunFaulted { node, .. } => {
                     if !self.required.contains(node) {
@@ -297,13 +296,13 @@ impl Drill {
             }
         }
         self.out.clear();
-        if let PoolPhase::Ready { .. } = self.pool.phase() {
+        if let PoolPhase::Ready { .. } = self.pool.readiness().phase() {
             if self.facts.values().any(|(_, f)| !f.verdict().is_ready()) {
                 return Err("pool Ready with a candidate not ready".into());
             }
         }
-        if self.run.as_ref().is_some_and(RunGuard::is_ended) {
-            self.run = None;
+        if self.committed.as_ref().is_some_and(RunGuard::is_ended) {
+            self.committed = None;
             self.required.clear();
         }
         Ok(faulted)
