@@ -29,8 +29,8 @@ use crate::router::Router;
 use crate::run_actor::RunActor;
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
-    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate,
-    PoolPhase, Reason, Refusal, SlotKey, Time, Verdict,
+    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate, Reason,
+    Refusal, SlotKey, Time, Verdict,
 };
 
 /// What the gate needs to start: the first pool, its window and the
@@ -180,11 +180,12 @@ impl PoolActor {
         self.flush(ctx);
     }
 
-    fn window_running(&self) -> bool {
-        matches!(
-            self.core.readiness().phase(),
-            PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
-        )
+    /// Counts a window restart if the last view change made one.
+    fn count_window_restart(&self) {
+        let last = self.core.readiness().last_change();
+        if last.restarted_window {
+            telemetry::window_restart(last.reason);
+        }
     }
 
     /// A change of a node that the committed run requires goes to the run;
@@ -295,7 +296,6 @@ impl Handler<NodeChanged> for PoolActor {
         let at = self.applied_at(msg.at);
         let _span = tracing::debug_span!("pool", pool = %self.core.readiness().id()).entered();
         tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
-        let restarts_window = self.window_running();
         let NodeChanged {
             key,
             node,
@@ -313,9 +313,7 @@ impl Handler<NodeChanged> for PoolActor {
         let Some(Some(before)) = before else {
             return;
         };
-        if restarts_window {
-            telemetry::window_restart(change.reason);
-        }
+        self.count_window_restart();
         self.blocked.changed(before, change.after);
         self.flush(ctx);
         self.tell_committed_run(ctx, at, node, change);
@@ -349,12 +347,9 @@ impl Handler<DefinePool> for PoolActor {
     fn handle(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Result<(), Refusal> {
         let at = self.applied_at(msg.at);
         self.settle(at, ctx);
-        let restarts_window = self.window_running();
         let result = self.core.define(&msg.definition, at, &mut self.out);
         if let Ok(change) = &result {
-            if restarts_window {
-                telemetry::window_restart(Reason::PoolRedefined);
-            }
+            self.count_window_restart();
             for (node, _) in &change.removed {
                 // Dropping the router's address stops the node actor once
                 // its mailbox is empty; a late change of it is ignored by

@@ -25,10 +25,10 @@ pub enum AbortReason {
 pub enum Event {
     /// Every candidate was ready and the view held still for the window.
     PoolReady {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The pool.
+        /// The pool's id.
         pool: PoolId,
         /// The new epoch.
         epoch: Epoch,
@@ -39,10 +39,10 @@ pub enum Event {
     },
     /// The view changed while the pool was ready.
     ReadinessLost {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The pool.
+        /// The pool's id.
         pool: PoolId,
         /// The epoch that ended.
         epoch: Epoch,
@@ -53,48 +53,48 @@ pub enum Event {
     },
     /// A run began planning, bound to an epoch.
     PlanningStarted {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
         /// The epoch it is bound to.
         epoch: Epoch,
     },
     /// Readiness was lost while planning under the `wait` policy.
     PlanningSuspended {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
     },
     /// Readiness came back while planning was suspended.
     PlanningResumed {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
         /// The new epoch it is bound to.
         epoch: Epoch,
     },
     /// Planning ended without a plan.
     PlanningAborted {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
-        /// Why.
+        /// Why planning was abandoned.
         reason: AbortReason,
     },
     /// The plan was committed: provisioning began.
     RunCommitted {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
         /// The epoch the plan was made on.
         epoch: Epoch,
@@ -103,10 +103,10 @@ pub enum Event {
     },
     /// A required node was lost after commit; the run is over.
     RunFaulted {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
         /// The required node that was lost.
         node: NodeId,
@@ -115,10 +115,10 @@ pub enum Event {
     },
     /// A committed run finished.
     RunFinished {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
-        /// The run.
+        /// The run it concerns.
         run: RunId,
     },
 }

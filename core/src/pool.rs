@@ -106,7 +106,7 @@ impl Slot {
 /// One candidate as the pool sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CandidateSummary {
-    /// The candidate.
+    /// The candidate's id.
     pub node: NodeId,
     /// Ready, or what blocks it.
     pub verdict: Verdict,
@@ -148,12 +148,15 @@ pub struct Redefinition {
 /// The last view change, for explanations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LastChange {
-    /// When.
+    /// The instant of the change: the start of the current window.
     pub at: Time,
-    /// Which node; none for a redefinition.
+    /// The node whose view changed; none for a redefinition or a restart.
     pub node: Option<NodeId>,
-    /// What changed.
+    /// What changed, as `readiness_lost` would word it.
     pub reason: Reason,
+    /// Whether it cut a running window short (the pool was converging or
+    /// ready): the one place that question is answered.
+    pub restarted_window: bool,
 }
 
 /// The readiness of one candidate pool.
@@ -192,6 +195,7 @@ impl PoolReadiness {
                 at: now,
                 node: None,
                 reason: Reason::PoolRedefined,
+                restarted_window: false,
             },
             now,
         };
@@ -425,7 +429,16 @@ impl PoolReadiness {
                 reason,
             });
         }
-        self.last_change = LastChange { at, node, reason };
+        let restarted_window = matches!(
+            self.phase,
+            PoolPhase::Converging { .. } | PoolPhase::Ready { .. }
+        );
+        self.last_change = LastChange {
+            at,
+            node,
+            reason,
+            restarted_window,
+        };
         self.phase = if self.not_ready == 0 {
             PoolPhase::Converging {
                 deadline: at + self.window,

@@ -56,7 +56,7 @@ pub enum Refusal {
     /// Commit needs a run that is planning (not suspended, not committed).
     #[error("run {run} is {state}, not planning")]
     NotPlanning {
-        /// The run.
+        /// The refused run.
         run: RunId,
         /// Its state: `suspended` or `committed`.
         state: &'static str,
@@ -64,7 +64,7 @@ pub enum Refusal {
     /// Finish needs a committed run.
     #[error("run {run} is {state}, not committed")]
     NotCommitted {
-        /// The run.
+        /// The refused run.
         run: RunId,
         /// Its state: `planning` or `suspended`.
         state: &'static str,
@@ -314,7 +314,7 @@ impl RunGuard {
         }
     }
 
-    /// The run.
+    /// The run this guard keeps.
     pub fn run(&self) -> &RunId {
         &self.run
     }

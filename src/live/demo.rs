@@ -182,9 +182,9 @@ pub enum DemoLine {
     /// A remark for a person (what the pool waits for); not in JSON.
     #[serde(skip)]
     Note {
-        /// When.
+        /// The instant it happened on the gate's timeline (`at_ms`).
         at: Time,
-        /// What.
+        /// The remark.
         text: String,
     },
 }
@@ -243,11 +243,11 @@ pub fn print(config: &Config, json: bool, seed: u64) -> Result<DemoOutcome, Demo
 /// The demo's own event: it crashed a node's SWIM member.
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeCrashed {
-    /// When.
+    /// The instant it happened on the gate's timeline (`at_ms`).
     #[serde(rename = "at_ms")]
     pub at: Time,
     event: &'static str,
-    /// The node.
+    /// The node whose SWIM member was crashed.
     pub node: NodeId,
 }
 

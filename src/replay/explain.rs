@@ -10,14 +10,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use poolgate_actors::core::{Event, Membership, NodeId, PoolPhase, PoolReport, Reason, Time};
+use poolgate_actors::core::{
+    Event, LastChange, Membership, NodeId, PoolPhase, PoolReport, Reason, Time,
+};
 
 /// Follows the reports and events of one replay.
 #[derive(Debug, Default)]
 pub struct Explainer {
     last_line: Option<String>,
-    last_phase: Option<PoolPhase>,
-    last_change: Option<(Time, Option<NodeId>, Reason)>,
+    last_change: Option<LastChange>,
     restarts: BTreeMap<Reason, u32>,
     first_ready: Option<Time>,
     latest: Time,
@@ -29,21 +30,13 @@ pub struct Explainer {
 impl Explainer {
     /// The report after an input at `at`; a line when something changed.
     pub fn after_input(&mut self, at: Time, report: &PoolReport) -> Option<String> {
-        let change = (
-            report.last_change.at,
-            report.last_change.node.clone(),
-            report.last_change.reason,
-        );
-        if self.last_change.as_ref() != Some(&change) {
-            if matches!(
-                self.last_phase,
-                Some(PoolPhase::Converging { .. } | PoolPhase::Ready { .. })
-            ) {
-                *self.restarts.entry(change.2).or_default() += 1;
+        let change = &report.last_change;
+        if self.last_change.as_ref() != Some(change) {
+            if change.restarted_window {
+                *self.restarts.entry(change.reason).or_default() += 1;
             }
-            self.last_change = Some(change);
+            self.last_change = Some(change.clone());
         }
-        self.last_phase = Some(report.phase);
         self.latest = self.latest.max(at);
         let mut still = BTreeMap::new();
         for candidate in report.candidates.iter().filter(|c| !c.verdict.is_ready()) {
@@ -85,10 +78,6 @@ impl Explainer {
         if let Event::PoolReady { at, .. } = event {
             self.first_ready.get_or_insert(*at);
         }
-        self.last_phase = match event {
-            Event::PoolReady { epoch, .. } => Some(PoolPhase::Ready { epoch: *epoch }),
-            _ => self.last_phase,
-        };
     }
 
     /// The closing summary; blockers still holding count up to `end`.

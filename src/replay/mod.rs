@@ -38,7 +38,7 @@ const LONG_MOVE: Duration = Duration::from_secs(60);
 /// A command or observation the gate refused, as the replay reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Rejection {
-    /// When.
+    /// The instant it happened on the gate's timeline (`at_ms`).
     #[serde(rename = "at_ms")]
     pub at: Time,
     event: &'static str,
@@ -53,7 +53,7 @@ pub struct Rejection {
 /// A readable remark (`--explain` only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Note {
-    /// When.
+    /// The instant it happened on the gate's timeline (`at_ms`).
     #[serde(rename = "at_ms")]
     pub at: Time,
     event: &'static str,
