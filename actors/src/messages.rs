@@ -2,7 +2,8 @@
 //! place, so the actor files import the core and these, not each other.
 //!
 //! The way of one observation: [`Observe`] (handle → `NodeActor`); only a
-//! change goes on as [`NodeChanged`] (`NodeActor` → `PoolActor`); a change
+//! change goes on as [`NodeChanged`] (`NodeActor` → `PoolActor`, in a
+//! [`FromNode`]); a change
 //! of a node that a committed run requires goes on as
 //! [`RequiredNodeChanged`] (`PoolActor` → `RunActor`), answered with the
 //! run's [`RunStatus`].
@@ -51,9 +52,19 @@ pub struct Resync {
     pub at: Time,
 }
 
-/// `NodeActor` → `PoolActor`: the node's view changed.
+/// `NodeActor` → `PoolActor`: news of one candidate. One message type, so
+/// a node actor holds a single way to its pool.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
+pub enum FromNode {
+    /// The node's view changed.
+    Changed(NodeChanged),
+    /// The node's actor stopped.
+    Stopped(NodeActorStopped),
+}
+
+/// The node's view changed.
+#[derive(Debug)]
 pub struct NodeChanged {
     /// The candidate's slot, as given to the node actor.
     pub key: SlotKey,
@@ -67,10 +78,8 @@ pub struct NodeChanged {
     pub detail: NodeDetail,
 }
 
-/// `NodeActor` → `PoolActor`: a node actor stopped (it failed, or its node
-/// left the pool).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+/// A node actor stopped (it failed, or its node left the pool).
+#[derive(Debug)]
 pub struct NodeActorStopped {
     /// The slot the actor reported under.
     pub key: SlotKey,

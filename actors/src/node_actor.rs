@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
-use crate::messages::{NodeActorStopped, NodeChanged, Observe, Outcome, Resync};
+use crate::messages::{FromNode, NodeActorStopped, NodeChanged, Observe, Outcome, Resync};
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
 
@@ -15,10 +15,8 @@ pub struct NodeActor {
     node: NodeId,
     key: SlotKey,
     facts: NodeFacts,
-    /// Where changes go: the pool actor.
-    changes: Recipient<NodeChanged>,
-    /// Where the actor's end is told: the pool actor.
-    stopped: Recipient<NodeActorStopped>,
+    /// Where changes, and the actor's end, are told: the pool actor.
+    pool: Recipient<FromNode>,
     ignored: Arc<IgnoredCounts>,
 }
 
@@ -27,16 +25,14 @@ impl NodeActor {
     pub fn new(
         node: NodeId,
         key: SlotKey,
-        changes: Recipient<NodeChanged>,
-        stopped: Recipient<NodeActorStopped>,
+        pool: Recipient<FromNode>,
         ignored: Arc<IgnoredCounts>,
     ) -> Self {
         Self {
             node,
             key,
             facts: NodeFacts::default(),
-            changes,
-            stopped,
+            pool,
             ignored,
         }
     }
@@ -49,10 +45,10 @@ impl Actor for NodeActor {
     /// pool decides whether that matters (a current candidate's actor is
     /// replaced; one of a former candidate is not).
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        self.stopped.do_send(NodeActorStopped {
+        self.pool.do_send(FromNode::Stopped(NodeActorStopped {
             key: self.key,
             node: self.node.clone(),
-        });
+        }));
     }
 }
 
@@ -104,7 +100,7 @@ impl Handler<Resync> for NodeActor {
     fn handle(&mut self, msg: Resync, _ctx: &mut Context<Self>) {
         let verdict = self.facts.verdict();
         if verdict != Verdict::NOTHING_KNOWN {
-            self.changes.do_send(NodeChanged {
+            self.pool.do_send(FromNode::Changed(NodeChanged {
                 key: self.key,
                 node: self.node.clone(),
                 at: msg.at,
@@ -115,7 +111,7 @@ impl Handler<Resync> for NodeActor {
                     fingerprint: self.facts.fingerprint(),
                 },
                 detail: self.detail(),
-            });
+            }));
         }
     }
 }
@@ -129,13 +125,13 @@ impl Handler<Observe> for NodeActor {
         };
         match applied {
             Applied::Changed(change) => {
-                self.changes.do_send(NodeChanged {
+                self.pool.do_send(FromNode::Changed(NodeChanged {
                     key: self.key,
                     node: self.node.clone(),
                     at: msg.at,
                     change,
                     detail: self.detail(),
-                });
+                }));
                 telemetry::observation("applied");
                 Outcome::Changed
             }

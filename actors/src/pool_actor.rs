@@ -20,7 +20,7 @@ use actix::{
 
 use crate::clock::{Clock, TimerSlot};
 use crate::messages::{
-    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, NodeActorStopped, NodeChanged,
+    BeginPlanning, CommitPlan, DefinePool, FinishRun, FromNode, GetReport, NodeActorStopped, NodeChanged,
     PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
 };
 use crate::node_actor::NodeActor;
@@ -100,12 +100,10 @@ impl PoolActor {
     }
 
     fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
-        let me = ctx.address();
         let addr = NodeActor::new(
             node.clone(),
             key,
-            me.clone().recipient(),
-            me.recipient(),
+            ctx.address().recipient(),
             Arc::clone(&self.router.ignored),
         )
         .start();
@@ -248,10 +246,20 @@ impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     }
 }
 
-impl Handler<NodeActorStopped> for PoolActor {
+impl Handler<FromNode> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, msg: NodeActorStopped, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: FromNode, ctx: &mut Context<Self>) {
+        match msg {
+            FromNode::Changed(change) => self.node_changed(change, ctx),
+            FromNode::Stopped(stopped) => self.node_actor_stopped(stopped, ctx),
+        }
+    }
+}
+
+impl PoolActor {
+    /// A node actor stopped: the actor of a current candidate is replaced.
+    fn node_actor_stopped(&mut self, msg: NodeActorStopped, ctx: &mut Context<Self>) {
         // Only the actor of a current candidate is replaced.
         let Some(before) = self.core.readiness().verdict_of(msg.key) else {
             return;
@@ -276,23 +284,19 @@ impl Handler<NodeActorStopped> for PoolActor {
             after: Verdict::NOTHING_KNOWN,
             fingerprint: None,
         };
-        self.handle(
-            NodeChanged {
-                key: msg.key,
-                node: msg.node,
-                at: self.clock.now(),
-                change,
-                detail: NodeDetail::default(),
-            },
-            ctx,
-        );
+        let at = self.clock.now();
+        let change = NodeChanged {
+            key: msg.key,
+            node: msg.node,
+            at,
+            change,
+            detail: NodeDetail::default(),
+        };
+        self.node_changed(change, ctx);
     }
-}
 
-impl Handler<NodeChanged> for PoolActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+    /// A node actor reports a change of its node's view.
+    fn node_changed(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
         let at = self.applied_at(msg.at);
         let _span = tracing::debug_span!("pool", pool = %self.core.readiness().id()).entered();
         tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");

@@ -362,23 +362,15 @@ impl PoolGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{t, node, run};
     use crate::node::{Applied, NodeFacts, Observation, SwimState};
     use crate::run::OnReadinessLost;
     use crate::{IdentityMaterial, PoolId};
 
     const WINDOW: Duration = Duration::from_millis(100);
 
-    fn t(ms: u64) -> Time {
-        Time::from_millis(ms)
-    }
 
-    fn node(name: &str) -> NodeId {
-        NodeId::new(name).unwrap()
-    }
 
-    fn run(name: &str) -> RunId {
-        RunId::new(name).unwrap()
-    }
 
     /// A gate over `a` and `b`, waiting up to `wait` ms on lost readiness.
     struct Harness {

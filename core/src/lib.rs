@@ -37,3 +37,6 @@ pub use time::Time;
 
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+
+#[cfg(test)]
+mod test_support;

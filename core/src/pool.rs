@@ -506,18 +506,13 @@ impl PoolReadiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{t, node};
     use crate::node::{Applied, NodeFacts, Observation, SwimState};
     use crate::IdentityMaterial;
 
     const WINDOW: Duration = Duration::from_secs(5);
 
-    fn t(ms: u64) -> Time {
-        Time::from_millis(ms)
-    }
 
-    fn node(name: &str) -> NodeId {
-        NodeId::new(name).unwrap()
-    }
 
     /// A pool plus each candidate's facts, driven as the actors drive them.
     struct Harness {

@@ -352,15 +352,10 @@ impl RunGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{t, node};
     use crate::node::{Reason, Verdict};
 
-    fn t(ms: u64) -> Time {
-        Time::from_millis(ms)
-    }
 
-    fn node(name: &str) -> NodeId {
-        NodeId::new(name).unwrap()
-    }
 
     fn guard(policy: OnReadinessLost, wait_timeout: Option<u64>) -> (RunGuard, Vec<Event>) {
         let mut out = Vec::new();
