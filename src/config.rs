@@ -1,15 +1,17 @@
 //! `config.toml`: the pool, the convergence window and the planning policy
 //! (SPEC §4). Every error names the key and the line it is on.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
 use poolgate_actors::GateSettings;
 use toml::de::{DeTable, DeValue};
 
+use crate::live::keys::PublicKey;
 use crate::live::swim::SwimSettings;
 use toml::Spanned;
 
@@ -26,6 +28,32 @@ pub struct Config {
     pub swim: SwimConfig,
     /// `[demo]`: the live demonstration (optional section).
     pub demo: DemoConfig,
+    /// `[agents]`: where node agents announce themselves.
+    pub agents: AgentsConfig,
+    /// `[registry]`: the nodes the orchestrator knows, each with its pinned
+    /// public key (a registry entry is the `known` fact).
+    pub registry: BTreeMap<NodeId, PublicKey>,
+}
+
+/// `[agents]`: the orchestrator's agent listener (TCP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentsConfig {
+    /// `listen`: the address (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// `max_connections`: connections served at once; more are closed.
+    pub max_connections: usize,
+    /// `idle_timeout`: a connection that sends nothing this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7947)),
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// `[swim]`: where the orchestrator's SWIM member listens, whom it asks to
@@ -38,6 +66,14 @@ pub struct SwimConfig {
     pub seeds: Vec<SocketAddr>,
     /// `probe_period`, `probe_rtt`, `suspicion_timeout`.
     pub timings: SwimSettings,
+    /// `cluster_keys`: key files of the gossip keyring; the first seals,
+    /// all open (relative paths are from the config file's folder).
+    pub cluster_keys: Vec<PathBuf>,
+    /// `insecure`: run with no cluster keys (gossip in the clear).
+    pub insecure: bool,
+    /// `label`: the cluster's label, sealed into every datagram and signed
+    /// into every announcement.
+    pub label: String,
 }
 
 impl Default for SwimConfig {
@@ -46,6 +82,9 @@ impl Default for SwimConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             seeds: Vec::new(),
             timings: SwimSettings::default(),
+            cluster_keys: Vec::new(),
+            insecure: false,
+            label: "poolgate".to_string(),
         }
     }
 }
@@ -105,7 +144,9 @@ impl Config {
             file: file.clone(),
             source,
         })?;
-        Config::parse(&text, &file)
+        let mut config = Config::parse(&text, &file)?;
+        config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+        Ok(config)
     }
 
     /// Checks the text of a configuration; `file` names it in errors.
@@ -114,7 +155,11 @@ impl Config {
         let root = DeTable::parse(text)
             .map_err(|e| doc.error(e.span().unwrap_or(0..0), "toml", e.message().trim_end()))?;
         let root = root.get_ref();
-        doc.only_keys(root, "", &["pool", "readiness", "planning", "swim", "demo"])?;
+        doc.only_keys(
+            root,
+            "",
+            &["pool", "readiness", "planning", "swim", "demo", "agents", "registry"],
+        )?;
 
         let (pool_table, pool_span) = doc.required_section(root, "pool")?;
         let (readiness_table, readiness_span) = doc.required_section(root, "readiness")?;
@@ -181,6 +226,14 @@ impl Config {
             Some((table, _)) => doc.demo(table)?,
             None => DemoConfig::default(),
         };
+        let agents = match doc.section(root, "agents")? {
+            Some((table, _)) => doc.agents(table)?,
+            None => AgentsConfig::default(),
+        };
+        let registry = match doc.section(root, "registry")? {
+            Some((table, _)) => doc.registry(table)?,
+            None => BTreeMap::new(),
+        };
 
         Ok(Config {
             pool,
@@ -188,7 +241,18 @@ impl Config {
             planning: planning_policy,
             swim,
             demo,
+            agents,
+            registry,
         })
+    }
+
+    /// Relative key paths, resolved from `dir` (the config file's folder).
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        for path in &mut self.swim.cluster_keys {
+            if path.is_relative() {
+                *path = dir.join(&*path);
+            }
+        }
     }
 
     /// What the pool actor needs.
@@ -198,6 +262,107 @@ impl Config {
             window: self.convergence_window,
             policy: self.planning,
         }
+    }
+}
+
+/// `node.toml`: one node agent (`poolgate node`, SPEC §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// `[node] name`: the node's id, as the pool and registry name it.
+    pub name: NodeId,
+    /// `[node] signing_key`: the node's Ed25519 key file.
+    pub signing_key: PathBuf,
+    /// `[node] identity`: the data-plane identity material file (1 B to
+    /// 16 KiB), re-read on SIGHUP.
+    pub identity: PathBuf,
+    /// `[node] health_check`: argv run every `health_interval`; exit 0
+    /// keeps the node available.
+    pub health_check: Option<Vec<String>>,
+    /// `[node] health_interval`.
+    pub health_interval: Duration,
+    /// `[swim]`: as in `config.toml`.
+    pub swim: SwimConfig,
+    /// `[orchestrator] agents`: the orchestrator's agent listener.
+    pub orchestrator: SocketAddr,
+}
+
+impl NodeConfig {
+    /// Reads and checks a node configuration; relative paths are from the
+    /// file's folder.
+    pub fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        let mut config = NodeConfig::parse(&text, &file)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let paths = [&mut config.signing_key, &mut config.identity]
+            .into_iter()
+            .chain(config.swim.cluster_keys.iter_mut());
+        for path in paths {
+            if path.is_relative() {
+                *path = dir.join(&*path);
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks the text of a node configuration; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<NodeConfig, ConfigError> {
+        let doc = Doc { text, file };
+        let root = DeTable::parse(text)
+            .map_err(|e| doc.error(e.span().unwrap_or(0..0), "toml", e.message().trim_end()))?;
+        let root = root.get_ref();
+        doc.only_keys(root, "", &["node", "swim", "orchestrator"])?;
+        let (node, node_span) = doc.required_section(root, "node")?;
+        doc.only_keys(
+            node,
+            "node",
+            &["name", "signing_key", "identity", "health_check", "health_interval"],
+        )?;
+        let name = doc.required(node, "node", "name", node_span.clone())?;
+        let (name_text, name_span) = doc.string(name, "node.name")?;
+        let name = NodeId::new(&name_text).map_err(|e| doc.error(name_span, "node.name", e))?;
+        let key = doc.required(node, "node", "signing_key", node_span.clone())?;
+        let signing_key = PathBuf::from(doc.string(key, "node.signing_key")?.0);
+        let identity = doc.required(node, "node", "identity", node_span)?;
+        let identity = PathBuf::from(doc.string(identity, "node.identity")?.0);
+        let health_check = match node.get("health_check") {
+            Some(value) => {
+                let argv = doc.strings(value, "node.health_check")?;
+                if argv.is_empty() {
+                    return Err(doc.error(
+                        value.span(),
+                        "node.health_check",
+                        "must name a program (a non-empty argv list)",
+                    ));
+                }
+                Some(argv)
+            }
+            None => None,
+        };
+        let health_interval = match node.get("health_interval") {
+            Some(value) => doc.duration(value, "node.health_interval")?.0,
+            None => Duration::from_secs(5),
+        };
+        let swim = match doc.section(root, "swim")? {
+            Some((table, _)) => doc.swim(table)?,
+            None => SwimConfig::default(),
+        };
+        let (orchestrator, span) = doc.required_section(root, "orchestrator")?;
+        doc.only_keys(orchestrator, "orchestrator", &["agents"])?;
+        let agents = doc.required(orchestrator, "orchestrator", "agents", span)?;
+        let orchestrator = doc.socket_addr(agents, "orchestrator.agents")?;
+        Ok(NodeConfig {
+            name,
+            signing_key,
+            identity,
+            health_check,
+            health_interval,
+            swim,
+            orchestrator,
+        })
     }
 }
 
@@ -319,9 +484,33 @@ impl<'a> Doc<'a> {
                 "probe_period",
                 "probe_rtt",
                 "suspicion_timeout",
+                "cluster_keys",
+                "insecure",
+                "label",
             ],
         )?;
         let mut swim = SwimConfig::default();
+        if let Some(value) = table.get("cluster_keys") {
+            swim.cluster_keys = self
+                .strings(value, "swim.cluster_keys")?
+                .into_iter()
+                .map(PathBuf::from)
+                .collect();
+        }
+        if let Some(value) = table.get("insecure") {
+            swim.insecure = self.boolean(value, "swim.insecure")?;
+        }
+        if let Some(value) = table.get("label") {
+            let (label, span) = self.string(value, "swim.label")?;
+            if label.is_empty() || label.len() > 128 || label.chars().any(char::is_control) {
+                return Err(self.error(
+                    span,
+                    "swim.label",
+                    "must be 1 to 128 bytes with no control characters",
+                ));
+            }
+            swim.label = label;
+        }
         if let Some(value) = table.get("bind") {
             swim.bind = self.socket_addr(value, "swim.bind")?;
         }
@@ -359,6 +548,75 @@ impl<'a> Doc<'a> {
             ));
         }
         Ok(swim)
+    }
+
+    fn agents(&self, table: &Table<'_>) -> Result<AgentsConfig, ConfigError> {
+        self.only_keys(table, "agents", &["listen", "max_connections", "idle_timeout"])?;
+        let mut agents = AgentsConfig::default();
+        if let Some(value) = table.get("listen") {
+            agents.listen = self.socket_addr(value, "agents.listen")?;
+        }
+        if let Some(value) = table.get("max_connections") {
+            agents.max_connections =
+                self.whole(value, "agents.max_connections", 1..=1_000_000)? as usize;
+        }
+        if let Some(value) = table.get("idle_timeout") {
+            agents.idle_timeout = self.duration(value, "agents.idle_timeout")?.0;
+        }
+        Ok(agents)
+    }
+
+    fn registry(&self, table: &Table<'_>) -> Result<BTreeMap<NodeId, PublicKey>, ConfigError> {
+        let mut registry = BTreeMap::new();
+        for (key, value) in table.iter() {
+            let dotted = dotted("registry", key.get_ref());
+            let node = NodeId::new(key.get_ref()).map_err(|e| self.error(key.span(), &dotted, e))?;
+            let (text, span) = self.string(value, &dotted)?;
+            let public = PublicKey::parse(&text).map_err(|e| self.error(span, &dotted, e))?;
+            registry.insert(node, public);
+        }
+        Ok(registry)
+    }
+
+    fn strings(&self, value: &Value<'_>, key: &str) -> Result<Vec<String>, ConfigError> {
+        let DeValue::Array(items) = value.get_ref() else {
+            return Err(self.error(value.span(), key, "must be a list of strings"));
+        };
+        items
+            .iter()
+            .map(|item| self.string(item, key).map(|(text, _)| text))
+            .collect()
+    }
+
+    fn boolean(&self, value: &Value<'_>, key: &str) -> Result<bool, ConfigError> {
+        match value.get_ref() {
+            DeValue::Boolean(b) => Ok(*b),
+            _ => Err(self.error(value.span(), key, "must be true or false")),
+        }
+    }
+
+    fn whole(
+        &self,
+        value: &Value<'_>,
+        key: &str,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<u64, ConfigError> {
+        value
+            .get_ref()
+            .as_integer()
+            .and_then(|n| u64::from_str_radix(&n.as_str().replace('_', ""), n.radix()).ok())
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                self.error(
+                    value.span(),
+                    key,
+                    format!(
+                        "must be a whole number from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                )
+            })
     }
 
     fn demo(&self, table: &Table<'_>) -> Result<DemoConfig, ConfigError> {

@@ -23,7 +23,7 @@ pub mod config;
 pub mod live;
 pub mod replay;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, NodeConfig};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
     Accepted, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,

@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::live::swim::member::{Crash, Join, Leave};
 use crate::live::swim::SwimMember;
+use crate::live::wire::Keyring;
 use crate::replay::{explain, render};
 
 /// Why the demo could not run.
@@ -79,6 +80,7 @@ impl LiveCluster {
             foca_config.clone(),
             StdRng::seed_from_u64(rng.random()),
             Some(sink),
+            Keyring::new(&[], "poolgate"),
         )?;
         if !config.swim.seeds.is_empty() {
             orchestrator.0.do_send(Join {
@@ -96,6 +98,7 @@ impl LiveCluster {
                 foca_config.clone(),
                 StdRng::seed_from_u64(rng.random()),
                 None,
+                Keyring::new(&[], "poolgate"),
             )?;
             member.do_send(Join {
                 seeds: vec![orchestrator.1],

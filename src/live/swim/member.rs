@@ -5,6 +5,14 @@
 //! to send, timers to schedule (actix `notify_later`), notifications to log.
 //! After each call the tracker turns membership changes into gate input for
 //! the sink, if there is one.
+//!
+//! Every datagram is sealed on the way out and opened on the way in with
+//! the cluster's [`Keyring`]; one that no key opens is dropped and counted
+//! (`poolgate_gossip_rejected_total`), never parsed. Datagrams reach the
+//! actor through a bounded mailbox: when it is full the datagram is dropped
+//! and counted (`poolgate_gossip_dropped_total`), as a full socket buffer
+//! would drop it. foca's refusals are counted too
+//! (`poolgate_swim_errors_total`, by call).
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,8 +26,23 @@ use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use super::identity::SwimIdentity;
-use super::tracker::MembershipTracker;
+use super::tracker::{MembershipTracker, GENERATION_LIMIT};
+use crate::live::wire::Keyring;
 use poolgate_actors::core::MembershipUpdate;
+
+/// How many received datagrams may wait for the actor.
+pub const DATAGRAM_QUEUE: usize = 1024;
+
+/// A generation for a member starting now: the boot time in unix
+/// milliseconds, so a restarted process outranks its earlier life.
+pub fn boot_generation() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(now.as_millis())
+        .unwrap_or(u64::MAX)
+        .min(GENERATION_LIMIT - 1)
+}
 
 /// Where membership updates go (the gate, in the orchestrator's member).
 pub type MembershipSink = Box<dyn FnMut(MembershipUpdate)>;
@@ -73,10 +96,12 @@ pub struct SwimMember {
     tracker: MembershipTracker,
     sink: Option<MembershipSink>,
     receiver: Option<JoinHandle<()>>,
+    keyring: Keyring,
 }
 
 impl SwimMember {
-    /// Binds `bind` and starts a member named `node` at `generation`.
+    /// Binds `bind` and starts a member named `node` at `generation`
+    /// (see [`boot_generation`]), sealing its gossip with `keyring`.
     /// Returns its address and the socket address it answers on. Must be
     /// called inside a running actix `System`.
     pub fn start(
@@ -86,6 +111,7 @@ impl SwimMember {
         config: foca::Config,
         rng: StdRng,
         sink: Option<MembershipSink>,
+        keyring: Keyring,
     ) -> io::Result<(Addr<SwimMember>, SocketAddr)> {
         let sender = std::net::UdpSocket::bind(bind)?;
         sender.set_nonblocking(true)?;
@@ -104,6 +130,7 @@ impl SwimMember {
             tracker: MembershipTracker::default(),
             sink,
             receiver: None,
+            keyring,
         };
         Ok((member.start(), local))
     }
@@ -111,7 +138,8 @@ impl SwimMember {
     /// Does what foca asked for, then reports membership changes.
     fn drain(&mut self, ctx: &mut Context<Self>) {
         while let Some((to, data)) = self.runtime.to_send() {
-            if let Err(e) = self.sender.send_to(&data, to.addr) {
+            let sealed = self.keyring.seal(&data);
+            if let Err(e) = self.sender.send_to(&sealed, to.addr) {
                 // UDP: a datagram that cannot be sent now is lost, as on
                 // the wire; SWIM tolerates loss.
                 tracing::debug!(to = %to.addr, error = %e, "datagram not sent");
@@ -136,8 +164,9 @@ impl SwimMember {
         }
     }
 
-    fn report(&self, what: &str, result: Result<(), foca::Error>) {
+    fn report(&self, what: &'static str, result: Result<(), foca::Error>) {
         if let Err(e) = result {
+            metrics::counter!("poolgate_swim_errors_total", "call" => what).increment(1);
             tracing::debug!(node = %self.foca.identity().node, error = %e, "{what} refused");
         }
     }
@@ -147,19 +176,25 @@ impl Actor for SwimMember {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(DATAGRAM_QUEUE);
         let Some(socket) = self.receiving.take() else {
             return;
         };
         let me = ctx.address().downgrade();
+        let keyring = self.keyring.clone();
         self.receiver = Some(actix::spawn(async move {
             let mut buffer = vec![0u8; 65_536];
             loop {
                 match socket.recv_from(&mut buffer).await {
                     Ok((len, _from)) => {
                         let Some(member) = me.upgrade() else { break };
-                        member.do_send(Datagram {
-                            data: buffer[..len].to_vec(),
-                        });
+                        let Some(data) = keyring.open(&buffer[..len]) else {
+                            metrics::counter!("poolgate_gossip_rejected_total").increment(1);
+                            continue;
+                        };
+                        if member.try_send(Datagram { data }).is_err() {
+                            metrics::counter!("poolgate_gossip_dropped_total").increment(1);
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "receive failed"),
                 }

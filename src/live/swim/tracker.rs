@@ -3,19 +3,27 @@
 //! foca reports members as alive, suspect or down, each with a 16-bit
 //! incarnation per identity. The gate wants one state and one incarnation
 //! per node that only grows: the tracker folds the generation into the high
-//! bits (`generation << 16 | incarnation`), so a restarted node (new
-//! generation, incarnation 0) outranks everything its previous life said.
+//! bits (`generation << 16 | incarnation`), so a restarted node (a new
+//! generation: its boot time in unix milliseconds, below 2^48) outranks
+//! everything its previous life said. A generation of 2^48 or more would
+//! lose bits in that fold: such a member is ignored (and logged).
+//!
 //! foca's `Down` becomes `dead`: foca reports a graceful leave and a
-//! confirmed failure the same way (a member marked down), so the two cannot
-//! be told apart on the wire.
+//! confirmed failure the same way; the orchestrator tells them apart by the
+//! node's own word (it announces that it is leaving). A member that
+//! vanishes from foca's view (removed after down, or replaced at its
+//! address) is reported `dead` at the incarnation last reported, so it
+//! cannot stay "alive" in the gate.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use foca::{Member, State};
-use poolgate_actors::core::{NodeId, SwimState};
+use poolgate_actors::core::{MembershipUpdate, NodeId, SwimState};
 
 use super::identity::SwimIdentity;
-use poolgate_actors::core::MembershipUpdate;
+
+/// Generations must stay below this to fold into an incarnation.
+pub const GENERATION_LIMIT: u64 = 1 << 48;
 
 /// The latest state reported per node, to emit only changes.
 #[derive(Debug, Default)]
@@ -35,6 +43,10 @@ impl MembershipTracker {
         let mut newest: HashMap<&str, &Member<SwimIdentity>> = HashMap::new();
         for member in members {
             let id = member.id();
+            if id.generation >= GENERATION_LIMIT {
+                tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
+                continue;
+            }
             match newest.get(id.node.as_str()) {
                 Some(known) if known.id().generation >= id.generation => {}
                 _ => {
@@ -43,33 +55,52 @@ impl MembershipTracker {
             }
         }
         let mut updates = Vec::new();
+        let mut present = HashSet::with_capacity(newest.len());
         for (node, member) in newest {
+            present.insert(node);
             let state = match member.state() {
                 State::Alive => SwimState::Alive,
                 State::Suspect => SwimState::Suspect,
                 State::Down => SwimState::Dead,
             };
             let incarnation = (member.id().generation << 16) | u64::from(member.incarnation());
-            if self.reported.get(node) == Some(&(state, incarnation)) {
-                continue;
-            }
-            self.reported.insert(node.to_string(), (state, incarnation));
-            let Ok(node_id) = NodeId::new(node) else {
-                // Noted once per change of the member; never reported.
-                tracing::warn!(
-                    member = node,
-                    "a SWIM member's name is not a valid node id; ignored"
-                );
-                continue;
-            };
-            updates.push(MembershipUpdate {
-                node: node_id,
-                state,
-                incarnation,
-            });
+            self.report(node, state, incarnation, &mut updates);
+        }
+        // Members foca no longer lists: dead, unless already reported so.
+        let vanished: Vec<(String, u64)> = self
+            .reported
+            .iter()
+            .filter(|(node, (state, _))| *state != SwimState::Dead && !present.contains(node.as_str()))
+            .map(|(node, (_, incarnation))| (node.clone(), *incarnation))
+            .collect();
+        for (node, incarnation) in vanished {
+            self.report(&node, SwimState::Dead, incarnation, &mut updates);
         }
         updates.sort_by(|a, b| a.node.cmp(&b.node));
         updates
+    }
+
+    fn report(
+        &mut self,
+        node: &str,
+        state: SwimState,
+        incarnation: u64,
+        updates: &mut Vec<MembershipUpdate>,
+    ) {
+        if self.reported.get(node) == Some(&(state, incarnation)) {
+            return;
+        }
+        self.reported.insert(node.to_string(), (state, incarnation));
+        let Ok(node_id) = NodeId::new(node) else {
+            // Noted once per change of the member; never reported.
+            tracing::warn!(member = node, "a SWIM member's name is not a valid node id; ignored");
+            return;
+        };
+        updates.push(MembershipUpdate {
+            node: node_id,
+            state,
+            incarnation,
+        });
     }
 }
 
@@ -292,5 +323,36 @@ mod tests {
             .filter(|u| u.node.as_str() == "n1")
             .collect();
         assert_eq!(alive.len(), 1, "{:?}", sim.seen);
+    }
+
+    fn member(node: &str, generation: u64, state: State) -> Member<SwimIdentity> {
+        let id = SwimIdentity {
+            node: node.to_string(),
+            addr: addr(1),
+            generation,
+        };
+        Member::new(id, 0, state)
+    }
+
+    #[test]
+    fn a_member_that_vanishes_from_the_view_is_reported_dead() {
+        let mut tracker = MembershipTracker::default();
+        let alive = [member("n1", 5, State::Alive)];
+        assert_eq!(tracker.diff(alive.iter()).len(), 1);
+        let gone = tracker.diff(std::iter::empty());
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].state, SwimState::Dead);
+        assert_eq!(gone[0].incarnation, 5 << 16);
+        assert!(tracker.diff(std::iter::empty()).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn a_generation_that_would_lose_bits_is_ignored() {
+        let mut tracker = MembershipTracker::default();
+        let members = [member("n1", GENERATION_LIMIT, State::Alive)];
+        assert!(tracker.diff(members.iter()).is_empty());
+        let members = [member("n1", GENERATION_LIMIT - 1, State::Alive)];
+        let update = tracker.diff(members.iter());
+        assert_eq!(update[0].incarnation, (GENERATION_LIMIT - 1) << 16);
     }
 }
