@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use poolgate::live::demo;
+use poolgate::core::NodeId;
+use poolgate::live::commands::{self, Output, WatchEnd};
+use poolgate::live::keys::{ClusterKey, NodeKey};
+use poolgate::live::{agent, demo, LiveError};
 use poolgate::replay::{self, ReplayOptions};
-use poolgate::Config;
+use poolgate::{Config, NodeConfig};
 
 #[derive(Parser)]
 #[command(
@@ -53,8 +56,9 @@ enum Command {
         /// The scenario file, or `-` for stdin.
         scenario: String,
     },
-    /// The live demo (the default): a SWIM cluster on 127.0.0.1 feeding
-    /// the gate; a required node crashes after commit and the run faults.
+    /// The live demo (the default): the orchestrator and node agent
+    /// processes on 127.0.0.1; a required node is killed after commit and
+    /// the run faults.
     Demo {
         /// The configuration file.
         #[arg(long, default_value = "config.toml")]
@@ -62,9 +66,70 @@ enum Command {
         /// Print JSON events (and `node_crashed`) instead of readable lines.
         #[arg(long)]
         json: bool,
+        /// How many node processes (1 to 64; default `[demo] nodes`).
+        #[arg(long)]
+        nodes: Option<u32>,
         /// Seed for the agents' delays and keys (random if absent).
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Write a key: a node's Ed25519 signing key (prints its public key as
+    /// `ed25519:<base64>`), or with `--cluster` a cluster gossip key.
+    Keygen {
+        /// The key file to create (mode 0600; never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// A 32-byte cluster gossip key instead of a signing key.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// The agent daemon on a candidate node.
+    Node {
+        /// The node's configuration (`node.toml`).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// The orchestrator's side alone: gate, SWIM member, agent listener;
+    /// prints events.
+    Watch {
+        /// The configuration file.
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+        /// One JSON event per line (the replay format).
+        #[arg(long, conflicts_with = "explain")]
+        json: bool,
+        /// Events and, whenever they change, the pool's state and blockers.
+        #[arg(long)]
+        explain: bool,
+        /// Exit 0 at PoolReady.
+        #[arg(long)]
+        until_ready: bool,
+        /// Give up after this long (exit 1 with `--until-ready`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
+        /// Serve metrics in Prometheus text format on this address.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
+    },
+    /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
+    /// if the run faults (COMMAND gets SIGTERM, SIGKILL after 5 s), else
+    /// COMMAND's exit code.
+    Run {
+        /// The configuration file.
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+        /// The nodes the run requires (default: every member).
+        #[arg(long, value_delimiter = ',')]
+        require: Option<Vec<String>>,
+        /// One JSON event per line (the replay format).
+        #[arg(long)]
+        json: bool,
+        /// Serve metrics in Prometheus text format on this address.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
+        /// The command to run, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
 }
 
@@ -83,6 +148,7 @@ fn main() -> ExitCode {
     let command = cli.command.unwrap_or(Command::Demo {
         config: PathBuf::from("config.toml"),
         json: false,
+        nodes: None,
         seed: None,
     });
     let result = match command {
@@ -92,26 +158,93 @@ fn main() -> ExitCode {
             explain,
             timeline,
             scenario,
-        } => replay(
-            &config,
-            &scenario,
-            human || explain,
-            explain,
-            timeline.as_deref(),
-        ),
-        Command::Demo { config, json, seed } => load(&config).and_then(|config| {
+        } => replay(&config, &scenario, human || explain, explain, timeline.as_deref()).map(|()| 0),
+        Command::Demo {
+            config,
+            json,
+            nodes,
+            seed,
+        } => load(&config).and_then(|config| {
             let seed = seed.unwrap_or_else(rand::random);
-            demo::print(&config, json, seed)
-                .map(drop)
+            demo::print(&config, json, nodes, seed)
+                .map(|_| 0)
                 .map_err(|e| e.to_string())
+        }),
+        Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
+        Command::Node { config } => NodeConfig::load(&config)
+            .map_err(|e| e.to_string())
+            .and_then(|config| live_system(agent::run(config)).map(|()| 0)),
+        Command::Watch {
+            config,
+            json,
+            explain,
+            until_ready,
+            timeout,
+            metrics,
+        } => load(&config).and_then(|config| {
+            let output = output(json, explain);
+            live_system(async move {
+                if let Some(addr) = metrics {
+                    commands::serve_metrics(addr)?;
+                }
+                commands::watch(&config, output, until_ready, timeout).await
+            })
+            .map(|end| match end {
+                WatchEnd::TimedOut if until_ready => 1,
+                _ => 0,
+            })
+        }),
+        Command::Run {
+            config,
+            require,
+            json,
+            metrics,
+            command,
+        } => load(&config).and_then(|config| {
+            let require = require
+                .map(|names| names.iter().map(|n| NodeId::new(n.trim())).collect())
+                .transpose()
+                .map_err(|e| format!("--require: {e}"))?;
+            live_system(async move {
+                if let Some(addr) = metrics {
+                    commands::serve_metrics(addr)?;
+                }
+                commands::run(&config, require, output(json, false), &command).await
+            })
         }),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+fn output(json: bool, explain: bool) -> Output {
+    match (json, explain) {
+        (true, _) => Output::Json,
+        (false, true) => Output::Explain,
+        (false, false) => Output::Human,
+    }
+}
+
+/// Runs `work` in a new actix `System`.
+fn live_system<T>(work: impl std::future::Future<Output = Result<T, LiveError>>) -> Result<T, String> {
+    actix::System::new()
+        .block_on(work)
+        .map_err(|e| e.to_string())
+}
+
+fn keygen(out: &Path, cluster: bool) -> Result<(), String> {
+    if cluster {
+        ClusterKey::generate().save(out).map_err(|e| e.to_string())
+    } else {
+        let key = NodeKey::generate();
+        key.save(out).map_err(|e| e.to_string())?;
+        println!("{}", key.public());
+        Ok(())
     }
 }
 

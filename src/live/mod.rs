@@ -1,12 +1,58 @@
-//! The live cluster: the SWIM adapter that feeds the gate real membership,
-//! the node agents' wire format and keys, and the demo.
+//! The live cluster (SPEC §7–§8): node agents on other machines, the
+//! orchestrator's side that hears them, and the demo.
 //!
+//! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
+//! - [`agent`]: `poolgate node`, the daemon on every candidate node.
 //! - [`swim`]: foca over UDP, turned into the gate's membership input.
 //! - [`keys`]: signing keys, cluster keys, pinned public keys.
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
 //! - [`demo`]: `cargo run`, the live story from forming to a fault.
 
+pub mod agent;
+pub mod cluster;
+pub mod commands;
 pub mod demo;
 pub mod keys;
+pub mod orchestrator;
 pub mod swim;
 pub mod wire;
+
+pub use orchestrator::Orchestrator;
+
+use poolgate_actors::GateError;
+
+use crate::config::ConfigError;
+use keys::KeyError;
+
+/// Why the live side could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// A socket could not be bound.
+    #[error("cannot bind a socket: {0}")]
+    Bind(std::io::Error),
+    /// Neither cluster keys nor `insecure = true` (SPEC §8).
+    #[error(
+        "[swim] has no cluster_keys: give the gossip keyring (poolgate keygen --cluster), or set insecure = true"
+    )]
+    NoClusterKeys,
+    /// A key file could not be used.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The gate refused something, or stopped.
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    /// A configuration file is not valid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The identity material file cannot be used.
+    #[error("{file}: {message}")]
+    Identity {
+        /// The identity file.
+        file: String,
+        /// What is wrong (never the bytes).
+        message: String,
+    },
+    /// Anything else the operating system refused.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}

@@ -237,6 +237,19 @@ pub struct FocaTimer {
 #[rtype(result = "()")]
 pub struct Crash;
 
+/// How many other members this member knows.
+#[derive(Message, Debug)]
+#[rtype(result = "usize")]
+pub struct MemberCount;
+
+impl Handler<MemberCount> for SwimMember {
+    type Result = usize;
+
+    fn handle(&mut self, _msg: MemberCount, _ctx: &mut Context<Self>) -> usize {
+        self.foca.num_members()
+    }
+}
+
 /// Leave the cluster gracefully, then stop.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]

@@ -1,0 +1,268 @@
+//! `poolgate watch` and `poolgate run`: the orchestrator's side on the
+//! command line (SPEC §7).
+//!
+//! Both start an [`Orchestrator`] and print the gate's events: one JSON
+//! object per line (`--json`, the replay format), the explain view
+//! (`--explain`, watch only), or readable lines.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use poolgate_actors::core::{Event, NodeId, RunId};
+use poolgate_actors::{EventStream, Gate, GateError};
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::{LiveError, Orchestrator};
+use crate::config::Config;
+use crate::replay::explain::Explainer;
+use crate::replay::{render, ReplayEvent};
+
+/// How events are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// One JSON object per line (the replay format).
+    Json,
+    /// Readable lines, and the pool's state and blockers when they change.
+    Explain,
+    /// Readable lines.
+    Human,
+}
+
+/// How `watch` ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The pool became ready (with `--until-ready`).
+    Ready,
+    /// `--timeout` passed first.
+    TimedOut,
+    /// SIGINT or SIGTERM.
+    Stopped,
+}
+
+/// Serves the Prometheus text format of every metric on `addr`.
+pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| LiveError::Io(std::io::Error::other(format!("metrics on {addr}: {e}"))))
+}
+
+struct Printer {
+    output: Output,
+    explainer: Explainer,
+}
+
+impl Printer {
+    fn new(output: Output) -> Self {
+        Printer {
+            output,
+            explainer: Explainer::default(),
+        }
+    }
+
+    async fn print(&mut self, gate: &Gate, event: Event) {
+        let at = event.at();
+        self.explainer.saw(&event);
+        let event = ReplayEvent::Gate(event);
+        match self.output {
+            Output::Json => println!("{}", render::json_line(&event)),
+            Output::Human => println!("{}", render::human_line(&event)),
+            Output::Explain => {
+                println!("{}", render::human_line(&event));
+                self.state(gate, at).await;
+            }
+        }
+    }
+
+    async fn state(&mut self, gate: &Gate, at: poolgate_actors::core::Time) {
+        if let Ok(report) = gate.report().await {
+            if let Some(line) = self.explainer.after_input(at, &report) {
+                println!("{}", render::timed(at, &format!("· {line}")));
+            }
+        }
+    }
+}
+
+/// `poolgate watch`: prints events until SIGINT/SIGTERM, until the pool is
+/// ready (`until_ready`), or until `timeout`.
+pub async fn watch(
+    config: &Config,
+    output: Output,
+    until_ready: bool,
+    timeout: Option<Duration>,
+) -> Result<WatchEnd, LiveError> {
+    let live = Orchestrator::start(config).await?;
+    let mut events = live.gate.subscribe();
+    let mut printer = Printer::new(output);
+    if output == Output::Explain {
+        printer.state(&live.gate, live.gate.clock().now()).await;
+    }
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
+    let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(limit);
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let Some(event) = event else { return Err(GateError::Stopped.into()) };
+                let ready = matches!(event, Event::PoolReady { .. });
+                printer.print(&live.gate, event).await;
+                if ready && until_ready {
+                    return Ok(WatchEnd::Ready);
+                }
+            }
+            _ = &mut limit => return Ok(WatchEnd::TimedOut),
+            _ = &mut stop => return Ok(WatchEnd::Stopped),
+        }
+    }
+}
+
+/// `poolgate run`: waits for `PoolReady`, plans and commits over `require`
+/// (every member when `None`), runs `command` and guards it. Returns the
+/// exit code: the command's own, or 3 when the run faulted (the command is
+/// sent SIGTERM, then SIGKILL after 5 s).
+pub async fn run(
+    config: &Config,
+    require: Option<Vec<NodeId>>,
+    output: Output,
+    command: &[String],
+) -> Result<i32, LiveError> {
+    let Some((program, args)) = command.split_first() else {
+        return Err(LiveError::Io(std::io::Error::other("no COMMAND given after --")));
+    };
+    let live = Orchestrator::start(config).await?;
+    let gate = live.gate.clone();
+    let mut events = gate.subscribe();
+    let mut printer = Printer::new(output);
+    let required = require.unwrap_or_else(|| config.pool.members().to_vec());
+    let run = RunId::new(&format!("run-{}", std::process::id()))
+        .map_err(GateError::from)?;
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
+
+    if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
+        return Err(GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
+            stranger.clone(),
+        ))
+        .into());
+    }
+    // Plan and commit on a ready pool; readiness lost on the way means
+    // waiting for the next PoolReady (the planning run is suspended, or
+    // aborted and begun again, by the configured policy).
+    let mut planning = false;
+    loop {
+        let proof = tokio::select! {
+            proof = wait_ready(&gate, &mut events, &mut printer) => proof?,
+            _ = &mut stop => return Ok(130),
+        };
+        if !planning {
+            match gate.begin_planning(run.clone(), Some(proof)).await {
+                Ok(_) => planning = true,
+                Err(GateError::Refused(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match gate.commit_plan(run.clone(), required.clone(), Some(proof)).await {
+            Ok(()) => break,
+            Err(GateError::Refused(poolgate_actors::core::Refusal::UnknownRun(_))) => {
+                planning = false;
+            }
+            Err(GateError::Refused(refused)) => {
+                tracing::info!(%refused, "commit refused; waiting for readiness again");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    drain(&gate, &mut events, &mut printer).await;
+
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| LiveError::Io(std::io::Error::other(format!("{program}: {e}"))))?;
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status?;
+                drain(&gate, &mut events, &mut printer).await;
+                gate.finish_run(run.clone()).await?;
+                drain(&gate, &mut events, &mut printer).await;
+                return Ok(exit_code(status));
+            }
+            event = events.recv() => {
+                let Some(event) = event else { return Err(GateError::Stopped.into()) };
+                let faulted = matches!(&event, Event::RunFaulted { run: r, .. } if *r == run);
+                printer.print(&gate, event).await;
+                if faulted {
+                    stop_child(&mut child).await;
+                    return Ok(3);
+                }
+            }
+            _ = &mut stop => {
+                stop_child(&mut child).await;
+                return Ok(130);
+            }
+        }
+    }
+}
+
+async fn wait_ready(
+    gate: &Gate,
+    events: &mut EventStream,
+    printer: &mut Printer,
+) -> Result<poolgate_actors::core::Epoch, LiveError> {
+    if let poolgate_actors::core::PoolPhase::Ready { epoch } = gate.report().await?.phase {
+        return Ok(epoch);
+    }
+    while let Some(event) = events.recv().await {
+        let epoch = match &event {
+            Event::PoolReady { epoch, .. } => Some(*epoch),
+            _ => None,
+        };
+        printer.print(gate, event).await;
+        if let Some(epoch) = epoch {
+            return Ok(epoch);
+        }
+    }
+    Err(GateError::Stopped.into())
+}
+
+async fn drain(gate: &Gate, events: &mut EventStream, printer: &mut Printer) {
+    while let Ok(event) = events.try_recv() {
+        printer.print(gate, event).await;
+    }
+}
+
+/// SIGTERM, then SIGKILL after 5 s.
+async fn stop_child(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// Resolves at the first SIGINT or SIGTERM.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>, LiveError> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
+}

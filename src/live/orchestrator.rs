@@ -1,0 +1,299 @@
+//! The orchestrator's side of the live cluster, as one embeddable piece:
+//! the gate, a SWIM member whose membership feeds it, and the agent
+//! listener where node agents announce themselves (SPEC §7).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = poolgate::Config::load("config.toml".as_ref())?;
+//! let live = poolgate::live::Orchestrator::start(&config).await?;
+//! let ready = live.gate.wait_ready().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The registry (`[registry]`) is the `known` fact: each entry is fed at
+//! start. An agent frame counts only if its node is in the registry, its
+//! signature is the pinned key's, and its sequence exceeds the last one
+//! accepted from that node; anything else is refused, counted
+//! (`poolgate_agent_frames_refused_total`, by reason), logged without its
+//! content, and its connection closed. A node that announces it is leaving
+//! is reported `left` (SWIM alone cannot tell a leave from a crash).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use actix::Addr;
+use poolgate_actors::core::{AgentReport, MembershipUpdate, NodeId, SwimState};
+use poolgate_actors::Gate;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use super::keys::{ClusterKey, PublicKey};
+use super::swim::member::{boot_generation, Join};
+use super::swim::SwimMember;
+use super::wire::{self, Announcement, Keyring, ReadError, Refused};
+use super::LiveError;
+use crate::config::{Config, SwimConfig};
+
+/// What the orchestrator remembers of each node between frames.
+#[derive(Debug, Default)]
+struct Nodes {
+    /// The last sequence accepted per node (replay protection).
+    last_seq: HashMap<NodeId, u64>,
+    /// The last incarnation SWIM reported per node.
+    incarnation: HashMap<NodeId, u64>,
+    /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
+    leaving: HashSet<NodeId>,
+    /// The SWIM address each node signed in its latest frame.
+    swim_addr: HashMap<NodeId, SocketAddr>,
+}
+
+/// The orchestrator's live side: gate, SWIM member, agent listener.
+pub struct Orchestrator {
+    /// The gate, fed by SWIM and the agents.
+    pub gate: Gate,
+    /// The orchestrator's SWIM member.
+    pub swim: Addr<SwimMember>,
+    /// The UDP address the SWIM member answers on (the nodes' seed).
+    pub swim_addr: SocketAddr,
+    /// The TCP address the agent listener accepts on.
+    pub agents_addr: SocketAddr,
+}
+
+/// Loads the gossip keyring of `[swim]`: its keys, or none when
+/// `insecure = true`; with neither, refuses to start (SPEC §8).
+pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
+    if swim.cluster_keys.is_empty() {
+        if !swim.insecure {
+            return Err(LiveError::NoClusterKeys);
+        }
+        tracing::warn!("insecure = true: SWIM gossip is neither sealed nor authenticated");
+        eprintln!("warning: insecure = true: SWIM gossip is neither sealed nor authenticated");
+        return Ok(Keyring::new(&[], &swim.label));
+    }
+    let keys = swim
+        .cluster_keys
+        .iter()
+        .map(|path| ClusterKey::load(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Keyring::new(&keys, &swim.label))
+}
+
+impl Orchestrator {
+    /// Starts the gate, the SWIM member and the agent listener from
+    /// `config`. Must be called inside a running actix `System`.
+    pub async fn start(config: &Config) -> Result<Orchestrator, LiveError> {
+        let keyring = keyring(&config.swim)?;
+        let gate = Gate::start(config.gate_settings());
+        for node in config.registry.keys() {
+            gate.registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
+                .await?;
+        }
+        let nodes = Arc::new(Mutex::new(Nodes::default()));
+        let sink = {
+            let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
+            Box::new(move |mut update: MembershipUpdate| {
+                let mut known = lock(&nodes);
+                known
+                    .incarnation
+                    .insert(update.node.clone(), update.incarnation);
+                if update.state == SwimState::Dead && known.leaving.contains(&update.node) {
+                    update.state = SwimState::Left;
+                }
+                drop(known);
+                gate.membership_nowait(update);
+            })
+        };
+        let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
+        let (swim, swim_addr) = SwimMember::start(
+            "orchestrator",
+            config.swim.bind,
+            boot_generation(),
+            config.swim.timings.foca_config(cluster_size),
+            StdRng::seed_from_u64(rand::random()),
+            Some(sink),
+            keyring,
+        )
+        .map_err(LiveError::Bind)?;
+        if !config.swim.seeds.is_empty() {
+            swim.do_send(Join {
+                seeds: config.swim.seeds.clone(),
+            });
+        }
+        let listener = TcpListener::bind(config.agents.listen)
+            .await
+            .map_err(LiveError::Bind)?;
+        let agents_addr = listener.local_addr().map_err(LiveError::Bind)?;
+        let accept = Listener {
+            gate: gate.clone(),
+            registry: Arc::new(config.registry.clone()),
+            label: config.swim.label.clone(),
+            nodes,
+            slots: Arc::new(Semaphore::new(config.agents.max_connections)),
+            idle: config.agents.idle_timeout,
+        };
+        actix::spawn(accept.serve(listener));
+        tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
+        Ok(Orchestrator {
+            gate,
+            swim,
+            swim_addr,
+            agents_addr,
+        })
+    }
+}
+
+fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
+    nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[derive(Clone)]
+struct Listener {
+    gate: Gate,
+    registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
+    label: String,
+    nodes: Arc<Mutex<Nodes>>,
+    slots: Arc<Semaphore>,
+    idle: std::time::Duration,
+}
+
+impl Listener {
+    async fn serve(self, listener: TcpListener) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "agent listener: accept failed");
+                    continue;
+                }
+            };
+            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+                metrics::counter!("poolgate_agent_connections_refused_total").increment(1);
+                tracing::warn!(%peer, "agent listener: connection limit reached; closed");
+                continue;
+            };
+            let this = self.clone();
+            actix::spawn(async move {
+                this.connection(stream, peer).await;
+                drop(slot);
+            });
+        }
+    }
+
+    async fn connection(&self, mut stream: TcpStream, peer: SocketAddr) {
+        loop {
+            let frame = match tokio::time::timeout(self.idle, wire::read_frame(&mut stream)).await
+            {
+                Err(_) => {
+                    tracing::debug!(%peer, "agent connection idle; closed");
+                    return;
+                }
+                Ok(Ok(Some(frame))) => frame,
+                Ok(Ok(None)) => return,
+                Ok(Err(ReadError::Io(e))) => {
+                    tracing::debug!(%peer, error = %e, "agent connection failed");
+                    return;
+                }
+                Ok(Err(ReadError::Refused(refused))) => return self.refuse(peer, None, &refused),
+            };
+            let node = match NodeId::new(&frame.node) {
+                Ok(node) => node,
+                Err(_) => return self.refuse(peer, None, &Refused::UnknownNode),
+            };
+            let Some(key) = self.registry.get(&node) else {
+                return self.refuse(peer, Some(&node), &Refused::UnknownNode);
+            };
+            let last = lock(&self.nodes).last_seq.get(&node).copied().unwrap_or(0);
+            if frame.seq <= last {
+                let replayed = Refused::Replayed {
+                    seq: frame.seq,
+                    last,
+                };
+                return self.refuse(peer, Some(&node), &replayed);
+            }
+            let announcement = match frame.open(key, &self.label) {
+                Ok(announcement) => announcement,
+                Err(refused) => return self.refuse(peer, Some(&node), &refused),
+            };
+            {
+                let mut known = lock(&self.nodes);
+                let last = known.last_seq.entry(node.clone()).or_default();
+                if frame.seq <= *last {
+                    // Another connection of the node got there first.
+                    continue;
+                }
+                *last = frame.seq;
+            }
+            metrics::counter!("poolgate_agent_frames_total").increment(1);
+            if let Err(e) = self.apply(&node, announcement).await {
+                tracing::warn!(%node, error = %e, "announcement not applied");
+                return;
+            }
+        }
+    }
+
+    fn refuse(&self, peer: SocketAddr, node: Option<&NodeId>, refused: &Refused) {
+        metrics::counter!("poolgate_agent_frames_refused_total", "reason" => refused.code())
+            .increment(1);
+        let node = node.map(NodeId::as_str).unwrap_or("?");
+        tracing::warn!(%peer, node, reason = %refused, "agent frame refused; connection closed");
+    }
+
+    /// Turns a node's announced state into the gate's agent input; the gate
+    /// ignores what repeats the view.
+    async fn apply(&self, node: &NodeId, state: Announcement) -> Result<(), poolgate_actors::GateError> {
+        let leaving_incarnation = {
+            let mut known = lock(&self.nodes);
+            if let Some(addr) = state.swim {
+                known.swim_addr.insert(node.clone(), addr);
+            }
+            if state.leaving {
+                known.leaving.insert(node.clone());
+                Some(known.incarnation.get(node).copied().unwrap_or(0))
+            } else {
+                known.leaving.remove(node);
+                None
+            }
+        };
+        if let Some(incarnation) = leaving_incarnation {
+            // The node's own word: it leaves, it did not crash.
+            self.gate
+                .membership(MembershipUpdate {
+                    node: node.clone(),
+                    state: SwimState::Left,
+                    incarnation,
+                })
+                .await?;
+        }
+        if let Some(material) = wire::identity_bytes(&state) {
+            match material {
+                Ok(bytes) => match self.gate.identity(node.clone(), bytes).await {
+                    Ok(_) => {}
+                    Err(poolgate_actors::GateError::InvalidIdentity(e)) => {
+                        tracing::warn!(%node, error = %e, "announced identity refused")
+                    }
+                    Err(e) => return Err(e),
+                },
+                Err(()) => tracing::warn!(%node, "announced identity is not base64; refused"),
+            }
+        }
+        let node = node.clone();
+        let fault = match state.fault {
+            Some(reason) => AgentReport::Faulted {
+                node: node.clone(),
+                reason,
+            },
+            None => AgentReport::Recovered { node: node.clone() },
+        };
+        self.gate.agent(fault).await?;
+        let availability = if state.available && !state.leaving {
+            AgentReport::Available { node }
+        } else {
+            AgentReport::Unavailable { node }
+        };
+        self.gate.agent(availability).await?;
+        Ok(())
+    }
+}
