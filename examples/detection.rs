@@ -1,57 +1,143 @@
-//! Failure-detection latency of the live demo: the time from `node_crashed`
-//! to `run_faulted`, with the shipped `[swim]` settings, over several runs.
+//! Failure-detection latency of the live cluster: SIGKILL of a required
+//! node's process → `run_faulted`, with the shipped `[swim]` settings.
 //!
 //! ```text
-//! cargo run --release --example detection -- [RUNS] [CONFIG]
+//! cargo build --release && cargo run --release --example detection -- [--nodes N] [--kills K] [--json] [--config FILE]
 //! ```
 //!
-//! Each run is a fresh cluster (its own actix system and sockets). The
-//! convergence window is shortened to 1 s to save time; it does not take
-//! part in detection.
+//! One cluster of N `poolgate node` processes (the release binary beside
+//! this example) and the orchestrator in this process. Each round waits
+//! for `PoolReady`, commits a run requiring every node, SIGKILLs a random
+//! node's process, measures until `run_faulted`, and restarts the killed
+//! node (a new process on a new port) for the next round. The convergence
+//! window is shortened to 1 s to save time; it takes no part in detection.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use poolgate::live::demo;
+use poolgate::core::{Event, RunId};
+use poolgate::live::cluster::{ClusterPlan, LocalCluster};
 use poolgate::Config;
+use rand::RngExt;
+
+struct Args {
+    nodes: u32,
+    kills: usize,
+    json: bool,
+    config: String,
+}
+
+fn args() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut args = Args {
+        nodes: 16,
+        kills: 20,
+        json: false,
+        config: "config.toml".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--nodes" => args.nodes = it.next().ok_or("--nodes N")?.parse()?,
+            "--kills" => args.kills = it.next().ok_or("--kills K")?.parse()?,
+            "--json" => args.json = true,
+            "--config" => args.config = it.next().ok_or("--config FILE")?,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(args)
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let runs: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10);
-    let path = args.next().unwrap_or_else(|| "config.toml".into());
-    let mut config = Config::load(path.as_ref())?;
+    let args = args()?;
+    let mut config = Config::load(args.config.as_ref())?;
     config.convergence_window = Duration::from_secs(1);
-    if let Some(timeout) = config.planning.wait_timeout.as_mut() {
-        *timeout = (*timeout).max(Duration::from_secs(2));
-    }
-    println!(
-        "{runs} runs, {} nodes, probe_period {:?}, probe_rtt {:?}, suspicion_timeout {:?}",
-        config.demo.nodes,
-        config.swim.timings.probe_period,
-        config.swim.timings.probe_rtt,
-        config.swim.timings.suspicion_timeout
-    );
-    let mut latencies = Vec::with_capacity(runs);
-    for seed in 0..runs as u64 {
-        let system = actix::System::new();
-        let outcome = system.block_on(demo::run(&config, seed, |_| {}))?;
-        let latency = outcome.faulted_at - outcome.crashed_at;
-        println!(
-            "run {seed}: crash → run_faulted {:.3}s",
-            latency.as_secs_f64()
-        );
-        latencies.push(latency);
-    }
-    latencies.sort();
-    let median = if runs % 2 == 1 {
-        latencies[runs / 2]
-    } else {
-        (latencies[runs / 2 - 1] + latencies[runs / 2]) / 2
+    config.planning.wait_timeout = None;
+    let binary = std::env::current_exe()?
+        .parent()
+        .and_then(|examples| examples.parent())
+        .map(|dir| dir.join("poolgate"))
+        .ok_or("no target folder")?;
+    let plan = ClusterPlan {
+        binary,
+        nodes: args.nodes,
+        base: config.clone(),
+        seed: 7,
+        health_check: None,
+        health_interval: Duration::from_secs(5),
     };
-    println!(
-        "median {:.3}s, min {:.3}s, max {:.3}s",
-        median.as_secs_f64(),
-        latencies[0].as_secs_f64(),
-        latencies[runs - 1].as_secs_f64()
-    );
+    let system = actix::System::new();
+    let (latencies, ready) = system.block_on(async {
+        let mut cluster = LocalCluster::prepare(&plan).await?;
+        let started = Instant::now();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i)?;
+        }
+        let gate = cluster.orchestrator.gate.clone();
+        let mut events = gate.subscribe();
+        let mut latencies = Vec::new();
+        let mut first_ready = None;
+        let members = cluster.config.pool.members().to_vec();
+        for round in 0..args.kills {
+            let proof = gate.wait_ready().await?;
+            first_ready.get_or_insert(started.elapsed());
+            let run = RunId::new(&format!("r{round}"))?;
+            gate.begin_planning(run.clone(), Some(proof.epoch)).await?;
+            gate.commit_plan(run.clone(), members.clone(), Some(proof.epoch))
+                .await?;
+            let victim = rand::rng().random_range(0..cluster.nodes.len());
+            while events.try_recv().is_ok() {}
+            let killed = Instant::now();
+            cluster.kill(victim);
+            loop {
+                match events.recv().await {
+                    Some(Event::RunFaulted { run: r, .. }) if r == run => break,
+                    Some(_) => {}
+                    None => return Err("the gate stopped".into()),
+                }
+            }
+            let latency = killed.elapsed();
+            if !args.json {
+                println!(
+                    "round {round}: SIGKILL {} → run_faulted {:.3}s",
+                    cluster.nodes[victim].name,
+                    latency.as_secs_f64()
+                );
+            }
+            latencies.push(latency);
+            cluster.spawn(victim)?;
+        }
+        Ok::<_, Box<dyn std::error::Error>>((latencies, first_ready.unwrap_or_default()))
+    })?;
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let max = sorted[sorted.len() - 1];
+    let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
+    if args.json {
+        let n = args.nodes;
+        println!(
+            "{{\"metric\":\"live_fault_ms_p50\",\"nodes\":{n},\"kills\":{},\"value\":{}}}",
+            sorted.len(),
+            ms(median)
+        );
+        println!(
+            "{{\"metric\":\"live_fault_ms_max\",\"nodes\":{n},\"kills\":{},\"value\":{}}}",
+            sorted.len(),
+            ms(max)
+        );
+        println!(
+            "{{\"metric\":\"live_first_ready_ms\",\"nodes\":{n},\"value\":{}}}",
+            ms(ready)
+        );
+    } else {
+        println!(
+            "{} kills of {} nodes: median {:.3}s, min {:.3}s, max {:.3}s; first PoolReady {:.3}s after the processes started",
+            sorted.len(),
+            args.nodes,
+            median.as_secs_f64(),
+            sorted[0].as_secs_f64(),
+            max.as_secs_f64(),
+            ready.as_secs_f64()
+        );
+    }
     Ok(())
 }

@@ -158,7 +158,15 @@ impl Config {
         doc.only_keys(
             root,
             "",
-            &["pool", "readiness", "planning", "swim", "demo", "agents", "registry"],
+            &[
+                "pool",
+                "readiness",
+                "planning",
+                "swim",
+                "demo",
+                "agents",
+                "registry",
+            ],
         )?;
 
         let (pool_table, pool_span) = doc.required_section(root, "pool")?;
@@ -319,7 +327,13 @@ impl NodeConfig {
         doc.only_keys(
             node,
             "node",
-            &["name", "signing_key", "identity", "health_check", "health_interval"],
+            &[
+                "name",
+                "signing_key",
+                "identity",
+                "health_check",
+                "health_interval",
+            ],
         )?;
         let name = doc.required(node, "node", "name", node_span.clone())?;
         let (name_text, name_span) = doc.string(name, "node.name")?;
@@ -551,7 +565,11 @@ impl<'a> Doc<'a> {
     }
 
     fn agents(&self, table: &Table<'_>) -> Result<AgentsConfig, ConfigError> {
-        self.only_keys(table, "agents", &["listen", "max_connections", "idle_timeout"])?;
+        self.only_keys(
+            table,
+            "agents",
+            &["listen", "max_connections", "idle_timeout"],
+        )?;
         let mut agents = AgentsConfig::default();
         if let Some(value) = table.get("listen") {
             agents.listen = self.socket_addr(value, "agents.listen")?;
@@ -570,7 +588,8 @@ impl<'a> Doc<'a> {
         let mut registry = BTreeMap::new();
         for (key, value) in table.iter() {
             let dotted = dotted("registry", key.get_ref());
-            let node = NodeId::new(key.get_ref()).map_err(|e| self.error(key.span(), &dotted, e))?;
+            let node =
+                NodeId::new(key.get_ref()).map_err(|e| self.error(key.span(), &dotted, e))?;
             let (text, span) = self.string(value, &dotted)?;
             let public = PublicKey::parse(&text).map_err(|e| self.error(span, &dotted, e))?;
             registry.insert(node, public);

@@ -158,7 +158,14 @@ fn main() -> ExitCode {
             explain,
             timeline,
             scenario,
-        } => replay(&config, &scenario, human || explain, explain, timeline.as_deref()).map(|()| 0),
+        } => replay(
+            &config,
+            &scenario,
+            human || explain,
+            explain,
+            timeline.as_deref(),
+        )
+        .map(|()| 0),
         Command::Demo {
             config,
             json,
@@ -231,7 +238,9 @@ fn output(json: bool, explain: bool) -> Output {
 }
 
 /// Runs `work` in a new actix `System`.
-fn live_system<T>(work: impl std::future::Future<Output = Result<T, LiveError>>) -> Result<T, String> {
+fn live_system<T>(
+    work: impl std::future::Future<Output = Result<T, LiveError>>,
+) -> Result<T, String> {
     actix::System::new()
         .block_on(work)
         .map_err(|e| e.to_string())

@@ -20,8 +20,8 @@ use actix::{
 
 use crate::clock::{Clock, TimerSlot};
 use crate::messages::{
-    BeginPlanning, CommitPlan, DefinePool, FinishRun, FromNode, GetReport, NodeActorStopped, NodeChanged,
-    PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
+    BeginPlanning, CommitPlan, DefinePool, FinishRun, FromNode, GetReport, NodeActorStopped,
+    NodeChanged, PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;

@@ -362,15 +362,12 @@ impl PoolGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{t, node, run};
     use crate::node::{Applied, NodeFacts, Observation, SwimState};
     use crate::run::OnReadinessLost;
+    use crate::test_support::{node, run, t};
     use crate::{IdentityMaterial, PoolId};
 
     const WINDOW: Duration = Duration::from_millis(100);
-
-
-
 
     /// A gate over `a` and `b`, waiting up to `wait` ms on lost readiness.
     struct Harness {

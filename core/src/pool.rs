@@ -506,13 +506,11 @@ impl PoolReadiness {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{t, node};
     use crate::node::{Applied, NodeFacts, Observation, SwimState};
+    use crate::test_support::{node, t};
     use crate::IdentityMaterial;
 
     const WINDOW: Duration = Duration::from_secs(5);
-
-
 
     /// A pool plus each candidate's facts, driven as the actors drive them.
     struct Harness {

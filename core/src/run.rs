@@ -352,10 +352,8 @@ impl RunGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{t, node};
     use crate::node::{Reason, Verdict};
-
-
+    use crate::test_support::{node, t};
 
     fn guard(policy: OnReadinessLost, wait_timeout: Option<u64>) -> (RunGuard, Vec<Event>) {
         let mut out = Vec::new();

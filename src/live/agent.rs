@@ -175,7 +175,11 @@ struct AnnounceTo {
 
 /// Keeps the orchestrator told: the whole state on connecting and on every
 /// change; reconnects with backoff when the connection drops.
-async fn announce(to: AnnounceTo, mut updates: watch::Receiver<Announcement>, sent: Arc<AtomicU64>) {
+async fn announce(
+    to: AnnounceTo,
+    mut updates: watch::Receiver<Announcement>,
+    sent: Arc<AtomicU64>,
+) {
     let mut counter: u64 = 0;
     let mut backoff = Duration::from_millis(100);
     loop {

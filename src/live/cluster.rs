@@ -108,7 +108,15 @@ impl LocalCluster {
             let node_config = dir.join(format!("{name}.toml"));
             std::fs::write(
                 &node_config,
-                node_toml(plan, &config, name, &key, &identity, &cluster_key, &orchestrator),
+                node_toml(
+                    plan,
+                    &config,
+                    name,
+                    &key,
+                    &identity,
+                    &cluster_key,
+                    &orchestrator,
+                ),
             )?;
             nodes.push(NodeProcess {
                 name: name.clone(),

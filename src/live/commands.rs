@@ -128,23 +128,26 @@ pub async fn run(
     command: &[String],
 ) -> Result<i32, LiveError> {
     let Some((program, args)) = command.split_first() else {
-        return Err(LiveError::Io(std::io::Error::other("no COMMAND given after --")));
+        return Err(LiveError::Io(std::io::Error::other(
+            "no COMMAND given after --",
+        )));
     };
     let live = Orchestrator::start(config).await?;
     let gate = live.gate.clone();
     let mut events = gate.subscribe();
     let mut printer = Printer::new(output);
     let required = require.unwrap_or_else(|| config.pool.members().to_vec());
-    let run = RunId::new(&format!("run-{}", std::process::id()))
-        .map_err(GateError::from)?;
+    let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
     let stop = stop_signal()?;
     tokio::pin!(stop);
 
     if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
-        return Err(GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
-            stranger.clone(),
-        ))
-        .into());
+        return Err(
+            GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
+                stranger.clone(),
+            ))
+            .into(),
+        );
     }
     // Plan and commit on a ready pool; readiness lost on the way means
     // waiting for the next PoolReady (the planning run is suspended, or
@@ -162,7 +165,10 @@ pub async fn run(
                 Err(e) => return Err(e.into()),
             }
         }
-        match gate.commit_plan(run.clone(), required.clone(), Some(proof)).await {
+        match gate
+            .commit_plan(run.clone(), required.clone(), Some(proof))
+            .await
+        {
             Ok(()) => break,
             Err(GateError::Refused(poolgate_actors::core::Refusal::UnknownRun(_))) => {
                 planning = false;

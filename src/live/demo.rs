@@ -166,7 +166,12 @@ pub async fn run(
     starts.sort();
 
     let run_id = RunId::new("run-1").map_err(GateError::from)?;
-    let required: Vec<NodeId> = cluster.nodes.iter().take(3).map(|n| n.name.clone()).collect();
+    let required: Vec<NodeId> = cluster
+        .nodes
+        .iter()
+        .take(3)
+        .map(|n| n.name.clone())
+        .collect();
     let victim = required.get(1).unwrap_or(&required[0]).clone();
 
     let give_up = tokio::time::sleep(LIMIT);

@@ -184,9 +184,7 @@ fn read_key(path: &Path) -> Result<[u8; 32], KeyError> {
     let bytes = B64
         .decode(text.trim())
         .map_err(|_| malformed("not a key file (one line of base64 expected)"))?;
-    bytes
-        .try_into()
-        .map_err(|_| malformed("not a 32-byte key"))
+    bytes.try_into().map_err(|_| malformed("not a 32-byte key"))
 }
 
 #[cfg(test)]
@@ -224,7 +222,10 @@ mod tests {
         let path = dir.join("c.key");
         ClusterKey::generate().save(&path).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(ClusterKey::load(&path), Err(KeyError::Exposed(..))));
+        assert!(matches!(
+            ClusterKey::load(&path),
+            Err(KeyError::Exposed(..))
+        ));
         std::fs::write(&path, "not base64!\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let error = ClusterKey::load(&path).unwrap_err().to_string();

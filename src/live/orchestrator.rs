@@ -146,7 +146,9 @@ impl Orchestrator {
 }
 
 fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
-    nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    nodes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[derive(Clone)]
@@ -184,8 +186,7 @@ impl Listener {
 
     async fn connection(&self, mut stream: TcpStream, peer: SocketAddr) {
         loop {
-            let frame = match tokio::time::timeout(self.idle, wire::read_frame(&mut stream)).await
-            {
+            let frame = match tokio::time::timeout(self.idle, wire::read_frame(&mut stream)).await {
                 Err(_) => {
                     tracing::debug!(%peer, "agent connection idle; closed");
                     return;
@@ -243,7 +244,11 @@ impl Listener {
 
     /// Turns a node's announced state into the gate's agent input; the gate
     /// ignores what repeats the view.
-    async fn apply(&self, node: &NodeId, state: Announcement) -> Result<(), poolgate_actors::GateError> {
+    async fn apply(
+        &self,
+        node: &NodeId,
+        state: Announcement,
+    ) -> Result<(), poolgate_actors::GateError> {
         let leaving_incarnation = {
             let mut known = lock(&self.nodes);
             if let Some(addr) = state.swim {

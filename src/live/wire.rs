@@ -202,7 +202,8 @@ impl Frame {
         if !key.verifies(&message, &self.sig) {
             return Err(Refused::BadSignature);
         }
-        serde_json::from_str(&self.body).map_err(|_| Refused::Malformed("body is not an announcement"))
+        serde_json::from_str(&self.body)
+            .map_err(|_| Refused::Malformed("body is not an announcement"))
     }
 }
 
@@ -323,11 +324,20 @@ mod tests {
         let bytes = encode(&key, "poolgate", "n1", 7, &announcement());
         let frame = read_back(&bytes).await.unwrap().unwrap();
         assert_eq!((frame.node.as_str(), frame.seq), ("n1", 7));
-        assert_eq!(frame.open(&key.public(), "poolgate").unwrap(), announcement());
+        assert_eq!(
+            frame.open(&key.public(), "poolgate").unwrap(),
+            announcement()
+        );
         // Another key, another cluster label: refused.
         let other = NodeKey::generate();
-        assert_eq!(frame.open(&other.public(), "poolgate"), Err(Refused::BadSignature));
-        assert_eq!(frame.open(&key.public(), "other"), Err(Refused::BadSignature));
+        assert_eq!(
+            frame.open(&other.public(), "poolgate"),
+            Err(Refused::BadSignature)
+        );
+        assert_eq!(
+            frame.open(&key.public(), "other"),
+            Err(Refused::BadSignature)
+        );
     }
 
     #[actix_rt::test]
@@ -350,7 +360,7 @@ mod tests {
     #[test]
     fn a_sealed_datagram_opens_with_any_key_of_the_ring_and_the_same_label_only() {
         let (old, new) = (ClusterKey::generate(), ClusterKey::generate());
-        let sender = Keyring::new(&[new.clone()], "poolgate");
+        let sender = Keyring::new(std::slice::from_ref(&new), "poolgate");
         let datagram = sender.seal(b"swim");
         assert_ne!(&datagram[24..], b"swim");
         let ring = Keyring::new(&[old.clone(), new.clone()], "poolgate");

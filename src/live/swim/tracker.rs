@@ -70,7 +70,9 @@ impl MembershipTracker {
         let vanished: Vec<(String, u64)> = self
             .reported
             .iter()
-            .filter(|(node, (state, _))| *state != SwimState::Dead && !present.contains(node.as_str()))
+            .filter(|(node, (state, _))| {
+                *state != SwimState::Dead && !present.contains(node.as_str())
+            })
             .map(|(node, (_, incarnation))| (node.clone(), *incarnation))
             .collect();
         for (node, incarnation) in vanished {
@@ -93,7 +95,10 @@ impl MembershipTracker {
         self.reported.insert(node.to_string(), (state, incarnation));
         let Ok(node_id) = NodeId::new(node) else {
             // Noted once per change of the member; never reported.
-            tracing::warn!(member = node, "a SWIM member's name is not a valid node id; ignored");
+            tracing::warn!(
+                member = node,
+                "a SWIM member's name is not a valid node id; ignored"
+            );
             return;
         };
         updates.push(MembershipUpdate {
