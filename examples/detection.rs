@@ -63,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seed: 7,
         health_check: None,
         health_interval: Duration::from_secs(5),
+        external_orchestrator: false,
     };
     let system = actix::System::new();
     let (latencies, ready) = system.block_on(async {
@@ -71,7 +72,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..cluster.nodes.len() {
             cluster.spawn(i)?;
         }
-        let gate = cluster.orchestrator.gate.clone();
+        let gate = cluster
+            .orchestrator()
+            .ok_or("no orchestrator")?
+            .gate
+            .clone();
         let mut events = gate.subscribe();
         let mut latencies = Vec::new();
         let mut first_ready = None;

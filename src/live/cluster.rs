@@ -34,6 +34,10 @@ pub struct ClusterPlan {
     pub health_check: Option<Vec<String>>,
     /// How often it runs.
     pub health_interval: Duration,
+    /// Leave the orchestrator to another process: `prepare` writes
+    /// `orchestrator.toml` (for `poolgate watch` or `run`) on free ports
+    /// instead of starting one here.
+    pub external_orchestrator: bool,
 }
 
 /// One node process and its files.
@@ -54,10 +58,11 @@ pub struct LocalCluster {
     pub dir: PathBuf,
     /// The orchestrator's configuration, registry included.
     pub config: Config,
-    /// The orchestrator, in this process.
-    pub orchestrator: Orchestrator,
+    /// `orchestrator.toml` in `dir`: the same configuration as a file.
+    pub config_file: PathBuf,
     /// The nodes, in order.
     pub nodes: Vec<NodeProcess>,
+    orchestrator: Option<Orchestrator>,
     binary: PathBuf,
 }
 
@@ -98,7 +103,19 @@ impl LocalCluster {
         config.swim.cluster_keys = vec![cluster_key.clone()];
         config.swim.insecure = false;
         config.agents.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        let orchestrator = Orchestrator::start(&config).await?;
+        let (orchestrator, swim_addr, agents_addr) = if plan.external_orchestrator {
+            config.swim.bind = free_udp_port()?;
+            config.agents.listen = free_tcp_port()?;
+            (None, config.swim.bind, config.agents.listen)
+        } else {
+            let started = Orchestrator::start(&config).await?;
+            config.swim.bind = started.swim_addr;
+            config.agents.listen = started.agents_addr;
+            let addrs = (started.swim_addr, started.agents_addr);
+            (Some(started), addrs.0, addrs.1)
+        };
+        let config_file = dir.join("orchestrator.toml");
+        std::fs::write(&config_file, orchestrator_toml(&config))?;
 
         let mut nodes = Vec::new();
         for (name, key) in names.iter().zip(keys) {
@@ -115,7 +132,7 @@ impl LocalCluster {
                     &key,
                     &identity,
                     &cluster_key,
-                    &orchestrator,
+                    (swim_addr, agents_addr),
                 ),
             )?;
             nodes.push(NodeProcess {
@@ -128,10 +145,28 @@ impl LocalCluster {
         Ok(LocalCluster {
             dir,
             config,
-            orchestrator,
+            config_file,
             nodes,
+            orchestrator,
             binary: plan.binary.clone(),
         })
+    }
+
+    /// The orchestrator running in this process (none when external).
+    pub fn orchestrator(&self) -> Option<&Orchestrator> {
+        self.orchestrator.as_ref()
+    }
+
+    /// Stops the orchestrator and starts a new one on the same addresses,
+    /// as a restarted orchestrator process would: the nodes keep running.
+    pub async fn restart_orchestrator(&mut self) -> Result<&Orchestrator, LiveError> {
+        if let Some(old) = self.orchestrator.take() {
+            old.shutdown();
+        }
+        // Let the old sockets close before the new ones bind.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Orchestrator::start(&self.config).await?;
+        Ok(self.orchestrator.insert(started))
     }
 
     /// The index of `node`.
@@ -226,7 +261,7 @@ fn node_toml(
     key: &Path,
     identity: &Path,
     cluster_key: &Path,
-    orchestrator: &Orchestrator,
+    (swim_addr, agents_addr): (SocketAddr, SocketAddr),
 ) -> String {
     let timings = &config.swim.timings;
     let health = match &plan.health_check {
@@ -244,14 +279,72 @@ fn node_toml(
          [orchestrator]\nagents = \"{agents}\"\n",
         key = toml_string(&key.display().to_string()),
         identity = toml_string(&identity.display().to_string()),
-        seed = orchestrator.swim_addr,
+        seed = swim_addr,
         pp = timings.probe_period.as_millis(),
         rtt = timings.probe_rtt.as_millis(),
         st = timings.suspicion_timeout.as_millis(),
         ck = toml_string(&cluster_key.display().to_string()),
         label = toml_string(&config.swim.label),
-        agents = orchestrator.agents_addr,
+        agents = agents_addr,
     )
+}
+
+/// The orchestrator's configuration as `config.toml` text.
+fn orchestrator_toml(config: &Config) -> String {
+    let members: Vec<String> = config
+        .pool
+        .members()
+        .iter()
+        .map(|m| toml_string(m.as_str()))
+        .collect();
+    let policy = match config.planning.on_readiness_lost {
+        poolgate_actors::core::OnReadinessLost::Wait => "wait",
+        poolgate_actors::core::OnReadinessLost::Abort => "abort",
+    };
+    let wait = config
+        .planning
+        .wait_timeout
+        .map(|t| format!("wait_timeout = \"{}ms\"\n", t.as_millis()))
+        .unwrap_or_default();
+    let keys: Vec<String> = config
+        .swim
+        .cluster_keys
+        .iter()
+        .map(|k| toml_string(&k.display().to_string()))
+        .collect();
+    let timings = &config.swim.timings;
+    let registry: String = config
+        .registry
+        .iter()
+        .map(|(node, key)| format!("{} = \"{key}\"\n", toml_string(node.as_str())))
+        .collect();
+    format!(
+        "[pool]\nid = {id}\nmembers = [{members}]\n\n[readiness]\nconvergence_window = \"{window}ms\"\n\n\
+         [planning]\non_readiness_lost = \"{policy}\"\n{wait}\n\
+         [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
+         suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\nlabel = {label}\n\n\
+         [agents]\nlisten = \"{listen}\"\n\n[registry]\n{registry}",
+        id = toml_string(config.pool.id().as_str()),
+        members = members.join(", "),
+        window = config.convergence_window.as_millis(),
+        bind = config.swim.bind,
+        pp = timings.probe_period.as_millis(),
+        rtt = timings.probe_rtt.as_millis(),
+        st = timings.suspicion_timeout.as_millis(),
+        keys = keys.join(", "),
+        label = toml_string(&config.swim.label),
+        listen = config.agents.listen,
+    )
+}
+
+/// A UDP port on 127.0.0.1 that was free a moment ago.
+fn free_udp_port() -> std::io::Result<SocketAddr> {
+    std::net::UdpSocket::bind(("127.0.0.1", 0))?.local_addr()
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+fn free_tcp_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()
 }
 
 fn toml_string(text: &str) -> String {

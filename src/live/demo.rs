@@ -154,9 +154,14 @@ pub async fn run(
         seed,
         health_check: None,
         health_interval: Duration::from_secs(5),
+        external_orchestrator: false,
     };
     let mut cluster = LocalCluster::prepare(&plan).await?;
-    let gate = cluster.orchestrator.gate.clone();
+    let gate = cluster
+        .orchestrator()
+        .ok_or(LiveError::Io(std::io::Error::other("no orchestrator")))?
+        .gate
+        .clone();
     let mut events = gate.subscribe();
     let mut rng = StdRng::seed_from_u64(seed);
     let within = u64::try_from(config.demo.announce_within.as_millis()).unwrap_or(u64::MAX);

@@ -60,6 +60,7 @@ pub struct Orchestrator {
     pub swim_addr: SocketAddr,
     /// The TCP address the agent listener accepts on.
     pub agents_addr: SocketAddr,
+    listener: tokio::task::JoinHandle<()>,
 }
 
 /// Loads the gossip keyring of `[swim]`: its keys, or none when
@@ -128,20 +129,30 @@ impl Orchestrator {
         let agents_addr = listener.local_addr().map_err(LiveError::Bind)?;
         let accept = Listener {
             gate: gate.clone(),
+            swim: swim.clone(),
             registry: Arc::new(config.registry.clone()),
             label: config.swim.label.clone(),
             nodes,
             slots: Arc::new(Semaphore::new(config.agents.max_connections)),
             idle: config.agents.idle_timeout,
         };
-        actix::spawn(accept.serve(listener));
+        let listener = actix::spawn(accept.serve(listener));
         tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
         Ok(Orchestrator {
             gate,
             swim,
             swim_addr,
             agents_addr,
+            listener,
         })
+    }
+
+    /// Stops listening (closing every agent connection) and stops the SWIM
+    /// member, as a stopped orchestrator process would. The gate's actors
+    /// go when the `System` stops.
+    pub fn shutdown(self) {
+        self.listener.abort();
+        self.swim.do_send(super::swim::member::Crash);
     }
 }
 
@@ -154,6 +165,7 @@ fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
 #[derive(Clone)]
 struct Listener {
     gate: Gate,
+    swim: Addr<SwimMember>,
     registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
     label: String,
     nodes: Arc<Mutex<Nodes>>,
@@ -163,7 +175,10 @@ struct Listener {
 
 impl Listener {
     async fn serve(self, listener: TcpListener) {
+        // Connections end with the listener (aborting it drops the set).
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            while connections.try_join_next().is_some() {}
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -177,7 +192,7 @@ impl Listener {
                 continue;
             };
             let this = self.clone();
-            actix::spawn(async move {
+            connections.spawn_local(async move {
                 this.connection(stream, peer).await;
                 drop(slot);
             });
@@ -252,7 +267,11 @@ impl Listener {
         let leaving_incarnation = {
             let mut known = lock(&self.nodes);
             if let Some(addr) = state.swim {
-                known.swim_addr.insert(node.clone(), addr);
+                if known.swim_addr.insert(node.clone(), addr) != Some(addr) {
+                    // A node this member may not know (it restarted, or
+                    // this orchestrator did): ask it to join us.
+                    self.swim.do_send(Join { seeds: vec![addr] });
+                }
             }
             if state.leaving {
                 known.leaving.insert(node.clone());

@@ -1,0 +1,308 @@
+//! The live cluster for real: `poolgate node` processes of the built binary
+//! on 127.0.0.1 (sealed SWIM over UDP, signed announcements over TCP), the
+//! orchestrator in this test process or as `poolgate run`/`watch`, crashes
+//! by SIGKILL. Each test gives up after 40 s; every process it started is
+//! killed and reaped when its cluster is dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use poolgate::core::{Epoch, Event, NodeId, Reason, RunId};
+use poolgate::live::cluster::{ClusterPlan, LocalCluster};
+use poolgate::{Config, EventStream, Gate};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BASE: &str = r#"
+[pool]
+id = "live"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+[swim]
+probe_period = "200ms"
+probe_rtt = "60ms"
+suspicion_timeout = "1s"
+"#;
+
+const LIMIT: Duration = Duration::from_secs(40);
+
+fn plan(nodes: u32) -> ClusterPlan {
+    ClusterPlan {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_poolgate")),
+        nodes,
+        base: Config::parse(BASE, "live-test").unwrap(),
+        seed: 42,
+        health_check: None,
+        health_interval: Duration::from_millis(200),
+        external_orchestrator: false,
+    }
+}
+
+fn node(name: &str) -> NodeId {
+    NodeId::new(name).unwrap()
+}
+
+/// Runs `test` in an actix system, bounded by [`LIMIT`].
+fn live<F: std::future::Future<Output = ()>>(test: F) {
+    actix::System::new().block_on(async {
+        tokio::time::timeout(LIMIT, test)
+            .await
+            .expect("the live test finished in time");
+    });
+}
+
+/// Waits for the first event `pick` accepts.
+async fn until<T>(events: &mut EventStream, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
+    loop {
+        let event = events.recv().await.expect("the gate is running");
+        if let Some(found) = pick(&event) {
+            return found;
+        }
+    }
+}
+
+async fn ready(events: &mut EventStream) -> Epoch {
+    until(events, |e| match e {
+        Event::PoolReady { epoch, .. } => Some(*epoch),
+        _ => None,
+    })
+    .await
+}
+
+async fn start(plan: &ClusterPlan) -> (LocalCluster, Gate, EventStream) {
+    let mut cluster = LocalCluster::prepare(plan).await.unwrap();
+    let gate = cluster.orchestrator().unwrap().gate.clone();
+    let events = gate.subscribe();
+    for i in 0..cluster.nodes.len() {
+        cluster.spawn(i).unwrap();
+    }
+    (cluster, gate, events)
+}
+
+#[test]
+fn node_processes_form_the_pool_a_sigterm_is_left_and_a_sigkill_faults_the_run() {
+    live(async {
+        let (mut cluster, gate, mut events) = start(&plan(4)).await;
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r1").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(
+            run.clone(),
+            vec![node("node-1"), node("node-2")],
+            Some(epoch),
+        )
+        .await
+        .unwrap();
+
+        // A graceful stop of a node the run does not require: `left`.
+        cluster.signal(3, Signal::SIGTERM);
+        let lost = until(&mut events, |e| match e {
+            Event::ReadinessLost {
+                node: Some(n),
+                reason,
+                ..
+            } => Some((n.clone(), *reason)),
+            Event::RunFaulted { .. } => panic!("the run faulted on a node it does not require"),
+            _ => None,
+        })
+        .await;
+        assert_eq!(lost, (node("node-4"), Reason::Left));
+        assert_eq!(cluster.wait_exit(3, Duration::from_secs(5)).await, Some(0));
+
+        // A crash of a required node faults the run.
+        cluster.kill(1);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted {
+                run: r,
+                node,
+                reason,
+                ..
+            } if *r == run => Some((node.clone(), *reason)),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted.0, node("node-2"));
+        assert!(
+            matches!(faulted.1, Reason::Suspect | Reason::Dead),
+            "{faulted:?}"
+        );
+    });
+}
+
+#[test]
+fn a_killed_node_restarted_on_a_new_port_is_alive_again_and_the_pool_reaches_a_new_epoch() {
+    live(async {
+        let (mut cluster, _gate, mut events) = start(&plan(3)).await;
+        assert_eq!(ready(&mut events).await, Epoch(1));
+        cluster.kill(0);
+        until(&mut events, |e| match e {
+            Event::ReadinessLost { node: Some(n), .. } if *n == node("node-1") => Some(()),
+            _ => None,
+        })
+        .await;
+        cluster.spawn(0).unwrap();
+        assert_eq!(ready(&mut events).await, Epoch(2));
+    });
+}
+
+#[test]
+fn a_failing_health_check_faults_with_its_stderr_and_a_new_identity_on_sighup_is_a_change() {
+    let sick = std::env::temp_dir().join(format!("poolgate-sick-{}", std::process::id()));
+    let _ = std::fs::remove_file(&sick);
+    let mut plan = plan(2);
+    plan.health_check = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "if [ -e '{}' ]; then echo warming up >&2; echo disk on fire >&2; exit 1; fi",
+            sick.display()
+        ),
+    ]);
+    live(async {
+        let (cluster, gate, mut events) = start(&plan).await;
+        assert_eq!(ready(&mut events).await, Epoch(1));
+        std::fs::write(&sick, "").unwrap();
+        let lost = until(&mut events, |e| match e {
+            Event::ReadinessLost { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .await;
+        assert_eq!(lost, Reason::Faulted);
+        // Give both nodes a check's time to fault, then read the reason.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let report = gate.report().await.unwrap();
+        for candidate in &report.candidates {
+            assert_eq!(
+                candidate.detail.fault.as_deref(),
+                Some("disk on fire"),
+                "{}",
+                candidate.node
+            );
+        }
+        std::fs::remove_file(&sick).unwrap();
+        assert_eq!(ready(&mut events).await, Epoch(2));
+
+        // A new identity file, read again on SIGHUP.
+        std::fs::write(&cluster.nodes[0].identity, b"a rotated data-plane key").unwrap();
+        cluster.signal(0, Signal::SIGHUP);
+        let lost = until(&mut events, |e| match e {
+            Event::ReadinessLost {
+                node: Some(n),
+                reason,
+                ..
+            } => Some((n.clone(), *reason)),
+            _ => None,
+        })
+        .await;
+        assert_eq!(lost, (node("node-1"), Reason::IdentityChanged));
+    });
+    let _ = std::fs::remove_file(&sick);
+}
+
+#[test]
+fn a_restarted_orchestrator_hears_the_running_nodes_again() {
+    live(async {
+        let (mut cluster, _gate, mut events) = start(&plan(3)).await;
+        ready(&mut events).await;
+        let restarted = cluster.restart_orchestrator().await.unwrap();
+        let mut events = restarted.gate.subscribe();
+        // Memory only: the new gate counts epochs from 1.
+        assert_eq!(ready(&mut events).await, Epoch(1));
+    });
+}
+
+/// Reads `poolgate run`'s or `watch`'s JSON lines until `pick` accepts one.
+async fn until_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    mut pick: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if pick(&value) {
+            return value;
+        }
+    }
+    panic!("the output ended first");
+}
+
+#[test]
+fn poolgate_run_commits_guards_its_command_and_exits_3_when_a_required_node_is_killed() {
+    let mut plan = plan(3);
+    plan.external_orchestrator = true;
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let pid_file = cluster.dir.join("command.pid");
+        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--require", "node-1,node-2", "--"])
+            .args(["sh", "-c"])
+            .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
+        assert_eq!(
+            committed["required"],
+            serde_json::json!(["node-1", "node-2"])
+        );
+        // The command is running; then a required node crashes.
+        let command_pid: i32 = loop {
+            match std::fs::read_to_string(&pid_file) {
+                Ok(text) if !text.trim().is_empty() => break text.trim().parse().unwrap(),
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        cluster.kill(1);
+        let faulted = until_line(&mut lines, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["node"], "node-2");
+        let status = tokio::time::timeout(Duration::from_secs(10), run.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(3));
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(command_pid), None).is_ok();
+        assert!(!alive, "the guarded command is gone");
+    });
+}
+
+#[test]
+fn poolgate_watch_until_ready_exits_0_at_pool_ready_and_1_at_its_timeout() {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let config_file = cluster.config_file.clone();
+        let watch = |timeout: &str| {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+                .arg("watch")
+                .arg("--config")
+                .arg(&config_file)
+                .args(["--json", "--until-ready", "--timeout", timeout])
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .output()
+        };
+        // No node runs: no PoolReady before the timeout.
+        let early = watch("1s").await.unwrap();
+        assert_eq!(early.status.code(), Some(1));
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let output = watch("30s").await.unwrap();
+        assert_eq!(output.status.code(), Some(0));
+        let last = String::from_utf8(output.stdout).unwrap();
+        let last: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+        assert_eq!(last["event"], "pool_ready");
+    });
+}
