@@ -66,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         external_orchestrator: false,
     };
     let system = actix::System::new();
+    let mut idle_figures = (0u64, 0.0f64);
     let (latencies, ready) = system.block_on(async {
         let mut cluster = LocalCluster::prepare(&plan).await?;
         let started = Instant::now();
@@ -79,11 +80,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .clone();
         let mut events = gate.subscribe();
         let mut latencies = Vec::new();
-        let mut first_ready = None;
+        let first_ready;
         let members = cluster.config.pool.members().to_vec();
+        // Idle cost of a node process: resident memory and CPU over 10 s
+        // of a ready, quiet cluster.
+        gate.wait_ready().await?;
+        first_ready = Some(started.elapsed());
+        let pids: Vec<u32> = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i)).collect();
+        let before: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+        let idle = Duration::from_secs(10);
+        tokio::time::sleep(idle).await;
+        let cpu_pct = pids
+            .iter()
+            .zip(&before)
+            .map(|(p, b)| (cpu_ticks(*p) - b) as f64 / 100.0 / idle.as_secs_f64() * 100.0)
+            .fold(0.0f64, f64::max);
+        let rss_kib = pids.iter().map(|p| rss_kib(*p)).max().unwrap_or(0);
+        idle_figures = (rss_kib, cpu_pct);
         for round in 0..args.kills {
             let proof = gate.wait_ready().await?;
-            first_ready.get_or_insert(started.elapsed());
             let run = RunId::new(&format!("r{round}"))?;
             gate.begin_planning(run.clone(), Some(proof.epoch)).await?;
             gate.commit_plan(run.clone(), members.clone(), Some(proof.epoch))
@@ -133,6 +148,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{{\"metric\":\"live_first_ready_ms\",\"nodes\":{n},\"value\":{}}}",
             ms(ready)
         );
+        println!(
+            "{{\"metric\":\"node_rss_kib_max\",\"nodes\":{n},\"value\":{}}}",
+            idle_figures.0
+        );
+        println!(
+            "{{\"metric\":\"node_idle_cpu_pct_max\",\"nodes\":{n},\"value\":{:.2}}}",
+            idle_figures.1
+        );
     } else {
         println!(
             "{} kills of {} nodes: median {:.3}s, min {:.3}s, max {:.3}s; first PoolReady {:.3}s after the processes started",
@@ -143,6 +166,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max.as_secs_f64(),
             ready.as_secs_f64()
         );
+        println!(
+            "idle node process: at most {} KiB resident, {:.2}% of a core",
+            idle_figures.0, idle_figures.1
+        );
     }
     Ok(())
+}
+
+/// utime + stime of a process, in clock ticks (1/100 s).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -306,3 +306,44 @@ fn poolgate_watch_until_ready_exits_0_at_pool_ready_and_1_at_its_timeout() {
         assert_eq!(last["event"], "pool_ready");
     });
 }
+
+#[test]
+fn watch_serves_its_metrics_in_prometheus_text_format() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("watch")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--timeout", "20s", "--metrics"])
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let text = loop {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(port).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).await.unwrap();
+                if response.contains("poolgate_") {
+                    break response;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("poolgate_candidates_blocked"), "{text}");
+        watch.kill().await.unwrap();
+    });
+}
