@@ -80,13 +80,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .clone();
         let mut events = gate.subscribe();
         let mut latencies = Vec::new();
-        let first_ready;
         let members = cluster.config.pool.members().to_vec();
         // Idle cost of a node process: resident memory and CPU over 10 s
         // of a ready, quiet cluster.
         gate.wait_ready().await?;
-        first_ready = Some(started.elapsed());
-        let pids: Vec<u32> = (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i)).collect();
+        let first_ready = started.elapsed();
+        let pids: Vec<u32> = (0..cluster.nodes.len())
+            .filter_map(|i| cluster.pid(i))
+            .collect();
         let before: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
         let idle = Duration::from_secs(10);
         tokio::time::sleep(idle).await;
@@ -125,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             latencies.push(latency);
             cluster.spawn(victim)?;
         }
-        Ok::<_, Box<dyn std::error::Error>>((latencies, first_ready.unwrap_or_default()))
+        Ok::<_, Box<dyn std::error::Error>>((latencies, first_ready))
     })?;
     let mut sorted = latencies.clone();
     sorted.sort();
@@ -180,7 +181,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     // Fields after the command name (which is in parentheses).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     field(11) + field(12)
 }
 

@@ -331,7 +331,9 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
             if let Ok(mut stream) = tokio::net::TcpStream::connect(port).await {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 stream
-                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    .write_all(
+                        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                    )
                     .await
                     .unwrap();
                 let mut response = String::new();

@@ -1,0 +1,186 @@
+//! How many agent announcements the orchestrator handles per second, on
+//! its one actix thread: signed frames from many nodes over a few TCP
+//! connections, each frame verified against the node's pinned key and
+//! applied to the gate (identity, fault, availability).
+//!
+//! ```text
+//! cargo run --release --example announce -- [--nodes N] [--rounds R] [--json]
+//! ```
+//!
+//! Baselines in the same run: Ed25519 verification alone (the floor any
+//! signed frame pays), and the cost of refused frames (an unknown node is
+//! refused before any signature check).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use poolgate::core::NodeId;
+use poolgate::live::keys::{NodeKey, PublicKey};
+use poolgate::live::wire::{self, Announcement};
+use poolgate::live::Orchestrator;
+use poolgate::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CONNECTIONS: usize = 8;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut nodes = 1000usize;
+    let mut rounds = 20usize;
+    let mut json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--nodes" => nodes = args.next().ok_or("--nodes N")?.parse()?,
+            "--rounds" => rounds = args.next().ok_or("--rounds R")?.parse()?,
+            "--json" => json = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let keys: Vec<(NodeId, NodeKey)> = (0..nodes)
+        .map(|i| Ok((NodeId::new(&format!("n{i}"))?, NodeKey::generate())))
+        .collect::<Result<_, poolgate::core::InvalidId>>()?;
+    let registry: BTreeMap<NodeId, PublicKey> =
+        keys.iter().map(|(n, k)| (n.clone(), k.public())).collect();
+    let members: Vec<String> = keys.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+    let text = format!(
+        "[pool]\nid = \"p\"\nmembers = [{}]\n[readiness]\nconvergence_window = \"1s\"\n[swim]\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n",
+        members.join(", ")
+    );
+    let mut config = Config::parse(&text, "announce")?;
+    config.registry = registry;
+
+    // Frames per connection: every node's state flips each round.
+    let mut accepted: Vec<Vec<u8>> = vec![Vec::new(); CONNECTIONS];
+    for round in 0..rounds {
+        for (i, (node, key)) in keys.iter().enumerate() {
+            let state = Announcement {
+                available: round % 2 == 0,
+                identity: Some(wire::identity_text(node.as_str().as_bytes())),
+                swim: None,
+                fault: None,
+                leaving: false,
+            };
+            let seq = round as u64 + 1;
+            accepted[i % CONNECTIONS].extend(wire::encode(
+                key,
+                "poolgate",
+                node.as_str(),
+                seq,
+                &state,
+            ));
+        }
+    }
+    let frames = nodes * rounds;
+
+    // Refused frames: a node the registry does not know.
+    let stranger = NodeKey::generate();
+    let mut refused = Vec::new();
+    for seq in 1..=frames as u64 {
+        refused.extend(wire::encode(
+            &stranger,
+            "poolgate",
+            "stranger",
+            seq,
+            &Announcement::default(),
+        ));
+    }
+
+    let system = actix::System::new();
+    let (elapsed, refused_elapsed) = system.block_on(async {
+        let live = Orchestrator::start(&config).await?;
+        let addr = live.agents_addr;
+        // The senders run on their own thread, so the orchestrator's thread
+        // does only the orchestrator's work.
+        let sender = std::thread::spawn(move || -> Result<(Duration, Duration), std::io::Error> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let started = Instant::now();
+                let mut tasks = Vec::new();
+                for bytes in accepted {
+                    tasks.push(tokio::spawn(send_all(addr, bytes)));
+                }
+                for task in tasks {
+                    task.await.map_err(std::io::Error::other)??;
+                }
+                let elapsed = started.elapsed();
+                // One connection of refused frames: closed at the first.
+                let started = Instant::now();
+                let mut refused_count = 0usize;
+                let mut rest = &refused[..];
+                while !rest.is_empty() {
+                    let length =
+                        4 + u32::from_be_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
+                    send_all(addr, rest[..length].to_vec()).await?;
+                    rest = &rest[length..];
+                    refused_count += 1;
+                    if refused_count == 2000 {
+                        break;
+                    }
+                }
+                Ok((elapsed, started.elapsed() / refused_count as u32))
+            })
+        });
+        loop {
+            if sender.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let result = sender.join().map_err(|_| "the sender thread failed")??;
+        Ok::<_, Box<dyn std::error::Error>>(result)
+    })?;
+
+    // Baseline: verification alone, same frames' signed bytes.
+    let (node, key) = &keys[0];
+    let message = b"poolgate/announce/v1 a typical announcement of some two hundred bytes, about the size of a node's state";
+    let signature = key.sign(message);
+    let public = key.public();
+    let checks = 20_000;
+    let started = Instant::now();
+    for _ in 0..checks {
+        assert!(public.verifies(message, &signature), "{node}");
+    }
+    let verify = started.elapsed() / checks;
+
+    let per_s = frames as f64 / elapsed.as_secs_f64();
+    if json {
+        println!("{{\"metric\":\"agent_frames_per_s\",\"nodes\":{nodes},\"frames\":{frames},\"value\":{per_s:.0}}}");
+        println!(
+            "{{\"metric\":\"ed25519_verify_us\",\"value\":{:.1}}}",
+            verify.as_secs_f64() * 1e6
+        );
+        println!(
+            "{{\"metric\":\"verify_only_frames_per_s\",\"value\":{:.0}}}",
+            1.0 / verify.as_secs_f64()
+        );
+        println!(
+            "{{\"metric\":\"refused_unknown_node_us\",\"value\":{:.1}}}",
+            refused_elapsed.as_secs_f64() * 1e6
+        );
+    } else {
+        println!(
+            "{frames} signed frames from {nodes} nodes over {CONNECTIONS} connections: {:.3}s, {per_s:.0} frames/s",
+            elapsed.as_secs_f64()
+        );
+        println!(
+            "Ed25519 verification alone: {:.1} µs ({:.0}/s); a refused frame (unknown node, with its connection): {:.1} µs",
+            verify.as_secs_f64() * 1e6,
+            1.0 / verify.as_secs_f64(),
+            refused_elapsed.as_secs_f64() * 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Writes `bytes` on a new connection, then waits until the orchestrator
+/// closes it (it has read, and applied, everything).
+async fn send_all(addr: std::net::SocketAddr, bytes: Vec<u8>) -> Result<(), std::io::Error> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(&bytes).await?;
+    stream.shutdown().await?;
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest).await;
+    Ok(())
+}
