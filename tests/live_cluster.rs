@@ -349,3 +349,35 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
         watch.kill().await.unwrap();
     });
 }
+
+/// Node processes a demo started, found by the folder in their command line.
+fn processes_of(demo: u32) -> usize {
+    let needle = format!("poolgate-cluster-{demo}-");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(&needle))
+        .count()
+}
+
+#[test]
+fn an_interrupted_demo_reaps_every_node_process() {
+    live(async {
+        let mut demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["demo", "--json", "--nodes", "4", "--config"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = demo.id().unwrap();
+        let mut lines = BufReader::new(demo.stdout.take().unwrap()).lines();
+        // Once the pool is ready, every node process is running.
+        until_line(&mut lines, |v| v["event"] == "pool_ready").await;
+        assert_eq!(processes_of(pid), 4);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGINT).unwrap();
+        let status = demo.wait().await.unwrap();
+        assert_eq!(status.code(), Some(2), "an interrupted demo is an error");
+        assert_eq!(processes_of(pid), 0, "no node process is left behind");
+    });
+}
