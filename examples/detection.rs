@@ -64,6 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         health_check: None,
         health_interval: Duration::from_secs(5),
         external_orchestrator: false,
+        node_log: None,
     };
     let system = actix::System::new();
     let mut idle_figures = (0u64, 0.0f64);

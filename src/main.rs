@@ -178,9 +178,9 @@ fn main() -> ExitCode {
                 .map_err(|e| e.to_string())
         }),
         Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
-        Command::Node { config } => NodeConfig::load(&config)
+        Command::Node { config: path } => NodeConfig::load(&path)
             .map_err(|e| e.to_string())
-            .and_then(|config| live_system(agent::run(config)).map(|()| 0)),
+            .and_then(|config| live_system(agent::run(config, &path)).map(|()| 0)),
         Command::Watch {
             config,
             json,
@@ -188,13 +188,13 @@ fn main() -> ExitCode {
             until_ready,
             timeout,
             metrics,
-        } => load(&config).and_then(|config| {
+        } => load(&config).and_then(|loaded| {
             let output = output(json, explain);
             live_system(async move {
                 if let Some(addr) = metrics {
                     commands::serve_metrics(addr)?;
                 }
-                commands::watch(&config, output, until_ready, timeout).await
+                commands::watch(&loaded, &config, output, until_ready, timeout).await
             })
             .map(|end| match end {
                 WatchEnd::TimedOut if until_ready => 1,
@@ -207,7 +207,7 @@ fn main() -> ExitCode {
             json,
             metrics,
             command,
-        } => load(&config).and_then(|config| {
+        } => load(&config).and_then(|loaded| {
             let require = require
                 .map(|names| names.iter().map(|n| NodeId::new(n.trim())).collect())
                 .transpose()
@@ -216,7 +216,7 @@ fn main() -> ExitCode {
                 if let Some(addr) = metrics {
                     commands::serve_metrics(addr)?;
                 }
-                commands::run(&config, require, output(json, false), &command).await
+                commands::run(&loaded, &config, require, output(json, false), &command).await
             })
         }),
     };

@@ -39,6 +39,7 @@ fn plan(nodes: u32) -> ClusterPlan {
         health_check: None,
         health_interval: Duration::from_millis(200),
         external_orchestrator: false,
+        node_log: None,
     }
 }
 

@@ -13,7 +13,8 @@
 //!   node available (and clears a fault); otherwise the node is faulted
 //!   with the check's last stderr line as reason.
 //! - SIGHUP re-reads the identity file (a new fingerprint is an identity
-//!   change at the orchestrator).
+//!   change at the orchestrator) and the cluster keys named in `node.toml`
+//!   (key rotation).
 //! - SIGTERM (or SIGINT) announces that the node is unavailable and
 //!   leaving, leaves SWIM and returns, so the orchestrator reports `left`.
 
@@ -33,7 +34,7 @@ use tokio::sync::watch;
 
 use super::keys::NodeKey;
 use super::orchestrator::keyring;
-use super::swim::member::{boot_generation, Join, Leave, MemberCount};
+use super::swim::member::{boot_generation, Join, Leave, MemberCount, SetKeyring};
 use super::swim::SwimMember;
 use super::wire::{self, Announcement};
 use super::LiveError;
@@ -44,12 +45,12 @@ use poolgate_actors::core::MAX_IDENTITY_BYTES;
 /// go out before it exits.
 const LEAVE_GRACE: Duration = Duration::from_millis(500);
 
-/// Runs the agent until SIGTERM or SIGINT. Must be called inside a running
-/// actix `System`.
-pub async fn run(config: NodeConfig) -> Result<(), LiveError> {
+/// Runs the agent until SIGTERM or SIGINT; `path` is its `node.toml`,
+/// read again on SIGHUP. Must be called inside a running actix `System`.
+pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
     let key = NodeKey::load(&config.signing_key)?;
     let identity = read_identity(&config.identity)?;
-    let keyring = keyring(&config.swim)?;
+    let ring = keyring(&config.swim)?;
     let generation = boot_generation();
     let (swim, swim_addr) = SwimMember::start(
         config.name.as_str(),
@@ -58,7 +59,7 @@ pub async fn run(config: NodeConfig) -> Result<(), LiveError> {
         config.swim.timings.foca_config(16),
         StdRng::seed_from_u64(rand::random()),
         None,
-        keyring,
+        ring,
     )
     .map_err(LiveError::Bind)?;
     tracing::info!(node = %config.name, %swim_addr, "node agent started");
@@ -93,14 +94,21 @@ pub async fn run(config: NodeConfig) -> Result<(), LiveError> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     loop {
         tokio::select! {
-            _ = hangup.recv() => match read_identity(&config.identity) {
-                Ok(bytes) => {
-                    let text = wire::identity_text(&bytes);
-                    state.send_if_modified(|s| replace(&mut s.identity, Some(text)));
-                    tracing::info!(node = %config.name, "identity file read again");
+            _ = hangup.recv() => {
+                match read_identity(&config.identity) {
+                    Ok(bytes) => {
+                        let text = wire::identity_text(&bytes);
+                        state.send_if_modified(|s| replace(&mut s.identity, Some(text)));
+                        tracing::info!(node = %config.name, "identity file read again");
+                    }
+                    Err(e) => tracing::warn!(node = %config.name, error = %e, "identity file not read again; keeping the old one"),
                 }
-                Err(e) => tracing::warn!(node = %config.name, error = %e, "identity file not read again; keeping the old one"),
-            },
+                // The gossip keyring too, from node.toml (key rotation).
+                match NodeConfig::load(path).map_err(LiveError::from).and_then(|c| keyring(&c.swim)) {
+                    Ok(ring) => swim.do_send(SetKeyring { keyring: ring }),
+                    Err(e) => tracing::warn!(node = %config.name, error = %e, "cluster keys not read again; keeping the old ones"),
+                }
+            }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }

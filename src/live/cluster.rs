@@ -34,6 +34,9 @@ pub struct ClusterPlan {
     pub health_check: Option<Vec<String>>,
     /// How often it runs.
     pub health_interval: Duration,
+    /// `RUST_LOG` for the node processes (their stderr goes to
+    /// `<dir>/<node>.log`); inherited when `None`.
+    pub node_log: Option<String>,
     /// Leave the orchestrator to another process: `prepare` writes
     /// `orchestrator.toml` (for `poolgate watch` or `run`) on free ports
     /// instead of starting one here.
@@ -64,6 +67,7 @@ pub struct LocalCluster {
     pub nodes: Vec<NodeProcess>,
     orchestrator: Option<Orchestrator>,
     binary: PathBuf,
+    node_log: Option<String>,
 }
 
 impl LocalCluster {
@@ -149,6 +153,7 @@ impl LocalCluster {
             nodes,
             orchestrator,
             binary: plan.binary.clone(),
+            node_log: plan.node_log.clone(),
         })
     }
 
@@ -181,7 +186,11 @@ impl LocalCluster {
             .append(true)
             .open(self.dir.join(format!("{}.log", self.nodes[i].name)))?;
         let node = &mut self.nodes[i];
-        let child = std::process::Command::new(&self.binary)
+        let mut command = std::process::Command::new(&self.binary);
+        if let Some(level) = &self.node_log {
+            command.env("RUST_LOG", level);
+        }
+        let child = command
             .arg("node")
             .arg("--config")
             .arg(&node.config)
@@ -323,7 +332,7 @@ fn orchestrator_toml(config: &Config) -> String {
          [planning]\non_readiness_lost = \"{policy}\"\n{wait}\n\
          [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
          suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\nlabel = {label}\n\n\
-         [agents]\nlisten = \"{listen}\"\n\n[registry]\n{registry}",
+         [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n[registry]\n{registry}",
         id = toml_string(config.pool.id().as_str()),
         members = members.join(", "),
         window = config.convergence_window.as_millis(),
@@ -334,6 +343,8 @@ fn orchestrator_toml(config: &Config) -> String {
         keys = keys.join(", "),
         label = toml_string(&config.swim.label),
         listen = config.agents.listen,
+        max = config.agents.max_connections,
+        idle = config.agents.idle_timeout.as_millis(),
     )
 }
 

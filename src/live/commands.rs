@@ -6,6 +6,7 @@
 //! (`--explain`, watch only), or readable lines.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use poolgate_actors::core::{Event, NodeId, RunId};
@@ -87,6 +88,7 @@ impl Printer {
 /// ready (`until_ready`), or until `timeout`.
 pub async fn watch(
     config: &Config,
+    path: &Path,
     output: Output,
     until_ready: bool,
     timeout: Option<Duration>,
@@ -101,8 +103,10 @@ pub async fn watch(
     tokio::pin!(stop);
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
+    let mut hangup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
+            _ = hangup.recv() => reload_keys(&live, path),
             event = events.recv() => {
                 let Some(event) = event else { return Err(GateError::Stopped.into()) };
                 let ready = matches!(event, Event::PoolReady { .. });
@@ -123,6 +127,7 @@ pub async fn watch(
 /// sent SIGTERM, then SIGKILL after 5 s).
 pub async fn run(
     config: &Config,
+    path: &Path,
     require: Option<Vec<NodeId>>,
     output: Output,
     command: &[String],
@@ -181,6 +186,7 @@ pub async fn run(
     }
     drain(&gate, &mut events, &mut printer).await;
 
+    let mut hangup = signal(SignalKind::hangup())?;
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .kill_on_drop(true)
@@ -208,7 +214,20 @@ pub async fn run(
                 stop_child(&mut child).await;
                 return Ok(130);
             }
+            _ = hangup.recv() => reload_keys(&live, path),
         }
+    }
+}
+
+/// SIGHUP: the cluster keys of `[swim]`, read again from the config file
+/// (key rotation).
+fn reload_keys(live: &Orchestrator, path: &Path) {
+    let reloaded = Config::load(path)
+        .map_err(LiveError::from)
+        .and_then(|config| live.reload_cluster_keys(&config.swim));
+    match reloaded {
+        Ok(()) => tracing::info!("cluster keys read again"),
+        Err(e) => tracing::warn!(error = %e, "cluster keys not read again; keeping the old ones"),
     }
 }
 

@@ -155,6 +155,7 @@ pub async fn run(
         health_check: None,
         health_interval: Duration::from_secs(5),
         external_orchestrator: false,
+        node_log: None,
     };
     let mut cluster = LocalCluster::prepare(&plan).await?;
     let gate = cluster

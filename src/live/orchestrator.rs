@@ -31,7 +31,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::keys::{ClusterKey, PublicKey};
-use super::swim::member::{boot_generation, Join};
+use super::swim::member::{boot_generation, Join, SetKeyring};
+use super::swim::tracker::Observed;
 use super::swim::SwimMember;
 use super::wire::{self, Announcement, Keyring, ReadError, Refused};
 use super::LiveError;
@@ -46,8 +47,59 @@ struct Nodes {
     incarnation: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
     leaving: HashSet<NodeId>,
-    /// The SWIM address each node signed in its latest frame.
+    /// The SWIM address each node signed in its latest frame: SWIM facts
+    /// about the node count only from there.
     swim_addr: HashMap<NodeId, SocketAddr>,
+    /// The latest SWIM fact per node and address, so a node's state is
+    /// known the moment it signs its address.
+    latest: HashMap<NodeId, HashMap<SocketAddr, MembershipUpdate>>,
+}
+
+/// How many addresses' facts are kept per node name (impostors included).
+const ADDRESSES_PER_NODE: usize = 8;
+
+impl Nodes {
+    /// A SWIM fact from the node's signed address, as the gate is told it:
+    /// a leaving node's `dead` is its `left`.
+    fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
+        self.incarnation
+            .insert(update.node.clone(), update.incarnation);
+        if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
+            update.state = SwimState::Left;
+        }
+        update
+    }
+
+    /// Keeps a SWIM fact; returns it for the gate if it comes from the
+    /// address the node signed.
+    fn observe(&mut self, observed: Observed) -> Option<MembershipUpdate> {
+        let node = observed.update.node.clone();
+        let facts = self.latest.entry(node.clone()).or_default();
+        if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&observed.addr) {
+            facts.clear();
+        }
+        facts.insert(observed.addr, observed.update.clone());
+        match self.swim_addr.get(&node) {
+            Some(bound) if *bound == observed.addr => Some(self.for_gate(observed.update)),
+            Some(_) => {
+                metrics::counter!("poolgate_swim_impostors_total").increment(1);
+                tracing::debug!(%node, addr = %observed.addr, "SWIM fact from an address the node did not sign; ignored");
+                None
+            }
+            // Held until the node signs its address.
+            None => None,
+        }
+    }
+
+    /// The node signed `addr`: binds it, and returns the latest fact heard
+    /// from there, if the binding changed.
+    fn bind(&mut self, node: &NodeId, addr: SocketAddr) -> Option<Option<MembershipUpdate>> {
+        if self.swim_addr.insert(node.clone(), addr) == Some(addr) {
+            return None;
+        }
+        let latest = self.latest.get(node).and_then(|f| f.get(&addr)).cloned();
+        Some(latest.map(|update| self.for_gate(update)))
+    }
 }
 
 /// The orchestrator's live side: gate, SWIM member, agent listener.
@@ -95,16 +147,11 @@ impl Orchestrator {
         let nodes = Arc::new(Mutex::new(Nodes::default()));
         let sink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
-            Box::new(move |mut update: MembershipUpdate| {
-                let mut known = lock(&nodes);
-                known
-                    .incarnation
-                    .insert(update.node.clone(), update.incarnation);
-                if update.state == SwimState::Dead && known.leaving.contains(&update.node) {
-                    update.state = SwimState::Left;
+            Box::new(move |observed: Observed| {
+                let update = lock(&nodes).observe(observed);
+                if let Some(update) = update {
+                    gate.membership_nowait(update);
                 }
-                drop(known);
-                gate.membership_nowait(update);
             })
         };
         let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
@@ -123,9 +170,7 @@ impl Orchestrator {
                 seeds: config.swim.seeds.clone(),
             });
         }
-        let listener = TcpListener::bind(config.agents.listen)
-            .await
-            .map_err(LiveError::Bind)?;
+        let listener = listen(config.agents.listen).map_err(LiveError::Bind)?;
         let agents_addr = listener.local_addr().map_err(LiveError::Bind)?;
         let accept = Listener {
             gate: gate.clone(),
@@ -147,6 +192,16 @@ impl Orchestrator {
         })
     }
 
+    /// Replaces the gossip keyring with `[swim]`'s keys as they are now
+    /// (rotation: add the new key to every ring, make it first, remove the
+    /// old one).
+    pub fn reload_cluster_keys(&self, swim: &SwimConfig) -> Result<(), LiveError> {
+        self.swim.do_send(SetKeyring {
+            keyring: keyring(swim)?,
+        });
+        Ok(())
+    }
+
     /// Stops listening (closing every agent connection) and stops the SWIM
     /// member, as a stopped orchestrator process would. The gate's actors
     /// go when the `System` stops.
@@ -154,6 +209,19 @@ impl Orchestrator {
         self.listener.abort();
         self.swim.do_send(super::swim::member::Crash);
     }
+}
+
+/// The agent listener's socket, with a deep accept queue: a burst of
+/// connections waits there instead of having its SYNs dropped.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
 }
 
 fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
@@ -264,23 +332,28 @@ impl Listener {
         node: &NodeId,
         state: Announcement,
     ) -> Result<(), poolgate_actors::GateError> {
-        let leaving_incarnation = {
+        let (bound, leaving_incarnation) = {
             let mut known = lock(&self.nodes);
-            if let Some(addr) = state.swim {
-                if known.swim_addr.insert(node.clone(), addr) != Some(addr) {
-                    // A node this member may not know (it restarted, or
-                    // this orchestrator did): ask it to join us.
-                    self.swim.do_send(Join { seeds: vec![addr] });
-                }
-            }
-            if state.leaving {
+            let bound = state
+                .swim
+                .and_then(|addr| known.bind(node, addr).map(|f| (addr, f)));
+            let leaving = if state.leaving {
                 known.leaving.insert(node.clone());
                 Some(known.incarnation.get(node).copied().unwrap_or(0))
             } else {
                 known.leaving.remove(node);
                 None
-            }
+            };
+            (bound, leaving)
         };
+        if let Some((addr, latest)) = bound {
+            // A node this member may not know (it restarted, or this
+            // orchestrator did): ask it to join us.
+            self.swim.do_send(Join { seeds: vec![addr] });
+            if let Some(update) = latest {
+                self.gate.membership(update).await?;
+            }
+        }
         if let Some(incarnation) = leaving_incarnation {
             // The node's own word: it leaves, it did not crash.
             self.gate

@@ -17,18 +17,17 @@
 use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
-use tokio::task::JoinHandle;
 
 use super::identity::SwimIdentity;
-use super::tracker::{MembershipTracker, GENERATION_LIMIT};
+use super::tracker::{MembershipTracker, Observed, GENERATION_LIMIT};
 use crate::live::wire::Keyring;
-use poolgate_actors::core::MembershipUpdate;
 
 /// How many received datagrams may wait for the actor.
 pub const DATAGRAM_QUEUE: usize = 1024;
@@ -44,8 +43,8 @@ pub fn boot_generation() -> u64 {
         .min(GENERATION_LIMIT - 1)
 }
 
-/// Where membership updates go (the gate, in the orchestrator's member).
-pub type MembershipSink = Box<dyn FnMut(MembershipUpdate)>;
+/// Where membership changes go (the orchestrator's checks, then the gate).
+pub type MembershipSink = Box<dyn FnMut(Observed)>;
 
 /// SWIM timings (config `[swim]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +91,13 @@ pub struct SwimMember {
     /// Sends go through a plain non-blocking socket (a datagram is sent or
     /// lost at once); receives through a tokio clone of it.
     sender: std::net::UdpSocket,
-    receiving: Option<UdpSocket>,
+    receiving: Option<std::net::UdpSocket>,
     tracker: MembershipTracker,
     sink: Option<MembershipSink>,
-    receiver: Option<JoinHandle<()>>,
-    keyring: Keyring,
+    /// Stops the receiving thread when the member stops.
+    receiver: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Shared with the receiving task; replaced whole on rotation.
+    keyring: Arc<RwLock<Keyring>>,
 }
 
 impl SwimMember {
@@ -116,7 +117,7 @@ impl SwimMember {
         let sender = std::net::UdpSocket::bind(bind)?;
         sender.set_nonblocking(true)?;
         let local = sender.local_addr()?;
-        let receiving = UdpSocket::from_std(sender.try_clone()?)?;
+        let receiving = sender.try_clone()?;
         let identity = SwimIdentity {
             node: node.to_string(),
             addr: local,
@@ -130,7 +131,7 @@ impl SwimMember {
             tracker: MembershipTracker::default(),
             sink,
             receiver: None,
-            keyring,
+            keyring: Arc::new(RwLock::new(keyring)),
         };
         Ok((member.start(), local))
     }
@@ -138,7 +139,7 @@ impl SwimMember {
     /// Does what foca asked for, then reports membership changes.
     fn drain(&mut self, ctx: &mut Context<Self>) {
         while let Some((to, data)) = self.runtime.to_send() {
-            let sealed = self.keyring.seal(&data);
+            let sealed = read(&self.keyring).seal(&data);
             if let Err(e) = self.sender.send_to(&sealed, to.addr) {
                 // UDP: a datagram that cannot be sent now is lost, as on
                 // the wire; SWIM tolerates loss.
@@ -157,9 +158,10 @@ impl SwimMember {
             }
         }
         if let Some(sink) = self.sink.as_mut() {
-            for update in self.tracker.diff(self.foca.iter_membership_state()) {
-                tracing::debug!(node = %update.node, state = %update.state, incarnation = update.incarnation, "SWIM change");
-                sink(update);
+            for observed in self.tracker.diff(self.foca.iter_membership_state()) {
+                let update = &observed.update;
+                tracing::debug!(node = %update.node, addr = %observed.addr, state = %update.state, incarnation = update.incarnation, "SWIM change");
+                sink(observed);
             }
         }
     }
@@ -175,38 +177,77 @@ impl SwimMember {
 impl Actor for SwimMember {
     type Context = Context<Self>;
 
+    /// Datagrams are received and opened on a thread of their own, so a
+    /// flood of garbage costs that thread's CPU, not the actors' thread
+    /// (where probes are answered and timers fire).
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(DATAGRAM_QUEUE);
         let Some(socket) = self.receiving.take() else {
             return;
         };
-        let me = ctx.address().downgrade();
-        let keyring = self.keyring.clone();
-        self.receiver = Some(actix::spawn(async move {
-            let mut buffer = vec![0u8; 65_536];
-            loop {
-                match socket.recv_from(&mut buffer).await {
-                    Ok((len, _from)) => {
-                        let Some(member) = me.upgrade() else { break };
-                        let Some(data) = keyring.open(&buffer[..len]) else {
-                            metrics::counter!("poolgate_gossip_rejected_total").increment(1);
-                            continue;
-                        };
-                        if member.try_send(Datagram { data }).is_err() {
-                            metrics::counter!("poolgate_gossip_dropped_total").increment(1);
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "receive failed"),
-                }
-            }
-        }));
+        let me = ctx.address();
+        let keyring = Arc::clone(&self.keyring);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        self.receiver = Some(stop);
+        let spawned = std::thread::Builder::new()
+            .name("swim-receive".into())
+            .spawn(move || receive(socket, keyring, me, stopped));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the SWIM receiving thread");
+            ctx.stop();
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         if let Some(receiver) = self.receiver.take() {
-            receiver.abort();
+            // The thread may have ended already; nothing to stop then.
+            let _ = receiver.send(());
         }
     }
+}
+
+/// The receiving thread: opens each datagram with the keyring and hands
+/// it to the member, until the member stops.
+fn receive(
+    socket: std::net::UdpSocket,
+    keyring: Arc<RwLock<Keyring>>,
+    member: Addr<SwimMember>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return tracing::error!(error = %e, "SWIM receiving thread: no runtime"),
+    };
+    runtime.block_on(async move {
+        let socket = match UdpSocket::from_std(socket) {
+            Ok(socket) => socket,
+            Err(e) => return tracing::error!(error = %e, "SWIM receiving thread: no socket"),
+        };
+        let mut buffer = vec![0u8; 65_536];
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                received = socket.recv_from(&mut buffer) => match received {
+                    Ok((len, _from)) => {
+                        let Some(data) = read(&keyring).open(&buffer[..len]) else {
+                            metrics::counter!("poolgate_gossip_rejected_total").increment(1);
+                            continue;
+                        };
+                        if member.try_send(Datagram { data }).is_err() {
+                            if !member.connected() {
+                                return;
+                            }
+                            metrics::counter!("poolgate_gossip_dropped_total").increment(1);
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "receive failed"),
+                },
+            }
+        }
+    });
 }
 
 /// Announce this member to seeds known by address.
@@ -236,6 +277,32 @@ pub struct FocaTimer {
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct Crash;
+
+/// Replace the gossip keyring (key rotation: add a key everywhere, then
+/// make it first everywhere, then remove the old one).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct SetKeyring {
+    /// The new ring.
+    pub keyring: Keyring,
+}
+
+impl Handler<SetKeyring> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetKeyring, _ctx: &mut Context<Self>) {
+        *self
+            .keyring
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = msg.keyring;
+    }
+}
+
+fn read(keyring: &RwLock<Keyring>) -> std::sync::RwLockReadGuard<'_, Keyring> {
+    keyring
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// How many other members this member knows.
 #[derive(Message, Debug)]

@@ -16,6 +16,7 @@
 //! cannot stay "alive" in the gate.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 
 use foca::{Member, State};
 use poolgate_actors::core::{MembershipUpdate, NodeId, SwimState};
@@ -25,74 +26,89 @@ use super::identity::SwimIdentity;
 /// Generations must stay below this to fold into an incarnation.
 pub const GENERATION_LIMIT: u64 = 1 << 48;
 
-/// The latest state reported per node, to emit only changes.
+/// One change of a member as seen from here: the update for the gate, and
+/// the SWIM address of the member it is about (facts about node N count
+/// only from the address N signed; the orchestrator checks that).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The membership fact.
+    pub update: MembershipUpdate,
+    /// Where the member that says so answers.
+    pub addr: SocketAddr,
+}
+
+/// The latest state reported per member (node name and address), to emit
+/// only changes.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
-    reported: HashMap<String, (SwimState, u64)>,
+    reported: HashMap<(String, SocketAddr), (SwimState, u64)>,
 }
 
 impl MembershipTracker {
     /// Compares foca's full membership (`Foca::iter_membership_state`) with
-    /// what was reported before; returns one update per node that changed.
-    /// Where a node has several identities (an old life and a new one), the
-    /// highest generation speaks for it.
+    /// what was reported before; returns one update per member that
+    /// changed. Members are told apart by name and address: another member
+    /// calling itself N from elsewhere is reported separately, never in N's
+    /// place. At one address the highest generation speaks (a restart).
     pub fn diff<'a>(
         &mut self,
         members: impl Iterator<Item = &'a Member<SwimIdentity>>,
-    ) -> Vec<MembershipUpdate> {
-        let mut newest: HashMap<&str, &Member<SwimIdentity>> = HashMap::new();
+    ) -> Vec<Observed> {
+        let mut newest: HashMap<(&str, SocketAddr), &Member<SwimIdentity>> = HashMap::new();
         for member in members {
             let id = member.id();
             if id.generation >= GENERATION_LIMIT {
                 tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
                 continue;
             }
-            match newest.get(id.node.as_str()) {
+            match newest.get(&(id.node.as_str(), id.addr)) {
                 Some(known) if known.id().generation >= id.generation => {}
                 _ => {
-                    newest.insert(id.node.as_str(), member);
+                    newest.insert((id.node.as_str(), id.addr), member);
                 }
             }
         }
         let mut updates = Vec::new();
         let mut present = HashSet::with_capacity(newest.len());
-        for (node, member) in newest {
-            present.insert(node);
+        for ((node, addr), member) in newest {
+            present.insert((node, addr));
             let state = match member.state() {
                 State::Alive => SwimState::Alive,
                 State::Suspect => SwimState::Suspect,
                 State::Down => SwimState::Dead,
             };
             let incarnation = (member.id().generation << 16) | u64::from(member.incarnation());
-            self.report(node, state, incarnation, &mut updates);
+            self.report(node, addr, state, incarnation, &mut updates);
         }
         // Members foca no longer lists: dead, unless already reported so.
-        let vanished: Vec<(String, u64)> = self
+        let vanished: Vec<(String, SocketAddr, u64)> = self
             .reported
             .iter()
-            .filter(|(node, (state, _))| {
-                *state != SwimState::Dead && !present.contains(node.as_str())
+            .filter(|((node, addr), (state, _))| {
+                *state != SwimState::Dead && !present.contains(&(node.as_str(), *addr))
             })
-            .map(|(node, (_, incarnation))| (node.clone(), *incarnation))
+            .map(|((node, addr), (_, incarnation))| (node.clone(), *addr, *incarnation))
             .collect();
-        for (node, incarnation) in vanished {
-            self.report(&node, SwimState::Dead, incarnation, &mut updates);
+        for (node, addr, incarnation) in vanished {
+            self.report(&node, addr, SwimState::Dead, incarnation, &mut updates);
         }
-        updates.sort_by(|a, b| a.node.cmp(&b.node));
+        updates.sort_by(|a, b| (&a.update.node, a.addr).cmp(&(&b.update.node, b.addr)));
         updates
     }
 
     fn report(
         &mut self,
         node: &str,
+        addr: SocketAddr,
         state: SwimState,
         incarnation: u64,
-        updates: &mut Vec<MembershipUpdate>,
+        updates: &mut Vec<Observed>,
     ) {
-        if self.reported.get(node) == Some(&(state, incarnation)) {
+        let key = (node.to_string(), addr);
+        if self.reported.get(&key) == Some(&(state, incarnation)) {
             return;
         }
-        self.reported.insert(node.to_string(), (state, incarnation));
+        self.reported.insert(key, (state, incarnation));
         let Ok(node_id) = NodeId::new(node) else {
             // Noted once per change of the member; never reported.
             tracing::warn!(
@@ -101,10 +117,13 @@ impl MembershipTracker {
             );
             return;
         };
-        updates.push(MembershipUpdate {
-            node: node_id,
-            state,
-            incarnation,
+        updates.push(Observed {
+            update: MembershipUpdate {
+                node: node_id,
+                state,
+                incarnation,
+            },
+            addr,
         });
     }
 }
@@ -221,7 +240,7 @@ mod tests {
             let updates = self
                 .tracker
                 .diff(self.nodes[0].foca.iter_membership_state());
-            self.seen.extend(updates);
+            self.seen.extend(updates.into_iter().map(|o| o.update));
         }
 
         fn run_until(&mut self, until: u64) {
@@ -346,8 +365,8 @@ mod tests {
         assert_eq!(tracker.diff(alive.iter()).len(), 1);
         let gone = tracker.diff(std::iter::empty());
         assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].state, SwimState::Dead);
-        assert_eq!(gone[0].incarnation, 5 << 16);
+        assert_eq!(gone[0].update.state, SwimState::Dead);
+        assert_eq!(gone[0].update.incarnation, 5 << 16);
         assert!(tracker.diff(std::iter::empty()).is_empty(), "reported once");
     }
 
@@ -358,6 +377,32 @@ mod tests {
         assert!(tracker.diff(members.iter()).is_empty());
         let members = [member("n1", GENERATION_LIMIT - 1, State::Alive)];
         let update = tracker.diff(members.iter());
-        assert_eq!(update[0].incarnation, (GENERATION_LIMIT - 1) << 16);
+        assert_eq!(update[0].update.incarnation, (GENERATION_LIMIT - 1) << 16);
+    }
+
+    #[test]
+    fn another_member_calling_itself_n1_elsewhere_is_reported_apart_not_in_its_place() {
+        let mut tracker = MembershipTracker::default();
+        let real = member("n1", 5, State::Alive);
+        let mut impostor = member("n1", 9, State::Alive);
+        impostor = Member::new(
+            SwimIdentity {
+                addr: addr(2),
+                ..impostor.id().clone()
+            },
+            0,
+            State::Alive,
+        );
+        let both = [real.clone(), impostor.clone()];
+        let seen = tracker.diff(both.iter());
+        assert_eq!(seen.len(), 2);
+        // The real member goes down: that is reported, whatever the other says.
+        let down = Member::new(real.id().clone(), 0, State::Down);
+        let seen = tracker.diff([down, impostor].iter());
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (seen[0].addr, seen[0].update.state),
+            (addr(1), SwimState::Dead)
+        );
     }
 }

@@ -1,0 +1,604 @@
+//! Nobody gets in who does not belong (SPEC §8), tried for real: node
+//! processes on 127.0.0.1, orchestrators in this process or as
+//! `poolgate watch` (whose own metrics are scraped), hostile members,
+//! frames and floods. Each test gives up after 60 s; every process it
+//! started is reaped.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use poolgate::core::{Blocker, Epoch, Event, NodeId, RunId};
+use poolgate::live::cluster::{ClusterPlan, LocalCluster};
+use poolgate::live::keys::{ClusterKey, NodeKey};
+use poolgate::live::swim::member::{boot_generation, Join};
+use poolgate::live::swim::SwimMember;
+use poolgate::live::wire::{self, Announcement, Keyring};
+use poolgate::live::Orchestrator;
+use poolgate::{Config, EventStream};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+const BASE: &str = r#"
+[pool]
+id = "secure"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+[swim]
+probe_period = "200ms"
+probe_rtt = "60ms"
+suspicion_timeout = "1s"
+[agents]
+max_connections = 64
+idle_timeout = "2s"
+"#;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn plan(nodes: u32, external: bool) -> ClusterPlan {
+    ClusterPlan {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_poolgate")),
+        nodes,
+        base: Config::parse(BASE, "security-test").unwrap(),
+        seed: 9,
+        health_check: None,
+        health_interval: Duration::from_millis(200),
+        external_orchestrator: external,
+        node_log: None,
+    }
+}
+
+fn node(name: &str) -> NodeId {
+    NodeId::new(name).unwrap()
+}
+
+fn live<F: std::future::Future<Output = ()>>(test: F) {
+    actix::System::new().block_on(async {
+        tokio::time::timeout(LIMIT, test)
+            .await
+            .expect("the test finished in time");
+    });
+}
+
+async fn until<T>(events: &mut EventStream, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
+    loop {
+        let event = events.recv().await.expect("the gate is running");
+        if let Some(found) = pick(&event) {
+            return found;
+        }
+    }
+}
+
+async fn ready(events: &mut EventStream) -> Epoch {
+    until(events, |e| match e {
+        Event::PoolReady { epoch, .. } => Some(*epoch),
+        _ => None,
+    })
+    .await
+}
+
+/// Rewrites `cluster_keys = [...]` in a node's config.
+fn set_node_keys(config: &std::path::Path, keys: &[&std::path::Path]) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let list: Vec<String> = keys
+        .iter()
+        .map(|k| serde_json::to_string(&k.display().to_string()).unwrap())
+        .collect();
+    let text: String = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("cluster_keys") {
+                format!("cluster_keys = [{}]\n", list.join(", "))
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect();
+    std::fs::write(config, text).unwrap();
+}
+
+/// `poolgate watch` on the cluster's orchestrator.toml, with its metrics
+/// served on a free port.
+struct Watch {
+    child: tokio::process::Child,
+    metrics: SocketAddr,
+}
+
+impl Watch {
+    fn start(cluster: &LocalCluster, log: Option<&str>) -> Watch {
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
+        if let Some(level) = log {
+            command.env("RUST_LOG", level);
+        }
+        let child = command
+            .arg("watch")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--timeout", "55s", "--metrics"])
+            .arg(metrics.to_string())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(cluster.dir.join("watch.log")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Watch { child, metrics }
+    }
+
+    /// The sum of a metric's samples (every label set whose line starts
+    /// with `name`), once it is served.
+    async fn metric(&self, name: &str) -> f64 {
+        loop {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(self.metrics).await {
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut text = String::new();
+                let _ = stream.read_to_string(&mut text).await;
+                if text.starts_with("HTTP/1.1 200") {
+                    return text
+                        .lines()
+                        .filter(|l| l.starts_with(name))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `metric` reaches `at_least` (or gives up at the limit).
+    async fn until_metric(&self, name: &str, at_least: f64) -> f64 {
+        loop {
+            let value = self.metric(name).await;
+            if value >= at_least {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let pid = self.child.id().unwrap();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+#[test]
+fn a_node_with_a_wrong_cluster_key_never_becomes_live_and_its_datagrams_are_counted() {
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(2, true)).await.unwrap();
+        let wrong = cluster.dir.join("wrong.key");
+        ClusterKey::generate().save(&wrong).unwrap();
+        set_node_keys(&cluster.nodes[1].config, &[&wrong]);
+        let watch = Watch::start(&cluster, None);
+        cluster.spawn(0).unwrap();
+        cluster.spawn(1).unwrap();
+        watch
+            .until_metric("poolgate_gossip_rejected_total", 5.0)
+            .await;
+        // node-1 is live; node-2 announced itself (signed, accepted) but
+        // SWIM never saw it: it is blocked as not live, nothing else.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            watch
+                .metric("poolgate_candidates_blocked{condition=\"not_live\"}")
+                .await,
+            1.0
+        );
+        assert_eq!(
+            watch
+                .metric("poolgate_candidates_blocked{condition=\"not_available\"}")
+                .await,
+            0.0
+        );
+    });
+}
+
+#[test]
+fn a_node_whose_signing_key_is_not_the_pinned_one_is_refused_and_stays_unavailable() {
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(2, true)).await.unwrap();
+        let key = cluster.dir.join("node-2.key");
+        std::fs::remove_file(&key).unwrap();
+        NodeKey::generate().save(&key).unwrap();
+        let watch = Watch::start(&cluster, None);
+        cluster.spawn(0).unwrap();
+        cluster.spawn(1).unwrap();
+        watch
+            .until_metric(
+                "poolgate_agent_frames_refused_total{reason=\"bad_signature\"}",
+                1.0,
+            )
+            .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            watch
+                .metric("poolgate_candidates_blocked{condition=\"not_available\"}")
+                .await,
+            1.0
+        );
+        assert_eq!(
+            watch
+                .metric("poolgate_candidates_blocked{condition=\"no_identity\"}")
+                .await,
+            1.0
+        );
+    });
+}
+
+/// Writes `frame` on a new connection; whether the orchestrator closed it
+/// (a refusal closes the connection, an accepted frame does not).
+async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
+    let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
+    stream.write_all(frame).await.unwrap();
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[test]
+fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
+    live(async {
+        let key = NodeKey::generate();
+        let mut config = Config::parse(BASE, "replay-test").unwrap();
+        config.pool = poolgate::core::PoolDefinition::new(
+            poolgate::core::PoolId::new("p").unwrap(),
+            vec![node("n1")],
+        )
+        .unwrap();
+        config.registry.insert(node("n1"), key.public());
+        config.swim.insecure = true;
+        config.agents.listen = "127.0.0.1:0".parse().unwrap();
+        let live = Orchestrator::start(&config).await.unwrap();
+        let available = |available: bool| Announcement {
+            available,
+            identity: Some(wire::identity_text(b"n1 material")),
+            swim: None,
+            fault: None,
+            leaving: false,
+        };
+        let up = wire::encode(&key, "poolgate", "n1", 5, &available(true));
+        let down = wire::encode(&key, "poolgate", "n1", 6, &available(false));
+        let older = wire::encode(&key, "poolgate", "n1", 3, &available(true));
+        let blocked = |report: poolgate::core::PoolReport| {
+            report.candidates[0].verdict.has(Blocker::NotAvailable)
+        };
+        assert!(!send(live.agents_addr, &up).await, "accepted");
+        assert!(!blocked(live.gate.report().await.unwrap()));
+        assert!(!send(live.agents_addr, &down).await, "accepted");
+        assert!(blocked(live.gate.report().await.unwrap()));
+        // The captured "available" frame, sent again; then an older one.
+        assert!(send(live.agents_addr, &up).await, "the replay is refused");
+        assert!(send(live.agents_addr, &older).await, "the older one too");
+        assert!(
+            blocked(live.gate.report().await.unwrap()),
+            "nothing changed"
+        );
+        // A frame signed for another cluster label is refused as well.
+        let other = wire::encode(&key, "other-cluster", "n1", 9, &available(true));
+        assert!(send(live.agents_addr, &other).await);
+        assert!(blocked(live.gate.report().await.unwrap()));
+    });
+}
+
+#[test]
+fn an_impostor_calling_itself_node_1_from_another_address_is_ignored_and_the_run_still_faults() {
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(3, false)).await.unwrap();
+        let orchestrator = cluster.orchestrator().unwrap();
+        let gate = orchestrator.gate.clone();
+        let seed = orchestrator.swim_addr;
+        let mut events = gate.subscribe();
+        for i in 0..3 {
+            cluster.spawn(i).unwrap();
+        }
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(run.clone(), vec![node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        // An insider with the cluster key claims node-1, at a newer
+        // generation, from another address.
+        let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
+        let (impostor, _) = SwimMember::start(
+            "node-1",
+            "127.0.0.1:0".parse().unwrap(),
+            boot_generation() + 1_000_000,
+            cluster.config.swim.timings.foca_config(8),
+            StdRng::seed_from_u64(1),
+            None,
+            Keyring::new(&[key], &cluster.config.swim.label),
+        )
+        .unwrap();
+        impostor.do_send(Join { seeds: vec![seed] });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.kill(0);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted, node("node-1"));
+    });
+}
+
+#[test]
+fn rotating_the_cluster_key_keeps_the_pool_ready_throughout() {
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(3, false)).await.unwrap();
+        let gate = cluster.orchestrator().unwrap().gate.clone();
+        let mut events = gate.subscribe();
+        for i in 0..3 {
+            cluster.spawn(i).unwrap();
+        }
+        ready(&mut events).await;
+        let old = cluster.dir.join("cluster.key");
+        let new = cluster.dir.join("cluster-2.key");
+        ClusterKey::generate().save(&new).unwrap();
+        // Install (both, old first), use (new first), remove (new only).
+        for ring in [vec![&old, &new], vec![&new, &old], vec![&new]] {
+            let ring: Vec<&std::path::Path> = ring.iter().map(|p| p.as_path()).collect();
+            for i in 0..3 {
+                set_node_keys(&cluster.nodes[i].config, &ring);
+                cluster.signal(i, Signal::SIGHUP);
+            }
+            cluster.config.swim.cluster_keys = ring.iter().map(|p| p.to_path_buf()).collect();
+            cluster
+                .orchestrator()
+                .unwrap()
+                .reload_cluster_keys(&cluster.config.swim)
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        let mut seen = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            seen.push(event);
+        }
+        assert!(
+            seen.is_empty(),
+            "no readiness change during rotation: {seen:?}"
+        );
+        // Gossip still works under the new key alone: a crash is seen.
+        cluster.kill(2);
+        until(&mut events, |e| match e {
+            Event::ReadinessLost { node: Some(n), .. } if *n == node("node-3") => Some(()),
+            _ => None,
+        })
+        .await;
+    });
+}
+
+/// Sends garbage datagrams to `target` for `span`, as fast as one thread
+/// can or at most `per_second`; returns how many were sent.
+fn flood(target: SocketAddr, span: Duration, per_second: Option<u64>) -> u64 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut garbage = [0u8; 1200];
+    while started.elapsed() < span && sent < 50_000_000 {
+        if let Some(rate) = per_second {
+            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        garbage[..8].copy_from_slice(&sent.to_le_bytes());
+        let size = 40 + (sent as usize * 7919) % 1160;
+        let _ = socket.send_to(&garbage[..size], target);
+        sent += 1;
+    }
+    sent
+}
+
+#[test]
+fn garbage_datagrams_cost_cpu_never_memory_nor_a_state_change() {
+    // The shipped SWIM timings, not the tests' tight ones.
+    let mut plan = plan(2, true);
+    plan.base.swim.timings.probe_period = Duration::from_millis(400);
+    plan.base.swim.timings.probe_rtt = Duration::from_millis(120);
+    plan.base.swim.timings.suspicion_timeout = Duration::from_secs(2);
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut watch = Watch::start(&cluster, None);
+        let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
+        for i in 0..2 {
+            cluster.spawn(i).unwrap();
+        }
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("watch prints events");
+            if line.contains("\"pool_ready\"") {
+                break;
+            }
+        }
+        let target = cluster.config.swim.bind;
+        let before = watch.rss_kib();
+
+        // 10 s at 20,000 garbage datagrams a second (some hundred times
+        // the cluster's own gossip): not one readiness change.
+        let steady =
+            std::thread::spawn(move || flood(target, Duration::from_secs(10), Some(20_000)));
+        let quiet = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+        assert!(quiet.is_err(), "an event during the flood: {quiet:?}");
+        let sent = steady.join().unwrap();
+        let rejected = watch.metric("poolgate_gossip_rejected_total").await;
+        assert!(
+            rejected >= sent as f64 * 0.9,
+            "{rejected} of {sent} rejected"
+        );
+
+        // Then 5 s as fast as one thread can send: memory stays flat (what
+        // the receiver cannot take is dropped by the kernel, unparsed).
+        let full = std::thread::spawn(move || flood(target, Duration::from_secs(5), None));
+        while !full.is_finished() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let sent = full.join().unwrap();
+        let after = watch.rss_kib();
+        assert!(
+            after < before + 50 * 1024,
+            "RSS {before} KiB → {after} KiB after {sent} datagrams"
+        );
+    });
+}
+
+#[test]
+fn a_10_mb_frame_and_thousands_of_idle_connections_are_refused_or_closed_in_bounded_memory() {
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    live(async {
+        let cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
+        let watch = Watch::start(&cluster, None);
+        let agents = cluster.config.agents.listen;
+        watch.metric("poolgate_").await; // serving
+        let before = watch.rss_kib();
+
+        // A 10 MB frame: refused at its length, connection closed.
+        let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
+        let mut huge = 10_000_000u32.to_be_bytes().to_vec();
+        huge.extend(vec![b'x'; 65_536]);
+        let _ = stream.write_all(&huge).await;
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut byte)).await;
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
+        drop(stream);
+
+        // 10,000 connections that send nothing (at most as many as the
+        // open-file limit allows).
+        let wanted = 10_000usize.min(usize::try_from(hard).unwrap_or(10_000).saturating_sub(200));
+        let mut idle = Vec::with_capacity(wanted);
+        for _ in 0..wanted {
+            match tokio::net::TcpStream::connect(agents).await {
+                Ok(stream) => idle.push(stream),
+                Err(_) => break,
+            }
+        }
+        assert!(idle.len() >= 1000, "opened {}", idle.len());
+        let opened = idle.len();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let during = watch.rss_kib();
+        let fds = |watch: &Watch| {
+            let pid = watch.child.id().unwrap();
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .count()
+        };
+        // The orchestrator holds at most `max_connections` (64) of them.
+        let held = fds(&watch);
+        assert!(held < 64 + 40, "{held} descriptors open while flooded");
+        // Past the idle timeout (2 s) it holds none.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = fds(&watch);
+        assert!(
+            after < 40,
+            "{after} descriptors open after the idle timeout"
+        );
+        drop(idle);
+        assert!(
+            watch
+                .metric("poolgate_agent_connections_refused_total")
+                .await
+                >= 900.0
+        );
+        assert!(
+            during < before + 50 * 1024,
+            "RSS {before} KiB → {during} KiB with {opened} idle connections"
+        );
+    });
+}
+
+#[test]
+fn keys_and_identity_material_never_appear_in_the_live_logs() {
+    let mut plan = plan(2, true);
+    plan.node_log = Some("trace".into());
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut watch = Watch::start(&cluster, Some("trace"));
+        for i in 0..2 {
+            cluster.spawn(i).unwrap();
+        }
+        let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
+        let mut stdout = String::new();
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("watch prints events");
+            stdout.push_str(&line);
+            stdout.push('\n');
+            if line.contains("\"pool_ready\"") {
+                break;
+            }
+        }
+        watch.child.kill().await.unwrap();
+        let stderr = std::fs::read_to_string(cluster.dir.join("watch.log")).unwrap();
+        for i in 0..2 {
+            cluster.signal(i, Signal::SIGTERM);
+            cluster.wait_exit(i, Duration::from_secs(5)).await;
+        }
+        let mut logs = vec![stdout, stderr];
+        for node in &cluster.nodes {
+            logs.push(
+                std::fs::read_to_string(cluster.dir.join(format!("{}.log", node.name))).unwrap(),
+            );
+        }
+        assert!(
+            logs[1].contains("TRACE") || logs[1].contains("DEBUG"),
+            "trace logging was on"
+        );
+        let mut secrets: Vec<(String, Vec<u8>)> = Vec::new();
+        for node in &cluster.nodes {
+            secrets.push((
+                format!("{} identity", node.name),
+                std::fs::read(&node.identity).unwrap(),
+            ));
+            let key =
+                std::fs::read_to_string(cluster.dir.join(format!("{}.key", node.name))).unwrap();
+            secrets.push((
+                format!("{} signing key", node.name),
+                key.trim().as_bytes().to_vec(),
+            ));
+        }
+        let cluster_key = std::fs::read_to_string(cluster.dir.join("cluster.key")).unwrap();
+        secrets.push(("cluster key".into(), cluster_key.trim().as_bytes().to_vec()));
+        use base64::Engine;
+        for (what, bytes) in &secrets {
+            let forms = [
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+                hex::encode(bytes),
+                String::from_utf8_lossy(bytes).into_owned(),
+            ];
+            for form in forms.iter().filter(|f| f.len() >= 16) {
+                for (i, log) in logs.iter().enumerate() {
+                    assert!(!log.contains(form.as_str()), "{what} appears in log {i}");
+                }
+            }
+        }
+        let _ = std::io::stderr().flush();
+    });
+}
