@@ -2,7 +2,7 @@
 //! node's process → `run_faulted`, with the shipped `[swim]` settings.
 //!
 //! ```text
-//! cargo build --release && cargo run --release --example detection -- [--nodes N] [--kills K] [--json] [--config FILE]
+//! cargo build --release && cargo run --release --example detection -- [--nodes N] [--kills K] [--json] [--insecure] [--config FILE]
 //! ```
 //!
 //! One cluster of N `poolgate node` processes (the release binary beside
@@ -23,6 +23,7 @@ struct Args {
     nodes: u32,
     kills: usize,
     json: bool,
+    insecure: bool,
     config: String,
 }
 
@@ -31,6 +32,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         nodes: 16,
         kills: 20,
         json: false,
+        insecure: false,
         config: "config.toml".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -39,6 +41,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--nodes" => args.nodes = it.next().ok_or("--nodes N")?.parse()?,
             "--kills" => args.kills = it.next().ok_or("--kills K")?.parse()?,
             "--json" => args.json = true,
+            "--insecure" => args.insecure = true,
             "--config" => args.config = it.next().ok_or("--config FILE")?,
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -65,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         health_interval: Duration::from_secs(5),
         external_orchestrator: false,
         node_log: None,
+        insecure: args.insecure,
     };
     let system = actix::System::new();
     let mut idle_figures = (0u64, 0.0f64);

@@ -40,6 +40,7 @@ fn plan(nodes: u32) -> ClusterPlan {
         health_interval: Duration::from_millis(200),
         external_orchestrator: false,
         node_log: None,
+        insecure: false,
     }
 }
 

@@ -79,3 +79,58 @@ fn the_config_parser_never_panics_and_names_a_line() {
         })
         .unwrap();
 }
+
+/// A valid frame's bytes (after the length prefix), from a fixed key.
+fn valid_frame() -> (Vec<u8>, poolgate::live::keys::PublicKey) {
+    let key = poolgate::live::keys::NodeKey::generate();
+    let state = poolgate::live::wire::Announcement {
+        available: true,
+        identity: Some("AQID".into()),
+        swim: Some("127.0.0.1:7946".parse().unwrap()),
+        fault: None,
+        leaving: false,
+    };
+    let framed = poolgate::live::wire::encode(&key, "poolgate", "n1", 7, &state);
+    (framed[4..].to_vec(), key.public())
+}
+
+#[test]
+fn the_agent_frame_decoder_refuses_or_decodes_and_never_accepts_a_changed_frame() {
+    use poolgate::live::wire;
+    let (frame, key) = valid_frame();
+    let frame: &'static [u8] = Box::leak(frame.into_boxed_slice());
+    let text: &'static str = std::str::from_utf8(frame).unwrap();
+    let input = prop_oneof![prop::collection::vec(any::<u8>(), 0..400), mutated(text)];
+    runner(3000)
+        .run(&input, |bytes| {
+            if let Ok(decoded) = wire::decode_frame(&bytes) {
+                // Only the untouched frame may open: any change to what is
+                // signed breaks the signature (or the JSON around it).
+                if decoded.open(&key, "poolgate").is_ok() {
+                    prop_assert_eq!((decoded.node.as_str(), decoded.seq), ("n1", 7));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(wire::decode_frame(frame)
+        .unwrap()
+        .open(&key, "poolgate")
+        .is_ok());
+}
+
+#[test]
+fn the_datagram_opener_drops_what_no_key_sealed_and_opens_what_one_did() {
+    use poolgate::live::keys::ClusterKey;
+    use poolgate::live::wire::Keyring;
+    let ring = Keyring::new(&[ClusterKey::from_bytes([7; 32])], "poolgate");
+    runner(2000)
+        .run(&prop::collection::vec(any::<u8>(), 0..1500), |bytes| {
+            prop_assert_eq!(ring.open(&bytes), None);
+            let sealed = ring.seal(&bytes);
+            let opened = ring.open(&sealed);
+            prop_assert_eq!(opened.as_deref(), Some(&bytes[..]));
+            Ok(())
+        })
+        .unwrap();
+}

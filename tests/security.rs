@@ -52,6 +52,7 @@ fn plan(nodes: u32, external: bool) -> ClusterPlan {
         health_interval: Duration::from_millis(200),
         external_orchestrator: external,
         node_log: None,
+        insecure: false,
     }
 }
 

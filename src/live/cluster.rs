@@ -34,6 +34,9 @@ pub struct ClusterPlan {
     pub health_check: Option<Vec<String>>,
     /// How often it runs.
     pub health_interval: Duration,
+    /// Gossip in the clear (`insecure = true` everywhere), to measure what
+    /// sealing costs.
+    pub insecure: bool,
     /// `RUST_LOG` for the node processes (their stderr goes to
     /// `<dir>/<node>.log`); inherited when `None`.
     pub node_log: Option<String>,
@@ -104,8 +107,13 @@ impl LocalCluster {
         config.registry = registry;
         config.swim.bind = SocketAddr::from(([127, 0, 0, 1], 0));
         config.swim.seeds = Vec::new();
-        config.swim.cluster_keys = vec![cluster_key.clone()];
-        config.swim.insecure = false;
+        if plan.insecure {
+            config.swim.cluster_keys = Vec::new();
+            config.swim.insecure = true;
+        } else {
+            config.swim.cluster_keys = vec![cluster_key.clone()];
+            config.swim.insecure = false;
+        }
         config.agents.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         let (orchestrator, swim_addr, agents_addr) = if plan.external_orchestrator {
             config.swim.bind = free_udp_port()?;
@@ -284,7 +292,7 @@ fn node_toml(
     format!(
         "[node]\nname = \"{name}\"\nsigning_key = {key}\nidentity = {identity}\n{health}\n\
          [swim]\nbind = \"127.0.0.1:0\"\nseeds = [\"{seed}\"]\nprobe_period = \"{pp}ms\"\n\
-         probe_rtt = \"{rtt}ms\"\nsuspicion_timeout = \"{st}ms\"\ncluster_keys = [{ck}]\nlabel = {label}\n\n\
+         probe_rtt = \"{rtt}ms\"\nsuspicion_timeout = \"{st}ms\"\n{keys}label = {label}\n\n\
          [orchestrator]\nagents = \"{agents}\"\n",
         key = toml_string(&key.display().to_string()),
         identity = toml_string(&identity.display().to_string()),
@@ -292,7 +300,14 @@ fn node_toml(
         pp = timings.probe_period.as_millis(),
         rtt = timings.probe_rtt.as_millis(),
         st = timings.suspicion_timeout.as_millis(),
-        ck = toml_string(&cluster_key.display().to_string()),
+        keys = if config.swim.insecure {
+            "insecure = true\n".to_string()
+        } else {
+            format!(
+                "cluster_keys = [{}]\n",
+                toml_string(&cluster_key.display().to_string())
+            )
+        },
         label = toml_string(&config.swim.label),
         agents = agents_addr,
     )
@@ -331,7 +346,7 @@ fn orchestrator_toml(config: &Config) -> String {
         "[pool]\nid = {id}\nmembers = [{members}]\n\n[readiness]\nconvergence_window = \"{window}ms\"\n\n\
          [planning]\non_readiness_lost = \"{policy}\"\n{wait}\n\
          [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
-         suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\nlabel = {label}\n\n\
+         suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\ninsecure = {insecure}\nlabel = {label}\n\n\
          [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n[registry]\n{registry}",
         id = toml_string(config.pool.id().as_str()),
         members = members.join(", "),
@@ -341,6 +356,7 @@ fn orchestrator_toml(config: &Config) -> String {
         rtt = timings.probe_rtt.as_millis(),
         st = timings.suspicion_timeout.as_millis(),
         keys = keys.join(", "),
+        insecure = config.swim.insecure,
         label = toml_string(&config.swim.label),
         listen = config.agents.listen,
         max = config.agents.max_connections,

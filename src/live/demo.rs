@@ -156,6 +156,7 @@ pub async fn run(
         health_interval: Duration::from_secs(5),
         external_orchestrator: false,
         node_log: None,
+        insecure: false,
     };
     let mut cluster = LocalCluster::prepare(&plan).await?;
     let gate = cluster

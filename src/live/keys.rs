@@ -137,6 +137,11 @@ impl ClusterKey {
         ClusterKey(rand::random())
     }
 
+    /// A key from its 32 bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        ClusterKey(bytes)
+    }
+
     /// Reads a key file written by `poolgate keygen --cluster`.
     pub fn load(path: &Path) -> Result<Self, KeyError> {
         read_key(path).map(ClusterKey)

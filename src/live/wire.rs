@@ -161,7 +161,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<F
     }
     let mut bytes = vec![0u8; length];
     reader.read_exact(&mut bytes).await.map_err(ReadError::Io)?;
-    parse(&bytes).map(Some).map_err(ReadError::Refused)
+    decode_frame(&bytes).map(Some).map_err(ReadError::Refused)
 }
 
 /// Why reading a frame stopped.
@@ -175,7 +175,12 @@ pub enum ReadError {
     Refused(Refused),
 }
 
-fn parse(bytes: &[u8]) -> Result<Frame, Refused> {
+/// Decodes a frame's bytes (after the length prefix), before its
+/// signature is checked.
+pub fn decode_frame(bytes: &[u8]) -> Result<Frame, Refused> {
+    if bytes.len() > MAX_FRAME {
+        return Err(Refused::TooLong(bytes.len()));
+    }
     let envelope: Envelope =
         serde_json::from_slice(bytes).map_err(|_| Refused::Malformed("not a frame envelope"))?;
     if envelope.v != VERSION {
