@@ -28,6 +28,7 @@ async fn main() -> Result<(), GateError> {
             on_readiness_lost: OnReadinessLost::Wait,
             wait_timeout: Some(Duration::from_secs(5)),
         },
+        durable: None,
     });
     let mut events = gate.subscribe();
 

@@ -101,6 +101,7 @@ fn settings(members: Vec<NodeId>, window: Duration) -> GateSettings {
             on_readiness_lost: OnReadinessLost::Wait,
             wait_timeout: None,
         },
+        durable: None,
     }
 }
 

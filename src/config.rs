@@ -33,6 +33,27 @@ pub struct Config {
     /// `[registry]`: the nodes the orchestrator knows, each with its pinned
     /// public key (a registry entry is the `known` fact).
     pub registry: BTreeMap<NodeId, PublicKey>,
+    /// `[state]`: where epochs and the active run survive a restart.
+    pub state: StateConfig,
+}
+
+/// `[state]`: the durable state (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// `path`: the state file; absent = memory only.
+    pub path: Option<PathBuf>,
+    /// `restore_grace`: how long a restored committed run's required nodes
+    /// have to be seen ready again with their committed fingerprints.
+    pub restore_grace: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            restore_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `[agents]`: the orchestrator's agent listener (TCP).
@@ -242,6 +263,16 @@ impl Config {
             Some((table, _)) => doc.registry(table)?,
             None => BTreeMap::new(),
         };
+        let mut state = StateConfig::default();
+        if let Some((table, _)) = doc.section(root, "state")? {
+            doc.only_keys(table, "state", &["path", "restore_grace"])?;
+            if let Some(value) = table.get("path") {
+                state.path = Some(PathBuf::from(doc.string(value, "state.path")?.0));
+            }
+            if let Some(value) = table.get("restore_grace") {
+                state.restore_grace = doc.duration(value, "state.restore_grace")?.0;
+            }
+        }
 
         Ok(Config {
             pool,
@@ -251,11 +282,15 @@ impl Config {
             demo,
             agents,
             registry,
+            state,
         })
     }
 
     /// Relative key paths, resolved from `dir` (the config file's folder).
     pub fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(path) = self.state.path.as_mut().filter(|p| p.is_relative()) {
+            *path = dir.join(&*path);
+        }
         for path in &mut self.swim.cluster_keys {
             if path.is_relative() {
                 *path = dir.join(&*path);
@@ -263,13 +298,32 @@ impl Config {
         }
     }
 
-    /// What the pool actor needs.
+    /// What the gate needs, in memory only.
     pub fn gate_settings(&self) -> GateSettings {
         GateSettings {
             definition: self.pool.clone(),
             window: self.convergence_window,
             policy: self.planning,
+            durable: None,
         }
+    }
+
+    /// What the gate needs, with the state file of `[state] path` (or
+    /// `path`, which wins) opened and read.
+    pub fn gate_settings_with_state(
+        &self,
+        path: Option<&Path>,
+    ) -> Result<GateSettings, crate::state::StateError> {
+        let mut settings = self.gate_settings();
+        if let Some(path) = path.or(self.state.path.as_deref()) {
+            let (store, restored) = crate::state::RedbStore::open(path)?;
+            settings.durable = Some(poolgate_actors::DurableSettings {
+                store,
+                restored,
+                restore_grace: self.state.restore_grace,
+            });
+        }
+        Ok(settings)
     }
 }
 

@@ -22,6 +22,7 @@
 pub mod config;
 pub mod live;
 pub mod replay;
+pub mod state;
 
 pub use config::{Config, ConfigError, NodeConfig};
 pub use poolgate_actors::core::{self, Input};

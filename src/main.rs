@@ -53,6 +53,10 @@ enum Command {
         /// Also draw every candidate's state over time into FILE (SVG).
         #[arg(long, value_name = "FILE")]
         timeline: Option<PathBuf>,
+        /// A state file (as `[state] path`): restored at start, written as
+        /// the gate goes; two replays in a row behave as a restarted gate.
+        #[arg(long, value_name = "PATH")]
+        state: Option<PathBuf>,
         /// The scenario file, or `-` for stdin.
         scenario: String,
     },
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
             human,
             explain,
             timeline,
+            state,
             scenario,
         } => replay(
             &config,
@@ -164,6 +169,7 @@ fn main() -> ExitCode {
             human || explain,
             explain,
             timeline.as_deref(),
+            state,
         )
         .map(|()| 0),
         Command::Demo {
@@ -267,6 +273,7 @@ fn replay(
     human: bool,
     explain: bool,
     timeline_file: Option<&Path>,
+    state: Option<PathBuf>,
 ) -> Result<(), String> {
     let config = load(config)?;
     let input: Box<dyn BufRead> = if scenario == "-" {
@@ -276,6 +283,7 @@ fn replay(
         Box::new(BufReader::new(file))
     };
     let options = ReplayOptions {
+        state,
         explain,
         timeline: timeline_file.is_some(),
     };

@@ -141,6 +141,7 @@ fn a_million_observations_into_ten_thousand_nodes_lose_no_transition() {
                 on_readiness_lost: OnReadinessLost::Wait,
                 wait_timeout: None,
             },
+            durable: None,
         });
         let keys: Vec<Vec<u8>> = (0..4).map(|k| vec![k as u8 + 1; 32]).collect();
         let rss_before = peak_rss_kib();

@@ -56,6 +56,7 @@ fn start(members: &[&str]) -> Subsystem {
             on_readiness_lost: OnReadinessLost::Wait,
             wait_timeout: None,
         },
+        durable: None,
     };
     let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router));
     Subsystem {

@@ -36,6 +36,7 @@ mod pool_actor;
 mod publisher;
 mod router;
 mod run_actor;
+pub mod store;
 pub mod telemetry;
 
 #[cfg(test)]
@@ -46,3 +47,4 @@ pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof};
 pub use messages::Outcome;
 pub use pool_actor::GateSettings;
 pub use poolgate_core as core;
+pub use store::{DurableSettings, StateStore, StoreError};

@@ -171,6 +171,14 @@ pub struct RequiredNodeChanged {
     pub change: NodeChange,
 }
 
+/// `PoolActor` → `RunActor`: a restored run's confirmation deadline is due.
+#[derive(Message, Debug)]
+#[rtype(result = "RunStatus")]
+pub struct ConfirmDue {
+    /// The deadline.
+    pub at: Time,
+}
+
 /// A committed run's answer: whether it goes on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, actix::MessageResponse)]
 pub enum RunStatus {

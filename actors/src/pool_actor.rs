@@ -20,17 +20,19 @@ use actix::{
 
 use crate::clock::{Clock, TimerSlot};
 use crate::messages::{
-    BeginPlanning, CommitPlan, DefinePool, FinishRun, FromNode, GetReport, NodeActorStopped,
-    NodeChanged, PendingDeadline, RequiredNodeChanged, Resync, RunStatus, TimerDue,
+    BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishRun, FromNode, GetReport,
+    NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync, RunStatus,
+    TimerDue,
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
 use crate::router::Router;
 use crate::run_actor::RunActor;
+use crate::store::{DurableSettings, StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
     Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate, Reason,
-    Refusal, SlotKey, Time, Verdict,
+    Refusal, RunId, SlotKey, Time, Verdict,
 };
 
 /// What the gate needs to start: the first pool, its window and the
@@ -43,6 +45,9 @@ pub struct GateSettings {
     pub window: Duration,
     /// What planning does when readiness is lost before commit.
     pub policy: PlanningPolicy,
+    /// Where to keep epochs and the active run across restarts, and what
+    /// was kept; `None` keeps them in memory only.
+    pub durable: Option<DurableSettings>,
 }
 
 /// The actor of the candidate pool.
@@ -61,6 +66,7 @@ pub(crate) struct PoolActor {
     forming_since: Option<Time>,
     /// Inputs are applied at this instant or later (see `applied_at`).
     fired_through: Time,
+    store: Option<Arc<dyn StateStore>>,
 }
 
 impl PoolActor {
@@ -73,12 +79,13 @@ impl PoolActor {
         router: Arc<Router>,
     ) -> Addr<PoolActor> {
         actix::Supervisor::start(move |ctx| {
-            let (core, added) = PoolGate::new(
-                &settings.definition,
-                settings.window,
-                settings.policy,
-                clock.now(),
-            );
+            let now = clock.now();
+            let (mut core, added) =
+                PoolGate::new(&settings.definition, settings.window, settings.policy, now);
+            let mut out = Vec::new();
+            let restored = settings.durable.as_ref().and_then(|durable| {
+                core.restore(&durable.restored, durable.restore_grace, now, &mut out)
+            });
             let mut actor = PoolActor {
                 core,
                 clock,
@@ -86,17 +93,38 @@ impl PoolActor {
                 router,
                 timer: TimerSlot::default(),
                 run: None,
-                out: Vec::new(),
+                out,
                 blocked: BlockedGauges::default(),
-                forming_since: Some(clock.now()),
+                forming_since: Some(now),
                 fired_through: Time::ZERO,
+                store: settings.durable.map(|d| d.store),
             };
+            if let Some(guard) = restored {
+                actor.run = Some(RunActor::new(guard, actor.publisher.clone()).start());
+            }
             for (node, key) in added {
                 actor.start_node(ctx, node, key);
             }
             actor.recount_blocked();
+            // A planning run aborted by the restart is over: stored so. Its
+            // event goes out when the actor starts, once the handle's
+            // caller could subscribe.
+            let _ = actor.save();
             actor
         })
+    }
+
+    /// Writes the durable state (epochs, active run), if there is a store.
+    fn save(&self) -> Result<(), StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let result = store.save(&self.core.durable());
+        if let Err(e) = &result {
+            metrics::counter!("poolgate_state_write_errors_total").increment(1);
+            tracing::error!(error = %e, "durable state not written");
+        }
+        result
     }
 
     fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
@@ -146,11 +174,53 @@ impl PoolActor {
                 _ => {}
             }
         }
+        let durable_change = self.out.iter().any(|e| {
+            matches!(
+                e,
+                Event::PoolReady { .. }
+                    | Event::PlanningStarted { .. }
+                    | Event::PlanningAborted { .. }
+                    | Event::PlanningResumed { .. }
+            )
+        });
+        if durable_change {
+            // Epochs and planning runs are stored before they are told; a
+            // failed write is logged and counted (the events still go out:
+            // the pool is ready whether or not the disk is).
+            let _ = self.save();
+        }
         self.publisher.publish(&mut self.out);
         self.timer
             .rearm(ctx, &self.clock, self.core.deadline(), |generation| {
                 TimerDue { generation }
             });
+        if let Some((run, at)) = self.core.take_confirm_due() {
+            self.tell_run(ctx, run, ConfirmDue { at });
+        }
+    }
+
+    /// Sends the committed run a message it answers with its status; the
+    /// pool waits for the answer before it handles anything else, and
+    /// forgets the run if it ended.
+    fn tell_run<M>(&mut self, ctx: &mut Context<Self>, run: RunId, message: M)
+    where
+        M: actix::Message<Result = RunStatus> + Send + 'static,
+        RunActor: Handler<M>,
+    {
+        let Some(addr) = self.run.clone() else {
+            self.core.run_ended(&run);
+            let _ = self.save();
+            return;
+        };
+        let answer = addr.send(message);
+        ctx.wait(answer.into_actor(self).map(move |status, act, _ctx| {
+            // A closed mailbox means the run's actor is gone: its run ended.
+            if !matches!(status, Ok(RunStatus::Active)) {
+                act.core.run_ended(&run);
+                act.run = None;
+                let _ = act.save();
+            }
+        }));
     }
 
     /// Runs `step` on the core; a panic in it stops the actor, and its
@@ -198,23 +268,16 @@ impl PoolActor {
         let Some(run) = self.core.committed_run_requiring(&node).cloned() else {
             return;
         };
-        let Some(addr) = self.run.clone() else {
-            self.core.run_ended(&run);
-            return;
-        };
-        let answer = addr.send(RequiredNodeChanged { at, node, change });
-        ctx.wait(answer.into_actor(self).map(move |status, act, _ctx| {
-            // A closed mailbox means the run's actor is gone: its run ended.
-            if !matches!(status, Ok(RunStatus::Active)) {
-                act.core.run_ended(&run);
-                act.run = None;
-            }
-        }));
+        self.tell_run(ctx, run, RequiredNodeChanged { at, node, change });
     }
 }
 
 impl Actor for PoolActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.flush(ctx);
+    }
 }
 
 impl actix::Supervised for PoolActor {
@@ -386,6 +449,29 @@ impl Handler<CommitPlan> for PoolActor {
 
     fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Result<(), Refusal> {
         let at = self.applied_at(msg.at);
+        let admitted =
+            self.core
+                .admit_commit(&msg.run, &msg.required, msg.epoch, at, &mut self.out);
+        let epoch = match admitted {
+            Ok(epoch) => epoch,
+            Err(refused) => {
+                self.flush(ctx);
+                return Err(refused);
+            }
+        };
+        // Durable before `run_committed` is told (SPEC §9); a failed write
+        // refuses the commit, and nothing changes.
+        if let Some(store) = &self.store {
+            let state = self
+                .core
+                .durable_with_commit(&msg.run, &msg.required, epoch);
+            if let Err(e) = store.save(&state) {
+                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                tracing::error!(error = %e, run = %msg.run, "commit not made durable; refused");
+                self.flush(ctx);
+                return Err(Refusal::NotDurable(e.to_string()));
+            }
+        }
         let result = self
             .core
             .commit(&msg.run, msg.required, msg.epoch, at, &mut self.out);
@@ -421,6 +507,7 @@ impl Handler<FinishRun> for PoolActor {
                 if !matches!(result, Err(Refusal::NotCommitted { .. })) {
                     act.core.run_ended(&run);
                     act.run = None;
+                    let _ = act.save();
                 }
                 result
             },

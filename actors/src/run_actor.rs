@@ -7,7 +7,7 @@
 
 use actix::{Actor, ActorContext, Context, Handler};
 
-use crate::messages::{FinishRun, RequiredNodeChanged, RunStatus};
+use crate::messages::{ConfirmDue, FinishRun, RequiredNodeChanged, RunStatus};
 use crate::publisher::Publisher;
 use crate::telemetry;
 use poolgate_core::{Event, Refusal, RunGuard};
@@ -58,6 +58,15 @@ impl Handler<RequiredNodeChanged> for RunActor {
         let _span = tracing::debug_span!("run", run = %self.guard.run()).entered();
         self.guard
             .node_changed(msg.at, &msg.node, &msg.change, &mut self.out);
+        self.flush(ctx)
+    }
+}
+
+impl Handler<ConfirmDue> for RunActor {
+    type Result = RunStatus;
+
+    fn handle(&mut self, msg: ConfirmDue, ctx: &mut Context<Self>) -> RunStatus {
+        self.guard.on_confirm_deadline(msg.at, &mut self.out);
         self.flush(ctx)
     }
 }

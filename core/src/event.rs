@@ -17,6 +17,8 @@ pub enum AbortReason {
     ReadinessLost,
     /// Readiness did not come back within `wait_timeout` under `wait`.
     WaitTimeout,
+    /// The gate restarted while the run was planning (SPEC §9).
+    Restarted,
 }
 
 /// One event of the gate. Each carries the instant it happened at.

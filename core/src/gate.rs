@@ -42,7 +42,32 @@ enum ActiveRun {
     Committed {
         run: RunId,
         required: HashSet<NodeId>,
+        /// A restored run's confirmation deadline (SPEC §9).
+        confirm_by: Option<Time>,
     },
+}
+
+/// What a gate keeps across restarts (SPEC §9): the last epoch it issued
+/// and its active run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Durable {
+    /// The last epoch issued; the next is higher.
+    pub last_epoch: u64,
+    /// The active run, if any.
+    pub run: Option<DurableRun>,
+}
+
+/// The active run as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DurableRun {
+    /// The run.
+    pub run: RunId,
+    /// The epoch it was bound to.
+    pub epoch: Epoch,
+    /// Committed (provisioning began), or still planning.
+    pub committed: bool,
+    /// The required nodes with their identity fingerprints at commit.
+    pub required: Vec<(NodeId, Option<crate::identity::Fingerprint>)>,
 }
 
 /// Where the pool stands, and why (SPEC §6's readiness report).
@@ -71,6 +96,9 @@ pub struct PoolGate {
     readiness: PoolReadiness,
     policy: PlanningPolicy,
     run: ActiveRun,
+    /// The committed run as stored (kept while it is active).
+    committed: Option<DurableRun>,
+    confirm_due: Option<(RunId, Time)>,
 }
 
 impl PoolGate {
@@ -87,6 +115,8 @@ impl PoolGate {
             readiness,
             policy,
             run: ActiveRun::None,
+            committed: None,
+            confirm_due: None,
         };
         (gate, added)
     }
@@ -123,17 +153,18 @@ impl PoolGate {
     /// changes go to that run's guard.
     pub fn committed_run_requiring(&self, node: &NodeId) -> Option<&RunId> {
         match &self.run {
-            ActiveRun::Committed { run, required } if required.contains(node) => Some(run),
+            ActiveRun::Committed { run, required, .. } if required.contains(node) => Some(run),
             _ => None,
         }
     }
 
-    /// When the next timer is due (the convergence window or the planning
-    /// run's wait), if any.
+    /// When the next timer is due (the convergence window, the planning
+    /// run's wait, a restored run's confirmation), if any.
     pub fn deadline(&self) -> Option<Time> {
         let wait = match &self.run {
             ActiveRun::Planning(guard) => guard.deadline(),
-            _ => None,
+            ActiveRun::Committed { confirm_by, .. } => *confirm_by,
+            ActiveRun::None => None,
         };
         match (self.readiness.deadline(), wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -237,17 +268,7 @@ impl PoolGate {
         at: Time,
         out: &mut Vec<Event>,
     ) -> Result<RunGuard, Refusal> {
-        let at = self.settle_before(at, out);
-        if required.is_empty() {
-            return Err(Refusal::InvalidPlan(run.clone()));
-        }
-        if self.active_run() != Some(run) {
-            return Err(Refusal::UnknownRun(run.clone()));
-        }
-        let current = self.current_epoch(epoch)?;
-        if let Some(node) = required.iter().find(|n| !self.readiness.is_candidate(n)) {
-            return Err(Refusal::NotCandidate(node.clone()));
-        }
+        let current = self.admit_commit(run, &required, epoch, at, out)?;
         let ActiveRun::Planning(guard) = &mut self.run else {
             return Err(Refusal::NotPlanning {
                 run: run.clone(),
@@ -258,11 +279,69 @@ impl PoolGate {
         let ActiveRun::Planning(guard) = std::mem::replace(&mut self.run, ActiveRun::None) else {
             unreachable!("the run was planning a line above");
         };
+        let candidates = self.readiness.candidates();
+        let fingerprint_of = |node: &NodeId| {
+            candidates
+                .iter()
+                .find(|c| &c.node == node)
+                .and_then(|c| c.fingerprint)
+        };
+        self.committed = Some(DurableRun {
+            run: run.clone(),
+            epoch: current,
+            committed: true,
+            required: guard
+                .required_sorted()
+                .into_iter()
+                .map(|n| {
+                    let fingerprint = fingerprint_of(&n);
+                    (n, fingerprint)
+                })
+                .collect(),
+        });
         self.run = ActiveRun::Committed {
             run: run.clone(),
             required: guard.required().cloned().collect(),
+            confirm_by: None,
         };
         Ok(guard)
+    }
+
+    /// Whether `commit` would accept this plan now (settling first); the
+    /// epoch it would commit on. Nothing changes: a caller that must make
+    /// the commit durable first asks this, writes, then commits.
+    pub fn admit_commit(
+        &mut self,
+        run: &RunId,
+        required: &[NodeId],
+        epoch: Option<Epoch>,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<Epoch, Refusal> {
+        self.settle_before(at, out);
+        if required.is_empty() {
+            return Err(Refusal::InvalidPlan(run.clone()));
+        }
+        if self.active_run() != Some(run) {
+            return Err(Refusal::UnknownRun(run.clone()));
+        }
+        let current = self.current_epoch(epoch)?;
+        if let Some(node) = required.iter().find(|n| !self.readiness.is_candidate(n)) {
+            return Err(Refusal::NotCandidate(node.clone()));
+        }
+        match &self.run {
+            ActiveRun::Planning(guard) => match guard.phase() {
+                crate::run::RunPhase::Planning { .. } => Ok(current),
+                other => Err(Refusal::NotPlanning {
+                    run: run.clone(),
+                    state: other.name(),
+                }),
+            },
+            _ => Err(Refusal::NotPlanning {
+                run: run.clone(),
+                state: "committed",
+            }),
+        }
     }
 
     /// Whether `run` may be finished by its guard: it must be the active
@@ -289,6 +368,7 @@ impl PoolGate {
     pub fn run_ended(&mut self, run: &RunId) {
         if matches!(&self.run, ActiveRun::Committed { run: active, .. } if active == run) {
             self.run = ActiveRun::None;
+            self.committed = None;
         }
     }
 
@@ -310,7 +390,8 @@ impl PoolGate {
             let convergence = self.readiness.deadline().filter(|t| due(*t));
             let wait = match &self.run {
                 ActiveRun::Planning(guard) => guard.deadline().filter(|t| due(*t)),
-                _ => None,
+                ActiveRun::Committed { confirm_by, .. } => confirm_by.filter(|t| due(*t)),
+                ActiveRun::None => None,
             };
             let next = match (convergence, wait) {
                 (None, None) => return,
@@ -324,13 +405,113 @@ impl PoolGate {
                     self.readiness.on_deadline(ready, out);
                     self.planning_hears(start, out);
                 }
-                Err(timeout) => {
-                    if let ActiveRun::Planning(guard) = &mut self.run {
+                Err(timeout) => match &mut self.run {
+                    ActiveRun::Planning(guard) => {
                         guard.on_deadline(timeout, out);
+                        self.drop_ended_run();
                     }
-                    self.drop_ended_run();
-                }
+                    ActiveRun::Committed {
+                        run, confirm_by, ..
+                    } => {
+                        // The run's guard decides; its actor is told.
+                        *confirm_by = None;
+                        self.confirm_due = Some((run.clone(), timeout));
+                    }
+                    ActiveRun::None => {}
+                },
             }
+        }
+    }
+
+    /// A restored run's confirmation deadline that fell due, for the run's
+    /// guard to decide on (taken once).
+    pub fn take_confirm_due(&mut self) -> Option<(RunId, Time)> {
+        self.confirm_due.take()
+    }
+
+    /// Restores what a gate kept before a restart (SPEC §9): epochs
+    /// continue above the last one issued; a planning run is aborted
+    /// (`restarted`); a committed run is guarded again, its required nodes
+    /// to be confirmed within `grace`: its guard is returned for the run's
+    /// actor.
+    pub fn restore(
+        &mut self,
+        durable: &Durable,
+        grace: Duration,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Option<RunGuard> {
+        self.readiness.resume_epochs_after(durable.last_epoch);
+        let stored = durable.run.as_ref()?;
+        if !stored.committed {
+            out.push(Event::PlanningAborted {
+                at,
+                run: stored.run.clone(),
+                reason: crate::event::AbortReason::Restarted,
+            });
+            return None;
+        }
+        let confirm_by = at + grace;
+        self.run = ActiveRun::Committed {
+            run: stored.run.clone(),
+            required: stored.required.iter().map(|(n, _)| n.clone()).collect(),
+            confirm_by: Some(confirm_by),
+        };
+        Some(RunGuard::restored(
+            stored.run.clone(),
+            stored.epoch,
+            stored.required.clone(),
+            self.policy,
+            confirm_by,
+        ))
+    }
+
+    /// What to store if `run` were committed now over `required` at
+    /// `epoch` (to make a commit durable before it happens).
+    pub fn durable_with_commit(&self, run: &RunId, required: &[NodeId], epoch: Epoch) -> Durable {
+        let candidates = self.readiness.candidates();
+        let mut required: Vec<NodeId> = required.to_vec();
+        required.sort();
+        required.dedup();
+        let required = required
+            .into_iter()
+            .map(|n| {
+                let fingerprint = candidates
+                    .iter()
+                    .find(|c| c.node == n)
+                    .and_then(|c| c.fingerprint);
+                (n, fingerprint)
+            })
+            .collect();
+        Durable {
+            last_epoch: self.readiness.last_epoch(),
+            run: Some(DurableRun {
+                run: run.clone(),
+                epoch,
+                committed: true,
+                required,
+            }),
+        }
+    }
+
+    /// What to store of the active run now.
+    pub fn durable(&self) -> Durable {
+        let run = match &self.run {
+            ActiveRun::None => None,
+            ActiveRun::Planning(guard) => Some(DurableRun {
+                run: guard.run().clone(),
+                epoch: match guard.phase() {
+                    crate::run::RunPhase::Planning { epoch } => *epoch,
+                    _ => Epoch(self.readiness.last_epoch()),
+                },
+                committed: false,
+                required: Vec::new(),
+            }),
+            ActiveRun::Committed { .. } => self.committed.clone(),
+        };
+        Durable {
+            last_epoch: self.readiness.last_epoch(),
+            run,
         }
     }
 

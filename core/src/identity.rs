@@ -43,6 +43,13 @@ impl Fingerprint {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// A fingerprint from its 64 lowercase or uppercase hex digits (as
+    /// events and recordings print it); `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let bytes = hex::decode(text).ok()?;
+        bytes.try_into().ok().map(Fingerprint)
+    }
 }
 
 impl fmt::Display for Fingerprint {

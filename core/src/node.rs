@@ -208,6 +208,9 @@ pub enum Reason {
     /// The gate's own actor for the node failed and was replaced with no
     /// facts: not the node's fault.
     Internal,
+    /// After a restart of the gate, a restored run's required node was not
+    /// seen ready with its committed fingerprint within the grace period.
+    Unconfirmed,
 }
 
 impl Reason {
@@ -225,6 +228,7 @@ impl Reason {
             Reason::ViewChanged => "view_changed",
             Reason::PoolRedefined => "pool_redefined",
             Reason::Internal => "internal",
+            Reason::Unconfirmed => "unconfirmed",
         }
     }
 }

@@ -338,6 +338,17 @@ impl PoolReadiness {
         self.phase
     }
 
+    /// The last epoch issued (0 before the first `PoolReady`).
+    pub fn last_epoch(&self) -> u64 {
+        self.last_epoch
+    }
+
+    /// Continues the epochs above `issued` (those a gate issued before a
+    /// restart): the next `PoolReady` carries a higher one.
+    pub fn resume_epochs_after(&mut self, issued: u64) {
+        self.last_epoch = self.last_epoch.max(issued);
+    }
+
     /// The current epoch while ready.
     pub fn ready_epoch(&self) -> Option<Epoch> {
         match self.phase {

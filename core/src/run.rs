@@ -7,10 +7,11 @@
 //! it at or before `now`. A `PoolReady` at the very instant the wait runs out
 //! is an input at that instant, so it wins (SPEC §3).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use crate::event::{AbortReason, Event};
+use crate::identity::Fingerprint;
 use crate::ids::{Epoch, NodeId, RunId};
 use crate::node::NodeChange;
 use crate::time::Time;
@@ -79,6 +80,9 @@ pub enum Refusal {
     /// could never fault.
     #[error("the plan of run {0} requires no node")]
     InvalidPlan(RunId),
+    /// The commit could not be made durable (SPEC §9); nothing changed.
+    #[error("the commit could not be made durable: {0}")]
+    NotDurable(String),
 }
 
 impl Refusal {
@@ -94,6 +98,7 @@ impl Refusal {
             Refusal::NotCandidate(_) => "not_candidate",
             Refusal::RunCommitted(_) => "run_committed",
             Refusal::InvalidPlan(_) => "invalid_plan",
+            Refusal::NotDurable(_) => "not_durable",
         }
     }
 }
@@ -151,6 +156,10 @@ pub struct RunGuard {
     policy: PlanningPolicy,
     phase: RunPhase,
     required: HashSet<NodeId>,
+    /// After a restart: required nodes not yet seen ready with their
+    /// committed fingerprint, and until when they may take.
+    unconfirmed: BTreeMap<NodeId, Option<Fingerprint>>,
+    confirm_by: Option<Time>,
 }
 
 impl RunGuard {
@@ -173,7 +182,37 @@ impl RunGuard {
             policy,
             phase: RunPhase::Planning { epoch },
             required: HashSet::new(),
+            unconfirmed: BTreeMap::new(),
+            confirm_by: None,
         }
+    }
+
+    /// A committed run restored after a restart of the gate (SPEC §9): it
+    /// is guarded again, and each required node must be seen ready with its
+    /// committed fingerprint by `confirm_by`, else the run faults
+    /// (`unconfirmed`); a different fingerprint is `identity_changed`.
+    pub fn restored(
+        run: RunId,
+        epoch: Epoch,
+        required: Vec<(NodeId, Option<Fingerprint>)>,
+        policy: PlanningPolicy,
+        confirm_by: Time,
+    ) -> Self {
+        Self {
+            run,
+            policy,
+            phase: RunPhase::Committed { epoch },
+            required: required.iter().map(|(n, _)| n.clone()).collect(),
+            unconfirmed: required.into_iter().collect(),
+            confirm_by: Some(confirm_by),
+        }
+    }
+
+    /// The required nodes, sorted.
+    pub fn required_sorted(&self) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self.required.iter().cloned().collect();
+        nodes.sort();
+        nodes
     }
 
     /// The pool became ready at `epoch`.
@@ -218,15 +257,22 @@ impl RunGuard {
         out: &mut Vec<Event>,
     ) {
         self.settle_before(at, out);
+        if let Some(committed) = self.unconfirmed.get(node).cloned() {
+            if change.after.is_ready() {
+                if change.fingerprint != committed {
+                    return self.fault(at, node, super::node::Reason::IdentityChanged, out);
+                }
+                self.unconfirmed.remove(node);
+                if self.unconfirmed.is_empty() {
+                    self.confirm_by = None;
+                }
+            }
+            // Not seen ready yet: the grace period is still running.
+            return;
+        }
         if let RunPhase::Committed { .. } = self.phase {
             if self.required.contains(node) && change.loses_required_node() {
-                self.phase = RunPhase::Ended(RunEnd::Faulted);
-                out.push(Event::RunFaulted {
-                    at,
-                    run: self.run.clone(),
-                    node: node.clone(),
-                    reason: change.reason,
-                });
+                self.fault(at, node, change.reason, out);
             }
         }
     }
@@ -286,6 +332,55 @@ impl RunGuard {
             run: self.run.clone(),
         });
         Ok(())
+    }
+
+    /// The restored run's confirmation deadline is due at `now`: any
+    /// required node still unconfirmed faults the run (`unconfirmed`).
+    pub fn on_confirm_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
+        let Some(deadline) = self.confirm_by.filter(|d| *d <= now) else {
+            return;
+        };
+        self.confirm_by = None;
+        if let Some(node) = self.unconfirmed.keys().next().cloned() {
+            self.fault(deadline, &node, super::node::Reason::Unconfirmed, out);
+        }
+    }
+
+    /// When a restored run's confirmation is due, while some required node
+    /// is unconfirmed.
+    pub fn confirm_by(&self) -> Option<Time> {
+        self.confirm_by
+    }
+
+    fn fault(
+        &mut self,
+        at: Time,
+        node: &NodeId,
+        reason: super::node::Reason,
+        out: &mut Vec<Event>,
+    ) {
+        if !matches!(self.phase, RunPhase::Committed { .. }) {
+            return;
+        }
+        self.phase = RunPhase::Ended(RunEnd::Faulted);
+        self.unconfirmed.clear();
+        self.confirm_by = None;
+        out.push(Event::RunFaulted {
+            at,
+            run: self.run.clone(),
+            node: node.clone(),
+            reason,
+        });
+    }
+
+    /// Aborts planning because the gate restarted (SPEC §9).
+    pub fn abort_restarted(&mut self, at: Time, out: &mut Vec<Event>) {
+        if matches!(
+            self.phase,
+            RunPhase::Planning { .. } | RunPhase::Suspended { .. }
+        ) {
+            self.abort(at, AbortReason::Restarted, out);
+        }
     }
 
     /// Fires the wait deadline if it is due at or before `now`.

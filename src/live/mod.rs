@@ -44,6 +44,9 @@ pub enum LiveError {
     /// A configuration file is not valid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The state file cannot be used.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     /// The identity material file cannot be used.
     #[error("{file}: {message}")]
     Identity {

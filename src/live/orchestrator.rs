@@ -139,7 +139,7 @@ impl Orchestrator {
     /// `config`. Must be called inside a running actix `System`.
     pub async fn start(config: &Config) -> Result<Orchestrator, LiveError> {
         let keyring = keyring(&config.swim)?;
-        let gate = Gate::start(config.gate_settings());
+        let gate = Gate::start(config.gate_settings_with_state(None)?);
         for node in config.registry.keys() {
             gate.registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;

@@ -62,8 +62,11 @@ pub struct Note {
 }
 
 /// How to replay.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ReplayOptions {
+    /// The state file to restore from and write to (`--state`), so two
+    /// replays in a row behave as a gate restarted between them.
+    pub state: Option<std::path::PathBuf>,
     /// Add the pool's state and blockers whenever they change, and a
     /// closing summary ([`ReplayEvent::Note`]).
     pub explain: bool,
@@ -106,6 +109,9 @@ pub enum ReplayError {
     /// The gate stopped under the replay.
     #[error(transparent)]
     Gate(#[from] GateError),
+    /// The state file cannot be used.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
 }
 
 /// Replays `input` and writes each event to `out` as a line: JSON (SPEC
@@ -165,13 +171,14 @@ where
     R: BufRead,
     S: FnMut(&ReplayEvent) -> io::Result<()>,
 {
+    let settings = config.gate_settings_with_state(options.state.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()?;
     let system = actix::System::with_tokio_rt(move || runtime);
     let result = system.block_on(async {
-        let gate = Gate::start(config.gate_settings());
+        let gate = Gate::start(settings);
         let mut replay = Replay {
             events: gate.subscribe(),
             gate,

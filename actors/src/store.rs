@@ -1,0 +1,34 @@
+//! The seam where what must survive a restart is kept (SPEC §9): the last
+//! epoch issued and the active run. The gate writes through a
+//! [`StateStore`] before it publishes what it stored; an embedded,
+//! crash-safe implementation lives in the `poolgate` crate (redb), and a
+//! store shared by several orchestrator replicas (etcd, say) would be
+//! another implementation of the same trait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolgate_core::Durable;
+
+/// Why the store could not keep something. Nothing was written.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// Keeps the gate's durable state.
+pub trait StateStore: Send + Sync + std::fmt::Debug {
+    /// Writes `state`, durably, before returning `Ok`.
+    fn save(&self, state: &Durable) -> Result<(), StoreError>;
+}
+
+/// A store and what it held when the gate started.
+#[derive(Clone, Debug)]
+pub struct DurableSettings {
+    /// Where to write.
+    pub store: Arc<dyn StateStore>,
+    /// What the store held at start (restored by the gate).
+    pub restored: Durable,
+    /// How long a restored committed run's required nodes have to be seen
+    /// ready again (`[state] restore_grace`).
+    pub restore_grace: Duration,
+}

@@ -1,0 +1,237 @@
+//! `[state] path`: the gate's durable state in one crash-safe file (redb:
+//! pure Rust, ACID, one file), SPEC §9.
+//!
+//! The file holds a format version and, as one JSON value, the last epoch
+//! issued and the active run (id, planning or committed, epoch, required
+//! nodes with their fingerprints at commit). Each write is a redb
+//! transaction committed durably before the gate goes on. A file that is
+//! not a poolgate state file, is damaged, or comes from a newer format is
+//! an error naming the file: never a silent reset to epoch 1.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use poolgate_actors::core::{Durable, DurableRun, Epoch, Fingerprint, NodeId, RunId};
+use poolgate_actors::{StateStore, StoreError};
+use redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("poolgate_state");
+const FORMAT: u64 = 1;
+
+/// Why the state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {what}")]
+pub struct StateError {
+    /// The state file.
+    pub file: String,
+    /// What is wrong.
+    pub what: String,
+}
+
+/// The durable state in a redb file.
+#[derive(Debug)]
+pub struct RedbStore {
+    db: redb::Database,
+    path: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    last_epoch: u64,
+    run: Option<StoredRun>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredRun {
+    run: String,
+    epoch: u64,
+    committed: bool,
+    required: Vec<(String, Option<String>)>,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the state file and reads what it holds.
+    pub fn open(path: &Path) -> Result<(Arc<RedbStore>, Durable), StateError> {
+        let error = |what: String| StateError {
+            file: path.display().to_string(),
+            what,
+        };
+        let db = open_database(path).map_err(error)?;
+        let store = RedbStore {
+            db,
+            path: path.to_path_buf(),
+        };
+        let durable = store.read().map_err(error)?;
+        match durable {
+            Some(durable) => Ok((Arc::new(store), durable)),
+            None => {
+                // A new file: write the format and an empty state now, so a
+                // read-only place fails here, not at the first commit.
+                let durable = Durable::default();
+                store.write(&durable, true).map_err(error)?;
+                Ok((Arc::new(store), durable))
+            }
+        }
+    }
+
+    /// What the file holds; `None` for a new, empty file.
+    fn read(&self) -> Result<Option<Durable>, String> {
+        let read = self.db.begin_read().map_err(|e| describe(&e.to_string()))?;
+        let table = match read.open_table(TABLE) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => {
+                let foreign = read
+                    .list_tables()
+                    .map(|mut tables| tables.next().is_some())
+                    .unwrap_or(false);
+                if foreign {
+                    return Err("not a poolgate state file (it holds other tables)".into());
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(describe(&e.to_string())),
+        };
+        let format = table
+            .get("format")
+            .map_err(|e| describe(&e.to_string()))?
+            .ok_or("not a poolgate state file (no format version)")?;
+        let format = <[u8; 8]>::try_from(format.value())
+            .map(u64::from_be_bytes)
+            .map_err(|_| "damaged: the format version is not readable")?;
+        if format > FORMAT {
+            return Err(format!(
+                "written by a newer poolgate (state format {format}); this one reads format {FORMAT}"
+            ));
+        }
+        let state = table
+            .get("state")
+            .map_err(|e| describe(&e.to_string()))?
+            .ok_or("damaged: no state record")?;
+        let stored: Stored = serde_json::from_slice(state.value())
+            .map_err(|e| format!("damaged: the state record does not parse ({e})"))?;
+        decode(stored).map(Some)
+    }
+
+    fn write(&self, durable: &Durable, with_format: bool) -> Result<(), String> {
+        let json = serde_json::to_vec(&encode(durable)).map_err(|e| e.to_string())?;
+        let write = self
+            .db
+            .begin_write()
+            .map_err(|e| describe(&e.to_string()))?;
+        {
+            let mut table = write.open_table(TABLE).map_err(|e| e.to_string())?;
+            if with_format {
+                table
+                    .insert("format", FORMAT.to_be_bytes().as_slice())
+                    .map_err(|e| e.to_string())?;
+            }
+            table
+                .insert("state", json.as_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        write.commit().map_err(|e| e.to_string())
+    }
+}
+
+impl StateStore for RedbStore {
+    fn save(&self, state: &Durable) -> Result<(), StoreError> {
+        self.write(state, false)
+            .map_err(|e| StoreError(format!("{}: {e}", self.path.display())))
+    }
+}
+
+/// The magic number a redb file starts with.
+const REDB_MAGIC: &[u8] = b"redb\x1A\x0A\xA9\x0D\x0A";
+
+/// Opens or creates the database. A file that is not a redb file is
+/// refused before redb reads it; redb's own checks of a damaged file run
+/// with panics caught (some of them assert), so a bad file is an error,
+/// never a crash.
+fn open_database(path: &Path) -> Result<redb::Database, String> {
+    match std::fs::read(path) {
+        Ok(bytes) if !bytes.is_empty() && !bytes.starts_with(REDB_MAGIC) => {
+            return Err("not a poolgate state file (not a database file)".into());
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read the state file ({e})")),
+    }
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let opened = std::panic::catch_unwind(|| redb::Database::create(path));
+    std::panic::set_hook(hook);
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(describe(&e.to_string())),
+        Err(_) => Err("damaged: the database file is truncated or corrupt".into()),
+    }
+}
+
+/// redb's words for a file that is not a database, in ours.
+fn describe(message: &str) -> String {
+    if message.contains("Permission denied") || message.contains("Read-only") {
+        format!("cannot write the state file ({message})")
+    } else if message.contains("magic")
+        || message.contains("corrupt")
+        || message.contains("Corrupt")
+        || message.contains("invalid")
+        || message.contains("Invalid")
+    {
+        format!("not a poolgate state file, or damaged ({message})")
+    } else {
+        message.to_string()
+    }
+}
+
+fn encode(durable: &Durable) -> Stored {
+    Stored {
+        last_epoch: durable.last_epoch,
+        run: durable.run.as_ref().map(|run| StoredRun {
+            run: run.run.to_string(),
+            epoch: run.epoch.0,
+            committed: run.committed,
+            required: run
+                .required
+                .iter()
+                .map(|(node, fingerprint)| {
+                    (
+                        node.to_string(),
+                        fingerprint.map(|f| hex::encode(f.as_bytes())),
+                    )
+                })
+                .collect(),
+        }),
+    }
+}
+
+fn decode(stored: Stored) -> Result<Durable, String> {
+    let damaged = |what: &str| format!("damaged: {what}");
+    let run = match stored.run {
+        None => None,
+        Some(run) => Some(DurableRun {
+            run: RunId::new(&run.run).map_err(|_| damaged("a run id is not valid"))?,
+            epoch: Epoch(run.epoch),
+            committed: run.committed,
+            required: run
+                .required
+                .into_iter()
+                .map(|(node, fingerprint)| {
+                    let node = NodeId::new(&node).map_err(|_| damaged("a node id is not valid"))?;
+                    let fingerprint = match fingerprint {
+                        Some(hex) => Some(
+                            Fingerprint::from_hex(&hex)
+                                .ok_or_else(|| damaged("a fingerprint is not valid"))?,
+                        ),
+                        None => None,
+                    };
+                    Ok((node, fingerprint))
+                })
+                .collect::<Result<_, String>>()?,
+        }),
+    };
+    Ok(Durable {
+        last_epoch: stored.last_epoch,
+        run,
+    })
+}
