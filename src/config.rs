@@ -187,6 +187,7 @@ impl Config {
                 "demo",
                 "agents",
                 "registry",
+                "state",
             ],
         )?;
 

@@ -27,5 +27,6 @@ pub mod state;
 pub use config::{Config, ConfigError, NodeConfig};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
-    Accepted, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,
+    Accepted, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,
+    StateStore, StoreError,
 };

@@ -1,0 +1,325 @@
+//! Nothing lost across a restart (SPEC §9): replays sharing `--state`
+//! behave as a gate restarted between them; the store is written before
+//! what it holds is told; bad state files are errors, never a reset.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use poolgate::core::{Durable, Epoch, Event, OnReadinessLost, Reason, Refusal, RunId};
+use poolgate::{DurableSettings, Gate, GateError, GateSettings, StateStore, StoreError};
+
+const CONFIG: &str = r#"
+[pool]
+id = "p1"
+members = ["a", "b", "c"]
+[readiness]
+convergence_window = "1s"
+[planning]
+on_readiness_lost = "wait"
+[state]
+restore_grace = "5s"
+"#;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("poolgate-durability-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), CONFIG).unwrap();
+    dir
+}
+
+fn ready(nodes: &[&str], material: &str) -> String {
+    nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{{\"at_ms\":0,\"type\":\"known\",\"node\":\"{n}\"}}\n\
+                 {{\"at_ms\":0,\"type\":\"swim\",\"node\":\"{n}\",\"state\":\"alive\",\"incarnation\":1}}\n\
+                 {{\"at_ms\":0,\"type\":\"available\",\"node\":\"{n}\"}}\n\
+                 {{\"at_ms\":0,\"type\":\"identity\",\"node\":\"{n}\",\"material\":\"{material}\"}}\n"
+            )
+        })
+        .collect()
+}
+
+/// `poolgate replay --state` of `scenario`: its events, or its error.
+fn replay(dir: &Path, state: &str, scenario: &str) -> Result<Vec<serde_json::Value>, String> {
+    let file = dir.join("scenario.jsonl");
+    std::fs::write(&file, scenario).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("replay")
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .arg("--state")
+        .arg(dir.join(state))
+        .arg(&file)
+        .output()
+        .unwrap();
+    if output.status.code() != Some(0) {
+        assert_eq!(output.status.code(), Some(2), "a clean exit");
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Ok(String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect())
+}
+
+fn named<'a>(events: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["event"] == name).collect()
+}
+
+const COMMIT: &str = "{\"at_ms\":1500,\"type\":\"begin_planning\",\"run\":\"r1\",\"epoch\":1}\n\
+                      {\"at_ms\":1500,\"type\":\"commit_plan\",\"run\":\"r1\",\"required\":[\"a\",\"b\"],\"epoch\":1}\n";
+
+#[test]
+fn epochs_continue_and_a_restored_run_whose_nodes_come_back_can_be_finished() {
+    let dir = scratch("back");
+    let first = replay(
+        &dir,
+        "s.db",
+        &format!("{}{COMMIT}", ready(&["a", "b", "c"], "AQID")),
+    )
+    .unwrap();
+    assert_eq!(named(&first, "run_committed").len(), 1);
+    let back = format!(
+        "{}{{\"at_ms\":2000,\"type\":\"finish_run\",\"run\":\"r1\"}}\n",
+        ready(&["a", "b", "c"], "AQID")
+    );
+    let second = replay(&dir, "s.db", &back).unwrap();
+    assert_eq!(
+        named(&second, "pool_ready")[0]["epoch"],
+        2,
+        "epochs continue"
+    );
+    assert!(named(&second, "run_faulted").is_empty(), "{second:?}");
+    assert_eq!(named(&second, "run_finished")[0]["run"], "r1");
+    // The run is over: a third life restores none.
+    let third = replay(&dir, "s.db", &ready(&["a", "b", "c"], "AQID")).unwrap();
+    assert_eq!(named(&third, "pool_ready")[0]["epoch"], 3);
+    assert!(named(&third, "run_faulted").is_empty());
+}
+
+#[test]
+fn a_restored_run_faults_unconfirmed_exactly_at_the_grace_or_on_another_identity() {
+    let dir = scratch("unconfirmed");
+    replay(
+        &dir,
+        "s.db",
+        &format!("{}{COMMIT}", ready(&["a", "b", "c"], "AQID")),
+    )
+    .unwrap();
+    std::fs::copy(dir.join("s.db"), dir.join("t.db")).unwrap();
+    // b never comes back: unconfirmed at restore_grace (5 s).
+    let second = replay(&dir, "s.db", &ready(&["a", "c"], "AQID")).unwrap();
+    let faulted = named(&second, "run_faulted");
+    assert_eq!(faulted.len(), 1, "{second:?}");
+    assert_eq!(faulted[0]["at_ms"], 5000);
+    assert_eq!(faulted[0]["node"], "b");
+    assert_eq!(faulted[0]["reason"], "unconfirmed");
+    // b comes back with other identity material: identity_changed.
+    let other = format!("{}{}", ready(&["a"], "AQID"), ready(&["b"], "BBBB"));
+    let third = replay(&dir, "t.db", &other).unwrap();
+    let faulted = named(&third, "run_faulted");
+    assert_eq!(
+        (faulted[0]["node"].as_str(), faulted[0]["reason"].as_str()),
+        (Some("b"), Some("identity_changed"))
+    );
+    assert_eq!(faulted[0]["at_ms"], 0);
+}
+
+#[test]
+fn a_restored_planning_run_is_aborted_restarted() {
+    let dir = scratch("planning");
+    let plan = format!(
+        "{}{{\"at_ms\":1500,\"type\":\"begin_planning\",\"run\":\"r9\"}}\n",
+        ready(&["a", "b", "c"], "AQID")
+    );
+    replay(&dir, "s.db", &plan).unwrap();
+    let second = replay(
+        &dir,
+        "s.db",
+        "{\"at_ms\":0,\"type\":\"known\",\"node\":\"a\"}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        second,
+        [serde_json::json!({"event":"planning_aborted","at_ms":0,"run":"r9","reason":"restarted"})]
+    );
+}
+
+#[test]
+fn bad_state_files_are_errors_naming_the_file_never_a_reset() {
+    let dir = scratch("bad");
+    let known = "{\"at_ms\":0,\"type\":\"known\",\"node\":\"a\"}\n";
+    // Not a database at all.
+    std::fs::write(dir.join("garbage.db"), "hello, this is not a database").unwrap();
+    let error = replay(&dir, "garbage.db", known).unwrap_err();
+    assert!(
+        error.contains("garbage.db") && error.contains("not a poolgate state file"),
+        "{error}"
+    );
+    // A real state file, truncated.
+    replay(
+        &dir,
+        "good.db",
+        &format!("{}{COMMIT}", ready(&["a", "b", "c"], "AQID")),
+    )
+    .unwrap();
+    let bytes = std::fs::read(dir.join("good.db")).unwrap();
+    std::fs::write(dir.join("cut.db"), &bytes[..bytes.len().min(4000) / 2]).unwrap();
+    let error = replay(&dir, "cut.db", known).unwrap_err();
+    assert!(
+        error.contains("cut.db") && error.contains("damaged"),
+        "{error}"
+    );
+    // A database of some other program.
+    {
+        let db = redb::Database::create(dir.join("foreign.db")).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let table: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("other");
+            write.open_table(table).unwrap().insert("x", 1).unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let error = replay(&dir, "foreign.db", known).unwrap_err();
+    assert!(
+        error.contains("foreign.db") && error.contains("not a poolgate state file"),
+        "{error}"
+    );
+    // A state file from a newer format.
+    std::fs::copy(dir.join("good.db"), dir.join("newer.db")).unwrap();
+    {
+        let db = redb::Database::create(dir.join("newer.db")).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let table: redb::TableDefinition<&str, &[u8]> =
+                redb::TableDefinition::new("poolgate_state");
+            write
+                .open_table(table)
+                .unwrap()
+                .insert("format", 99u64.to_be_bytes().as_slice())
+                .unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let error = replay(&dir, "newer.db", known).unwrap_err();
+    assert!(
+        error.contains("newer.db") && error.contains("newer poolgate"),
+        "{error}"
+    );
+    // A place that cannot hold a file.
+    std::fs::write(dir.join("plain"), "").unwrap();
+    let error = replay(&dir, "plain/state.db", known).unwrap_err();
+    assert!(error.contains("plain/state.db"), "{error}");
+    // The good file still continues its epochs.
+    let after = replay(&dir, "good.db", &ready(&["a", "b", "c"], "AQID")).unwrap();
+    assert_eq!(named(&after, "pool_ready")[0]["epoch"], 2);
+}
+
+/// A store in memory that can be told to fail, and shows every write.
+#[derive(Debug, Default)]
+struct Recorder {
+    saved: Mutex<Vec<Durable>>,
+    failing: Mutex<bool>,
+}
+
+impl StateStore for Recorder {
+    fn save(&self, state: &Durable) -> Result<(), StoreError> {
+        if *self.failing.lock().unwrap() {
+            return Err(StoreError("disk full".into()));
+        }
+        self.saved.lock().unwrap().push(state.clone());
+        Ok(())
+    }
+}
+
+fn settings(store: Arc<Recorder>, restored: Durable) -> GateSettings {
+    let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    settings.durable = Some(DurableSettings {
+        store,
+        restored,
+        restore_grace: std::time::Duration::from_secs(5),
+    });
+    settings
+}
+
+#[test]
+fn a_commit_is_durable_before_it_is_told_and_survives_a_crash_right_after() {
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            // A failed write refuses the commit; the run is still planning.
+            *store.failing.lock().unwrap() = true;
+            let refused = gate
+                .commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await;
+            assert!(
+                matches!(refused, Err(GateError::Refused(Refusal::NotDurable(_)))),
+                "{refused:?}"
+            );
+            assert_eq!(gate.report().await.unwrap().run, Some(run.clone()));
+            *store.failing.lock().unwrap() = false;
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            // When run_committed is told, the store already holds it.
+            loop {
+                if let Some(Event::RunCommitted { .. }) = events.recv().await {
+                    break;
+                }
+            }
+            let last = store.saved.lock().unwrap().last().cloned().unwrap();
+            let stored = last.run.expect("the run is stored");
+            assert!(stored.committed);
+            assert_eq!(stored.epoch, Epoch(1));
+            assert_eq!(stored.required[0].0, node("a"));
+            assert!(stored.required[0].1.is_some(), "with its fingerprint");
+        }
+    });
+    // The process dies right after the write: a new gate from what was
+    // stored guards the run again, and a's loss faults it.
+    let stored = store.saved.lock().unwrap().last().cloned().unwrap();
+    on_virtual_time(async move {
+        let gate = Gate::start(settings(Arc::new(Recorder::default()), stored));
+        let mut events = gate.subscribe();
+        make_ready(&gate, "a").await;
+        make_ready(&gate, "b").await;
+        advance_to(&gate, 1500).await;
+        swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
+        advance_to(&gate, 1600).await;
+        let got = drain(&mut events);
+        let faulted: Vec<_> = got
+            .iter()
+            .filter_map(|e| match e {
+                Event::RunFaulted {
+                    node: n, reason, ..
+                } => Some((n.clone(), *reason)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(faulted, [(node("a"), Reason::Suspect)], "{got:?}");
+        let ready = got.iter().find_map(|e| match e {
+            Event::PoolReady { epoch, .. } => Some(*epoch),
+            _ => None,
+        });
+        assert_eq!(ready, Some(Epoch(2)), "epochs continue");
+    });
+}
