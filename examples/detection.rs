@@ -69,6 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         external_orchestrator: false,
         node_log: None,
         insecure: args.insecure,
+        record: None,
     };
     let system = actix::System::new();
     let mut idle_figures = (0u64, 0.0f64);

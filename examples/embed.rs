@@ -29,6 +29,7 @@ async fn main() -> Result<(), GateError> {
             wait_timeout: Some(Duration::from_secs(5)),
         },
         durable: None,
+        record: None,
     });
     let mut events = gate.subscribe();
 

@@ -102,6 +102,7 @@ fn settings(members: Vec<NodeId>, window: Duration) -> GateSettings {
             wait_timeout: None,
         },
         durable: None,
+        record: None,
     }
 }
 
@@ -187,7 +188,11 @@ fn core_run(n: usize, feed: &[(String, Observation)]) -> Duration {
                 incarnation: 1,
             },
             Observation::Available,
-            Observation::Identity(IdentityMaterial::new(vec![7; 32]).expect("valid")),
+            Observation::Identity(
+                IdentityMaterial::new(vec![7; 32])
+                    .expect("valid")
+                    .fingerprint(),
+            ),
         ] {
             if let Applied::Changed(change) = facts.apply(observation) {
                 pool.node_changed(*key, Time::ZERO, &change, &mut out);

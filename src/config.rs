@@ -306,6 +306,7 @@ impl Config {
             window: self.convergence_window,
             policy: self.planning,
             durable: None,
+            record: None,
         }
     }
 

@@ -76,6 +76,10 @@ enum Command {
         /// Seed for the agents' delays and keys (random if absent).
         #[arg(long)]
         seed: Option<u64>,
+        /// Record every input the gate applies into FILE (the replay
+        /// format).
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
     },
     /// Write a key: a node's Ed25519 signing key (prints its public key as
     /// `ed25519:<base64>`), or with `--cluster` a cluster gossip key.
@@ -114,6 +118,10 @@ enum Command {
         /// Serve metrics in Prometheus text format on this address.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Record every input the gate applies into FILE (the replay
+        /// format); `poolgate replay FILE` prints the same events.
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
     },
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
     /// if the run faults (COMMAND gets SIGTERM, SIGKILL after 5 s), else
@@ -131,6 +139,10 @@ enum Command {
         /// Serve metrics in Prometheus text format on this address.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Record every input the gate applies into FILE (the replay
+        /// format).
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
         /// The command to run, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -154,6 +166,7 @@ fn main() -> ExitCode {
         json: false,
         nodes: None,
         seed: None,
+        record: None,
     });
     let result = match command {
         Command::Replay {
@@ -177,9 +190,11 @@ fn main() -> ExitCode {
             json,
             nodes,
             seed,
+            record,
         } => load(&config).and_then(|config| {
             let seed = seed.unwrap_or_else(rand::random);
-            demo::print(&config, json, nodes, seed)
+            let record = commands::recording(record.as_deref()).map_err(|e| e.to_string())?;
+            demo::print(&config, json, nodes, seed, record)
                 .map(|_| 0)
                 .map_err(|e| e.to_string())
         }),
@@ -194,13 +209,22 @@ fn main() -> ExitCode {
             until_ready,
             timeout,
             metrics,
+            record,
         } => load(&config).and_then(|loaded| {
             let output = output(json, explain);
             live_system(async move {
                 if let Some(addr) = metrics {
                     commands::serve_metrics(addr)?;
                 }
-                commands::watch(&loaded, &config, output, until_ready, timeout).await
+                commands::watch(
+                    &loaded,
+                    &config,
+                    output,
+                    until_ready,
+                    timeout,
+                    record.as_deref(),
+                )
+                .await
             })
             .map(|end| match end {
                 WatchEnd::TimedOut if until_ready => 1,
@@ -212,6 +236,7 @@ fn main() -> ExitCode {
             require,
             json,
             metrics,
+            record,
             command,
         } => load(&config).and_then(|loaded| {
             let require = require
@@ -222,7 +247,16 @@ fn main() -> ExitCode {
                 if let Some(addr) = metrics {
                     commands::serve_metrics(addr)?;
                 }
-                commands::run(&loaded, &config, require, output(json, false), &command).await
+                let output = output(json, false);
+                commands::run(
+                    &loaded,
+                    &config,
+                    require,
+                    output,
+                    &command,
+                    record.as_deref(),
+                )
+                .await
             })
         }),
     };

@@ -142,6 +142,7 @@ fn a_million_observations_into_ten_thousand_nodes_lose_no_transition() {
                 wait_timeout: None,
             },
             durable: None,
+            record: None,
         });
         let keys: Vec<Vec<u8>> = (0..4).map(|k| vec![k as u8 + 1; 32]).collect();
         let rss_before = peak_rss_kib();

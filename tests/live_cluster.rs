@@ -41,6 +41,7 @@ fn plan(nodes: u32) -> ClusterPlan {
         external_orchestrator: false,
         node_log: None,
         insecure: false,
+        record: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn plan(nodes: u32, external: bool) -> ClusterPlan {
         external_orchestrator: external,
         node_log: None,
         insecure: false,
+        record: None,
     }
 }
 

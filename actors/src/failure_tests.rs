@@ -57,6 +57,7 @@ fn start(members: &[&str]) -> Subsystem {
             wait_timeout: None,
         },
         durable: None,
+        record: None,
     };
     let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router));
     Subsystem {
@@ -90,7 +91,8 @@ impl Subsystem {
         .await;
         self.observe(name, Observation::Available).await;
         let material = IdentityMaterial::new(name.as_bytes().to_vec()).unwrap();
-        self.observe(name, Observation::Identity(material)).await;
+        self.observe(name, Observation::Identity(material.fingerprint()))
+            .await;
     }
 
     async fn advance_to(&self, ms: u64) {

@@ -76,6 +76,9 @@ pub struct NodeChanged {
     pub change: NodeChange,
     /// The node's SWIM state and fault reason after it, for reports.
     pub detail: NodeDetail,
+    /// The observation that made the change (none when the gate made it
+    /// itself), for the recording.
+    pub observation: Option<Observation>,
 }
 
 /// A node actor stopped (it failed, or its node left the pool).

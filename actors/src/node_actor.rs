@@ -111,6 +111,7 @@ impl Handler<Resync> for NodeActor {
                     fingerprint: self.facts.fingerprint(),
                 },
                 detail: self.detail(),
+                observation: None,
             }));
         }
     }
@@ -120,6 +121,7 @@ impl Handler<Observe> for NodeActor {
     type Result = Outcome;
 
     fn handle(&mut self, msg: Observe, ctx: &mut Context<Self>) -> Outcome {
+        let observation = msg.observation.clone();
         let Some(applied) = self.guarded(ctx, |facts| facts.apply(msg.observation)) else {
             return Outcome::Failed;
         };
@@ -131,6 +133,7 @@ impl Handler<Observe> for NodeActor {
                     at: msg.at,
                     change,
                     detail: self.detail(),
+                    observation: Some(observation),
                 }));
                 telemetry::observation("applied");
                 Outcome::Changed

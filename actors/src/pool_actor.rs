@@ -26,13 +26,14 @@ use crate::messages::{
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
+use crate::recording::Recording;
 use crate::router::Router;
 use crate::run_actor::RunActor;
 use crate::store::{DurableSettings, StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
-    Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition, PoolGate, Reason,
-    Refusal, RunId, SlotKey, Time, Verdict,
+    Command, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition,
+    PoolGate, Reason, Refusal, RunId, SlotKey, Time, Verdict,
 };
 
 /// What the gate needs to start: the first pool, its window and the
@@ -48,6 +49,8 @@ pub struct GateSettings {
     /// Where to keep epochs and the active run across restarts, and what
     /// was kept; `None` keeps them in memory only.
     pub durable: Option<DurableSettings>,
+    /// Where to record every applied input (`--record`), if anywhere.
+    pub record: Option<Recording>,
 }
 
 /// The actor of the candidate pool.
@@ -67,6 +70,7 @@ pub(crate) struct PoolActor {
     /// Inputs are applied at this instant or later (see `applied_at`).
     fired_through: Time,
     store: Option<Arc<dyn StateStore>>,
+    recording: Option<Recording>,
 }
 
 impl PoolActor {
@@ -98,7 +102,11 @@ impl PoolActor {
                 forming_since: Some(now),
                 fired_through: Time::ZERO,
                 store: settings.durable.map(|d| d.store),
+                recording: settings.record,
             };
+            if let Some(recording) = &actor.recording {
+                recording.start(settings.window, settings.policy, &settings.definition);
+            }
             if let Some(guard) = restored {
                 actor.run = Some(RunActor::new(guard, actor.publisher.clone()).start());
             }
@@ -354,6 +362,7 @@ impl PoolActor {
             at,
             change,
             detail: NodeDetail::default(),
+            observation: None,
         };
         self.node_changed(change, ctx);
     }
@@ -368,6 +377,7 @@ impl PoolActor {
             node,
             change,
             detail,
+            observation,
             ..
         } = msg;
         let before = self.guarded(ctx, |core, out| {
@@ -380,6 +390,9 @@ impl PoolActor {
         let Some(Some(before)) = before else {
             return;
         };
+        if let (Some(recording), Some(observation)) = (&self.recording, &observation) {
+            recording.observation(at, node.as_str(), observation);
+        }
         self.count_window_restart();
         self.blocked.changed(before, change.after);
         self.flush(ctx);
@@ -415,6 +428,9 @@ impl Handler<DefinePool> for PoolActor {
         let at = self.applied_at(msg.at);
         self.settle(at, ctx);
         let result = self.core.define(&msg.definition, at, &mut self.out);
+        if let (Ok(_), Some(recording)) = (&result, &self.recording) {
+            recording.command(at, &Command::DefinePool(msg.definition.clone()));
+        }
         if let Ok(change) = &result {
             self.count_window_restart();
             for (node, _) in &change.removed {
@@ -438,7 +454,16 @@ impl Handler<BeginPlanning> for PoolActor {
 
     fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, Refusal> {
         let at = self.applied_at(msg.at);
-        let result = self.core.begin(msg.run, msg.epoch, at, &mut self.out);
+        let result = self
+            .core
+            .begin(msg.run.clone(), msg.epoch, at, &mut self.out);
+        if let (Ok(_), Some(recording)) = (&result, &self.recording) {
+            let command = Command::BeginPlanning {
+                run: msg.run,
+                epoch: msg.epoch,
+            };
+            recording.command(at, &command);
+        }
         self.flush(ctx);
         result
     }
@@ -472,9 +497,17 @@ impl Handler<CommitPlan> for PoolActor {
                 return Err(Refusal::NotDurable(e.to_string()));
             }
         }
+        let recorded = self.recording.as_ref().map(|_| Command::CommitPlan {
+            run: msg.run.clone(),
+            required: msg.required.clone(),
+            epoch: msg.epoch,
+        });
         let result = self
             .core
             .commit(&msg.run, msg.required, msg.epoch, at, &mut self.out);
+        if let (Ok(_), Some(recording), Some(command)) = (&result, &self.recording, &recorded) {
+            recording.command(at, command);
+        }
         self.flush(ctx);
         let guard = result?;
         self.run = Some(RunActor::new(guard, self.publisher.clone()).start());
@@ -508,6 +541,9 @@ impl Handler<FinishRun> for PoolActor {
                     act.core.run_ended(&run);
                     act.run = None;
                     let _ = act.save();
+                }
+                if let (Ok(()), Some(recording)) = (&result, &act.recording) {
+                    recording.command(at, &Command::FinishRun { run: run.clone() });
                 }
                 result
             },

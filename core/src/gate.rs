@@ -597,7 +597,7 @@ mod tests {
             self.observe(at, name, alive);
             self.observe(at, name, Observation::Available);
             let material = IdentityMaterial::new(name.as_bytes().to_vec()).unwrap();
-            self.observe(at, name, Observation::Identity(material));
+            self.observe(at, name, Observation::Identity(material.fingerprint()));
         }
 
         fn ready_at_100(wait: Option<u64>) -> Self {

@@ -27,6 +27,9 @@ pub enum InvalidIdentity {
     /// Text that should have carried the bytes could not be decoded.
     #[error("identity material is not valid base64")]
     NotBase64,
+    /// A recorded fingerprint is not 64 hex digits.
+    #[error("identity fingerprint is not 64 hex digits")]
+    NotFingerprint,
 }
 
 /// The SHA-256 of a node's identity material.

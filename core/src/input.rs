@@ -142,7 +142,9 @@ impl AgentReport {
         match self {
             AgentReport::Available { node } => (node, Observation::Available),
             AgentReport::Unavailable { node } => (node, Observation::Unavailable),
-            AgentReport::Identity { node, material } => (node, Observation::Identity(material)),
+            AgentReport::Identity { node, material } => {
+                (node, Observation::Identity(material.fingerprint()))
+            }
             AgentReport::Faulted { node, reason } => (
                 node,
                 Observation::Faulted {

@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::identity::{Fingerprint, IdentityMaterial};
+use crate::identity::Fingerprint;
 
 /// A SWIM member state as the membership feed reports it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]
@@ -125,7 +125,9 @@ pub enum Observation {
     /// Node agent: the node withdrew its availability.
     Unavailable,
     /// Node agent: data-plane identity material (new or rotated).
-    Identity(IdentityMaterial),
+    /// (Only its fingerprint travels: the material itself stays with the
+    /// caller, and a recording holds the fingerprint alone.)
+    Identity(Fingerprint),
     /// Node agent: the node is faulted; clears available.
     Faulted {
         /// Why, in the agent's words (made safe to show).
@@ -427,14 +429,11 @@ impl NodeFacts {
                 self.available = false;
                 Reason::Unavailable
             }
-            Observation::Identity(material) => {
-                let fingerprint = material.fingerprint();
-                match self.identity.replace(fingerprint) {
-                    Some(previous) if previous == fingerprint => return Applied::Duplicate,
-                    Some(_) => Reason::IdentityChanged,
-                    None => Reason::ViewChanged,
-                }
-            }
+            Observation::Identity(fingerprint) => match self.identity.replace(fingerprint) {
+                Some(previous) if previous == fingerprint => return Applied::Duplicate,
+                Some(_) => Reason::IdentityChanged,
+                None => Reason::ViewChanged,
+            },
             Observation::Faulted { reason } => {
                 if self.fault.as_deref() == Some(reason.as_str()) && !self.available {
                     return Applied::Duplicate;
@@ -498,7 +497,7 @@ mod tests {
     }
 
     fn identity(bytes: &[u8]) -> Observation {
-        Observation::Identity(IdentityMaterial::new(bytes.to_vec()).unwrap())
+        Observation::Identity(Fingerprint::of(bytes))
     }
 
     fn ready_facts() -> NodeFacts {

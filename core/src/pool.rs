@@ -568,7 +568,7 @@ mod tests {
             );
             self.observe(at, name, Observation::Available);
             let material = IdentityMaterial::new(format!("key-{name}").into_bytes()).unwrap();
-            self.observe(at, name, Observation::Identity(material));
+            self.observe(at, name, Observation::Identity(material.fingerprint()));
         }
 
         /// A refuted-style incarnation bump: a change that keeps `name` ready.

@@ -94,7 +94,7 @@ impl Drill {
             5 => Observation::Available,
             6 => Observation::Unavailable,
             7 => match IdentityMaterial::new(vec![arg / 4 % 2 + 1; 8]) {
-                Ok(material) => Observation::Identity(material),
+                Ok(material) => Observation::Identity(material.fingerprint()),
                 Err(e) => return Err(e.to_string()),
             },
             8 => Observation::Faulted {

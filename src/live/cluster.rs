@@ -37,6 +37,8 @@ pub struct ClusterPlan {
     /// Gossip in the clear (`insecure = true` everywhere), to measure what
     /// sealing costs.
     pub insecure: bool,
+    /// Record every input the in-process gate applies (`--record`).
+    pub record: Option<poolgate_actors::Recording>,
     /// `RUST_LOG` for the node processes (their stderr goes to
     /// `<dir>/<node>.log`); inherited when `None`.
     pub node_log: Option<String>,
@@ -120,7 +122,7 @@ impl LocalCluster {
             config.agents.listen = free_tcp_port()?;
             (None, config.swim.bind, config.agents.listen)
         } else {
-            let started = Orchestrator::start(&config).await?;
+            let started = Orchestrator::start_recording(&config, plan.record.clone()).await?;
             config.swim.bind = started.swim_addr;
             config.agents.listen = started.agents_addr;
             let addrs = (started.swim_addr, started.agents_addr);

@@ -40,6 +40,18 @@ pub enum WatchEnd {
     Stopped,
 }
 
+/// A recording into a new file at `path` (`--record`).
+pub fn recording(path: Option<&Path>) -> Result<Option<poolgate_actors::Recording>, LiveError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let file = std::fs::File::create(path)
+        .map_err(|e| LiveError::Io(std::io::Error::other(format!("{}: {e}", path.display()))))?;
+    Ok(Some(poolgate_actors::Recording::new(Box::new(
+        std::io::BufWriter::new(file),
+    ))))
+}
+
 /// Serves the Prometheus text format of every metric on `addr`.
 pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
     metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -92,8 +104,9 @@ pub async fn watch(
     output: Output,
     until_ready: bool,
     timeout: Option<Duration>,
+    record: Option<&Path>,
 ) -> Result<WatchEnd, LiveError> {
-    let live = Orchestrator::start(config).await?;
+    let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let mut events = live.gate.subscribe();
     let mut printer = Printer::new(output);
     if output == Output::Explain {
@@ -131,13 +144,14 @@ pub async fn run(
     require: Option<Vec<NodeId>>,
     output: Output,
     command: &[String],
+    record: Option<&Path>,
 ) -> Result<i32, LiveError> {
     let Some((program, args)) = command.split_first() else {
         return Err(LiveError::Io(std::io::Error::other(
             "no COMMAND given after --",
         )));
     };
-    let live = Orchestrator::start(config).await?;
+    let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let gate = live.gate.clone();
     let mut events = gate.subscribe();
     let mut printer = Printer::new(output);

@@ -86,6 +86,7 @@ pub fn print(
     json: bool,
     nodes: Option<u32>,
     seed: u64,
+    record: Option<poolgate_actors::Recording>,
 ) -> Result<DemoOutcome, DemoError> {
     let mut config = config.clone();
     if let Some(nodes) = nodes {
@@ -100,7 +101,7 @@ pub fn print(
     }
     let binary = std::env::current_exe().map_err(LiveError::Io)?;
     let system = actix::System::new();
-    let outcome = system.block_on(run(&config, binary, seed, |line| {
+    let outcome = system.block_on(run(&config, binary, seed, record, |line| {
         if let Some(text) = line.render(json) {
             println!("{text}");
         }
@@ -144,6 +145,7 @@ pub async fn run(
     config: &Config,
     binary: PathBuf,
     seed: u64,
+    record: Option<poolgate_actors::Recording>,
     mut out: impl FnMut(&DemoLine),
 ) -> Result<DemoOutcome, DemoError> {
     const LIMIT: Duration = Duration::from_secs(60);
@@ -157,6 +159,7 @@ pub async fn run(
         external_orchestrator: false,
         node_log: None,
         insecure: false,
+        record,
     };
     let mut cluster = LocalCluster::prepare(&plan).await?;
     let gate = cluster

@@ -138,8 +138,19 @@ impl Orchestrator {
     /// Starts the gate, the SWIM member and the agent listener from
     /// `config`. Must be called inside a running actix `System`.
     pub async fn start(config: &Config) -> Result<Orchestrator, LiveError> {
+        Orchestrator::start_recording(config, None).await
+    }
+
+    /// As [`Orchestrator::start`], recording every input the gate applies
+    /// into `record` (`--record`).
+    pub async fn start_recording(
+        config: &Config,
+        record: Option<poolgate_actors::Recording>,
+    ) -> Result<Orchestrator, LiveError> {
         let keyring = keyring(&config.swim)?;
-        let gate = Gate::start(config.gate_settings_with_state(None)?);
+        let mut settings = config.gate_settings_with_state(None)?;
+        settings.record = record;
+        let gate = Gate::start(settings);
         for node in config.registry.keys() {
             gate.registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;

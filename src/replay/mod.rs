@@ -27,7 +27,7 @@ pub mod scenario;
 pub mod timeline;
 
 use explain::Explainer;
-use scenario::{parse_record, BadLine, ScenarioReader};
+use scenario::{parse_record, parse_settings, BadLine, ScenarioReader};
 use timeline::Timeline;
 
 const MILLISECOND: Duration = Duration::from_millis(1);
@@ -171,6 +171,22 @@ where
     R: BufRead,
     S: FnMut(&ReplayEvent) -> io::Result<()>,
 {
+    let mut reader = ScenarioReader::new(input);
+    let mut first = reader.next_line();
+    // A recording starts with the live gate's settings: they win over the
+    // config's.
+    let mut config = config.clone();
+    if let Some(Ok((number, text))) = &first {
+        let settings = parse_settings(text).map_err(|message| BadLine {
+            line: *number,
+            message,
+        })?;
+        if let Some((window, policy)) = settings {
+            config.convergence_window = window;
+            config.planning = policy;
+            first = None;
+        }
+    }
     let settings = config.gate_settings_with_state(options.state.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -187,7 +203,7 @@ where
             timeline: options.timeline.then(Timeline::default),
             sink,
         };
-        replay.drive(ScenarioReader::new(input)).await?;
+        replay.drive(reader, first).await?;
         Ok(replay.timeline.take())
     });
     result
@@ -206,10 +222,11 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
     async fn drive<R: BufRead>(
         &mut self,
         mut reader: ScenarioReader<R>,
+        mut first: Option<Result<(usize, String), BadLine>>,
     ) -> Result<(), ReplayError> {
         let mut last: Option<u64> = None;
         let mut records = 0usize;
-        while let Some(line) = reader.next_line() {
+        while let Some(line) = first.take().or_else(|| reader.next_line()) {
             records += 1;
             let record = line.and_then(|(number, text)| {
                 let record = parse_record(&text).map_err(|message| BadLine {

@@ -9,8 +9,9 @@ use std::io::BufRead;
 
 use base64::Engine;
 use poolgate_actors::core::{
-    AgentReport, Command, Epoch, IdentityMaterial, Input, InvalidIdentity, MembershipUpdate,
-    NodeId, PoolDefinition, PoolId, RegistryFact, RunId, SwimState,
+    AgentReport, Command, Epoch, Fingerprint, IdentityMaterial, Input, InvalidIdentity,
+    MembershipUpdate, NodeId, Observation, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
+    RegistryFact, RunId, SwimState,
 };
 use poolgate_actors::GateError;
 use serde::Deserialize;
@@ -134,7 +135,16 @@ enum RawRecord {
     },
     Identity {
         node: String,
-        material: String,
+        #[serde(default)]
+        material: Option<String>,
+        #[serde(default)]
+        fingerprint: Option<String>,
+    },
+    Settings {
+        window_ms: u64,
+        on_readiness_lost: String,
+        #[serde(default)]
+        wait_timeout_ms: Option<u64>,
     },
     Faulted {
         node: String,
@@ -172,6 +182,7 @@ const RECORD_TYPES: &[&str] = &[
     "begin_planning",
     "commit_plan",
     "finish_run",
+    "settings",
 ];
 
 impl<'de> Deserialize<'de> for SwimStateName {
@@ -203,6 +214,7 @@ struct FlatLine {
     state: Option<SwimStateName>,
     incarnation: Option<u64>,
     material: Option<String>,
+    fingerprint: Option<String>,
     reason: Option<String>,
     run: Option<String>,
     epoch: Option<u64>,
@@ -219,6 +231,7 @@ impl FlatLine {
             state,
             incarnation,
             material,
+            fingerprint,
             reason,
             run,
             epoch,
@@ -243,7 +256,8 @@ impl FlatLine {
             "unavailable" => RawRecord::Unavailable { node: node? },
             "identity" => RawRecord::Identity {
                 node: node?,
-                material: material?,
+                material,
+                fingerprint,
             },
             "faulted" => RawRecord::Faulted {
                 node: node?,
@@ -315,11 +329,53 @@ fn checked_at_ms(at_ms: u64) -> Result<u64, String> {
     Ok(at_ms)
 }
 
+/// The gate's settings as a recording's first record gives them
+/// (`{"at_ms":0,"type":"settings","window_ms":…,"on_readiness_lost":…,
+/// "wait_timeout_ms":…|null}`, SPEC §9); `Ok(None)` for any other record.
+pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, PlanningPolicy)>, String> {
+    let Ok(Value::Object(object)) = serde_json::from_str::<Value>(text) else {
+        return Ok(None);
+    };
+    if object.get("type").and_then(Value::as_str) != Some("settings") {
+        return Ok(None);
+    }
+    check_field_types(&object)?;
+    let raw = RawRecord::deserialize(&Value::Object(object)).map_err(|e| e.to_string())?;
+    let RawRecord::Settings {
+        window_ms,
+        on_readiness_lost,
+        wait_timeout_ms,
+    } = raw
+    else {
+        return Ok(None);
+    };
+    if window_ms == 0 {
+        return Err("`window_ms` must be longer than zero".into());
+    }
+    let on_readiness_lost = match on_readiness_lost.as_str() {
+        "wait" => OnReadinessLost::Wait,
+        "abort" => OnReadinessLost::Abort,
+        other => {
+            return Err(format!(
+                "`{other}` is not a policy; use \"wait\" or \"abort\""
+            ))
+        }
+    };
+    let policy = PlanningPolicy {
+        on_readiness_lost,
+        wait_timeout: wait_timeout_ms.map(std::time::Duration::from_millis),
+    };
+    Ok(Some((std::time::Duration::from_millis(window_ms), policy)))
+}
+
 /// Names the field of a mistyped value (serde's own message does not).
 fn check_field_types(object: &serde_json::Map<String, Value>) -> Result<(), String> {
     for (name, value) in object {
         let fits = match name.as_str() {
-            "node" | "run" | "pool" | "material" | "reason" | "state" => value.is_string(),
+            "node" | "run" | "pool" | "material" | "fingerprint" | "reason" | "state"
+            | "on_readiness_lost" => value.is_string(),
+            "window_ms" => value.is_u64(),
+            "wait_timeout_ms" => value.is_u64() || value.is_null(),
             "incarnation" => value.is_u64(),
             "epoch" => value.is_u64() || value.is_null(),
             "members" | "required" => value
@@ -369,15 +425,38 @@ fn input_of(raw: RawRecord) -> Result<Result<Input, GateError>, String> {
         .into(),
         RawRecord::Available { node: n } => AgentReport::Available { node: node(&n)? }.into(),
         RawRecord::Unavailable { node: n } => AgentReport::Unavailable { node: node(&n)? }.into(),
-        RawRecord::Identity { node: n, material } => {
+        RawRecord::Identity {
+            node: n,
+            material,
+            fingerprint,
+        } => {
             let node = node(&n)?;
-            let material = base64::engine::general_purpose::STANDARD
-                .decode(material.as_bytes())
-                .map_err(|_| InvalidIdentity::NotBase64)
-                .and_then(IdentityMaterial::new);
-            return Ok(material
-                .map(|material| AgentReport::Identity { node, material }.into())
+            let observed = match (material, fingerprint) {
+                (Some(material), None) => base64::engine::general_purpose::STANDARD
+                    .decode(material.as_bytes())
+                    .map_err(|_| InvalidIdentity::NotBase64)
+                    .and_then(IdentityMaterial::new)
+                    .map(|material| material.fingerprint()),
+                // A recording's form: the fingerprint alone, never the bytes.
+                (None, Some(hex)) => {
+                    Fingerprint::from_hex(&hex).ok_or(InvalidIdentity::NotFingerprint)
+                }
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "an identity record has `material` or `fingerprint`, not both".into(),
+                    )
+                }
+                (None, None) => return Err("missing field `material` (or `fingerprint`)".into()),
+            };
+            return Ok(observed
+                .map(|fingerprint| Input::Observation {
+                    node,
+                    observation: Observation::Identity(fingerprint),
+                })
                 .map_err(GateError::from));
+        }
+        RawRecord::Settings { .. } => {
+            return Err("a settings record may only be the first record".into())
         }
         RawRecord::Faulted { node: n, reason } => AgentReport::Faulted {
             node: node(&n)?,
