@@ -384,3 +384,62 @@ fn an_interrupted_demo_reaps_every_node_process() {
         assert_eq!(processes_of(pid), 0, "no node process is left behind");
     });
 }
+
+#[test]
+fn an_orchestrator_killed_right_after_a_commit_continues_its_epochs_and_guards_the_run() {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    live(async {
+        let state_dir =
+            std::env::temp_dir().join(format!("poolgate-restart-{}", std::process::id()));
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let mut plan = plan.clone();
+        plan.base.state.path = Some(state_dir.join("state.db"));
+        plan.base.state.restore_grace = Duration::from_secs(20);
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let pid_file = cluster.dir.join("command.pid");
+        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--require", "node-1", "--", "sh", "-c"])
+            .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
+        // The orchestrator dies at once; its guarded command is orphaned.
+        run.kill().await.unwrap();
+        let _ = run.wait().await;
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        // Started again on the same state: epochs continue, the run is
+        // guarded again, and a crash of its required node faults it.
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("watch")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--timeout", "30s"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+        let ready = until_line(&mut lines, |v| v["event"] == "pool_ready").await;
+        assert!(ready["epoch"].as_u64().unwrap() > committed["epoch"].as_u64().unwrap());
+        cluster.kill(0);
+        let faulted = until_line(&mut lines, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["run"], committed["run"]);
+        assert_eq!(faulted["node"], "node-1");
+        watch.kill().await.unwrap();
+        let _ = std::fs::remove_dir_all(&state_dir);
+    });
+}

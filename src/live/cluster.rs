@@ -349,7 +349,8 @@ fn orchestrator_toml(config: &Config) -> String {
          [planning]\non_readiness_lost = \"{policy}\"\n{wait}\n\
          [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
          suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\ninsecure = {insecure}\nlabel = {label}\n\n\
-         [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n[registry]\n{registry}",
+         [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n\
+         {state}[registry]\n{registry}",
         id = toml_string(config.pool.id().as_str()),
         members = members.join(", "),
         window = config.convergence_window.as_millis(),
@@ -363,6 +364,14 @@ fn orchestrator_toml(config: &Config) -> String {
         listen = config.agents.listen,
         max = config.agents.max_connections,
         idle = config.agents.idle_timeout.as_millis(),
+        state = match &config.state.path {
+            Some(path) => format!(
+                "[state]\npath = {}\nrestore_grace = \"{}ms\"\n\n",
+                toml_string(&path.display().to_string()),
+                config.state.restore_grace.as_millis()
+            ),
+            None => String::new(),
+        },
     )
 }
 
