@@ -197,6 +197,9 @@ impl PoolActor {
             // the pool is ready whether or not the disk is).
             let _ = self.save();
         }
+        if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
+            recording.flush();
+        }
         self.publisher.publish(&mut self.out);
         self.timer
             .rearm(ctx, &self.clock, self.core.deadline(), |generation| {

@@ -18,9 +18,21 @@ use poolgate_core::{Command, Observation, OnReadinessLost, PlanningPolicy, PoolD
 use serde_json::{json, Value};
 
 /// Where applied inputs are written; cheap to clone.
+///
+/// Lines are buffered and flushed at least every [`FLUSH_EVERY`] and
+/// whenever the gate publishes an event, so a crash loses at most that
+/// much of the tail.
 #[derive(Clone)]
 pub struct Recording {
-    out: Arc<Mutex<Box<dyn Write + Send>>>,
+    out: Arc<Mutex<Sink>>,
+}
+
+/// How long a recorded line may wait in the buffer.
+pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+struct Sink {
+    out: Box<dyn Write + Send>,
+    flushed: std::time::Instant,
 }
 
 impl std::fmt::Debug for Recording {
@@ -33,7 +45,10 @@ impl Recording {
     /// Records into `out` (a file, usually).
     pub fn new(out: Box<dyn Write + Send>) -> Self {
         Recording {
-            out: Arc::new(Mutex::new(out)),
+            out: Arc::new(Mutex::new(Sink {
+                out,
+                flushed: std::time::Instant::now(),
+            })),
         }
     }
 
@@ -60,24 +75,35 @@ impl Recording {
 
     /// An observation that changed `node`'s view, applied at `at`.
     pub(crate) fn observation(&self, at: Time, node: &str, observation: &Observation) {
-        let mut record = match observation {
-            Observation::Known => json!({"type": "known"}),
-            Observation::Forgotten => json!({"type": "forgotten"}),
-            Observation::Swim { state, incarnation } => {
-                json!({"type": "swim", "state": state.to_string(), "incarnation": incarnation})
+        let node = quoted(node);
+        let at = at.as_millis();
+        let line = match observation {
+            Observation::Known => format!(r#"{{"at_ms":{at},"type":"known","node":{node}}}"#),
+            Observation::Forgotten => {
+                format!(r#"{{"at_ms":{at},"type":"forgotten","node":{node}}}"#)
             }
-            Observation::Available => json!({"type": "available"}),
-            Observation::Unavailable => json!({"type": "unavailable"}),
-            Observation::Identity(fingerprint) => {
-                json!({"type": "identity", "fingerprint": hex::encode(fingerprint.as_bytes())})
+            Observation::Swim { state, incarnation } => format!(
+                r#"{{"at_ms":{at},"type":"swim","node":{node},"state":"{state}","incarnation":{incarnation}}}"#
+            ),
+            Observation::Available => {
+                format!(r#"{{"at_ms":{at},"type":"available","node":{node}}}"#)
             }
-            Observation::Faulted { reason } => {
-                json!({"type": "faulted", "reason": reason.as_str()})
+            Observation::Unavailable => {
+                format!(r#"{{"at_ms":{at},"type":"unavailable","node":{node}}}"#)
             }
-            Observation::Recovered => json!({"type": "recovered"}),
+            Observation::Identity(fingerprint) => format!(
+                r#"{{"at_ms":{at},"type":"identity","node":{node},"fingerprint":"{}"}}"#,
+                hex::encode(fingerprint.as_bytes())
+            ),
+            Observation::Faulted { reason } => format!(
+                r#"{{"at_ms":{at},"type":"faulted","node":{node},"reason":{}}}"#,
+                quoted(reason.as_str())
+            ),
+            Observation::Recovered => {
+                format!(r#"{{"at_ms":{at},"type":"recovered","node":{node}}}"#)
+            }
         };
-        record["node"] = json!(node);
-        self.stamped(at, record);
+        self.line(&line, false);
     }
 
     /// A command the pool accepted at `at`.
@@ -112,26 +138,52 @@ impl Recording {
             }
             Command::FinishRun { run } => json!({"type": "finish_run", "run": run.as_str()}),
         };
-        self.stamped(at, record);
-    }
-
-    fn stamped(&self, at: Time, record: Value) {
         let mut line = json!({"at_ms": at.as_millis()});
         if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), record) {
             line.extend(fields);
         }
-        self.write(&line);
+        // Commands are rare and worth seeing at once.
+        self.line(&line.to_string(), true);
+    }
+
+    /// Flushes what is buffered (the gate published an event).
+    pub(crate) fn flush(&self) {
+        self.line("", true);
     }
 
     fn write(&self, record: &Value) {
-        let mut out = self
+        self.line(&record.to_string(), true);
+    }
+
+    fn line(&self, line: &str, flush_now: bool) {
+        let mut sink = self
             .out
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let written = writeln!(out, "{record}").and_then(|()| out.flush());
+        let mut written = if line.is_empty() {
+            Ok(())
+        } else {
+            writeln!(sink.out, "{line}")
+        };
+        if flush_now || sink.flushed.elapsed() >= FLUSH_EVERY {
+            written = written.and_then(|()| sink.out.flush());
+            sink.flushed = std::time::Instant::now();
+        }
         if let Err(e) = written {
             metrics::counter!("poolgate_record_errors_total").increment(1);
             tracing::error!(error = %e, "recording: a record could not be written");
         }
+    }
+}
+
+/// A string as a JSON string.
+fn quoted(text: &str) -> String {
+    // Serialising a string cannot fail.
+    serde_json::to_string(text).unwrap_or_default()
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.out.flush();
     }
 }
