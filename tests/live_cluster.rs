@@ -4,14 +4,17 @@
 //! by SIGKILL. Each test gives up after 40 s; every process it started is
 //! killed and reaped when its cluster is dropped.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::live::{live_for, ready, until};
+use common::node;
 use nix::sys::signal::Signal;
-use poolgate::core::{Epoch, Event, NodeId, Reason, RunId};
+use poolgate::core::{Epoch, Event, Reason, RunId};
 use poolgate::live::cluster::{ClusterPlan, LocalCluster};
-use poolgate::{Config, EventStream, Gate};
+use poolgate::{EventStream, Gate};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BASE: &str = r#"
@@ -31,49 +34,11 @@ suspicion_timeout = "1s"
 const LIMIT: Duration = Duration::from_secs(40);
 
 fn plan(nodes: u32) -> ClusterPlan {
-    ClusterPlan {
-        binary: PathBuf::from(env!("CARGO_BIN_EXE_poolgate")),
-        nodes,
-        base: Config::parse(BASE, "live-test").unwrap(),
-        seed: 42,
-        health_check: None,
-        health_interval: Duration::from_millis(200),
-        external_orchestrator: false,
-        node_log: None,
-        insecure: false,
-        record: None,
-    }
+    common::live::plan(BASE, nodes)
 }
 
-fn node(name: &str) -> NodeId {
-    NodeId::new(name).unwrap()
-}
-
-/// Runs `test` in an actix system, bounded by [`LIMIT`].
 fn live<F: std::future::Future<Output = ()>>(test: F) {
-    actix::System::new().block_on(async {
-        tokio::time::timeout(LIMIT, test)
-            .await
-            .expect("the live test finished in time");
-    });
-}
-
-/// Waits for the first event `pick` accepts.
-async fn until<T>(events: &mut EventStream, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
-    loop {
-        let event = events.recv().await.expect("the gate is running");
-        if let Some(found) = pick(&event) {
-            return found;
-        }
-    }
-}
-
-async fn ready(events: &mut EventStream) -> Epoch {
-    until(events, |e| match e {
-        Event::PoolReady { epoch, .. } => Some(*epoch),
-        _ => None,
-    })
-    .await
+    live_for(LIMIT, test);
 }
 
 async fn start(plan: &ClusterPlan) -> (LocalCluster, Gate, EventStream) {

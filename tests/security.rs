@@ -4,21 +4,24 @@
 //! frames and floods. Each test gives up after 60 s; every process it
 //! started is reaped.
 
+mod common;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::live::{live_for, ready, until};
+use common::node;
 use nix::sys::signal::Signal;
-use poolgate::core::{Blocker, Epoch, Event, NodeId, RunId};
+use poolgate::core::{Blocker, Event, RunId};
 use poolgate::live::cluster::{ClusterPlan, LocalCluster};
 use poolgate::live::keys::{ClusterKey, NodeKey};
 use poolgate::live::swim::member::{boot_generation, Join};
 use poolgate::live::swim::SwimMember;
 use poolgate::live::wire::{self, Announcement, Keyring};
 use poolgate::live::Orchestrator;
-use poolgate::{Config, EventStream};
+use poolgate::Config;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -43,47 +46,14 @@ idle_timeout = "2s"
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn plan(nodes: u32, external: bool) -> ClusterPlan {
-    ClusterPlan {
-        binary: PathBuf::from(env!("CARGO_BIN_EXE_poolgate")),
-        nodes,
-        base: Config::parse(BASE, "security-test").unwrap(),
-        seed: 9,
-        health_check: None,
-        health_interval: Duration::from_millis(200),
-        external_orchestrator: external,
-        node_log: None,
-        insecure: false,
-        record: None,
-    }
-}
-
-fn node(name: &str) -> NodeId {
-    NodeId::new(name).unwrap()
+    let mut plan = common::live::plan(BASE, nodes);
+    plan.seed = 9;
+    plan.external_orchestrator = external;
+    plan
 }
 
 fn live<F: std::future::Future<Output = ()>>(test: F) {
-    actix::System::new().block_on(async {
-        tokio::time::timeout(LIMIT, test)
-            .await
-            .expect("the test finished in time");
-    });
-}
-
-async fn until<T>(events: &mut EventStream, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
-    loop {
-        let event = events.recv().await.expect("the gate is running");
-        if let Some(found) = pick(&event) {
-            return found;
-        }
-    }
-}
-
-async fn ready(events: &mut EventStream) -> Epoch {
-    until(events, |e| match e {
-        Event::PoolReady { epoch, .. } => Some(*epoch),
-        _ => None,
-    })
-    .await
+    live_for(LIMIT, test);
 }
 
 /// Rewrites `cluster_keys = [...]` in a node's config.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod live;
+
 use std::future::Future;
 use std::time::Duration;
 
