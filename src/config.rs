@@ -316,16 +316,33 @@ impl Config {
         &self,
         path: Option<&Path>,
     ) -> Result<GateSettings, crate::state::StateError> {
+        self.gate_settings_with_store(path)
+            .map(|(settings, _)| settings)
+    }
+
+    /// As [`Config::gate_settings_with_state`], also handing back the
+    /// opened store (the orchestrator keeps agent sequences in it too).
+    pub fn gate_settings_with_store(
+        &self,
+        path: Option<&Path>,
+    ) -> Result<
+        (
+            GateSettings,
+            Option<std::sync::Arc<crate::state::RedbStore>>,
+        ),
+        crate::state::StateError,
+    > {
         let mut settings = self.gate_settings();
-        if let Some(path) = path.or(self.state.path.as_deref()) {
-            let (store, restored) = crate::state::RedbStore::open(path)?;
-            settings.durable = Some(poolgate_actors::DurableSettings {
-                store,
-                restored,
-                restore_grace: self.state.restore_grace,
-            });
-        }
-        Ok(settings)
+        let Some(path) = path.or(self.state.path.as_deref()) else {
+            return Ok((settings, None));
+        };
+        let (store, restored) = crate::state::RedbStore::open(path)?;
+        settings.durable = Some(poolgate_actors::DurableSettings {
+            store: store.clone(),
+            restored,
+            restore_grace: self.state.restore_grace,
+        });
+        Ok((settings, Some(store)))
     }
 }
 

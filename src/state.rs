@@ -134,6 +134,42 @@ impl RedbStore {
     }
 }
 
+impl RedbStore {
+    /// The last agent frame sequence accepted per node (SPEC §8: replay
+    /// protection across restarts of the orchestrator).
+    pub fn sequences(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
+        let read = self.db.begin_read().map_err(|e| failed(e.to_string()))?;
+        let table = match read.open_table(TABLE) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),
+            Err(e) => return Err(failed(e.to_string())),
+        };
+        match table.get("sequences").map_err(|e| failed(e.to_string()))? {
+            Some(bytes) => serde_json::from_slice(bytes.value())
+                .map_err(|e| failed(format!("damaged: sequences do not parse ({e})"))),
+            None => Ok(Default::default()),
+        }
+    }
+
+    /// Writes the last accepted sequence per node, durably.
+    pub fn save_sequences(
+        &self,
+        sequences: &std::collections::BTreeMap<String, u64>,
+    ) -> Result<(), StoreError> {
+        let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
+        let json = serde_json::to_vec(sequences).map_err(|e| failed(e.to_string()))?;
+        let write = self.db.begin_write().map_err(|e| failed(e.to_string()))?;
+        {
+            let mut table = write.open_table(TABLE).map_err(|e| failed(e.to_string()))?;
+            table
+                .insert("sequences", json.as_slice())
+                .map_err(|e| failed(e.to_string()))?;
+        }
+        write.commit().map_err(|e| failed(e.to_string()))
+    }
+}
+
 impl StateStore for RedbStore {
     fn save(&self, state: &Durable) -> Result<(), StoreError> {
         self.write(state, false)

@@ -574,3 +574,52 @@ fn keys_and_identity_material_never_appear_in_the_live_logs() {
         let _ = std::io::stderr().flush();
     });
 }
+
+#[test]
+fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
+    let dir = std::env::temp_dir().join(format!("poolgate-seq-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = NodeKey::generate();
+    let mut config = Config::parse(BASE, "sequence-test").unwrap();
+    config.pool = poolgate::core::PoolDefinition::new(
+        poolgate::core::PoolId::new("p").unwrap(),
+        vec![node("n1")],
+    )
+    .unwrap();
+    config.registry.insert(node("n1"), key.public());
+    config.swim.insecure = true;
+    config.agents.listen = "127.0.0.1:0".parse().unwrap();
+    config.state.path = Some(dir.join("state.db"));
+    let state = Announcement {
+        available: true,
+        identity: Some(wire::identity_text(b"n1 material")),
+        swim: None,
+        fault: None,
+        leaving: false,
+    };
+    let captured = wire::encode(&key, "poolgate", "n1", 5, &state);
+    live({
+        let config = config.clone();
+        let captured = captured.clone();
+        async move {
+            let live = Orchestrator::start(&config).await.unwrap();
+            assert!(!send(live.agents_addr, &captured).await, "accepted");
+            // Past the interval at which sequences are written.
+            tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
+        }
+    });
+    live(async move {
+        let live = Orchestrator::start(&config).await.unwrap();
+        assert!(
+            send(live.agents_addr, &captured).await,
+            "the replay is refused after a restart"
+        );
+        let newer = wire::encode(&key, "poolgate", "n1", 6, &state);
+        assert!(
+            !send(live.agents_addr, &newer).await,
+            "a newer frame is accepted"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -148,7 +148,7 @@ impl Orchestrator {
         record: Option<poolgate_actors::Recording>,
     ) -> Result<Orchestrator, LiveError> {
         let keyring = keyring(&config.swim)?;
-        let mut settings = config.gate_settings_with_state(None)?;
+        let (mut settings, store) = config.gate_settings_with_store(None)?;
         settings.record = record;
         let gate = Gate::start(settings);
         for node in config.registry.keys() {
@@ -156,6 +156,18 @@ impl Orchestrator {
                 .await?;
         }
         let nodes = Arc::new(Mutex::new(Nodes::default()));
+        if let Some(store) = store {
+            // Replay protection across restarts: the last sequence accepted
+            // per node, kept in the state file.
+            let stored = store
+                .sequences()
+                .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+            lock(&nodes).last_seq = stored
+                .into_iter()
+                .filter_map(|(node, seq)| Some((NodeId::new(&node).ok()?, seq)))
+                .collect();
+            actix::spawn(keep_sequences(store, Arc::clone(&nodes)));
+        }
         let sink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
             Box::new(move |observed: Observed| {
@@ -233,6 +245,33 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
+}
+
+/// How often accepted sequences are written to the state file: a frame
+/// captured in the last interval before a crash could be replayed once
+/// after a restart, never an older one.
+pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+async fn keep_sequences(store: Arc<crate::state::RedbStore>, nodes: Arc<Mutex<Nodes>>) {
+    let mut written = HashMap::new();
+    loop {
+        tokio::time::sleep(SEQUENCES_EVERY).await;
+        let current = lock(&nodes).last_seq.clone();
+        if current == written {
+            continue;
+        }
+        let sequences = current
+            .iter()
+            .map(|(node, seq)| (node.to_string(), *seq))
+            .collect();
+        match store.save_sequences(&sequences) {
+            Ok(()) => written = current,
+            Err(e) => {
+                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                tracing::error!(error = %e, "agent sequences not written");
+            }
+        }
+    }
 }
 
 fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
