@@ -215,6 +215,21 @@ fn a_node_whose_signing_key_is_not_the_pinned_one_is_refused_and_stays_unavailab
     });
 }
 
+/// An orchestrator's config for one node, `n1`, pinned to `key`; gossip
+/// in the clear (these tests speak to the agent listener only).
+fn one_node_orchestrator(key: &NodeKey) -> Config {
+    let mut config = Config::parse(BASE, "frames-test").unwrap();
+    config.pool = poolgate::core::PoolDefinition::new(
+        poolgate::core::PoolId::new("p").unwrap(),
+        vec![node("n1")],
+    )
+    .unwrap();
+    config.registry.insert(node("n1"), key.public());
+    config.swim.insecure = true;
+    config.agents.listen = "127.0.0.1:0".parse().unwrap();
+    config
+}
+
 /// Writes `frame` on a new connection; whether the orchestrator closed it
 /// (a refusal closes the connection, an accepted frame does not).
 async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
@@ -231,15 +246,7 @@ async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
 fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
     live(async {
         let key = NodeKey::generate();
-        let mut config = Config::parse(BASE, "replay-test").unwrap();
-        config.pool = poolgate::core::PoolDefinition::new(
-            poolgate::core::PoolId::new("p").unwrap(),
-            vec![node("n1")],
-        )
-        .unwrap();
-        config.registry.insert(node("n1"), key.public());
-        config.swim.insecure = true;
-        config.agents.listen = "127.0.0.1:0".parse().unwrap();
+        let config = one_node_orchestrator(&key);
         let live = Orchestrator::start(&config).await.unwrap();
         let available = |available: bool| Announcement {
             available,
@@ -581,15 +588,7 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let key = NodeKey::generate();
-    let mut config = Config::parse(BASE, "sequence-test").unwrap();
-    config.pool = poolgate::core::PoolDefinition::new(
-        poolgate::core::PoolId::new("p").unwrap(),
-        vec![node("n1")],
-    )
-    .unwrap();
-    config.registry.insert(node("n1"), key.public());
-    config.swim.insecure = true;
-    config.agents.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = one_node_orchestrator(&key);
     config.state.path = Some(dir.join("state.db"));
     let state = Announcement {
         available: true,
