@@ -121,8 +121,8 @@ impl Handler<Observe> for NodeActor {
     type Result = Outcome;
 
     fn handle(&mut self, msg: Observe, ctx: &mut Context<Self>) -> Outcome {
-        let observation = msg.observation.clone();
-        let Some(applied) = self.guarded(ctx, |facts| facts.apply(msg.observation)) else {
+        let observation = msg.observation;
+        let Some(applied) = self.guarded(ctx, |facts| facts.observe(&observation)) else {
             return Outcome::Failed;
         };
         match applied {

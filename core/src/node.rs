@@ -382,8 +382,15 @@ impl NodeFacts {
     /// Applies one observation; see the module doc for what counts as a
     /// change.
     pub fn apply(&mut self, observation: Observation) -> Applied {
+        self.observe(&observation)
+    }
+
+    /// As [`NodeFacts::apply`], by reference: the caller keeps the
+    /// observation (the node actor passes it on only when it changed the
+    /// view), and nothing is copied for a duplicate.
+    pub fn observe(&mut self, observation: &Observation) -> Applied {
         let before = self.verdict();
-        let reason = match observation {
+        let reason = match *observation {
             Observation::Known => {
                 if self.known {
                     return Applied::Duplicate;
@@ -434,11 +441,11 @@ impl NodeFacts {
                 Some(_) => Reason::IdentityChanged,
                 None => Reason::ViewChanged,
             },
-            Observation::Faulted { reason } => {
+            Observation::Faulted { ref reason } => {
                 if self.fault.as_deref() == Some(reason.as_str()) && !self.available {
                     return Applied::Duplicate;
                 }
-                self.fault = Some(reason.into_string());
+                self.fault = Some(reason.as_str().to_string());
                 self.available = false;
                 Reason::Faulted
             }
