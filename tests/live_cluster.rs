@@ -183,6 +183,27 @@ fn a_restarted_orchestrator_hears_the_running_nodes_again() {
     });
 }
 
+/// `poolgate run --json --require REQUIRE` on the cluster's
+/// orchestrator.toml, guarding a command that writes its pid to the file
+/// returned, then sleeps.
+fn poolgate_run(
+    cluster: &LocalCluster,
+    require: &str,
+) -> (tokio::process::Child, std::path::PathBuf) {
+    let pid_file = cluster.dir.join("command.pid");
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("run")
+        .arg("--config")
+        .arg(&cluster.config_file)
+        .args(["--json", "--require", require, "--", "sh", "-c"])
+        .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    (run, pid_file)
+}
+
 /// Reads `poolgate run`'s or `watch`'s JSON lines until `pick` accepts one.
 async fn until_line(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
@@ -206,18 +227,7 @@ fn poolgate_run_commits_guards_its_command_and_exits_3_when_a_required_node_is_k
         for i in 0..cluster.nodes.len() {
             cluster.spawn(i).unwrap();
         }
-        let pid_file = cluster.dir.join("command.pid");
-        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("run")
-            .arg("--config")
-            .arg(&cluster.config_file)
-            .args(["--json", "--require", "node-1,node-2", "--"])
-            .args(["sh", "-c"])
-            .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let (mut run, pid_file) = poolgate_run(&cluster, "node-1,node-2");
         let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
         let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
         assert_eq!(
@@ -365,17 +375,7 @@ fn an_orchestrator_killed_right_after_a_commit_continues_its_epochs_and_guards_t
         for i in 0..cluster.nodes.len() {
             cluster.spawn(i).unwrap();
         }
-        let pid_file = cluster.dir.join("command.pid");
-        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("run")
-            .arg("--config")
-            .arg(&cluster.config_file)
-            .args(["--json", "--require", "node-1", "--", "sh", "-c"])
-            .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let (mut run, pid_file) = poolgate_run(&cluster, "node-1");
         let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
         let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
         // The orchestrator dies at once; its guarded command is orphaned.
