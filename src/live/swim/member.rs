@@ -3,8 +3,9 @@
 //! foca does no I/O: the actor feeds it datagrams (`handle_data`) and
 //! timer events (`handle_timer`), then drains what foca asked for: datagrams
 //! to send, timers to schedule (actix `notify_later`), notifications to log.
-//! After each call the tracker turns membership changes into gate input for
-//! the sink, if there is one.
+//! After each call the tracker turns the membership changes foca made
+//! (noted by its codec, see [`super::watch`]) into gate input for the sink,
+//! if there is one.
 //!
 //! Every datagram is sealed on the way out and opened on the way in with
 //! the cluster's [`Keyring`]; one that no key opens is dropped and counted
@@ -21,12 +22,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
-use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Timer};
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
 use super::identity::SwimIdentity;
 use super::tracker::{MembershipTracker, Observed, GENERATION_LIMIT};
+use super::watch::{Changes, WatchingCodec};
 use crate::live::wire::Keyring;
 
 /// How many received datagrams may wait for the actor.
@@ -82,7 +84,9 @@ impl SwimSettings {
     }
 }
 
-type SwimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
+/// A foca instance as poolgate runs it: postcard on the wire, the codec
+/// noting the membership changes.
+pub type SwimFoca = Foca<SwimIdentity, WatchingCodec, StdRng, NoCustomBroadcast>;
 
 /// One SWIM member on a UDP socket.
 pub struct SwimMember {
@@ -93,6 +97,8 @@ pub struct SwimMember {
     sender: std::net::UdpSocket,
     receiving: Option<std::net::UdpSocket>,
     tracker: MembershipTracker,
+    /// The member states foca applied since the last drain.
+    changes: Changes,
     sink: Option<MembershipSink>,
     /// Stops the receiving thread when the member stops.
     receiver: Option<tokio::sync::oneshot::Sender<()>>,
@@ -123,12 +129,14 @@ impl SwimMember {
             addr: local,
             generation,
         };
+        let (codec, changes) = WatchingCodec::watched();
         let member = SwimMember {
-            foca: Foca::new(identity, config, rng, PostcardCodec),
+            foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
             sender,
             receiving: Some(receiving),
             tracker: MembershipTracker::default(),
+            changes,
             sink,
             receiver: None,
             keyring: Arc::new(RwLock::new(keyring)),
@@ -149,16 +157,21 @@ impl SwimMember {
         while let Some((after, timer)) = self.runtime.to_schedule() {
             ctx.notify_later(FocaTimer { timer }, after);
         }
+        let mut replaced = Vec::new();
         while let Some(notification) = self.runtime.to_notify() {
             match notification {
                 OwnedNotification::Defunct => {
                     tracing::warn!(node = %self.foca.identity().node, "declared down; identity defunct")
                 }
+                OwnedNotification::Rename(old, new) => replaced.push((old, new)),
                 other => tracing::debug!(node = %self.foca.identity().node, ?other, "foca"),
             }
         }
+        let own = self.foca.identity();
+        let states = self.changes.take().into_iter().filter(|m| m.id() != own);
+        let changed = self.tracker.changed(states, replaced);
         if let Some(sink) = self.sink.as_mut() {
-            for observed in self.tracker.diff(self.foca.iter_membership_state()) {
+            for observed in changed {
                 let update = &observed.update;
                 tracing::debug!(node = %update.node, addr = %observed.addr, state = %update.state, incarnation = update.incarnation, "SWIM change");
                 sink(observed);

@@ -2,18 +2,21 @@
 //! UDP socket and turns what foca knows into the gate's membership input.
 //!
 //! Only SWIM facts cross this boundary (state and incarnation per node);
-//! SWIM assigns nothing. foca has no "suspect" notification, so after every
-//! foca call the [`MembershipTracker`] compares the membership with the
-//! previous one and emits one [`MembershipUpdate`](poolgate_actors::core::MembershipUpdate)
-//! per change.
+//! SWIM assigns nothing. foca has no "suspect" notification, so its codec
+//! notes every member state foca applies ([`watch`]), and after every foca
+//! call the [`MembershipTracker`] emits one
+//! [`MembershipUpdate`](poolgate_actors::core::MembershipUpdate) per member
+//! that changed, at a cost in proportion to the change.
 //!
 //! - [`identity`]: who a member is (node id, socket address, generation).
-//! - [`tracker`]: foca's membership → gate observations (pure).
+//! - [`watch`]: the codec that notes what foca changed.
+//! - [`tracker`]: foca's membership changes → gate observations (pure).
 //! - [`member`]: the actor that owns foca, the socket and foca's timers.
 
 pub mod identity;
 pub mod member;
 pub mod tracker;
+pub mod watch;
 
 pub use identity::SwimIdentity;
 pub use member::{SwimMember, SwimSettings};

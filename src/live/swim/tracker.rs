@@ -1,4 +1,4 @@
-//! foca's membership view → the gate's SWIM observations.
+//! foca's membership changes → the gate's SWIM observations.
 //!
 //! foca reports members as alive, suspect or down, each with a 16-bit
 //! incarnation per identity. The gate wants one state and one incarnation
@@ -10,12 +10,16 @@
 //!
 //! foca's `Down` becomes `dead`: foca reports a graceful leave and a
 //! confirmed failure the same way; the orchestrator tells them apart by the
-//! node's own word (it announces that it is leaving). A member that
-//! vanishes from foca's view (removed after down, or replaced at its
-//! address) is reported `dead` at the incarnation last reported, so it
-//! cannot stay "alive" in the gate.
+//! node's own word (it announces that it is leaving). A member foca
+//! replaces by another identity at its address (foca's `Rename`) is
+//! reported `dead` at the incarnation last reported, so it cannot stay
+//! "alive" in the gate.
+//!
+//! The tracker is fed what changed during one foca call (see
+//! [`super::watch`]), so its cost is in proportion to the change, not to
+//! the cluster: it never walks foca's whole membership.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use foca::{Member, State};
@@ -45,52 +49,53 @@ pub struct MembershipTracker {
 }
 
 impl MembershipTracker {
-    /// Compares foca's full membership (`Foca::iter_membership_state`) with
-    /// what was reported before; returns one update per member that
-    /// changed. Members are told apart by name and address: another member
-    /// calling itself N from elsewhere is reported separately, never in N's
-    /// place. At one address the highest generation speaks (a restart).
-    pub fn diff<'a>(
+    /// Turns what one foca call changed into one update per member whose
+    /// state or incarnation differs from what was reported: `states` are
+    /// member states as foca applied them, oldest first (a member may
+    /// appear more than once; its last state counts); `replaced` are the
+    /// identities foca dropped for a newer one at their address (its
+    /// `Rename(old, new)` notifications). Members are told apart by name
+    /// and address: another member calling itself N from elsewhere is
+    /// reported separately, never in N's place. Updates come sorted by
+    /// node and address.
+    pub fn changed(
         &mut self,
-        members: impl Iterator<Item = &'a Member<SwimIdentity>>,
+        states: impl IntoIterator<Item = Member<SwimIdentity>>,
+        replaced: impl IntoIterator<Item = (SwimIdentity, SwimIdentity)>,
     ) -> Vec<Observed> {
-        let mut newest: HashMap<(&str, SocketAddr), &Member<SwimIdentity>> = HashMap::new();
-        for member in members {
-            let id = member.id();
-            if id.generation >= GENERATION_LIMIT {
-                tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
-                continue;
-            }
-            match newest.get(&(id.node.as_str(), id.addr)) {
-                Some(known) if known.id().generation >= id.generation => {}
-                _ => {
-                    newest.insert((id.node.as_str(), id.addr), member);
-                }
-            }
-        }
-        let mut updates = Vec::new();
-        let mut present = HashSet::with_capacity(newest.len());
-        for ((node, addr), member) in newest {
-            present.insert((node, addr));
+        let mut last: HashMap<(String, SocketAddr), (SwimState, u64)> = HashMap::new();
+        for member in states {
+            let incarnation = member.incarnation();
             let state = match member.state() {
                 State::Alive => SwimState::Alive,
                 State::Suspect => SwimState::Suspect,
                 State::Down => SwimState::Dead,
             };
-            let incarnation = (member.id().generation << 16) | u64::from(member.incarnation());
-            self.report(node, addr, state, incarnation, &mut updates);
+            let id = member.id();
+            if id.generation >= GENERATION_LIMIT {
+                tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
+                continue;
+            }
+            let folded = (id.generation << 16) | u64::from(incarnation);
+            last.insert((id.node.clone(), id.addr), (state, folded));
         }
-        // Members foca no longer lists: dead, unless already reported so.
-        let vanished: Vec<(String, SocketAddr, u64)> = self
-            .reported
-            .iter()
-            .filter(|((node, addr), (state, _))| {
-                *state != SwimState::Dead && !present.contains(&(node.as_str(), *addr))
-            })
-            .map(|((node, addr), (_, incarnation))| (node.clone(), *addr, *incarnation))
-            .collect();
-        for (node, addr, incarnation) in vanished {
-            self.report(&node, addr, SwimState::Dead, incarnation, &mut updates);
+        for (old, new) in replaced {
+            if (&old.node, old.addr) == (&new.node, new.addr) {
+                continue; // the same member at a new generation: its state says it
+            }
+            let key = (old.node, old.addr);
+            let gone = last
+                .remove(&key)
+                .or_else(|| self.reported.get(&key).copied())
+                .filter(|(state, _)| *state != SwimState::Dead)
+                .map(|(_, incarnation)| (SwimState::Dead, incarnation));
+            if let Some(dead) = gone {
+                last.insert(key, dead);
+            }
+        }
+        let mut updates = Vec::with_capacity(last.len());
+        for ((node, addr), (state, incarnation)) in last {
+            self.report(node, addr, state, incarnation, &mut updates);
         }
         updates.sort_by(|a, b| (&a.update.node, a.addr).cmp(&(&b.update.node, b.addr)));
         updates
@@ -98,21 +103,24 @@ impl MembershipTracker {
 
     fn report(
         &mut self,
-        node: &str,
+        node: String,
         addr: SocketAddr,
         state: SwimState,
         incarnation: u64,
         updates: &mut Vec<Observed>,
     ) {
-        let key = (node.to_string(), addr);
-        if self.reported.get(&key) == Some(&(state, incarnation)) {
-            return;
+        let key = (node, addr);
+        match self.reported.get_mut(&key) {
+            Some(known) if *known == (state, incarnation) => return,
+            Some(known) => *known = (state, incarnation),
+            None => {
+                self.reported.insert(key.clone(), (state, incarnation));
+            }
         }
-        self.reported.insert(key, (state, incarnation));
-        let Ok(node_id) = NodeId::new(node) else {
+        let Ok(node_id) = NodeId::new(&key.0) else {
             // Noted once per change of the member; never reported.
             tracing::warn!(
-                member = node,
+                member = key.0,
                 "a SWIM member's name is not a valid node id; ignored"
             );
             return;
@@ -126,6 +134,16 @@ impl MembershipTracker {
             addr,
         });
     }
+
+    /// What was last reported per member (name, address): state and
+    /// folded incarnation.
+    pub fn reported(&self) -> impl Iterator<Item = (&str, SocketAddr, SwimState, u64)> {
+        self.reported
+            .iter()
+            .map(|((node, addr), (state, incarnation))| {
+                (node.as_str(), *addr, *state, *incarnation)
+            })
+    }
 }
 
 #[cfg(test)]
@@ -137,14 +155,15 @@ mod tests {
     use std::collections::{BinaryHeap, VecDeque};
     use std::net::SocketAddr;
 
-    use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, PostcardCodec, Timer};
+    use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Timer};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
     use super::*;
+    use crate::live::swim::watch::{Changes, WatchingCodec};
     use crate::live::swim::SwimSettings;
 
-    type SimFoca = Foca<SwimIdentity, PostcardCodec, StdRng, NoCustomBroadcast>;
+    type SimFoca = Foca<SwimIdentity, WatchingCodec, StdRng, NoCustomBroadcast>;
 
     struct SimNode {
         foca: SimFoca,
@@ -162,6 +181,8 @@ mod tests {
         timers: BinaryHeap<Reverse<Due>>,
         wire: VecDeque<(usize, Vec<u8>)>,
         tracker: MembershipTracker,
+        /// What member 0's foca encoded.
+        changes: Changes,
         seen: Vec<MembershipUpdate>,
     }
 
@@ -169,7 +190,7 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16))
     }
 
-    fn new_foca(i: usize, generation: u64) -> SimFoca {
+    fn new_foca(i: usize, generation: u64, codec: WatchingCodec) -> SimFoca {
         let identity = SwimIdentity {
             node: format!("n{i}"),
             addr: addr(i),
@@ -180,19 +201,21 @@ mod tests {
             identity,
             config,
             StdRng::seed_from_u64(i as u64 * 31 + generation),
-            PostcardCodec,
+            codec,
         )
     }
 
     impl Sim {
         /// `n` members, each announcing itself to member 0.
         fn new(n: usize) -> Self {
+            let (codec, changes) = WatchingCodec::watched();
+            let mut codec = Some(codec);
             let mut sim = Sim {
                 now: 0,
                 seq: 0,
                 nodes: (0..n)
                     .map(|i| SimNode {
-                        foca: new_foca(i, 0),
+                        foca: new_foca(i, 0, codec.take().unwrap_or_else(WatchingCodec::unwatched)),
                         runtime: AccumulatingRuntime::new(),
                         up: true,
                     })
@@ -200,6 +223,7 @@ mod tests {
                 timers: BinaryHeap::new(),
                 wire: VecDeque::new(),
                 tracker: MembershipTracker::default(),
+                changes,
                 seen: Vec::new(),
             };
             for i in 1..n {
@@ -229,7 +253,19 @@ mod tests {
                 let at = self.now + after.as_millis() as u64;
                 self.timers.push(Reverse((at, self.seq, i, timer)));
             }
-            while node.runtime.to_notify().is_some() {}
+            let mut replaced = Vec::new();
+            while let Some(notification) = node.runtime.to_notify() {
+                if let OwnedNotification::Rename(old, new) = notification {
+                    replaced.push((old, new));
+                }
+            }
+            if i == 0 {
+                let own = self.nodes[0].foca.identity().clone();
+                let states = self.changes.take().into_iter().filter(|m| *m.id() != own);
+                let updates = self.tracker.changed(states, replaced);
+                self.seen.extend(updates.into_iter().map(|o| o.update));
+                self.check_against_the_whole_view();
+            }
             while let Some((to, data)) = self.wire.pop_front() {
                 if self.nodes[to].up && self.nodes[i].up {
                     let target = &mut self.nodes[to];
@@ -237,10 +273,30 @@ mod tests {
                     self.settle(to);
                 }
             }
-            let updates = self
-                .tracker
-                .diff(self.nodes[0].foca.iter_membership_state());
-            self.seen.extend(updates.into_iter().map(|o| o.update));
+        }
+
+        /// The tracker, fed only changes, agrees with member 0's whole
+        /// view: every member foca lists is reported in its state, and a
+        /// member foca no longer lists was last reported dead.
+        fn check_against_the_whole_view(&self) {
+            let mut view = HashMap::new();
+            for member in self.nodes[0].foca.iter_membership_state() {
+                let id = member.id();
+                let state = match member.state() {
+                    State::Alive => SwimState::Alive,
+                    State::Suspect => SwimState::Suspect,
+                    State::Down => SwimState::Dead,
+                };
+                let incarnation = (id.generation << 16) | u64::from(member.incarnation());
+                view.insert((id.node.clone(), id.addr), (state, incarnation));
+            }
+            for (node, addr, state, incarnation) in self.tracker.reported() {
+                match view.remove(&(node.to_string(), addr)) {
+                    Some(listed) => assert_eq!(listed, (state, incarnation), "{node}@{addr}"),
+                    None => assert_eq!(state, SwimState::Dead, "{node}@{addr} vanished"),
+                }
+            }
+            assert!(view.is_empty(), "never reported: {view:?}");
         }
 
         fn run_until(&mut self, until: u64) {
@@ -327,7 +383,7 @@ mod tests {
         let dead = sim.until_reported(since, "n2", SwimState::Dead, 30_000);
         let since = sim.seen.len();
         sim.nodes[2] = SimNode {
-            foca: new_foca(2, 1),
+            foca: new_foca(2, 1, WatchingCodec::unwatched()),
             runtime: AccumulatingRuntime::new(),
             up: true,
         };
@@ -358,25 +414,49 @@ mod tests {
         Member::new(id, 0, state)
     }
 
+    fn none() -> Vec<(SwimIdentity, SwimIdentity)> {
+        Vec::new()
+    }
+
     #[test]
-    fn a_member_that_vanishes_from_the_view_is_reported_dead() {
+    fn a_member_replaced_at_its_address_by_another_name_is_reported_dead() {
         let mut tracker = MembershipTracker::default();
-        let alive = [member("n1", 5, State::Alive)];
-        assert_eq!(tracker.diff(alive.iter()).len(), 1);
-        let gone = tracker.diff(std::iter::empty());
-        assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].update.state, SwimState::Dead);
-        assert_eq!(gone[0].update.incarnation, 5 << 16);
-        assert!(tracker.diff(std::iter::empty()).is_empty(), "reported once");
+        let alive = member("n1", 5, State::Alive);
+        assert_eq!(tracker.changed([alive.clone()], none()).len(), 1);
+        let other = member("n9", 6, State::Alive);
+        let renamed = (alive.id().clone(), other.id().clone());
+        let seen = tracker.changed([other], [renamed.clone()]);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[0].update.node.as_str(), "n1");
+        assert_eq!(seen[0].update.state, SwimState::Dead);
+        assert_eq!(seen[0].update.incarnation, 5 << 16);
+        assert_eq!(seen[1].update.node.as_str(), "n9");
+        assert!(tracker.changed([], [renamed]).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn a_member_noted_twice_in_one_call_is_reported_in_its_last_state() {
+        let mut tracker = MembershipTracker::default();
+        let seen = tracker.changed(
+            [
+                member("n1", 1, State::Alive),
+                member("n1", 1, State::Suspect),
+            ],
+            none(),
+        );
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].update.state, SwimState::Suspect);
+        let again = tracker.changed([member("n1", 1, State::Suspect)], none());
+        assert!(again.is_empty(), "a repeated state is no change");
     }
 
     #[test]
     fn a_generation_that_would_lose_bits_is_ignored() {
         let mut tracker = MembershipTracker::default();
         let members = [member("n1", GENERATION_LIMIT, State::Alive)];
-        assert!(tracker.diff(members.iter()).is_empty());
+        assert!(tracker.changed(members, none()).is_empty());
         let members = [member("n1", GENERATION_LIMIT - 1, State::Alive)];
-        let update = tracker.diff(members.iter());
+        let update = tracker.changed(members, none());
         assert_eq!(update[0].update.incarnation, (GENERATION_LIMIT - 1) << 16);
     }
 
@@ -394,11 +474,11 @@ mod tests {
             State::Alive,
         );
         let both = [real.clone(), impostor.clone()];
-        let seen = tracker.diff(both.iter());
+        let seen = tracker.changed(both, none());
         assert_eq!(seen.len(), 2);
         // The real member goes down: that is reported, whatever the other says.
         let down = Member::new(real.id().clone(), 0, State::Down);
-        let seen = tracker.diff([down, impostor].iter());
+        let seen = tracker.changed([down, impostor], none());
         assert_eq!(seen.len(), 1);
         assert_eq!(
             (seen[0].addr, seen[0].update.state),
