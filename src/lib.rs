@@ -14,6 +14,8 @@
 //!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
 //! - [`live`]: the live cluster: the SWIM adapter ([`live::swim`]) and the
 //!   demo ([`live::demo`]).
+//! - [`sim`]: thousands of SWIM members in virtual time feeding the real
+//!   gate (`examples/swim_sim.rs`, `tests/simulation.rs`).
 //! - `src/main.rs`: the `poolgate` command line, thin.
 
 #![forbid(unsafe_code)]
@@ -22,6 +24,7 @@
 pub mod config;
 pub mod live;
 pub mod replay;
+pub mod sim;
 pub mod state;
 
 pub use config::{Config, ConfigError, NodeConfig};

@@ -6,6 +6,8 @@
 //! - [`swim`]: foca over UDP, turned into the gate's membership input.
 //! - [`keys`]: signing keys, cluster keys, pinned public keys.
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
+//! - `nodes`: what the orchestrator remembers per node (sequences, signed
+//!   SWIM address, leaving).
 //! - [`demo`]: `cargo run`, the live story from forming to a fault.
 
 pub mod agent;
@@ -13,6 +15,7 @@ pub mod cluster;
 pub mod commands;
 pub mod demo;
 pub mod keys;
+pub(crate) mod nodes;
 pub mod orchestrator;
 pub mod swim;
 pub mod wire;

@@ -18,7 +18,7 @@
 //! content, and its connection closed. A node that announces it is leaving
 //! is reported `left` (SWIM alone cannot tell a leave from a crash).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -31,76 +31,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::keys::{ClusterKey, PublicKey};
+use super::nodes::Nodes;
 use super::swim::member::{boot_generation, Join, SetKeyring};
 use super::swim::tracker::Observed;
 use super::swim::SwimMember;
 use super::wire::{self, Announcement, Keyring, ReadError, Refused};
 use super::LiveError;
 use crate::config::{Config, SwimConfig};
-
-/// What the orchestrator remembers of each node between frames.
-#[derive(Debug, Default)]
-struct Nodes {
-    /// The last sequence accepted per node (replay protection).
-    last_seq: HashMap<NodeId, u64>,
-    /// The last incarnation SWIM reported per node.
-    incarnation: HashMap<NodeId, u64>,
-    /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
-    leaving: HashSet<NodeId>,
-    /// The SWIM address each node signed in its latest frame: SWIM facts
-    /// about the node count only from there.
-    swim_addr: HashMap<NodeId, SocketAddr>,
-    /// The latest SWIM fact per node and address, so a node's state is
-    /// known the moment it signs its address.
-    latest: HashMap<NodeId, HashMap<SocketAddr, MembershipUpdate>>,
-}
-
-/// How many addresses' facts are kept per node name (impostors included).
-const ADDRESSES_PER_NODE: usize = 8;
-
-impl Nodes {
-    /// A SWIM fact from the node's signed address, as the gate is told it:
-    /// a leaving node's `dead` is its `left`.
-    fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
-        self.incarnation
-            .insert(update.node.clone(), update.incarnation);
-        if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
-            update.state = SwimState::Left;
-        }
-        update
-    }
-
-    /// Keeps a SWIM fact; returns it for the gate if it comes from the
-    /// address the node signed.
-    fn observe(&mut self, observed: Observed) -> Option<MembershipUpdate> {
-        let node = observed.update.node.clone();
-        let facts = self.latest.entry(node.clone()).or_default();
-        if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&observed.addr) {
-            facts.clear();
-        }
-        facts.insert(observed.addr, observed.update.clone());
-        match self.swim_addr.get(&node) {
-            Some(bound) if *bound == observed.addr => Some(self.for_gate(observed.update)),
-            Some(_) => {
-                metrics::counter!("poolgate_swim_impostors_total").increment(1);
-                tracing::debug!(%node, addr = %observed.addr, "SWIM fact from an address the node did not sign; ignored");
-                None
-            }
-            // Held until the node signs its address.
-            None => None,
-        }
-    }
-
-    /// The node signed `addr`: binds it, and returns the latest fact heard
-    /// from there, if the binding changed.
-    fn bind(&mut self, node: &NodeId, addr: SocketAddr) -> Option<Option<MembershipUpdate>> {
-        if self.swim_addr.insert(node.clone(), addr) == Some(addr) {
-            return None;
-        }
-        let latest = self.latest.get(node).and_then(|f| f.get(&addr)).cloned();
-        Some(latest.map(|update| self.for_gate(update)))
-    }
-}
 
 /// The orchestrator's live side: gate, SWIM member, agent listener.
 pub struct Orchestrator {

@@ -19,7 +19,7 @@
 //! [`super::watch`]), so its cost is in proportion to the change, not to
 //! the cluster: it never walks foca's whole membership.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use foca::{Member, State};
@@ -41,11 +41,25 @@ pub struct Observed {
     pub addr: SocketAddr,
 }
 
-/// The latest state reported per member (node name and address), to emit
-/// only changes.
+/// The latest state reported per member, by address then node name (so a
+/// member is looked up without building a key), to emit only changes.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
-    reported: HashMap<(String, SocketAddr), (SwimState, u64)>,
+    reported: HashMap<SocketAddr, HashMap<String, (SwimState, u64)>>,
+}
+
+/// A member state as the gate counts it: state and folded incarnation.
+fn fold(member: &Member<SwimIdentity>) -> (SwimState, u64) {
+    let state = match member.state() {
+        State::Alive => SwimState::Alive,
+        State::Suspect => SwimState::Suspect,
+        State::Down => SwimState::Dead,
+    };
+    let id = member.id();
+    (
+        state,
+        (id.generation << 16) | u64::from(member.incarnation()),
+    )
 }
 
 impl MembershipTracker {
@@ -57,70 +71,75 @@ impl MembershipTracker {
     /// `Rename(old, new)` notifications). Members are told apart by name
     /// and address: another member calling itself N from elsewhere is
     /// reported separately, never in N's place. Updates come sorted by
-    /// node and address.
+    /// node and address. The cost is in proportion to `states`.
     pub fn changed(
         &mut self,
         states: impl IntoIterator<Item = Member<SwimIdentity>>,
         replaced: impl IntoIterator<Item = (SwimIdentity, SwimIdentity)>,
     ) -> Vec<Observed> {
-        let mut last: HashMap<(String, SocketAddr), (SwimState, u64)> = HashMap::new();
-        for member in states {
-            let incarnation = member.incarnation();
-            let state = match member.state() {
-                State::Alive => SwimState::Alive,
-                State::Suspect => SwimState::Suspect,
-                State::Down => SwimState::Dead,
-            };
+        let states: Vec<Member<SwimIdentity>> = states.into_iter().collect();
+        let mut done: HashSet<(&str, SocketAddr)> = HashSet::with_capacity(states.len());
+        let mut updates = Vec::new();
+        let replaced: Vec<(SwimIdentity, SwimIdentity)> = replaced.into_iter().collect();
+        for (old, new) in &replaced {
+            if (&old.node, old.addr) == (&new.node, new.addr) {
+                continue; // the same member at a new generation: its state says it
+            }
+            let key = (old.node.as_str(), old.addr);
+            if !done.insert(key) {
+                continue;
+            }
+            // Gone: dead at the incarnation last known for it.
+            let latest = states
+                .iter()
+                .rev()
+                .find(|m| (m.id().node.as_str(), m.id().addr) == key)
+                .map(fold)
+                .or_else(|| self.last_reported(key.0, key.1));
+            if let Some((_, incarnation)) = latest {
+                self.report(key.0, key.1, SwimState::Dead, incarnation, &mut updates);
+            }
+        }
+        for member in states.iter().rev() {
             let id = member.id();
+            if !done.insert((id.node.as_str(), id.addr)) {
+                continue; // a later state of this member was taken
+            }
             if id.generation >= GENERATION_LIMIT {
                 tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
                 continue;
             }
-            let folded = (id.generation << 16) | u64::from(incarnation);
-            last.insert((id.node.clone(), id.addr), (state, folded));
-        }
-        for (old, new) in replaced {
-            if (&old.node, old.addr) == (&new.node, new.addr) {
-                continue; // the same member at a new generation: its state says it
-            }
-            let key = (old.node, old.addr);
-            let gone = last
-                .remove(&key)
-                .or_else(|| self.reported.get(&key).copied())
-                .filter(|(state, _)| *state != SwimState::Dead)
-                .map(|(_, incarnation)| (SwimState::Dead, incarnation));
-            if let Some(dead) = gone {
-                last.insert(key, dead);
-            }
-        }
-        let mut updates = Vec::with_capacity(last.len());
-        for ((node, addr), (state, incarnation)) in last {
-            self.report(node, addr, state, incarnation, &mut updates);
+            let (state, incarnation) = fold(member);
+            self.report(&id.node, id.addr, state, incarnation, &mut updates);
         }
         updates.sort_by(|a, b| (&a.update.node, a.addr).cmp(&(&b.update.node, b.addr)));
         updates
     }
 
+    fn last_reported(&self, node: &str, addr: SocketAddr) -> Option<(SwimState, u64)> {
+        self.reported.get(&addr)?.get(node).copied()
+    }
+
     fn report(
         &mut self,
-        node: String,
+        node: &str,
         addr: SocketAddr,
         state: SwimState,
         incarnation: u64,
         updates: &mut Vec<Observed>,
     ) {
-        let key = (node, addr);
-        match self.reported.get_mut(&key) {
+        let at = self.reported.entry(addr).or_default();
+        match at.get_mut(node) {
             Some(known) if *known == (state, incarnation) => return,
             Some(known) => *known = (state, incarnation),
             None => {
-                self.reported.insert(key.clone(), (state, incarnation));
+                at.insert(node.to_string(), (state, incarnation));
             }
         }
-        let Ok(node_id) = NodeId::new(&key.0) else {
+        let Ok(node_id) = NodeId::new(node) else {
             // Noted once per change of the member; never reported.
             tracing::warn!(
-                member = key.0,
+                member = node,
                 "a SWIM member's name is not a valid node id; ignored"
             );
             return;
@@ -138,11 +157,11 @@ impl MembershipTracker {
     /// What was last reported per member (name, address): state and
     /// folded incarnation.
     pub fn reported(&self) -> impl Iterator<Item = (&str, SocketAddr, SwimState, u64)> {
-        self.reported
-            .iter()
-            .map(|((node, addr), (state, incarnation))| {
+        self.reported.iter().flat_map(|(addr, names)| {
+            names.iter().map(move |(node, (state, incarnation))| {
                 (node.as_str(), *addr, *state, *incarnation)
             })
+        })
     }
 }
 

@@ -1,0 +1,291 @@
+//! Thousands of nodes, by simulation: N foca members in memory on a
+//! virtual clock, the orchestrator's member feeding the real gate.
+//!
+//! ```text
+//! cargo run --release --example swim_sim -- --nodes N [--loss P] [--seed S] [--crashes K] [--soak SECONDS] [--json]
+//! ```
+//!
+//! One run, three parts, each figure a JSON line with `--json`:
+//!
+//! 1. Cold start: every member joins through the orchestrator's member,
+//!    every agent announces within 1 s; window 5 s, lossless network.
+//!    `sim_ready_ms`, with the time after the last announcement.
+//! 2. Crashes (lossless): a run is committed over every node, a random
+//!    node crashes, the time to `run_faulted` is measured, the node
+//!    restarts (a new generation) and the pool is ready again; K times.
+//!    `sim_fault_ms_p50`, `sim_fault_ms_p99`.
+//! 3. Soak at `--loss` (default 1%): a run committed over every node, no
+//!    crash, for `--soak` virtual seconds (default 600); every fault is a
+//!    false one (the run is committed again once ready).
+//!    `sim_false_faults` per virtual hour, `sim_false_suspicions` per
+//!    node-hour (suspect facts in the orchestrator's view).
+//!
+//! Throughout: `sim_tracker_ns_per_call` (real CPU time of the SWIM
+//! adapter's tracker per foca call of the orchestrator's member after the
+//! cold start, beside the old whole-view walk timed on one call in 16, and
+//! the cold start's own figure, where every call carries many changes),
+//! `sim_real_ms_per_virtual_s`, and the peak resident memory.
+
+use std::time::Instant;
+
+use poolgate::sim::{SimSettings, Simulation};
+use poolgate_actors::core::Event;
+
+struct Args {
+    nodes: usize,
+    loss: f64,
+    seed: u64,
+    crashes: usize,
+    soak_s: u64,
+    json: bool,
+}
+
+fn args() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut args = Args {
+        nodes: 100,
+        loss: 0.01,
+        seed: 1,
+        crashes: 50,
+        soak_s: 600,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--nodes" => args.nodes = it.next().ok_or("--nodes N")?.parse()?,
+            "--loss" => args.loss = it.next().ok_or("--loss P")?.parse()?,
+            "--seed" => args.seed = it.next().ok_or("--seed S")?.parse()?,
+            "--crashes" => args.crashes = it.next().ok_or("--crashes K")?.parse()?,
+            "--soak" => args.soak_s = it.next().ok_or("--soak SECONDS")?.parse()?,
+            "--json" => args.json = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if !(0.0..1.0).contains(&args.loss) {
+        return Err(format!("--loss must be in [0, 1), not {}", args.loss).into());
+    }
+    Ok(args)
+}
+
+/// One figure: a JSON line, or a line for people.
+struct Out {
+    json: bool,
+    nodes: usize,
+    seed: u64,
+}
+
+impl Out {
+    fn figure(&self, metric: &str, loss: f64, value: f64, extra: &[(&str, f64)]) {
+        if self.json {
+            let mut line = format!(
+                "{{\"metric\":\"{metric}\",\"nodes\":{},\"seed\":{},\"loss\":{loss}",
+                self.nodes, self.seed
+            );
+            for (key, v) in extra {
+                line.push_str(&format!(",\"{key}\":{}", round(*v)));
+            }
+            line.push_str(&format!(",\"value\":{}}}", round(value)));
+            println!("{line}");
+        } else {
+            let extra: Vec<String> = extra
+                .iter()
+                .map(|(k, v)| format!("{k} {}", round(*v)))
+                .collect();
+            println!("{metric:<28} {:>12}   {}", round(value), extra.join(", "));
+        }
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // Nearest rank.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1] as f64
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
+    let out = Out {
+        json: args.json,
+        nodes: args.nodes,
+        seed: args.seed,
+    };
+    let runtime = Simulation::runtime()?;
+    let system = actix::System::with_tokio_rt(move || runtime);
+    system.block_on(run(args, out))
+}
+
+async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
+    let settings = SimSettings::new(args.nodes, args.seed);
+    let window_ms = settings.window.as_millis() as f64;
+    let real = Instant::now();
+    let mut sim = Simulation::start(settings).await?;
+    sim.network().time_baseline(true);
+
+    // 1. Cold start.
+    let ready_ms = sim
+        .until_ready(600_000)
+        .await?
+        .ok_or("no PoolReady within 600 virtual seconds")?;
+    let after_last = ready_ms.saturating_sub(sim.last_announce_ms());
+    out.figure(
+        "sim_ready_ms",
+        0.0,
+        ready_ms as f64,
+        &[
+            ("window_ms", window_ms),
+            ("after_last_announce_ms", after_last as f64),
+        ],
+    );
+
+    let cold = sim.network().stats().clone();
+
+    // 2. Crashes.
+    let mut delays = Vec::with_capacity(args.crashes);
+    let (mut missed, mut wrong) = (0u64, 0u64);
+    for _ in 0..args.crashes {
+        sim.commit_all().await?;
+        // Crash somewhere in the next probe periods, not at commit.
+        let settle = sim.now_ms() + 1_000;
+        sim.run_until(settle, |_| false).await?;
+        let limit = sim.now_ms() + 60_000;
+        let crash = sim.crash_one(limit).await?;
+        match crash.faulted {
+            Some((node, at)) => {
+                if node != crash.node {
+                    wrong += 1;
+                }
+                delays.push(at - crash.at_ms);
+            }
+            None => missed += 1,
+        }
+        let limit = sim.now_ms() + 120_000;
+        sim.until_ready(limit)
+            .await?
+            .ok_or("the pool was not ready again after a restart")?;
+    }
+    delays.sort_unstable();
+    let crashes = [
+        ("crashes", args.crashes as f64),
+        ("missed", missed as f64),
+        ("wrong_node", wrong as f64),
+    ];
+    out.figure("sim_fault_ms_p50", 0.0, percentile(&delays, 50.0), &crashes);
+    out.figure("sim_fault_ms_p99", 0.0, percentile(&delays, 99.0), &crashes);
+    out.figure(
+        "sim_fault_ms_max",
+        0.0,
+        delays.last().copied().unwrap_or(0) as f64,
+        &crashes,
+    );
+
+    // 3. Soak at the given loss.
+    sim.network().set_loss(args.loss);
+    let suspicions_before = sim.suspicions();
+    let soak_from = sim.now_ms();
+    let soak_until = soak_from + args.soak_s * 1_000;
+    let mut faults = 0u64;
+    let mut exposed_ms = 0u64;
+    while sim.now_ms() < soak_until {
+        let committed_at = sim.now_ms();
+        let run = sim.commit_all().await?;
+        let fault = sim
+            .run_until(
+                soak_until,
+                |e| matches!(e, Event::RunFaulted { run: r, .. } if *r == run),
+            )
+            .await?;
+        exposed_ms += sim.now_ms() - committed_at;
+        if fault.is_none() {
+            break;
+        }
+        faults += 1;
+        if sim.until_ready(soak_until).await?.is_none() {
+            break;
+        }
+    }
+    let soak_h = (sim.now_ms() - soak_from) as f64 / 3_600_000.0;
+    let exposed_h = exposed_ms as f64 / 3_600_000.0;
+    let suspicions = sim.suspicions() - suspicions_before;
+    out.figure(
+        "sim_false_faults",
+        args.loss,
+        faults as f64 / exposed_h.max(f64::MIN_POSITIVE),
+        &[
+            ("faults", faults as f64),
+            ("run_hours", exposed_h),
+            ("virtual_s", soak_h * 3600.0),
+        ],
+    );
+    out.figure(
+        "sim_false_suspicions",
+        args.loss,
+        suspicions as f64 / (soak_h * args.nodes as f64).max(f64::MIN_POSITIVE),
+        &[
+            ("suspicions", suspicions as f64),
+            ("node_hours", soak_h * args.nodes as f64),
+        ],
+    );
+
+    // Costs.
+    let stats = sim.network().stats().clone();
+    let ns = |total: u64, calls: u64| total as f64 / calls.max(1) as f64;
+    // After the cold start (crashes, restarts, soak): the steady state.
+    let calls = stats.tracker_calls - cold.tracker_calls;
+    out.figure(
+        "sim_tracker_ns_per_call",
+        args.loss,
+        ns(stats.tracker_ns - cold.tracker_ns, calls),
+        &[
+            ("calls", calls as f64),
+            (
+                "noted_per_call",
+                (stats.noted - cold.noted) as f64 / calls.max(1) as f64,
+            ),
+            (
+                "whole_view_walk_ns_per_call",
+                ns(
+                    stats.baseline_ns - cold.baseline_ns,
+                    stats.baseline_calls - cold.baseline_calls,
+                ),
+            ),
+            (
+                "cold_start_ns_per_call",
+                ns(cold.tracker_ns, cold.tracker_calls),
+            ),
+            (
+                "cold_start_noted_per_call",
+                cold.noted as f64 / cold.tracker_calls.max(1) as f64,
+            ),
+        ],
+    );
+    let virtual_s = sim.now_ms() as f64 / 1_000.0;
+    let real_ms = real.elapsed().as_secs_f64() * 1_000.0;
+    out.figure(
+        "sim_real_ms_per_virtual_s",
+        args.loss,
+        real_ms / virtual_s,
+        &[
+            ("virtual_s", virtual_s),
+            ("datagrams", stats.sent as f64),
+            ("lost", stats.lost as f64),
+        ],
+    );
+    out.figure("sim_peak_rss_mib", args.loss, peak_rss_mib(), &[]);
+    Ok(())
+}

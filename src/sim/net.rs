@@ -1,0 +1,536 @@
+//! A SWIM cluster in memory: foca members exchanging datagrams over a
+//! modelled network, on a virtual millisecond clock. Nothing here reads the
+//! wall clock or a socket, so one seed gives one run.
+//!
+//! Member 0 is the orchestrator's: its view goes through the real adapter
+//! (the watching codec and the [`MembershipTracker`]) and comes out as
+//! [`Observed`] facts, stamped with the virtual instant. Members 1..=N are
+//! the nodes `n1`…`nN`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, State, Timer};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::live::swim::member::SwimFoca;
+use crate::live::swim::tracker::{MembershipTracker, Observed};
+use crate::live::swim::watch::{Changes, WatchingCodec};
+use crate::live::swim::SwimIdentity;
+
+/// How datagrams travel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkModel {
+    /// The probability that a datagram is lost.
+    pub loss: f64,
+    /// Every datagram takes at least this long.
+    pub base_delay_ms: u64,
+    /// Plus an exponentially distributed delay with this mean.
+    pub mean_extra_ms: f64,
+    /// With this probability a datagram is late (a queue, a retransmit
+    /// below, a stalled receiver) ...
+    pub tail_probability: f64,
+    /// ... by up to this many milliseconds more (uniform).
+    pub tail_ms: u64,
+}
+
+impl Default for NetworkModel {
+    /// A LAN: 1 ms plus 1 ms on average, one datagram in 200 up to 200 ms
+    /// late, no loss.
+    fn default() -> Self {
+        Self {
+            loss: 0.0,
+            base_delay_ms: 1,
+            mean_extra_ms: 1.0,
+            tail_probability: 0.005,
+            tail_ms: 200,
+        }
+    }
+}
+
+/// Members split in two groups that cannot reach each other for a while.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// From this virtual instant ...
+    pub from_ms: u64,
+    /// ... until this one (exclusive).
+    pub until_ms: u64,
+    /// Members with an index below this are on one side, the rest on the
+    /// other (member 0, the orchestrator's, is always on the first side).
+    pub split: usize,
+}
+
+/// Counters of the network and of the orchestrator's adapter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Datagrams handed to the network.
+    pub sent: u64,
+    /// Lost by the loss model.
+    pub lost: u64,
+    /// Dropped by a partition.
+    pub cut: u64,
+    /// Dropped because the receiver was down.
+    pub undeliverable: u64,
+    /// foca calls of member 0 (datagrams, timers, announcements).
+    pub tracker_calls: u64,
+    /// Real time the tracker spent on them, in nanoseconds.
+    pub tracker_ns: u64,
+    /// Member states the codec noted (what the tracker looked at).
+    pub noted: u64,
+    /// Facts the tracker reported.
+    pub observed: u64,
+    /// Calls on which the baseline walk was also timed.
+    pub baseline_calls: u64,
+    /// Real time the baseline walk took on them, in nanoseconds.
+    pub baseline_ns: u64,
+}
+
+/// The cost of what the tracker did before it was fed changes: after
+/// every foca call, walk member 0's whole membership and compare each
+/// member with what was reported (a key made and looked up per member).
+/// Timed on one call in [`BASELINE_EVERY`], beside the tracker, to compare
+/// the two in one run.
+#[derive(Debug, Default)]
+struct WholeViewWalk {
+    seen: std::collections::HashMap<(String, SocketAddr), (u8, u16, u64)>,
+}
+
+/// One member-0 call in this many also times the baseline walk.
+pub const BASELINE_EVERY: u64 = 16;
+
+impl WholeViewWalk {
+    fn walk(&mut self, foca: &SwimFoca) -> usize {
+        let mut changed = 0;
+        for member in foca.iter_membership_state() {
+            let id = member.id();
+            let state = (member.state() as u8, member.incarnation(), id.generation);
+            let key = (id.node.clone(), id.addr);
+            if self.seen.get(&key) != Some(&state) {
+                self.seen.insert(key, state);
+                changed += 1;
+            }
+        }
+        changed
+    }
+}
+
+enum Event {
+    Deliver {
+        to: usize,
+        data: Vec<u8>,
+    },
+    Timer {
+        member: usize,
+        life: u32,
+        timer: Timer<SwimIdentity>,
+    },
+}
+
+/// Events wait in a slab; the heap orders small keys into it (moving a
+/// datagram or a timer through every sift would cost more).
+#[derive(Default)]
+struct Queue {
+    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    slab: Vec<Option<Event>>,
+    free: Vec<usize>,
+    seq: u64,
+}
+
+impl Queue {
+    fn push(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slab[slot] = Some(event);
+                slot
+            }
+            None => {
+                self.slab.push(Some(event));
+                self.slab.len() - 1
+            }
+        };
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    fn next_at(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// The next event if it is due at `at`.
+    fn pop_at(&mut self, at: u64) -> Option<Event> {
+        if self.next_at() != Some(at) {
+            return None;
+        }
+        let Reverse((_, _, slot)) = self.heap.pop()?;
+        self.free.push(slot);
+        self.slab.get_mut(slot).and_then(Option::take)
+    }
+}
+
+struct Member {
+    foca: SwimFoca,
+    runtime: AccumulatingRuntime<SwimIdentity>,
+    up: bool,
+    /// Bumped at each restart: timers of an earlier life are ignored.
+    life: u32,
+    generation: u64,
+}
+
+/// The simulated cluster.
+pub struct Network {
+    now: u64,
+    queue: Queue,
+    members: Vec<Member>,
+    rng: StdRng,
+    seed: u64,
+    model: NetworkModel,
+    partition: Option<Partition>,
+    config: foca::Config,
+    tracker: MembershipTracker,
+    changes: Changes,
+    observed: Vec<Observed>,
+    stats: NetStats,
+    baseline: Option<WholeViewWalk>,
+}
+
+/// The address of member `index`: 10.0.0.0/8 plus the index, port 7946.
+pub fn address(index: usize) -> SocketAddr {
+    let host = u32::try_from(index).unwrap_or(u32::MAX) & 0x00ff_ffff;
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(0x0a00_0000 | host), 7946))
+}
+
+fn index_of(addr: SocketAddr) -> Option<usize> {
+    match addr {
+        SocketAddr::V4(v4) => usize::try_from(u32::from(*v4.ip()) & 0x00ff_ffff).ok(),
+        SocketAddr::V6(_) => None,
+    }
+}
+
+/// The node id of member `index` (1-based; member 0 is the orchestrator's).
+pub fn node_name(index: usize) -> String {
+    format!("n{index}")
+}
+
+impl Network {
+    /// `nodes` node members plus the orchestrator's member 0, each running
+    /// foca with `config`; nobody has joined yet.
+    pub fn new(nodes: usize, config: foca::Config, model: NetworkModel, seed: u64) -> Self {
+        let (codec, changes) = WatchingCodec::watched();
+        let mut network = Network {
+            now: 0,
+            queue: Queue::default(),
+            members: Vec::with_capacity(nodes + 1),
+            rng: StdRng::seed_from_u64(seed),
+            seed,
+            model,
+            partition: None,
+            config,
+            tracker: MembershipTracker::default(),
+            changes,
+            observed: Vec::new(),
+            stats: NetStats::default(),
+            baseline: None,
+        };
+        let orchestrator = network.foca(0, "orchestrator".into(), 1, codec);
+        network.members.push(orchestrator);
+        for index in 1..=nodes {
+            let foca = network.foca(index, node_name(index), 1, WatchingCodec::unwatched());
+            network.members.push(foca);
+        }
+        network
+    }
+
+    fn foca(&self, index: usize, node: String, generation: u64, codec: WatchingCodec) -> Member {
+        let identity = SwimIdentity {
+            node,
+            addr: address(index),
+            generation,
+        };
+        let seed = self
+            .seed
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add((index as u64) << 20)
+            .wrapping_add(generation);
+        Member {
+            foca: Foca::new(
+                identity,
+                self.config.clone(),
+                StdRng::seed_from_u64(seed),
+                codec,
+            ),
+            runtime: AccumulatingRuntime::new(),
+            up: true,
+            life: 0,
+            generation,
+        }
+    }
+
+    /// The virtual instant, in milliseconds.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// How many members (the orchestrator's included).
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether there are no members at all (never: member 0 is always there).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
+    }
+
+    /// Also times the old whole-view walk on one member-0 call in
+    /// [`BASELINE_EVERY`] (for the benchmark; it changes nothing else).
+    pub fn time_baseline(&mut self, on: bool) {
+        self.baseline = on.then(WholeViewWalk::default);
+    }
+
+    /// Changes the loss probability from now on.
+    pub fn set_loss(&mut self, loss: f64) {
+        self.model.loss = loss;
+    }
+
+    /// Cuts the network in two for a while.
+    pub fn partition(&mut self, partition: Option<Partition>) {
+        self.partition = partition;
+    }
+
+    /// Member `index` announces itself to member 0 (the seed).
+    pub fn join(&mut self, index: usize) {
+        self.announce(index, 0);
+    }
+
+    /// Member `from` announces itself to the member at `to`'s address.
+    pub fn announce(&mut self, from: usize, to: usize) {
+        let Some(member) = self.members.get_mut(from) else {
+            return;
+        };
+        if !member.up {
+            return;
+        }
+        // A refused announce (to ourselves) changes nothing.
+        let _ = member
+            .foca
+            .announce(SwimIdentity::seed(address(to)), &mut member.runtime);
+        self.drain(from);
+    }
+
+    /// Member `index` stops answering, as a crashed process would.
+    pub fn crash(&mut self, index: usize) {
+        if let Some(member) = self.members.get_mut(index) {
+            member.up = false;
+        }
+    }
+
+    /// Member `index` comes back as a new process: a new generation, an
+    /// empty view, announcing itself to the seed.
+    pub fn restart(&mut self, index: usize) {
+        let Some(old) = self.members.get(index) else {
+            return;
+        };
+        let (node, generation, life) = (
+            old.foca.identity().node.clone(),
+            old.generation + 1,
+            old.life + 1,
+        );
+        let mut member = self.foca(index, node, generation, WatchingCodec::unwatched());
+        member.life = life;
+        self.members[index] = member;
+        self.join(index);
+    }
+
+    /// Whether member `index` is up.
+    pub fn is_up(&self, index: usize) -> bool {
+        self.members.get(index).is_some_and(|m| m.up)
+    }
+
+    /// How many members member `index` counts as active.
+    pub fn active_members(&self, index: usize) -> usize {
+        self.members.get(index).map_or(0, |m| m.foca.num_members())
+    }
+
+    /// How many members `index` holds as suspect right now (walks its view;
+    /// for reports, not the hot path).
+    pub fn suspects(&self, index: usize) -> usize {
+        self.members.get(index).map_or(0, |m| {
+            m.foca
+                .iter_membership_state()
+                .filter(|member| member.state() == State::Suspect)
+                .count()
+        })
+    }
+
+    /// The instant of the next scheduled event, if any.
+    pub fn next_at(&self) -> Option<u64> {
+        self.queue.next_at()
+    }
+
+    /// Runs every event due at the next instant, if it is at or before
+    /// `until`; returns that instant. The orchestrator's facts wait in
+    /// [`Network::take_observed`].
+    pub fn step(&mut self, until: u64) -> Option<u64> {
+        let at = self.next_at().filter(|at| *at <= until)?;
+        self.now = at;
+        while let Some(event) = self.queue.pop_at(at) {
+            self.run(event);
+        }
+        Some(at)
+    }
+
+    /// Moves the clock to `at` without running anything (nothing may be
+    /// due before it).
+    pub fn advance_to(&mut self, at: u64) {
+        self.now = self.now.max(at);
+    }
+
+    /// The facts member 0's tracker reported since the last call.
+    pub fn take_observed(&mut self) -> Vec<Observed> {
+        std::mem::take(&mut self.observed)
+    }
+
+    fn run(&mut self, event: Event) {
+        match event {
+            Event::Deliver { to, data } => {
+                let Some(member) = self.members.get_mut(to) else {
+                    return;
+                };
+                if !member.up {
+                    self.stats.undeliverable += 1;
+                    return;
+                }
+                // foca refuses what it cannot use; the network may carry it.
+                let _ = member.foca.handle_data(&data, &mut member.runtime);
+                self.drain(to);
+            }
+            Event::Timer {
+                member: index,
+                life,
+                timer,
+            } => {
+                let Some(member) = self.members.get_mut(index) else {
+                    return;
+                };
+                if !member.up || member.life != life {
+                    return;
+                }
+                let _ = member.foca.handle_timer(timer, &mut member.runtime);
+                self.drain(index);
+            }
+        }
+    }
+
+    fn schedule(&mut self, at: u64, event: Event) {
+        self.queue.push(at, event);
+    }
+
+    /// Does what member `index`'s foca asked for; for member 0, runs the
+    /// tracker on what changed.
+    fn drain(&mut self, index: usize) {
+        let member = &mut self.members[index];
+        let life = member.life;
+        let mut outgoing = Vec::new();
+        while let Some((to, data)) = member.runtime.to_send() {
+            outgoing.push((to.addr, data.to_vec()));
+        }
+        let mut timers = Vec::new();
+        while let Some((after, timer)) = member.runtime.to_schedule() {
+            timers.push((after, timer));
+        }
+        let mut replaced = Vec::new();
+        while let Some(notification) = member.runtime.to_notify() {
+            if let OwnedNotification::Rename(old, new) = notification {
+                replaced.push((old, new));
+            }
+        }
+        if index == 0 {
+            let started = Instant::now();
+            let own = member.foca.identity();
+            let noted = self.changes.take();
+            self.stats.noted += noted.len() as u64;
+            let states = noted.into_iter().filter(|m| m.id() != own);
+            let changed = self.tracker.changed(states, replaced);
+            self.stats.tracker_ns += u64::try_from(started.elapsed().as_nanos()).unwrap_or(0);
+            self.stats.tracker_calls += 1;
+            self.stats.observed += changed.len() as u64;
+            self.observed.extend(changed);
+            if let Some(baseline) = self.baseline.as_mut() {
+                if self.stats.tracker_calls.is_multiple_of(BASELINE_EVERY) {
+                    let started = Instant::now();
+                    std::hint::black_box(baseline.walk(&member.foca));
+                    self.stats.baseline_ns +=
+                        u64::try_from(started.elapsed().as_nanos()).unwrap_or(0);
+                    self.stats.baseline_calls += 1;
+                }
+            }
+        }
+        for (after, timer) in timers {
+            let at = self.now + millis(after);
+            self.schedule(
+                at,
+                Event::Timer {
+                    member: index,
+                    life,
+                    timer,
+                },
+            );
+        }
+        for (to, data) in outgoing {
+            self.send(index, to, data);
+        }
+    }
+
+    fn send(&mut self, from: usize, to: SocketAddr, data: Vec<u8>) {
+        self.stats.sent += 1;
+        let Some(to) = index_of(to).filter(|i| *i < self.members.len()) else {
+            self.stats.undeliverable += 1;
+            return;
+        };
+        if let Some(cut) = &self.partition {
+            let across = (from < cut.split) != (to < cut.split);
+            if across && (cut.from_ms..cut.until_ms).contains(&self.now) {
+                self.stats.cut += 1;
+                return;
+            }
+        }
+        if self.model.loss > 0.0 && self.rng.random::<f64>() < self.model.loss {
+            self.stats.lost += 1;
+            return;
+        }
+        let delay = self.delay();
+        self.schedule(self.now + delay, Event::Deliver { to, data });
+    }
+
+    /// One datagram's delay: base + exponential, sometimes a tail.
+    fn delay(&mut self) -> u64 {
+        let model = &self.model;
+        let uniform: f64 = self.rng.random::<f64>();
+        // Inverse transform: -mean × ln(1 - u) is exponential with that mean.
+        let extra = -model.mean_extra_ms * (1.0 - uniform).ln();
+        let mut delay = model.base_delay_ms + extra.round() as u64;
+        if model.tail_probability > 0.0 && self.rng.random::<f64>() < model.tail_probability {
+            delay += self.rng.random_range(0..=model.tail_ms);
+        }
+        delay
+    }
+}
+
+/// A foca duration on the millisecond clock, rounded up (a timer never
+/// fires early).
+fn millis(duration: Duration) -> u64 {
+    let ms = duration.as_millis();
+    let whole = u64::try_from(ms).unwrap_or(u64::MAX);
+    if Duration::from_millis(whole) < duration {
+        whole + 1
+    } else {
+        whole
+    }
+}

@@ -1,0 +1,96 @@
+//! A simulated SWIM cluster (foca members in memory, virtual time) feeding
+//! the real gate: PoolReady from a cold start, a crash faulting the
+//! committed run, and one seed giving one run.
+
+use poolgate::sim::{SimSettings, Simulation};
+use poolgate_actors::core::Event;
+
+const NODES: usize = 64;
+/// Virtual seconds the whole story may take.
+const LIMIT_MS: u64 = 30_000;
+
+struct Story {
+    ready_ms: u64,
+    last_announce_ms: u64,
+    crashed: String,
+    faults: Vec<(String, u64)>,
+    crashed_at_ms: u64,
+    events: Vec<String>,
+}
+
+/// Cold start to PoolReady, commit over every node, crash one, run on to
+/// the limit.
+fn story(seed: u64) -> Story {
+    let runtime = Simulation::runtime().expect("runtime");
+    let system = actix::System::with_tokio_rt(move || runtime);
+    system.block_on(async move {
+        let mut sim = Simulation::start(SimSettings::new(NODES, seed))
+            .await
+            .expect("start");
+        let ready_ms = sim.until_ready(LIMIT_MS).await.expect("run");
+        let ready_ms = ready_ms.expect("PoolReady within the limit");
+        let last_announce_ms = sim.last_announce_ms();
+        sim.commit_all().await.expect("commit");
+        sim.run_until(ready_ms + 2_000, |_| false)
+            .await
+            .expect("run");
+        let crash = sim.crash_one(LIMIT_MS).await.expect("crash");
+        sim.run_until(LIMIT_MS, |_| false).await.expect("run");
+        let faults = sim
+            .events()
+            .iter()
+            .filter_map(|e| match e {
+                Event::RunFaulted { node, at, .. } => Some((node.to_string(), at.as_millis())),
+                _ => None,
+            })
+            .collect();
+        let events = sim
+            .events()
+            .iter()
+            .map(|e| serde_json::to_string(e).expect("json"))
+            .collect();
+        Story {
+            ready_ms,
+            last_announce_ms,
+            crashed: crash.node.to_string(),
+            faults,
+            crashed_at_ms: crash.at_ms,
+            events,
+        }
+    })
+}
+
+#[test]
+fn a_simulated_cluster_is_ready_faults_once_for_a_crash_and_repeats_itself() {
+    let first = story(7);
+    // PoolReady: after the window, once every agent has announced.
+    assert!(
+        first.ready_ms >= first.last_announce_ms + 5_000,
+        "ready at {} ms, last announcement at {} ms",
+        first.ready_ms,
+        first.last_announce_ms
+    );
+    assert!(
+        first.ready_ms <= first.last_announce_ms + 8_000,
+        "{}",
+        first.ready_ms
+    );
+    // One crash, one run_faulted, naming the crashed node, soon after.
+    assert_eq!(first.faults.len(), 1, "{:?}", first.faults);
+    let (node, at_ms) = &first.faults[0];
+    assert_eq!(node, &first.crashed);
+    let detection = at_ms - first.crashed_at_ms;
+    assert!(detection <= 4_000, "crash → fault took {detection} ms");
+    // The restarted node is ready again: a second PoolReady.
+    let ready = first
+        .events
+        .iter()
+        .filter(|e| e.contains("\"pool_ready\""))
+        .count();
+    assert_eq!(ready, 2, "{:#?}", first.events);
+
+    let second = story(7);
+    assert_eq!(first.events, second.events, "one seed, one run");
+    let other = story(8);
+    assert_ne!(first.events, other.events, "another seed, another run");
+}
