@@ -2,7 +2,7 @@
 //! virtual clock, the orchestrator's member feeding the real gate.
 //!
 //! ```text
-//! cargo run --release --example swim_sim -- --nodes N [--loss P] [--seed S] [--crashes K] [--soak SECONDS] [--json]
+//! cargo run --release --example swim_sim -- --nodes N [--loss P] [--seed S] [--crashes K] [--soak SECONDS] [--indirect-probes K] [--json]
 //! ```
 //!
 //! One run, three parts, each figure a JSON line with `--json`:
@@ -37,6 +37,7 @@ struct Args {
     seed: u64,
     crashes: usize,
     soak_s: u64,
+    indirect_probes: usize,
     json: bool,
 }
 
@@ -47,6 +48,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         seed: 1,
         crashes: 50,
         soak_s: 600,
+        indirect_probes: 3,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -57,6 +59,9 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--seed" => args.seed = it.next().ok_or("--seed S")?.parse()?,
             "--crashes" => args.crashes = it.next().ok_or("--crashes K")?.parse()?,
             "--soak" => args.soak_s = it.next().ok_or("--soak SECONDS")?.parse()?,
+            "--indirect-probes" => {
+                args.indirect_probes = it.next().ok_or("--indirect-probes K")?.parse()?
+            }
             "--json" => args.json = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -72,14 +77,15 @@ struct Out {
     json: bool,
     nodes: usize,
     seed: u64,
+    indirect_probes: usize,
 }
 
 impl Out {
     fn figure(&self, metric: &str, loss: f64, value: f64, extra: &[(&str, f64)]) {
         if self.json {
             let mut line = format!(
-                "{{\"metric\":\"{metric}\",\"nodes\":{},\"seed\":{},\"loss\":{loss}",
-                self.nodes, self.seed
+                "{{\"metric\":\"{metric}\",\"nodes\":{},\"seed\":{},\"indirect_probes\":{},\"loss\":{loss}",
+                self.nodes, self.seed, self.indirect_probes
             );
             for (key, v) in extra {
                 line.push_str(&format!(",\"{key}\":{}", round(*v)));
@@ -124,6 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         json: args.json,
         nodes: args.nodes,
         seed: args.seed,
+        indirect_probes: args.indirect_probes,
     };
     let runtime = Simulation::runtime()?;
     let system = actix::System::with_tokio_rt(move || runtime);
@@ -131,7 +138,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
-    let settings = SimSettings::new(args.nodes, args.seed);
+    let mut settings = SimSettings::new(args.nodes, args.seed);
+    settings.swim.indirect_probes = args.indirect_probes;
     let window_ms = settings.window.as_millis() as f64;
     let real = Instant::now();
     let mut sim = Simulation::start(settings).await?;

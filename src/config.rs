@@ -85,7 +85,7 @@ pub struct SwimConfig {
     pub bind: SocketAddr,
     /// `seeds`: members to announce to at start.
     pub seeds: Vec<SocketAddr>,
-    /// `probe_period`, `probe_rtt`, `suspicion_timeout`.
+    /// `probe_period`, `probe_rtt`, `suspicion_timeout`, `indirect_probes`.
     pub timings: SwimSettings,
     /// `cluster_keys`: key files of the gossip keyring; the first seals,
     /// all open (relative paths are from the config file's folder).
@@ -571,6 +571,7 @@ impl<'a> Doc<'a> {
                 "probe_period",
                 "probe_rtt",
                 "suspicion_timeout",
+                "indirect_probes",
                 "cluster_keys",
                 "insecure",
                 "label",
@@ -626,6 +627,9 @@ impl<'a> Doc<'a> {
         }
         if let Some(value) = table.get("suspicion_timeout") {
             timings.suspicion_timeout = self.duration(value, "swim.suspicion_timeout")?.0;
+        }
+        if let Some(value) = table.get("indirect_probes") {
+            timings.indirect_probes = self.whole(value, "swim.indirect_probes", 1..=16)? as usize;
         }
         if timings.probe_rtt >= timings.probe_period {
             return Err(self.error(
@@ -923,6 +927,22 @@ wait_timeout = "30s"
         assert_eq!(key, "swim.seeds");
         let (_, key, _) = error_of(&text.replace("probe_period", "probe_perod"));
         assert_eq!(key, "swim.probe_perod");
+
+        assert_eq!(config.swim.timings.indirect_probes, 3, "foca's default");
+        let more = text.replace("[demo]", "indirect_probes = 6\n[demo]");
+        let config = Config::parse(&more, "c").unwrap();
+        assert_eq!(config.swim.timings.indirect_probes, 6);
+        assert_eq!(
+            config
+                .swim
+                .timings
+                .foca_config(10)
+                .num_indirect_probes
+                .get(),
+            6
+        );
+        let (_, key, _) = error_of(&text.replace("[demo]", "indirect_probes = 0\n[demo]"));
+        assert_eq!(key, "swim.indirect_probes");
     }
 
     #[test]

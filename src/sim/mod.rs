@@ -66,6 +66,7 @@ impl SimSettings {
                 probe_period: Duration::from_millis(400),
                 probe_rtt: Duration::from_millis(120),
                 suspicion_timeout: Duration::from_secs(2),
+                indirect_probes: 3,
             },
             model: NetworkModel::default(),
             announce_within: Duration::from_secs(1),

@@ -57,6 +57,9 @@ pub struct SwimSettings {
     pub probe_rtt: Duration,
     /// How long a member stays suspect before it is declared down.
     pub suspicion_timeout: Duration,
+    /// How many members are asked to probe a member that did not answer
+    /// in time, before it is suspected.
+    pub indirect_probes: usize,
 }
 
 impl Default for SwimSettings {
@@ -65,6 +68,7 @@ impl Default for SwimSettings {
             probe_period: Duration::from_millis(500),
             probe_rtt: Duration::from_millis(150),
             suspicion_timeout: Duration::from_secs(2),
+            indirect_probes: 3,
         }
     }
 }
@@ -77,6 +81,9 @@ impl SwimSettings {
         config.probe_period = self.probe_period;
         config.probe_rtt = self.probe_rtt;
         config.suspect_to_down_after = self.suspicion_timeout;
+        if let Some(indirect) = std::num::NonZeroUsize::new(self.indirect_probes) {
+            config.num_indirect_probes = indirect;
+        }
         if let Some(gossip) = config.periodic_gossip.as_mut() {
             gossip.frequency = (self.probe_period / 5).max(Duration::from_millis(20));
         }
