@@ -2,7 +2,7 @@
 //! the real gate: PoolReady from a cold start, a crash faulting the
 //! committed run, and one seed giving one run.
 
-use poolgate::sim::{SimSettings, Simulation};
+use poolgate::sim::{Partition, SimSettings, Simulation};
 use poolgate_actors::core::Event;
 
 const NODES: usize = 64;
@@ -93,4 +93,41 @@ fn a_simulated_cluster_is_ready_faults_once_for_a_crash_and_repeats_itself() {
     assert_eq!(first.events, second.events, "one seed, one run");
     let other = story(8);
     assert_ne!(first.events, other.events, "another seed, another run");
+}
+
+#[test]
+fn a_partitioned_node_faults_the_run_and_the_healed_pool_is_ready_again() {
+    let runtime = Simulation::runtime().expect("runtime");
+    let system = actix::System::with_tokio_rt(move || runtime);
+    system.block_on(async move {
+        let mut sim = Simulation::start(SimSettings::new(16, 3))
+            .await
+            .expect("start");
+        let ready = sim.until_ready(LIMIT_MS).await.expect("run");
+        assert!(ready.is_some(), "{:#?}", sim.events());
+        sim.commit_all().await.expect("commit");
+        // n16 alone on one side, everyone else (the orchestrator too) on
+        // the other, for 4 s.
+        let from_ms = sim.now_ms() + 500;
+        sim.network().partition(Some(Partition {
+            from_ms,
+            until_ms: from_ms + 4_000,
+            split: 16,
+        }));
+        let fault = sim
+            .run_until(from_ms + 4_000, |e| matches!(e, Event::RunFaulted { .. }))
+            .await
+            .expect("run");
+        match fault {
+            Some(Event::RunFaulted { node, at, .. }) => {
+                assert_eq!(node.as_str(), "n16");
+                assert!(at.as_millis() >= from_ms, "faulted before the cut");
+            }
+            other => panic!("no run_faulted during the partition: {other:?}"),
+        }
+        // Healed: n16 rejoins on its own (no restart) and the pool is
+        // ready again.
+        let again = sim.until_ready(from_ms + 20_000).await.expect("run");
+        assert!(again.is_some(), "{:#?}", sim.events());
+    });
 }
