@@ -75,5 +75,60 @@ fn parser(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, facts, pool, parser);
+/// The SWIM adapter's tracker, fed one member state per call (a heartbeat
+/// of one member changing its incarnation), with N members already
+/// reported: the cost must not grow with N.
+fn tracker(c: &mut Criterion) {
+    use foca::{Member, State};
+    use poolgate::live::swim::{MembershipTracker, SwimIdentity};
+    use std::net::SocketAddr;
+
+    let member = |i: usize, incarnation: u16| {
+        let id = SwimIdentity {
+            node: format!("n{i}"),
+            addr: SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 7946)),
+            generation: 1,
+        };
+        Member::new(id, incarnation, State::Alive)
+    };
+    let none = Vec::<(SwimIdentity, SwimIdentity)>::new;
+    let filled = |n: usize| {
+        let mut tracker = MembershipTracker::default();
+        tracker.changed((0..n).map(|i| member(i, 0)), none());
+        tracker
+    };
+    for n in [100usize, 1_000, 4_096] {
+        let mut tracker = filled(n);
+        let mut i = 0usize;
+        let mut incarnation = 0u16;
+        c.bench_function(&format!("tracker_one_change_of_{n}"), |b| {
+            b.iter_batched(
+                || {
+                    i = (i + 7919) % n;
+                    incarnation = incarnation.wrapping_add(1);
+                    vec![member(i, incarnation)]
+                },
+                |states| tracker.changed(states, none()),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        let mut tracker = filled(n);
+        let mut j = 0usize;
+        c.bench_function(&format!("tracker_one_unchanged_of_{n}"), |b| {
+            b.iter_batched(
+                || {
+                    j = (j + 7919) % n;
+                    vec![member(j, 0)]
+                },
+                |states| tracker.changed(states, none()),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        c.bench_function(&format!("tracker_nothing_of_{n}"), |b| {
+            b.iter(|| tracker.changed(Vec::new(), none()))
+        });
+    }
+}
+
+criterion_group!(benches, facts, pool, parser, tracker);
 criterion_main!(benches);

@@ -179,6 +179,14 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
                     wrong += 1;
                 }
                 delays.push(at - crash.at_ms);
+                eprintln!(
+                    "crash {} of {}: {} at {} ms → run_faulted {} ms later",
+                    delays.len(),
+                    args.crashes,
+                    crash.node,
+                    crash.at_ms,
+                    at - crash.at_ms
+                );
             }
             None => missed += 1,
         }
@@ -282,6 +290,14 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
             ),
         ],
     );
+    if let Some((calls, ns)) = sim.network().replay_tracker(cold.tracker_calls) {
+        out.figure(
+            "sim_tracker_replayed_ns_per_call",
+            args.loss,
+            ns as f64 / calls.max(1) as f64,
+            &[("calls", calls as f64)],
+        );
+    }
     let virtual_s = sim.now_ms() as f64 / 1_000.0;
     let real_ms = real.elapsed().as_secs_f64() * 1_000.0;
     out.figure(

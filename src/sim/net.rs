@@ -93,15 +93,37 @@ pub struct NetStats {
 /// member with what was reported (a key made and looked up per member).
 /// Timed on one call in [`BASELINE_EVERY`], beside the tracker, to compare
 /// the two in one run.
+///
+/// It also records member 0's tracker input, call by call, so the tracker
+/// can be timed again on the same input with warm caches
+/// ([`Network::replay_tracker`]): inside the simulation, the other members'
+/// work between two calls of member 0 evicts everything it touched.
 #[derive(Debug, Default)]
 struct WholeViewWalk {
     seen: std::collections::HashMap<(String, SocketAddr), (u8, u16, u64)>,
+    inputs: Vec<TrackerInput>,
 }
+
+/// One call's input to the tracker: member states, then replaced identities.
+type TrackerInput = (
+    Vec<foca::Member<SwimIdentity>>,
+    Vec<(SwimIdentity, SwimIdentity)>,
+);
 
 /// One member-0 call in this many also times the baseline walk.
 pub const BASELINE_EVERY: u64 = 16;
 
 impl WholeViewWalk {
+    fn record(
+        &mut self,
+        noted: &[foca::Member<SwimIdentity>],
+        replaced: &[(SwimIdentity, SwimIdentity)],
+        own: &SwimIdentity,
+    ) {
+        let states = noted.iter().filter(|m| m.id() != own).cloned().collect();
+        self.inputs.push((states, replaced.to_vec()));
+    }
+
     fn walk(&mut self, foca: &SwimFoca) -> usize {
         let mut changed = 0;
         for member in foca.iter_membership_state() {
@@ -294,6 +316,31 @@ impl Network {
         self.baseline = on.then(WholeViewWalk::default);
     }
 
+    /// Runs a fresh tracker on member 0's recorded input, every call in
+    /// order: the first `from` calls untimed (to build its state), the rest
+    /// in one tight timed loop. Returns (timed calls, real nanoseconds in
+    /// all). `None` unless [`Network::time_baseline`] was on.
+    pub fn replay_tracker(&self, from: u64) -> Option<(u64, u64)> {
+        let mut inputs = self.baseline.as_ref()?.inputs.clone();
+        let from = usize::try_from(from)
+            .unwrap_or(usize::MAX)
+            .min(inputs.len());
+        let timed = inputs.split_off(from);
+        let calls = timed.len() as u64;
+        let mut tracker = MembershipTracker::default();
+        let mut reported = 0usize;
+        for (states, replaced) in inputs {
+            reported += tracker.changed(states, replaced).len();
+        }
+        let started = Instant::now();
+        for (states, replaced) in timed {
+            reported += tracker.changed(states, replaced).len();
+        }
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        std::hint::black_box(reported);
+        Some((calls, ns))
+    }
+
     /// Changes the loss probability from now on.
     pub fn set_loss(&mut self, loss: f64) {
         self.model.loss = loss;
@@ -452,9 +499,12 @@ impl Network {
             }
         }
         if index == 0 {
+            let noted = self.changes.take();
+            if let Some(baseline) = self.baseline.as_mut() {
+                baseline.record(&noted, &replaced, member.foca.identity());
+            }
             let started = Instant::now();
             let own = member.foca.identity();
-            let noted = self.changes.take();
             self.stats.noted += noted.len() as u64;
             let states = noted.into_iter().filter(|m| m.id() != own);
             let changed = self.tracker.changed(states, replaced);

@@ -42,11 +42,46 @@ pub struct Observed {
 }
 
 /// The latest state reported per member, by address then node name (so a
-/// member is looked up without building a key), to emit only changes.
+/// member is looked up without building a key, in one table), to emit only
+/// changes.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
-    reported: HashMap<SocketAddr, HashMap<String, (SwimState, u64)>>,
+    reported: HashMap<SocketAddr, Names>,
 }
+
+/// The members reported at one address: nearly always one.
+#[derive(Debug)]
+struct Names {
+    first: Reported,
+    more: Vec<Reported>,
+}
+
+#[derive(Debug)]
+struct Reported {
+    node: String,
+    state: (SwimState, u64),
+}
+
+impl Names {
+    fn get(&self, node: &str) -> Option<&Reported> {
+        std::iter::once(&self.first)
+            .chain(&self.more)
+            .find(|r| r.node == node)
+    }
+
+    fn get_mut(&mut self, node: &str) -> Option<&mut Reported> {
+        std::iter::once(&mut self.first)
+            .chain(&mut self.more)
+            .find(|r| r.node == node)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Reported> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+}
+
+/// Below this many states in one call, repeats are found by scanning.
+const SCAN_BELOW: usize = 8;
 
 /// A member state as the gate counts it: state and folded incarnation.
 fn fold(member: &Member<SwimIdentity>) -> (SwimState, u64) {
@@ -78,7 +113,7 @@ impl MembershipTracker {
         replaced: impl IntoIterator<Item = (SwimIdentity, SwimIdentity)>,
     ) -> Vec<Observed> {
         let states: Vec<Member<SwimIdentity>> = states.into_iter().collect();
-        let mut done: HashSet<(&str, SocketAddr)> = HashSet::with_capacity(states.len());
+        let mut done = Done::new(states.len());
         let mut updates = Vec::new();
         let replaced: Vec<(SwimIdentity, SwimIdentity)> = replaced.into_iter().collect();
         for (old, new) in &replaced {
@@ -117,7 +152,7 @@ impl MembershipTracker {
     }
 
     fn last_reported(&self, node: &str, addr: SocketAddr) -> Option<(SwimState, u64)> {
-        self.reported.get(&addr)?.get(node).copied()
+        Some(self.reported.get(&addr)?.get(node)?.state)
     }
 
     fn report(
@@ -128,12 +163,28 @@ impl MembershipTracker {
         incarnation: u64,
         updates: &mut Vec<Observed>,
     ) {
-        let at = self.reported.entry(addr).or_default();
-        match at.get_mut(node) {
-            Some(known) if *known == (state, incarnation) => return,
-            Some(known) => *known = (state, incarnation),
+        let now = (state, incarnation);
+        match self.reported.get_mut(&addr) {
+            Some(names) => match names.get_mut(node) {
+                Some(known) if known.state == now => return,
+                Some(known) => known.state = now,
+                None => names.more.push(Reported {
+                    node: node.to_string(),
+                    state: now,
+                }),
+            },
             None => {
-                at.insert(node.to_string(), (state, incarnation));
+                let first = Reported {
+                    node: node.to_string(),
+                    state: now,
+                };
+                self.reported.insert(
+                    addr,
+                    Names {
+                        first,
+                        more: Vec::new(),
+                    },
+                );
             }
         }
         let Ok(node_id) = NodeId::new(node) else {
@@ -158,10 +209,39 @@ impl MembershipTracker {
     /// folded incarnation.
     pub fn reported(&self) -> impl Iterator<Item = (&str, SocketAddr, SwimState, u64)> {
         self.reported.iter().flat_map(|(addr, names)| {
-            names.iter().map(move |(node, (state, incarnation))| {
-                (node.as_str(), *addr, *state, *incarnation)
-            })
+            names
+                .iter()
+                .map(move |r| (r.node.as_str(), *addr, r.state.0, r.state.1))
         })
+    }
+}
+
+/// The members already handled in one call: a scan for the usual handful,
+/// a set beyond.
+enum Done<'a> {
+    Few(Vec<(&'a str, SocketAddr)>),
+    Many(HashSet<(&'a str, SocketAddr)>),
+}
+
+impl<'a> Done<'a> {
+    fn new(states: usize) -> Self {
+        if states < SCAN_BELOW {
+            Done::Few(Vec::with_capacity(states))
+        } else {
+            Done::Many(HashSet::with_capacity(states))
+        }
+    }
+
+    /// Whether `key` is new (and now handled).
+    fn insert(&mut self, key: (&'a str, SocketAddr)) -> bool {
+        match self {
+            Done::Few(keys) if keys.contains(&key) => false,
+            Done::Few(keys) => {
+                keys.push(key);
+                true
+            }
+            Done::Many(keys) => keys.insert(key),
+        }
     }
 }
 
