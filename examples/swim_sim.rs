@@ -48,7 +48,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         seed: 1,
         crashes: 50,
         soak_s: 600,
-        indirect_probes: 3,
+        indirect_probes: poolgate::live::swim::member::DEFAULT_INDIRECT_PROBES,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -145,11 +145,19 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     let mut sim = Simulation::start(settings).await?;
     sim.network().time_baseline(true);
 
-    // 1. Cold start.
-    let ready_ms = sim
-        .until_ready(600_000)
-        .await?
-        .ok_or("no PoolReady within 600 virtual seconds")?;
+    // 1. Cold start, with a progress line on stderr every virtual second.
+    let mut ready_ms = None;
+    while ready_ms.is_none() && sim.now_ms() < 600_000 {
+        let until = sim.now_ms() + 1_000;
+        ready_ms = sim.until_ready(until).await?;
+        eprintln!(
+            "cold start: {} virtual ms after {:.1} s; the orchestrator's member knows {} members",
+            sim.now_ms(),
+            real.elapsed().as_secs_f64(),
+            sim.network().active_members(0)
+        );
+    }
+    let ready_ms = ready_ms.ok_or("no PoolReady within 600 virtual seconds")?;
     let after_last = ready_ms.saturating_sub(sim.last_announce_ms());
     out.figure(
         "sim_ready_ms",

@@ -55,7 +55,8 @@ pub struct SimSettings {
 
 impl SimSettings {
     /// `nodes` members with the shipped SWIM timings (`config.toml`:
-    /// probe every 400 ms, 120 ms for a direct reply, 2 s of suspicion), a
+    /// probe every 400 ms, 120 ms for a direct reply, 2 s of suspicion, 6
+    /// indirect probes), a
     /// 5 s window, agents announcing within 1 s, a lossless LAN.
     pub fn new(nodes: usize, seed: u64) -> Self {
         Self {
@@ -66,7 +67,7 @@ impl SimSettings {
                 probe_period: Duration::from_millis(400),
                 probe_rtt: Duration::from_millis(120),
                 suspicion_timeout: Duration::from_secs(2),
-                indirect_probes: 3,
+                indirect_probes: crate::live::swim::member::DEFAULT_INDIRECT_PROBES,
             },
             model: NetworkModel::default(),
             announce_within: Duration::from_secs(1),
