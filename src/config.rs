@@ -928,19 +928,15 @@ wait_timeout = "30s"
         let (_, key, _) = error_of(&text.replace("probe_period", "probe_perod"));
         assert_eq!(key, "swim.probe_perod");
 
-        assert_eq!(config.swim.timings.indirect_probes, 3, "foca's default");
-        let more = text.replace("[demo]", "indirect_probes = 6\n[demo]");
-        let config = Config::parse(&more, "c").unwrap();
-        assert_eq!(config.swim.timings.indirect_probes, 6);
         assert_eq!(
-            config
-                .swim
-                .timings
-                .foca_config(10)
-                .num_indirect_probes
-                .get(),
-            6
+            config.swim.timings.indirect_probes, 6,
+            "the shipped default"
         );
+        let fewer = text.replace("[demo]", "indirect_probes = 3\n[demo]");
+        let config = Config::parse(&fewer, "c").unwrap();
+        assert_eq!(config.swim.timings.indirect_probes, 3);
+        let foca = config.swim.timings.foca_config(10);
+        assert_eq!(foca.num_indirect_probes.get(), 3);
         let (_, key, _) = error_of(&text.replace("[demo]", "indirect_probes = 0\n[demo]"));
         assert_eq!(key, "swim.indirect_probes");
     }
