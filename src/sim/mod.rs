@@ -51,6 +51,9 @@ pub struct SimSettings {
     pub model: NetworkModel,
     /// Each agent announces itself after a random delay below this.
     pub announce_within: Duration,
+    /// Start from a converged SWIM cluster ([`Network::converge`]) instead
+    /// of every member joining through the orchestrator's.
+    pub converged: bool,
 }
 
 impl SimSettings {
@@ -71,6 +74,7 @@ impl SimSettings {
             },
             model: NetworkModel::default(),
             announce_within: Duration::from_secs(1),
+            converged: false,
         }
     }
 }
@@ -172,8 +176,12 @@ impl Simulation {
             settings.model.clone(),
             settings.seed,
         );
-        for index in 1..=settings.nodes {
-            net.join(index);
+        if settings.converged {
+            net.converge();
+        } else {
+            for index in 1..=settings.nodes {
+                net.join(index);
+            }
         }
         let mut rng = StdRng::seed_from_u64(settings.seed ^ 0x5eed_a9e7);
         let within = u64::try_from(settings.announce_within.as_millis())

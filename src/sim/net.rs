@@ -7,8 +7,7 @@
 //! [`Observed`] facts, stamped with the virtual instant. Members 1..=N are
 //! the nodes `n1`…`nN`.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
@@ -151,44 +150,29 @@ enum Event {
     },
 }
 
-/// Events wait in a slab; the heap orders small keys into it (moving a
-/// datagram or a timer through every sift would cost more).
+/// Events by virtual millisecond, each instant's in the order they were
+/// scheduled (what a heap ordered by (instant, sequence) gives, without
+/// sifting every event through it).
 #[derive(Default)]
 struct Queue {
-    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    slab: Vec<Option<Event>>,
-    free: Vec<usize>,
-    seq: u64,
+    instants: BTreeMap<u64, Vec<Event>>,
 }
 
 impl Queue {
     fn push(&mut self, at: u64, event: Event) {
-        self.seq += 1;
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slab[slot] = Some(event);
-                slot
-            }
-            None => {
-                self.slab.push(Some(event));
-                self.slab.len() - 1
-            }
-        };
-        self.heap.push(Reverse((at, self.seq, slot)));
+        self.instants.entry(at).or_default().push(event);
     }
 
     fn next_at(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse((at, _, _))| *at)
+        self.instants.first_key_value().map(|(at, _)| *at)
     }
 
-    /// The next event if it is due at `at`.
-    fn pop_at(&mut self, at: u64) -> Option<Event> {
-        if self.next_at() != Some(at) {
-            return None;
+    /// Every event due at `at` scheduled so far, in order.
+    fn take_at(&mut self, at: u64) -> Option<Vec<Event>> {
+        match self.instants.first_entry() {
+            Some(first) if *first.key() == at => Some(first.remove()),
+            _ => None,
         }
-        let Reverse((_, _, slot)) = self.heap.pop()?;
-        self.free.push(slot);
-        self.slab.get_mut(slot).and_then(Option::take)
     }
 }
 
@@ -351,6 +335,32 @@ impl Network {
         self.partition = partition;
     }
 
+    /// Starts from a converged cluster instead of a cold start: every
+    /// member already holds every other as alive (what the joins would
+    /// have gossiped), so no join traffic is simulated. For figures of the
+    /// steady state at sizes where the cold start's gossip would dominate
+    /// the simulation's cost. Member 0's view goes through the tracker as
+    /// any change would.
+    pub fn converge(&mut self) {
+        let everyone: Vec<foca::Member<SwimIdentity>> = self
+            .members
+            .iter()
+            .map(|m| foca::Member::alive(m.foca.identity().clone()))
+            .collect();
+        for index in 0..self.members.len() {
+            let member = &mut self.members[index];
+            let own = member.foca.identity().clone();
+            let others = everyone.iter().filter(|m| *m.id() != own).cloned();
+            // Told by the simulation: nothing to gossip on, but for member
+            // 0, whose foca must note the states for its tracker (it then
+            // gossips what everyone knows, which changes nothing).
+            let _ = member
+                .foca
+                .apply_many(others, index == 0, &mut member.runtime);
+            self.drain(index);
+        }
+    }
+
     /// Member `index` announces itself to member 0 (the seed).
     pub fn join(&mut self, index: usize) {
         self.announce(index, 0);
@@ -427,8 +437,11 @@ impl Network {
     pub fn step(&mut self, until: u64) -> Option<u64> {
         let at = self.next_at().filter(|at| *at <= until)?;
         self.now = at;
-        while let Some(event) = self.queue.pop_at(at) {
-            self.run(event);
+        // Events scheduled for this very instant while it runs come after.
+        while let Some(events) = self.queue.take_at(at) {
+            for event in events {
+                self.run(event);
+            }
         }
         Some(at)
     }
