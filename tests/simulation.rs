@@ -131,3 +131,21 @@ fn a_partitioned_node_faults_the_run_and_the_healed_pool_is_ready_again() {
         assert!(again.is_some(), "{:#?}", sim.events());
     });
 }
+
+#[test]
+fn a_converged_start_reports_every_member_alive_and_the_pool_is_ready_after_the_window() {
+    let runtime = Simulation::runtime().expect("runtime");
+    let system = actix::System::with_tokio_rt(move || runtime);
+    system.block_on(async move {
+        let mut settings = SimSettings::new(32, 11);
+        settings.converged = true;
+        let mut sim = Simulation::start(settings).await.expect("start");
+        let ready = sim.until_ready(LIMIT_MS).await.expect("run");
+        let ready = ready.expect("PoolReady");
+        assert_eq!(ready, sim.last_announce_ms() + 5_000, "{:#?}", sim.events());
+        // The orchestrator's tracker heard of all 32 through foca's codec;
+        // the cluster kept still (no join traffic to settle).
+        assert_eq!(sim.network().active_members(0), 32);
+        assert_eq!(sim.suspicions(), 0);
+    });
+}
