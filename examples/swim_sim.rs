@@ -26,10 +26,13 @@
 //! linear scan of its view); the first figure is then
 //! `sim_ready_ms_converged`, and the rest are the steady state's.
 //!
-//! Throughout: `sim_tracker_ns_per_call` (real CPU time of the SWIM
-//! adapter's tracker per foca call of the orchestrator's member after the
-//! cold start, beside the old whole-view walk timed on one call in 16, and
-//! the cold start's own figure, where every call carries many changes),
+//! Throughout: `sim_tracker_ns_per_call` (real time of the SWIM adapter's
+//! tracker per foca call of the orchestrator's member after the cold
+//! start: the mean, which a call preempted by the OS can weigh on, and the
+//! distribution's p50/p99/p99.9/max; beside it the old whole-view walk
+//! timed on one call in 16, and the cold start's own figure, where every
+//! call carries many changes), `sim_tracker_replayed_ns_per_call` (the
+//! same input again in a tight loop, the fastest of five passes),
 //! `sim_real_ms_per_virtual_s`, and the peak resident memory.
 
 use std::time::Instant;
@@ -97,9 +100,9 @@ impl Out {
                 self.nodes, self.seed, self.indirect_probes
             );
             for (key, v) in extra {
-                line.push_str(&format!(",\"{key}\":{}", round(*v)));
+                line.push_str(&format!(",\"{key}\":{}", json_number(*v)));
             }
-            line.push_str(&format!(",\"value\":{}}}", round(value)));
+            line.push_str(&format!(",\"value\":{}}}", json_number(value)));
             println!("{line}");
         } else {
             let extra: Vec<String> = extra
@@ -108,6 +111,15 @@ impl Out {
                 .collect();
             println!("{metric:<28} {:>12}   {}", round(value), extra.join(", "));
         }
+    }
+}
+
+/// A figure as a JSON number; `null` where there is none (no sample).
+fn json_number(v: f64) -> String {
+    if v.is_finite() {
+        round(v).to_string()
+    } else {
+        "null".into()
     }
 }
 
@@ -293,12 +305,25 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     let ns = |total: u64, calls: u64| total as f64 / calls.max(1) as f64;
     // After the cold start (crashes, restarts, soak): the steady state.
     let calls = stats.tracker_calls - cold.tracker_calls;
+    let mut per_call: Vec<u64> = sim
+        .network()
+        .tracker_call_ns()
+        .get(usize::try_from(cold.tracker_calls).unwrap_or(usize::MAX)..)
+        .unwrap_or_default()
+        .iter()
+        .map(|ns| u64::from(*ns))
+        .collect();
+    per_call.sort_unstable();
     out.figure(
         "sim_tracker_ns_per_call",
         args.loss,
         ns(stats.tracker_ns - cold.tracker_ns, calls),
         &[
             ("calls", calls as f64),
+            ("p50_ns", percentile(&per_call, 50.0)),
+            ("p99_ns", percentile(&per_call, 99.0)),
+            ("p999_ns", percentile(&per_call, 99.9)),
+            ("max_ns", percentile(&per_call, 100.0)),
             (
                 "noted_per_call",
                 (stats.noted - cold.noted) as f64 / calls.max(1) as f64,
