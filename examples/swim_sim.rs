@@ -31,8 +31,11 @@
 //! start: the mean, which a call preempted by the OS can weigh on, and the
 //! distribution's p50/p99/p99.9/max; beside it the old whole-view walk
 //! timed on one call in 16, and the cold start's own figure, where every
-//! call carries many changes), `sim_tracker_replayed_ns_per_call` (the
-//! same input again in a tight loop, the fastest of five passes),
+//! call carries many changes; and, as a control, the p50 of a call with
+//! nothing noted made right after each, with warm caches),
+//! `sim_tracker_replayed_ns_per_call` (the same input again in a tight
+//! loop, the fastest of five passes; then the calls that noted nothing
+//! alone, per call, and the others alone, per state noted),
 //! `sim_real_ms_per_virtual_s`, and the peak resident memory.
 
 use std::time::Instant;
@@ -305,15 +308,19 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     let ns = |total: u64, calls: u64| total as f64 / calls.max(1) as f64;
     // After the cold start (crashes, restarts, soak): the steady state.
     let calls = stats.tracker_calls - cold.tracker_calls;
-    let mut per_call: Vec<u64> = sim
-        .network()
-        .tracker_call_ns()
-        .get(usize::try_from(cold.tracker_calls).unwrap_or(usize::MAX)..)
-        .unwrap_or_default()
-        .iter()
-        .map(|ns| u64::from(*ns))
-        .collect();
-    per_call.sort_unstable();
+    let steady = |all: &[u32]| -> Vec<u64> {
+        let from = usize::try_from(cold.tracker_calls).unwrap_or(usize::MAX);
+        let mut ns: Vec<u64> = all
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|ns| u64::from(*ns))
+            .collect();
+        ns.sort_unstable();
+        ns
+    };
+    let per_call = steady(sim.network().tracker_call_ns());
+    let again = steady(sim.network().tracker_again_ns());
     out.figure(
         "sim_tracker_ns_per_call",
         args.loss,
@@ -324,6 +331,7 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
             ("p99_ns", percentile(&per_call, 99.0)),
             ("p999_ns", percentile(&per_call, 99.9)),
             ("max_ns", percentile(&per_call, 100.0)),
+            ("nothing_noted_again_p50_ns", percentile(&again, 50.0)),
             (
                 "noted_per_call",
                 (stats.noted - cold.noted) as f64 / calls.max(1) as f64,
@@ -345,12 +353,23 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
             ),
         ],
     );
-    if let Some((calls, ns)) = sim.network().replay_tracker(cold.tracker_calls) {
+    if let Some(replay) = sim.network().replay_tracker(cold.tracker_calls) {
         out.figure(
             "sim_tracker_replayed_ns_per_call",
             args.loss,
-            ns as f64 / calls.max(1) as f64,
-            &[("calls", calls as f64)],
+            ns(replay.ns, replay.calls),
+            &[
+                ("calls", replay.calls as f64),
+                ("nothing_noted_calls", replay.idle_calls as f64),
+                (
+                    "nothing_noted_ns_per_call",
+                    ns(replay.idle_ns, replay.idle_calls),
+                ),
+                ("noted_calls", replay.busy_calls as f64),
+                ("noted_states", replay.busy_states as f64),
+                ("updates", replay.updates as f64),
+                ("noted_ns_per_state", ns(replay.busy_ns, replay.busy_states)),
+            ],
         );
     }
     let virtual_s = sim.now_ms() as f64 / 1_000.0;

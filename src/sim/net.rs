@@ -109,6 +109,52 @@ type TrackerInput = (
     Vec<(SwimIdentity, SwimIdentity)>,
 );
 
+/// The tracker timed again on member 0's recorded input, with warm caches
+/// ([`Network::replay_tracker`]); times in real nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrackerReplay {
+    /// Calls replayed.
+    pub calls: u64,
+    /// All of them, in order.
+    pub ns: u64,
+    /// Updates they gave (member states that changed for the gate).
+    pub updates: u64,
+    /// Calls that noted a member state or a replaced identity.
+    pub busy_calls: u64,
+    /// States and replaced identities in them.
+    pub busy_states: u64,
+    /// Those calls alone.
+    pub busy_ns: u64,
+    /// Calls that noted nothing.
+    pub idle_calls: u64,
+    /// Those calls alone.
+    pub idle_ns: u64,
+}
+
+/// Feeds a fresh tracker `warm_up` untimed, then `timed` in a tight loop;
+/// the fastest of five passes, in real nanoseconds, and the updates the
+/// timed calls gave.
+fn fastest_replay(warm_up: &[TrackerInput], timed: &[TrackerInput]) -> (u64, u64) {
+    let mut fastest = u64::MAX;
+    let mut updates = 0usize;
+    for _ in 0..5 {
+        let mut tracker = MembershipTracker::default();
+        for (states, replaced) in warm_up.iter().cloned() {
+            std::hint::black_box(tracker.changed(states, replaced));
+        }
+        let inputs = timed.to_vec();
+        updates = 0;
+        let started = Instant::now();
+        for (states, replaced) in inputs {
+            updates += tracker.changed(states, replaced).len();
+        }
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        std::hint::black_box(updates);
+        fastest = fastest.min(ns);
+    }
+    (fastest, updates as u64)
+}
+
 /// One member-0 call in this many also times the baseline walk.
 pub const BASELINE_EVERY: u64 = 16;
 
@@ -201,6 +247,9 @@ pub struct Network {
     stats: NetStats,
     /// Real nanoseconds of each member-0 tracker call, in order.
     call_ns: Vec<u32>,
+    /// Real nanoseconds of a call with nothing noted made right after each
+    /// (the same code with warm caches: the control for `call_ns`).
+    again_ns: Vec<u32>,
     baseline: Option<WholeViewWalk>,
 }
 
@@ -241,6 +290,7 @@ impl Network {
             observed: Vec::new(),
             stats: NetStats::default(),
             call_ns: Vec::new(),
+            again_ns: Vec::new(),
             baseline: None,
         };
         let orchestrator = network.foca(0, "orchestrator".into(), 1, codec);
@@ -304,42 +354,48 @@ impl Network {
         &self.call_ns
     }
 
+    /// Real nanoseconds of a call with nothing noted made right after each
+    /// member-0 call, in order: the same code as most calls with its
+    /// caches warm, to tell the tracker's work from the cache misses the
+    /// other members' work between two member-0 calls causes.
+    pub fn tracker_again_ns(&self) -> &[u32] {
+        &self.again_ns
+    }
+
     /// Also times the old whole-view walk on one member-0 call in
     /// [`BASELINE_EVERY`] (for the benchmark; it changes nothing else).
     pub fn time_baseline(&mut self, on: bool) {
         self.baseline = on.then(WholeViewWalk::default);
     }
 
-    /// Runs a fresh tracker on member 0's recorded input, every call in
-    /// order: the first `from` calls untimed (to build its state), the rest
-    /// in one tight timed loop; five times over, keeping the fastest (a
-    /// pass the OS preempted says nothing of the tracker). Returns (timed
-    /// calls, real nanoseconds in all). `None` unless
-    /// [`Network::time_baseline`] was on.
-    pub fn replay_tracker(&self, from: u64) -> Option<(u64, u64)> {
+    /// Runs a fresh tracker on member 0's recorded input after the first
+    /// `from` calls (fed untimed, to build its state), in tight timed
+    /// loops with warm caches: every call in order; the calls that noted
+    /// something alone (the others change nothing, so the tracker ends in
+    /// the same state); the calls that noted nothing alone. Each the
+    /// fastest of five passes (a pass the OS preempted says nothing of the
+    /// tracker). `None` unless [`Network::time_baseline`] was on.
+    pub fn replay_tracker(&self, from: u64) -> Option<TrackerReplay> {
         let recorded = &self.baseline.as_ref()?.inputs;
         let from = usize::try_from(from)
             .unwrap_or(usize::MAX)
             .min(recorded.len());
-        let calls = (recorded.len() - from) as u64;
-        let mut fastest = u64::MAX;
-        for _ in 0..5 {
-            let mut inputs = recorded.clone();
-            let timed = inputs.split_off(from);
-            let mut tracker = MembershipTracker::default();
-            let mut reported = 0usize;
-            for (states, replaced) in inputs {
-                reported += tracker.changed(states, replaced).len();
-            }
-            let started = Instant::now();
-            for (states, replaced) in timed {
-                reported += tracker.changed(states, replaced).len();
-            }
-            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            std::hint::black_box(reported);
-            fastest = fastest.min(ns);
-        }
-        Some((calls, fastest))
+        let (warm_up, timed) = recorded.split_at(from);
+        let is_empty =
+            |(states, replaced): &&TrackerInput| states.is_empty() && replaced.is_empty();
+        let busy: Vec<TrackerInput> = timed.iter().filter(|i| !is_empty(i)).cloned().collect();
+        let idle: Vec<TrackerInput> = timed.iter().filter(is_empty).cloned().collect();
+        let (ns, updates) = fastest_replay(warm_up, timed);
+        Some(TrackerReplay {
+            calls: timed.len() as u64,
+            ns,
+            updates,
+            busy_calls: busy.len() as u64,
+            busy_states: busy.iter().map(|(s, r)| (s.len() + r.len()) as u64).sum(),
+            busy_ns: fastest_replay(warm_up, &busy).0,
+            idle_calls: idle.len() as u64,
+            idle_ns: fastest_replay(warm_up, &idle).0,
+        })
     }
 
     /// Changes the loss probability from now on.
@@ -542,6 +598,11 @@ impl Network {
             self.stats.tracker_ns = self.stats.tracker_ns.saturating_add(took);
             self.stats.tracker_calls += 1;
             self.call_ns.push(u32::try_from(took).unwrap_or(u32::MAX));
+            let started = Instant::now();
+            let nothing = self.tracker.changed(Vec::new(), Vec::new());
+            let took = started.elapsed().as_nanos();
+            debug_assert!(nothing.is_empty());
+            self.again_ns.push(u32::try_from(took).unwrap_or(u32::MAX));
             self.stats.observed += changed.len() as u64;
             self.observed.extend(changed);
             if let Some(baseline) = self.baseline.as_mut() {
