@@ -251,7 +251,7 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     out.figure(
         "sim_fault_ms_max",
         0.0,
-        delays.last().copied().unwrap_or(0) as f64,
+        percentile(&delays, 100.0),
         &crashes,
     );
 
