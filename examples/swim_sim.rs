@@ -139,6 +139,13 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1] as f64
 }
 
+/// Nanoseconds per call, sorted for [`percentile`].
+fn sorted_ns(ns: &[u32]) -> Vec<u64> {
+    let mut sorted: Vec<u64> = ns.iter().map(|ns| u64::from(*ns)).collect();
+    sorted.sort_unstable();
+    sorted
+}
+
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -165,10 +172,10 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     let mut settings = SimSettings::new(args.nodes, args.seed);
     settings.swim.indirect_probes = args.indirect_probes;
     settings.converged = args.converged;
+    settings.time_tracker = true;
     let window_ms = settings.window.as_millis() as f64;
     let real = Instant::now();
     let mut sim = Simulation::start(settings).await?;
-    sim.network().time_baseline(true);
 
     // 1. Cold start, with a progress line on stderr every virtual second.
     let mut ready_ms = None;
@@ -308,23 +315,21 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
     let ns = |total: u64, calls: u64| total as f64 / calls.max(1) as f64;
     // After the cold start (crashes, restarts, soak): the steady state.
     let calls = stats.tracker_calls - cold.tracker_calls;
-    let steady = |all: &[u32]| -> Vec<u64> {
-        let from = usize::try_from(cold.tracker_calls).unwrap_or(usize::MAX);
-        let mut ns: Vec<u64> = all
-            .get(from..)
-            .unwrap_or_default()
-            .iter()
-            .map(|ns| u64::from(*ns))
-            .collect();
-        ns.sort_unstable();
-        ns
-    };
-    let per_call = steady(sim.network().tracker_call_ns());
-    let again = steady(sim.network().tracker_again_ns());
+    let cold_calls = usize::try_from(cold.tracker_calls).unwrap_or(usize::MAX);
+    let network = sim.network();
+    let all_calls = network.tracker_call_ns();
+    let (cold_ns, steady_ns) = all_calls.split_at(cold_calls.min(all_calls.len()));
+    let per_call = sorted_ns(steady_ns);
+    let again = sorted_ns(
+        network
+            .tracker_again_ns()
+            .get(cold_calls..)
+            .unwrap_or_default(),
+    );
     out.figure(
         "sim_tracker_ns_per_call",
         args.loss,
-        ns(stats.tracker_ns - cold.tracker_ns, calls),
+        ns(per_call.iter().sum(), calls),
         &[
             ("calls", calls as f64),
             ("p50_ns", percentile(&per_call, 50.0)),
@@ -345,7 +350,10 @@ async fn run(args: Args, out: Out) -> Result<(), Box<dyn std::error::Error>> {
             ),
             (
                 "cold_start_ns_per_call",
-                ns(cold.tracker_ns, cold.tracker_calls),
+                ns(
+                    cold_ns.iter().map(|ns| u64::from(*ns)).sum(),
+                    cold.tracker_calls,
+                ),
             ),
             (
                 "cold_start_noted_per_call",

@@ -54,6 +54,11 @@ pub struct SimSettings {
     /// Start from a converged SWIM cluster ([`Network::converge`]) instead
     /// of every member joining through the orchestrator's.
     pub converged: bool,
+    /// Time the tracker for the benchmark from the first call on: the old
+    /// whole-view walk beside it, member 0's input recorded for
+    /// [`Network::replay_tracker`], a control call after each
+    /// ([`Network::tracker_again_ns`]).
+    pub time_tracker: bool,
 }
 
 impl SimSettings {
@@ -75,6 +80,7 @@ impl SimSettings {
             model: NetworkModel::default(),
             announce_within: Duration::from_secs(1),
             converged: false,
+            time_tracker: false,
         }
     }
 }
@@ -176,6 +182,7 @@ impl Simulation {
             settings.model.clone(),
             settings.seed,
         );
+        net.time_baseline(settings.time_tracker);
         if settings.converged {
             net.converge();
         } else {

@@ -73,10 +73,9 @@ pub struct NetStats {
     pub cut: u64,
     /// Dropped because the receiver was down.
     pub undeliverable: u64,
-    /// foca calls of member 0 (datagrams, timers, announcements).
+    /// foca calls of member 0 (datagrams, timers, announcements); the
+    /// tracker's time on each is in [`Network::tracker_call_ns`].
     pub tracker_calls: u64,
-    /// Real time the tracker spent on them, in nanoseconds.
-    pub tracker_ns: u64,
     /// Member states the codec noted (what the tracker looked at).
     pub noted: u64,
     /// Facts the tracker reported.
@@ -131,10 +130,15 @@ pub struct TrackerReplay {
     pub idle_ns: u64,
 }
 
-/// Feeds a fresh tracker `warm_up` untimed, then `timed` in a tight loop;
-/// the fastest of five passes, in real nanoseconds, and the updates the
-/// timed calls gave.
-fn fastest_replay(warm_up: &[TrackerInput], timed: &[TrackerInput]) -> (u64, u64) {
+/// Feeds a fresh tracker `warm_up` untimed, then the calls of `timed` that
+/// `keep` keeps in a tight loop; the fastest of five passes, in real
+/// nanoseconds, and the updates those calls gave. Dropping calls that
+/// note nothing leaves the tracker's state as it was.
+fn fastest_replay(
+    warm_up: &[TrackerInput],
+    timed: &[TrackerInput],
+    keep: impl Fn(&TrackerInput) -> bool,
+) -> (u64, u64) {
     let mut fastest = u64::MAX;
     let mut updates = 0usize;
     for _ in 0..5 {
@@ -142,7 +146,7 @@ fn fastest_replay(warm_up: &[TrackerInput], timed: &[TrackerInput]) -> (u64, u64
         for (states, replaced) in warm_up.iter().cloned() {
             std::hint::black_box(tracker.changed(states, replaced));
         }
-        let inputs = timed.to_vec();
+        let inputs: Vec<TrackerInput> = timed.iter().filter(|i| keep(i)).cloned().collect();
         updates = 0;
         let started = Instant::now();
         for (states, replaced) in inputs {
@@ -153,6 +157,16 @@ fn fastest_replay(warm_up: &[TrackerInput], timed: &[TrackerInput]) -> (u64, u64
         fastest = fastest.min(ns);
     }
     (fastest, updates as u64)
+}
+
+/// Whether a call noted no member state and no replaced identity.
+fn notes_nothing((states, replaced): &TrackerInput) -> bool {
+    states.is_empty() && replaced.is_empty()
+}
+
+/// Real nanoseconds since `started`, saturated to fit a `u32` (4.29 s).
+fn nanos_since(started: Instant) -> u32 {
+    u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX)
 }
 
 /// One member-0 call in this many also times the baseline walk.
@@ -248,7 +262,8 @@ pub struct Network {
     /// Real nanoseconds of each member-0 tracker call, in order.
     call_ns: Vec<u32>,
     /// Real nanoseconds of a call with nothing noted made right after each
-    /// (the same code with warm caches: the control for `call_ns`).
+    /// (the same code with warm caches: the control for `call_ns`), while
+    /// the baseline is timed.
     again_ns: Vec<u32>,
     baseline: Option<WholeViewWalk>,
 }
@@ -355,16 +370,22 @@ impl Network {
     }
 
     /// Real nanoseconds of a call with nothing noted made right after each
-    /// member-0 call, in order: the same code as most calls with its
-    /// caches warm, to tell the tracker's work from the cache misses the
-    /// other members' work between two member-0 calls causes.
+    /// member-0 call while the tracker is timed ([`super::SimSettings`]'s
+    /// `time_tracker`), in order: the
+    /// same code as most calls with its caches warm, to tell the tracker's
+    /// work from the cache misses the other members' work between two
+    /// member-0 calls causes.
     pub fn tracker_again_ns(&self) -> &[u32] {
         &self.again_ns
     }
 
     /// Also times the old whole-view walk on one member-0 call in
-    /// [`BASELINE_EVERY`] (for the benchmark; it changes nothing else).
-    pub fn time_baseline(&mut self, on: bool) {
+    /// [`BASELINE_EVERY`], records member 0's input and makes the control
+    /// call (for the benchmark; it changes nothing else). Set before the
+    /// first call ([`SimSettings::time_tracker`](super::SimSettings)), so
+    /// the recordings line up with [`Network::tracker_call_ns`] call for
+    /// call.
+    pub(super) fn time_baseline(&mut self, on: bool) {
         self.baseline = on.then(WholeViewWalk::default);
     }
 
@@ -374,27 +395,25 @@ impl Network {
     /// something alone (the others change nothing, so the tracker ends in
     /// the same state); the calls that noted nothing alone. Each the
     /// fastest of five passes (a pass the OS preempted says nothing of the
-    /// tracker). `None` unless [`Network::time_baseline`] was on.
+    /// tracker). `None` unless the tracker is timed ([`super::SimSettings`]'s
+    /// `time_tracker`).
     pub fn replay_tracker(&self, from: u64) -> Option<TrackerReplay> {
         let recorded = &self.baseline.as_ref()?.inputs;
         let from = usize::try_from(from)
             .unwrap_or(usize::MAX)
             .min(recorded.len());
         let (warm_up, timed) = recorded.split_at(from);
-        let is_empty =
-            |(states, replaced): &&TrackerInput| states.is_empty() && replaced.is_empty();
-        let busy: Vec<TrackerInput> = timed.iter().filter(|i| !is_empty(i)).cloned().collect();
-        let idle: Vec<TrackerInput> = timed.iter().filter(is_empty).cloned().collect();
-        let (ns, updates) = fastest_replay(warm_up, timed);
+        let (ns, updates) = fastest_replay(warm_up, timed, |_| true);
+        let busy = timed.iter().filter(|i| !notes_nothing(i));
         Some(TrackerReplay {
             calls: timed.len() as u64,
             ns,
             updates,
-            busy_calls: busy.len() as u64,
-            busy_states: busy.iter().map(|(s, r)| (s.len() + r.len()) as u64).sum(),
-            busy_ns: fastest_replay(warm_up, &busy).0,
-            idle_calls: idle.len() as u64,
-            idle_ns: fastest_replay(warm_up, &idle).0,
+            busy_calls: busy.clone().count() as u64,
+            busy_states: busy.map(|(s, r)| (s.len() + r.len()) as u64).sum(),
+            busy_ns: fastest_replay(warm_up, timed, |i| !notes_nothing(i)).0,
+            idle_calls: timed.iter().filter(|i| notes_nothing(i)).count() as u64,
+            idle_ns: fastest_replay(warm_up, timed, notes_nothing).0,
         })
     }
 
@@ -594,15 +613,14 @@ impl Network {
             self.stats.noted += noted.len() as u64;
             let states = noted.into_iter().filter(|m| m.id() != own);
             let changed = self.tracker.changed(states, replaced);
-            let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.stats.tracker_ns = self.stats.tracker_ns.saturating_add(took);
+            self.call_ns.push(nanos_since(started));
             self.stats.tracker_calls += 1;
-            self.call_ns.push(u32::try_from(took).unwrap_or(u32::MAX));
-            let started = Instant::now();
-            let nothing = self.tracker.changed(Vec::new(), Vec::new());
-            let took = started.elapsed().as_nanos();
-            debug_assert!(nothing.is_empty());
-            self.again_ns.push(u32::try_from(took).unwrap_or(u32::MAX));
+            if self.baseline.is_some() {
+                // The control: a call that notes nothing, at once.
+                let started = Instant::now();
+                std::hint::black_box(self.tracker.changed(Vec::new(), Vec::new()));
+                self.again_ns.push(nanos_since(started));
+            }
             self.stats.observed += changed.len() as u64;
             self.observed.extend(changed);
             if let Some(baseline) = self.baseline.as_mut() {
