@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 swim: None,
                 fault: None,
                 leaving: false,
+                heartbeat_ms: None,
             };
             let seq = round as u64 + 1;
             accepted[i % CONNECTIONS].extend(wire::encode(
@@ -257,10 +258,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// Writes `bytes` on a new connection, then waits until the orchestrator
 /// closes it (it has read, and applied, everything).
 async fn send_all(addr: std::net::SocketAddr, bytes: Vec<u8>) -> Result<(), std::io::Error> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(&bytes).await?;
-    stream.shutdown().await?;
-    let mut rest = Vec::new();
-    let _ = stream.read_to_end(&mut rest).await;
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut reader, mut writer) = stream.into_split();
+    // The orchestrator acknowledges every frame: read its replies while
+    // writing, or both sides' buffers fill.
+    let replies = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest).await;
+    });
+    writer.write_all(&bytes).await?;
+    writer.shutdown().await?;
+    let _ = replies.await;
     Ok(())
 }

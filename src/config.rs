@@ -11,6 +11,7 @@ use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinit
 use poolgate_actors::GateSettings;
 use toml::de::{DeTable, DeValue};
 
+use crate::live::endpoint::Endpoint;
 use crate::live::keys::PublicKey;
 use crate::live::swim::SwimSettings;
 use toml::Spanned;
@@ -83,8 +84,13 @@ impl Default for AgentsConfig {
 pub struct SwimConfig {
     /// `bind`: the UDP address (port 0 picks a free one).
     pub bind: SocketAddr,
-    /// `seeds`: members to announce to at start.
-    pub seeds: Vec<SocketAddr>,
+    /// `advertise`: the address other members reach this one at, which a
+    /// node's announcements sign; `None` = the bound address (refused when
+    /// that is unspecified, `0.0.0.0` or `::`). Port 0 = the bound port.
+    pub advertise: Option<Endpoint>,
+    /// `seeds`: members to announce to at start (hostnames resolved then,
+    /// and again at every later join).
+    pub seeds: Vec<Endpoint>,
     /// `probe_period`, `probe_rtt`, `suspicion_timeout`, `indirect_probes`.
     pub timings: SwimSettings,
     /// `cluster_keys`: key files of the gossip keyring; the first seals,
@@ -101,6 +107,7 @@ impl Default for SwimConfig {
     fn default() -> Self {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
             seeds: Vec::new(),
             timings: SwimSettings::default(),
             cluster_keys: Vec::new(),
@@ -363,9 +370,20 @@ pub struct NodeConfig {
     pub health_interval: Duration,
     /// `[swim]`: as in `config.toml`.
     pub swim: SwimConfig,
-    /// `[orchestrator] agents`: the orchestrator's agent listener.
-    pub orchestrator: SocketAddr,
+    /// `[node] heartbeat`: how often a signed frame goes to the
+    /// orchestrator when nothing changed; a connection silent for
+    /// [`HEARTBEATS_MISSED`] heartbeats is taken as gone, on both sides.
+    pub heartbeat: Duration,
+    /// `[orchestrator] agents`: the orchestrator's agent listener, or
+    /// several (replicas, a standby): tried in turn.
+    pub agents: Vec<Endpoint>,
 }
+
+/// How many heartbeats may be missed before a connection is taken as gone.
+pub const HEARTBEATS_MISSED: u32 = 3;
+
+/// `[node] heartbeat`'s default.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 impl NodeConfig {
     /// Reads and checks a node configuration; relative paths are from the
@@ -406,6 +424,7 @@ impl NodeConfig {
                 "identity",
                 "health_check",
                 "health_interval",
+                "heartbeat",
             ],
         )?;
         let name = doc.required(node, "node", "name", node_span.clone())?;
@@ -433,6 +452,16 @@ impl NodeConfig {
             Some(value) => doc.duration(value, "node.health_interval")?.0,
             None => Duration::from_secs(5),
         };
+        let heartbeat = match node.get("heartbeat") {
+            Some(value) => {
+                let (heartbeat, span) = doc.duration(value, "node.heartbeat")?;
+                if heartbeat < Duration::from_millis(50) || heartbeat > Duration::from_secs(60) {
+                    return Err(doc.error(span, "node.heartbeat", "must be from 50ms to 60s"));
+                }
+                heartbeat
+            }
+            None => DEFAULT_HEARTBEAT,
+        };
         let swim = match doc.section(root, "swim")? {
             Some((table, _)) => doc.swim(table)?,
             None => SwimConfig::default(),
@@ -440,15 +469,29 @@ impl NodeConfig {
         let (orchestrator, span) = doc.required_section(root, "orchestrator")?;
         doc.only_keys(orchestrator, "orchestrator", &["agents"])?;
         let agents = doc.required(orchestrator, "orchestrator", "agents", span)?;
-        let orchestrator = doc.socket_addr(agents, "orchestrator.agents")?;
+        let agents = match agents.get_ref() {
+            DeValue::Array(items) if items.is_empty() => {
+                return Err(doc.error(
+                    agents.span(),
+                    "orchestrator.agents",
+                    "must name at least one \"host:port\"",
+                ))
+            }
+            DeValue::Array(items) => items
+                .iter()
+                .map(|item| doc.endpoint(item, "orchestrator.agents"))
+                .collect::<Result<_, _>>()?,
+            _ => vec![doc.endpoint(agents, "orchestrator.agents")?],
+        };
         Ok(NodeConfig {
             name,
             signing_key,
             identity,
             health_check,
             health_interval,
+            heartbeat,
             swim,
-            orchestrator,
+            agents,
         })
     }
 }
@@ -567,6 +610,7 @@ impl<'a> Doc<'a> {
             "swim",
             &[
                 "bind",
+                "advertise",
                 "seeds",
                 "probe_period",
                 "probe_rtt",
@@ -602,6 +646,23 @@ impl<'a> Doc<'a> {
         if let Some(value) = table.get("bind") {
             swim.bind = self.socket_addr(value, "swim.bind")?;
         }
+        match table.get("advertise") {
+            Some(value) => swim.advertise = Some(self.endpoint(value, "swim.advertise")?),
+            None if swim.bind.ip().is_unspecified() => {
+                let span = table.get("bind").map(|v| v.span()).unwrap_or(0..0);
+                return Err(self.error(
+                    span,
+                    "swim.advertise",
+                    format!(
+                        "swim.bind {} is unspecified, so other members cannot reach the address \
+                         it would advertise; set swim.advertise = \"host:port\" to the address \
+                         they reach this member at",
+                        swim.bind
+                    ),
+                ));
+            }
+            None => {}
+        }
         if let Some(value) = table.get("seeds") {
             let DeValue::Array(items) = value.get_ref() else {
                 return Err(self.error(
@@ -612,7 +673,7 @@ impl<'a> Doc<'a> {
             };
             swim.seeds = items
                 .iter()
-                .map(|item| self.socket_addr(item, "swim.seeds"))
+                .map(|item| self.endpoint(item, "swim.seeds"))
                 .collect::<Result<_, _>>()?;
         }
         let timings = &mut swim.timings;
@@ -750,6 +811,11 @@ impl<'a> Doc<'a> {
                 format!("`{text}` is not an address like \"127.0.0.1:7946\""),
             )
         })
+    }
+
+    fn endpoint(&self, value: &Value<'_>, key: &str) -> Result<Endpoint, ConfigError> {
+        let (text, span) = self.string(value, key)?;
+        Endpoint::parse(&text).map_err(|e| self.error(span, key, e))
     }
 
     fn members(&self, value: &Value<'_>, id: PoolId) -> Result<PoolDefinition, ConfigError> {

@@ -143,6 +143,10 @@ enum Command {
         /// format).
         #[arg(long, value_name = "FILE")]
         record: Option<PathBuf>,
+        /// Give up waiting for PoolReady after this long (exit 1, saying
+        /// what blocks the pool); the run, once committed, is not bounded.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
         /// The command to run, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -156,7 +160,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(io::stderr);
+        .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()));
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
@@ -237,6 +242,7 @@ fn main() -> ExitCode {
             json,
             metrics,
             record,
+            timeout,
             command,
         } => load(&config).and_then(|loaded| {
             let require = require
@@ -255,6 +261,7 @@ fn main() -> ExitCode {
                     output,
                     &command,
                     record.as_deref(),
+                    timeout,
                 )
                 .await
             })

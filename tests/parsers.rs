@@ -89,6 +89,7 @@ fn valid_frame() -> (Vec<u8>, poolgate::live::keys::PublicKey) {
         swim: Some("127.0.0.1:7946".parse().unwrap()),
         fault: None,
         leaving: false,
+        heartbeat_ms: Some(1000),
     };
     let framed = poolgate::live::wire::encode(&key, "poolgate", "n1", 7, &state);
     (framed[4..].to_vec(), key.public())

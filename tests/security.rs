@@ -232,14 +232,13 @@ fn one_node_orchestrator(key: &NodeKey) -> Config {
 
 /// Writes `frame` on a new connection; whether the orchestrator closed it
 /// (a refusal closes the connection, an accepted frame does not).
+/// Sends one frame on a new connection: whether it was refused (the
+/// orchestrator acknowledges each frame it accepts).
 async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
     let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
     stream.write_all(frame).await.unwrap();
-    let mut byte = [0u8; 1];
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await,
-        Ok(Ok(0) | Err(_))
-    )
+    let reply = tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+    !matches!(reply, Ok(Ok(Some(wire::Reply::Accepted { .. }))))
 }
 
 #[test]
@@ -254,6 +253,7 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             swim: None,
             fault: None,
             leaving: false,
+            heartbeat_ms: None,
         };
         let up = wire::encode(&key, "poolgate", "n1", 5, &available(true));
         let down = wire::encode(&key, "poolgate", "n1", 6, &available(false));
@@ -302,6 +302,7 @@ fn an_impostor_calling_itself_node_1_from_another_address_is_ignored_and_the_run
         let (impostor, _) = SwimMember::start(
             "node-1",
             "127.0.0.1:0".parse().unwrap(),
+            None,
             boot_generation() + 1_000_000,
             cluster.config.swim.timings.foca_config(8),
             StdRng::seed_from_u64(1),
@@ -461,6 +462,13 @@ fn a_10_mb_frame_and_thousands_of_idle_connections_are_refused_or_closed_in_boun
         let mut huge = 10_000_000u32.to_be_bytes().to_vec();
         huge.extend(vec![b'x'; 65_536]);
         let _ = stream.write_all(&huge).await;
+        // Told why, then closed.
+        let reply =
+            tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+        assert!(
+            matches!(&reply, Ok(Ok(Some(wire::Reply::Refused { code, .. }))) if code == "too_long"),
+            "{reply:?}"
+        );
         let mut byte = [0u8; 1];
         let closed = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut byte)).await;
         assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
@@ -497,9 +505,11 @@ fn a_10_mb_frame_and_thousands_of_idle_connections_are_refused_or_closed_in_boun
             "{after} descriptors open after the idle timeout"
         );
         drop(idle);
+        // Over the per-address limit each new one evicts the oldest
+        // that never sent a frame.
         assert!(
             watch
-                .metric("poolgate_agent_connections_refused_total")
+                .metric("poolgate_agent_connections_evicted_total")
                 .await
                 >= 900.0
         );
@@ -596,6 +606,7 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
         swim: None,
         fault: None,
         leaving: false,
+        heartbeat_ms: None,
     };
     let captured = wire::encode(&key, "poolgate", "n1", 5, &state);
     live({

@@ -27,18 +27,21 @@ use std::time::Duration;
 use actix::Addr;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
+use super::endpoint::{resolve_all, Endpoint};
+use super::generation::{unix_ms, GenerationFile, Sequences};
 use super::keys::NodeKey;
 use super::orchestrator::keyring;
-use super::swim::member::{boot_generation, Join, Leave, MemberCount, SetKeyring};
+use super::swim::member::{Join, Leave, MemberCount, SetKeyring};
 use super::swim::SwimMember;
-use super::wire::{self, Announcement};
+use super::throttle::{Throttle, LOG_EVERY};
+use super::wire::{self, Announcement, Reply};
 use super::LiveError;
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, HEARTBEATS_MISSED};
 use poolgate_actors::core::MAX_IDENTITY_BYTES;
 
 /// How long a leaving node waits for its last frame and its SWIM leave to
@@ -51,18 +54,21 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
     let key = NodeKey::load(&config.signing_key)?;
     let identity = read_identity(&config.identity)?;
     let ring = keyring(&config.swim)?;
-    let generation = boot_generation();
+    // One life for this process, above every earlier one whatever the
+    // clock says: the SWIM generation and the sequences' high bits.
+    let generations = GenerationFile::beside(&config.signing_key);
+    let generation = generations.next(unix_ms())?;
     let (swim, swim_addr) = SwimMember::start(
         config.name.as_str(),
         config.swim.bind,
+        config.swim.advertise.as_ref(),
         generation,
         config.swim.timings.foca_config(16),
         StdRng::seed_from_u64(rand::random()),
         None,
         ring,
-    )
-    .map_err(LiveError::Bind)?;
-    tracing::info!(node = %config.name, %swim_addr, "node agent started");
+    )?;
+    tracing::info!(node = %config.name, %swim_addr, generation, "node agent started");
     actix::spawn(keep_joined(swim.clone(), config.swim.seeds.clone()));
 
     let (state, updates) = watch::channel(Announcement {
@@ -71,22 +77,31 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
         swim: Some(swim_addr),
         fault: None,
         leaving: false,
+        heartbeat_ms: u64::try_from(config.heartbeat.as_millis()).ok(),
     });
     let state = Arc::new(state);
     let sent = Arc::new(AtomicU64::new(0));
     actix::spawn(announce(
         AnnounceTo {
-            orchestrator: config.orchestrator,
+            agents: config.agents.clone(),
             key,
             label: config.swim.label.clone(),
             node: config.name.to_string(),
-            generation,
+            sequences: Sequences::new(generations, generation),
+            heartbeat: config.heartbeat,
+            swim: swim.clone(),
+            seeds: config.swim.seeds.clone(),
         },
         updates,
         Arc::clone(&sent),
     ));
     if let Some(argv) = config.health_check.clone() {
-        actix::spawn(health(argv, config.health_interval, Arc::clone(&state)));
+        actix::spawn(health(
+            config.name.to_string(),
+            argv,
+            config.health_interval,
+            Arc::clone(&state),
+        ));
     }
 
     let mut hangup = signal(SignalKind::hangup())?;
@@ -157,14 +172,14 @@ pub fn read_identity(path: &Path) -> Result<Vec<u8>, LiveError> {
 }
 
 /// Announces to the seeds whenever this member knows no other.
-async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<SocketAddr>) {
+async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<Endpoint>) {
     if seeds.is_empty() {
         return;
     }
     loop {
         match swim.send(MemberCount).await {
             Ok(0) => swim.do_send(Join {
-                seeds: seeds.clone(),
+                seeds: resolve_all(&seeds, "swim.seeds"),
             }),
             Ok(_) => {}
             Err(_) => return,
@@ -174,61 +189,248 @@ async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<SocketAddr>) {
 }
 
 struct AnnounceTo {
-    orchestrator: SocketAddr,
+    agents: Vec<Endpoint>,
     key: NodeKey,
     label: String,
     node: String,
-    generation: u64,
+    sequences: Sequences,
+    heartbeat: Duration,
+    swim: Addr<SwimMember>,
+    seeds: Vec<Endpoint>,
 }
 
-/// Keeps the orchestrator told: the whole state on connecting and on every
-/// change; reconnects with backoff when the connection drops.
+/// The first wait before reconnecting, doubled after each round of
+/// addresses that accepted nothing, up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest wait before reconnecting.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// How one connection to an orchestrator ended.
+enum Session {
+    /// No address could be connected to.
+    Unreachable(std::io::Error),
+    /// It closed, or went silent for [`HEARTBEATS_MISSED`] heartbeats;
+    /// `accepted` tells whether any frame on it was accepted.
+    Lost { accepted: bool, why: &'static str },
+    /// The orchestrator refused a frame and said why.
+    Refused { code: String, detail: String },
+    /// The agent is stopping.
+    Stopped,
+}
+
+/// Keeps an orchestrator told: the whole state on connecting, on every
+/// change and every heartbeat, each frame acknowledged. Connects to every
+/// address of `[orchestrator] agents` at once and keeps the first that
+/// answers; after a round in which no frame was accepted it waits (100 ms
+/// doubling to 2 s); a lost orchestrator also makes the node join SWIM
+/// again through its seeds.
 async fn announce(
-    to: AnnounceTo,
+    mut to: AnnounceTo,
     mut updates: watch::Receiver<Announcement>,
     sent: Arc<AtomicU64>,
 ) {
-    let mut counter: u64 = 0;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = BACKOFF_MIN;
+    let mut said = Throttle::new(LOG_EVERY);
     loop {
-        match TcpStream::connect(to.orchestrator).await {
-            Ok(mut stream) => {
-                tracing::info!(node = %to.node, orchestrator = %to.orchestrator, "connected to the orchestrator");
-                backoff = Duration::from_millis(100);
-                let mut scratch = [0u8; 64];
-                loop {
-                    let state = updates.borrow_and_update().clone();
-                    counter += 1;
-                    // Boot time in the high bits: a restarted node's
-                    // sequences exceed everything its earlier life sent.
-                    let seq = (to.generation << 20) | (counter & 0xF_FFFF);
-                    let frame = wire::encode(&to.key, &to.label, &to.node, seq, &state);
-                    if stream.write_all(&frame).await.is_err() {
-                        break;
-                    }
-                    sent.fetch_add(1, Ordering::Relaxed);
-                    tokio::select! {
-                        changed = updates.changed() => if changed.is_err() { return },
-                        // The orchestrator sends nothing: a read returns
-                        // only when the connection closed.
-                        _ = stream.read(&mut scratch) => break,
-                    }
-                }
-                tracing::info!(node = %to.node, "connection to the orchestrator lost; reconnecting");
+        let addrs = resolve_all(&to.agents, "orchestrator.agents");
+        let outcome = match connect_first(&addrs, to.heartbeat * HEARTBEATS_MISSED).await {
+            Ok((addr, stream)) => (
+                addr,
+                session(&mut to, addr, stream, &mut updates, &sent).await,
+            ),
+            Err(e) => (SocketAddr::from(([0, 0, 0, 0], 0)), Session::Unreachable(e)),
+        };
+        let now = std::time::Instant::now();
+        match outcome {
+            (_, Session::Stopped) => return,
+            (
+                addr,
+                Session::Lost {
+                    accepted: true,
+                    why,
+                },
+            ) => {
+                tracing::warn!(node = %to.node, orchestrator = %addr, why, "orchestrator lost; trying every address, joining SWIM again");
+                to.swim.do_send(Join {
+                    seeds: resolve_all(&to.seeds, "swim.seeds"),
+                });
+                backoff = BACKOFF_MIN;
+                continue;
             }
-            Err(e) => {
-                tracing::debug!(node = %to.node, error = %e, "orchestrator not reachable")
+            (
+                addr,
+                Session::Lost {
+                    accepted: false,
+                    why,
+                },
+            ) => {
+                if let Some(held) = said.allow(now) {
+                    tracing::warn!(node = %to.node, orchestrator = %addr, why, held, "orchestrator accepted no frame");
+                }
+            }
+            (addr, Session::Refused { code, detail }) => {
+                if let Some(held) = said.allow(now) {
+                    tracing::warn!(node = %to.node, orchestrator = %addr, code, detail, held, "the orchestrator refused this node's frames");
+                }
+            }
+            (_, Session::Unreachable(e)) => {
+                if let Some(held) = said.allow(now) {
+                    let agents: Vec<&str> = to.agents.iter().map(Endpoint::as_str).collect();
+                    tracing::warn!(node = %to.node, orchestrator = ?agents, error = %e, held, "no orchestrator reachable");
+                }
             }
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 
-/// Runs the health check every `interval`.
-async fn health(argv: Vec<String>, interval: Duration, state: Arc<watch::Sender<Announcement>>) {
+/// Connects to every address at once; the first connection made (the
+/// others are dropped), or the last error.
+async fn connect_first(
+    addrs: &[SocketAddr],
+    limit: Duration,
+) -> std::io::Result<(SocketAddr, TcpStream)> {
+    let mut attempts = tokio::task::JoinSet::new();
+    for addr in addrs.iter().copied() {
+        attempts.spawn(async move {
+            match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
+                Ok(connected) => connected.map(|stream| (addr, stream)),
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{addr}: no answer within {limit:?}"),
+                )),
+            }
+        });
+    }
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address resolved");
+    while let Some(attempt) = attempts.join_next().await {
+        match attempt {
+            Ok(Ok(connected)) => return Ok(connected),
+            Ok(Err(e)) => last = e,
+            Err(e) => last = std::io::Error::other(e),
+        }
+    }
+    Err(last)
+}
+
+/// Sets TCP keepalive on an agent connection (a dead peer is found even
+/// where no frame flows), probing after `idle`.
+pub fn keep_alive(stream: &TcpStream, idle: Duration) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(idle);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "TCP keepalive not set");
+    }
+}
+
+/// One connection to the orchestrator at `addr`.
+async fn session(
+    to: &mut AnnounceTo,
+    addr: SocketAddr,
+    stream: TcpStream,
+    updates: &mut watch::Receiver<Announcement>,
+    sent: &AtomicU64,
+) -> Session {
+    let silence = to.heartbeat * HEARTBEATS_MISSED;
+    keep_alive(&stream, to.heartbeat.max(Duration::from_secs(1)));
+    let (mut reader, mut writer) = stream.into_split();
+    // Replies are read on a task of their own (a read is not cancel-safe
+    // in a select), into a small channel.
+    let (replies_to, mut replies) = tokio::sync::mpsc::channel(8);
+    let reading = tokio::spawn(async move {
+        loop {
+            let reply = wire::read_reply(&mut reader).await;
+            let end = !matches!(reply, Ok(Some(_)));
+            if replies_to.send(reply).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    let _reading = AbortOnDrop(reading);
+    let mut accepted = false;
+    let mut heard = tokio::time::Instant::now();
+    let mut send_now = true;
+    let mut next_beat = tokio::time::Instant::now();
+    loop {
+        if send_now {
+            let state = updates.borrow_and_update().clone();
+            let seq = to.sequences.take();
+            let frame = wire::encode(&to.key, &to.label, &to.node, seq, &state);
+            match tokio::time::timeout(silence, writer.write_all(&frame)).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    return Session::Lost {
+                        accepted,
+                        why: "cannot write",
+                    }
+                }
+            }
+            sent.fetch_add(1, Ordering::Relaxed);
+            next_beat = tokio::time::Instant::now() + to.heartbeat;
+            send_now = false;
+        }
+        tokio::select! {
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return Session::Stopped;
+                }
+                send_now = true;
+            }
+            _ = tokio::time::sleep_until(next_beat) => send_now = true,
+            _ = tokio::time::sleep_until(heard + silence) => {
+                return Session::Lost { accepted, why: "no reply for 3 heartbeats" };
+            }
+            reply = replies.recv() => match reply {
+                Some(Ok(Some(Reply::Accepted { .. }))) => {
+                    if !accepted {
+                        tracing::info!(node = %to.node, orchestrator = %addr, "announced to the orchestrator");
+                    }
+                    accepted = true;
+                    heard = tokio::time::Instant::now();
+                }
+                Some(Ok(Some(Reply::Refused { code, detail }))) => {
+                    return Session::Refused { code, detail };
+                }
+                Some(Err(wire::ReadError::Refused(_))) => {
+                    return Session::Lost { accepted, why: "unreadable reply" };
+                }
+                _ => return Session::Lost { accepted, why: "connection closed" },
+            },
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs the health check every `interval`; a new verdict is logged (a
+/// failing check at warn, so a missing program is seen).
+async fn health(
+    node: String,
+    argv: Vec<String>,
+    interval: Duration,
+    state: Arc<watch::Sender<Announcement>>,
+) {
+    let mut last: Option<Result<(), String>> = None;
     loop {
         let verdict = check(&argv, interval).await;
+        if last.as_ref() != Some(&verdict) {
+            match &verdict {
+                Ok(()) => tracing::info!(%node, "health check passes"),
+                Err(reason) => {
+                    tracing::warn!(%node, %reason, "health check fails: the node is faulted")
+                }
+            }
+            last = Some(verdict.clone());
+        }
         state.send_if_modified(|s| {
             let (available, fault) = match &verdict {
                 Ok(()) => (!s.leaving, None),
@@ -257,7 +459,7 @@ async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
         .output();
     match tokio::time::timeout(limit, run).await {
         Err(_) => Err(format!("health check did not finish within {limit:?}")),
-        Ok(Err(e)) => Err(format!("health check cannot run: {e}")),
+        Ok(Err(e)) => Err(format!("health check `{program}` cannot run: {e}")),
         Ok(Ok(output)) if output.status.success() => Ok(()),
         Ok(Ok(output)) => {
             let stderr = String::from_utf8_lossy(&output.stderr);

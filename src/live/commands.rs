@@ -57,7 +57,11 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .install()
-        .map_err(|e| LiveError::Io(std::io::Error::other(format!("metrics on {addr}: {e}"))))
+        .map_err(|e| LiveError::Bind {
+            socket: "metrics (HTTP)",
+            addr,
+            source: std::io::Error::other(e.to_string()),
+        })
 }
 
 struct Printer {
@@ -117,6 +121,8 @@ pub async fn watch(
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
     let mut hangup = signal(SignalKind::hangup())?;
+    let mut refresh = tokio::time::interval(EXPLAIN_EVERY);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = hangup.recv() => reload_keys(&live, path),
@@ -128,9 +134,36 @@ pub async fn watch(
                     return Ok(WatchEnd::Ready);
                 }
             }
-            _ = &mut limit => return Ok(WatchEnd::TimedOut),
+            _ = refresh.tick(), if output == Output::Explain => {
+                // Blockers and the window's countdown change without an
+                // event (a node announces, SWIM hears it): shown as they do.
+                printer.state(&live.gate, live.gate.clock().now()).await;
+            }
+            _ = &mut limit => {
+                if until_ready {
+                    not_ready_within(&live.gate, timeout).await;
+                }
+                return Ok(WatchEnd::TimedOut);
+            }
             _ = &mut stop => return Ok(WatchEnd::Stopped),
         }
+    }
+}
+
+/// How often `watch --explain` looks at the pool between events.
+pub const EXPLAIN_EVERY: Duration = Duration::from_millis(250);
+
+/// Says on stderr that the pool was not ready in time, and what blocks it.
+async fn not_ready_within(gate: &Gate, timeout: Option<Duration>) {
+    let within = timeout
+        .map(|t| humantime::format_duration(t).to_string())
+        .unwrap_or_default();
+    match gate.report().await {
+        Ok(report) => eprintln!(
+            "poolgate: not ready within {within}: {}",
+            crate::replay::explain::state_line(&report)
+        ),
+        Err(_) => eprintln!("poolgate: not ready within {within}"),
     }
 }
 
@@ -138,6 +171,7 @@ pub async fn watch(
 /// (every member when `None`), runs `command` and guards it. Returns the
 /// exit code: the command's own, or 3 when the run faulted (the command is
 /// sent SIGTERM, then SIGKILL after 5 s).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     config: &Config,
     path: &Path,
@@ -145,6 +179,7 @@ pub async fn run(
     output: Output,
     command: &[String],
     record: Option<&Path>,
+    timeout: Option<Duration>,
 ) -> Result<i32, LiveError> {
     let Some((program, args)) = command.split_first() else {
         return Err(LiveError::Io(std::io::Error::other(
@@ -172,10 +207,16 @@ pub async fn run(
     // waiting for the next PoolReady (the planning run is suspended, or
     // aborted and begun again, by the configured policy).
     let mut planning = false;
+    let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(limit);
     loop {
         let proof = tokio::select! {
             proof = wait_ready(&gate, &mut events, &mut printer) => proof?,
             _ = &mut stop => return Ok(130),
+            _ = &mut limit => {
+                not_ready_within(&gate, timeout).await;
+                return Ok(1);
+            }
         };
         if !planning {
             match gate.begin_planning(run.clone(), Some(proof)).await {

@@ -14,10 +14,13 @@ pub mod agent;
 pub mod cluster;
 pub mod commands;
 pub mod demo;
+pub mod endpoint;
+pub mod generation;
 pub mod keys;
 pub(crate) mod nodes;
 pub mod orchestrator;
 pub mod swim;
+pub mod throttle;
 pub mod wire;
 
 pub use orchestrator::Orchestrator;
@@ -31,8 +34,29 @@ use keys::KeyError;
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
     /// A socket could not be bound.
-    #[error("cannot bind a socket: {0}")]
-    Bind(std::io::Error),
+    #[error("cannot bind the {socket} socket on {addr}: {source}")]
+    Bind {
+        /// Which socket: `SWIM (UDP)`, `agent listener (TCP)`, `metrics (HTTP)`.
+        socket: &'static str,
+        /// The address it was to bind.
+        addr: std::net::SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A SWIM member bound to an unspecified address with nothing to
+    /// advertise (SPEC §10).
+    #[error(
+        "swim.advertise: the SWIM address {0} is unspecified, so other members cannot reach it; set [swim] advertise = \"host:port\" to the address they reach this member at"
+    )]
+    Unadvertised(std::net::SocketAddr),
+    /// A hostname in the configuration did not resolve.
+    #[error("{key}: {message}")]
+    Resolve {
+        /// The configuration key.
+        key: &'static str,
+        /// What failed.
+        message: String,
+    },
     /// Neither cluster keys nor `insecure = true` (SPEC §8).
     #[error(
         "[swim] has no cluster_keys: give the gossip keyring (poolgate keygen --cluster), or set insecure = true"
@@ -58,6 +82,9 @@ pub enum LiveError {
         /// What is wrong (never the bytes).
         message: String,
     },
+    /// The generation file cannot be used.
+    #[error(transparent)]
+    Generation(#[from] generation::GenerationError),
     /// Anything else the operating system refused.
     #[error("{0}")]
     Io(#[from] std::io::Error),

@@ -19,7 +19,7 @@
 //! is reported `left` (SWIM alone cannot tell a leave from a crash).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use actix::Addr;
@@ -27,15 +27,17 @@ use poolgate_actors::core::{AgentReport, MembershipUpdate, NodeId, SwimState};
 use poolgate_actors::Gate;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
+use super::endpoint::resolve_all;
 use super::keys::{ClusterKey, PublicKey};
 use super::nodes::Nodes;
 use super::swim::member::{boot_generation, Join, SetKeyring};
 use super::swim::tracker::Observed;
 use super::swim::SwimMember;
-use super::wire::{self, Announcement, Keyring, ReadError, Refused};
+use super::throttle::{Throttles, LOG_EVERY};
+use super::wire::{self, Announcement, Keyring, ReadError, Refused, Reply};
 use super::LiveError;
 use crate::config::{Config, SwimConfig};
 
@@ -88,6 +90,11 @@ impl Orchestrator {
         let (mut settings, store) = config.gate_settings_with_store(None)?;
         settings.record = record;
         let gate = Gate::start(settings);
+        for node in config.pool.members() {
+            if !config.registry.contains_key(node) {
+                tracing::warn!(%node, "pool member is not in [registry]: its frames will be refused and the pool can never be ready");
+            }
+        }
         for node in config.registry.keys() {
             gate.registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;
@@ -118,28 +125,34 @@ impl Orchestrator {
         let (swim, swim_addr) = SwimMember::start(
             "orchestrator",
             config.swim.bind,
+            config.swim.advertise.as_ref(),
             boot_generation(),
             config.swim.timings.foca_config(cluster_size),
             StdRng::seed_from_u64(rand::random()),
             Some(sink),
             keyring,
-        )
-        .map_err(LiveError::Bind)?;
+        )?;
         if !config.swim.seeds.is_empty() {
             swim.do_send(Join {
-                seeds: config.swim.seeds.clone(),
+                seeds: resolve_all(&config.swim.seeds, "swim.seeds"),
             });
         }
-        let listener = listen(config.agents.listen).map_err(LiveError::Bind)?;
-        let agents_addr = listener.local_addr().map_err(LiveError::Bind)?;
+        let bound = |source| LiveError::Bind {
+            socket: "agent listener (TCP)",
+            addr: config.agents.listen,
+            source,
+        };
+        let listener = listen(config.agents.listen).map_err(bound)?;
+        let agents_addr = listener.local_addr().map_err(bound)?;
         let accept = Listener {
             gate: gate.clone(),
             swim: swim.clone(),
             registry: Arc::new(config.registry.clone()),
             label: config.swim.label.clone(),
             nodes,
-            slots: Arc::new(Semaphore::new(config.agents.max_connections)),
+            admission: Arc::new(Mutex::new(Admission::new(config.agents.max_connections))),
             idle: config.agents.idle_timeout,
+            said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
         };
         let listener = actix::spawn(accept.serve(listener));
         tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
@@ -211,10 +224,110 @@ async fn keep_sequences(store: Arc<crate::state::RedbStore>, nodes: Arc<Mutex<No
     }
 }
 
-fn lock(nodes: &Mutex<Nodes>) -> std::sync::MutexGuard<'_, Nodes> {
-    nodes
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How long a new agent connection has to send its first frame.
+pub const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How many connections one source address may hold before any of them
+/// sent an accepted frame; a newer one evicts its oldest.
+pub const UNAUTHENTICATED_PER_ADDRESS: usize = 64;
+
+/// Which connections the listener holds: every one counts against
+/// `[agents] max_connections`; those that never had a frame accepted are
+/// also limited per source address, and are evicted, oldest first, to
+/// make room for a new connection when the limit is reached, so an
+/// outsider's idle sockets never keep a real node out.
+#[derive(Debug)]
+struct Admission {
+    max: usize,
+    open: usize,
+    next: u64,
+    /// Not yet authenticated, by age: source and the eviction signal.
+    waiting: std::collections::BTreeMap<u64, (IpAddr, tokio::sync::oneshot::Sender<()>)>,
+    waiting_from: HashMap<IpAddr, usize>,
+    authenticated: std::collections::HashSet<u64>,
+}
+
+impl Admission {
+    fn new(max: usize) -> Self {
+        Admission {
+            max,
+            open: 0,
+            next: 0,
+            waiting: Default::default(),
+            waiting_from: HashMap::new(),
+            authenticated: Default::default(),
+        }
+    }
+
+    /// Admits a connection from `ip`, evicting the oldest unauthenticated
+    /// one if the listener is full; `Err` with the reason when it cannot.
+    fn admit(
+        &mut self,
+        ip: IpAddr,
+    ) -> Result<(u64, tokio::sync::oneshot::Receiver<()>), &'static str> {
+        let from_ip = self.waiting_from.get(&ip).copied().unwrap_or(0);
+        let oldest = if from_ip >= UNAUTHENTICATED_PER_ADDRESS {
+            // Its own oldest gives way: one source cannot crowd out others.
+            self.waiting
+                .iter()
+                .find(|(_, (from, _))| *from == ip)
+                .map(|(id, _)| *id)
+        } else if self.open >= self.max {
+            match self.waiting.keys().next() {
+                Some(id) => Some(*id),
+                None => return Err("max_connections"),
+            }
+        } else {
+            None
+        };
+        if let Some((old_ip, evict)) = oldest.and_then(|id| self.waiting.remove(&id)) {
+            self.unwait(old_ip);
+            self.open -= 1;
+            metrics::counter!("poolgate_agent_connections_evicted_total").increment(1);
+            // The evicted task closes its socket when it sees this.
+            let _ = evict.send(());
+        }
+        let id = self.next;
+        self.next += 1;
+        let (evict, evicted) = tokio::sync::oneshot::channel();
+        self.waiting.insert(id, (ip, evict));
+        *self.waiting_from.entry(ip).or_default() += 1;
+        self.open += 1;
+        Ok((id, evicted))
+    }
+
+    fn unwait(&mut self, ip: IpAddr) {
+        if let Some(count) = self.waiting_from.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                self.waiting_from.remove(&ip);
+            }
+        }
+    }
+
+    /// Connection `id` had a frame accepted: it is no longer evictable.
+    fn authenticated(&mut self, id: u64) {
+        if let Some((ip, _)) = self.waiting.remove(&id) {
+            self.unwait(ip);
+            self.authenticated.insert(id);
+        }
+    }
+
+    /// Connection `id` ended (an evicted one was counted out already).
+    fn release(&mut self, id: u64) {
+        if let Some((ip, _)) = self.waiting.remove(&id) {
+            self.unwait(ip);
+            self.open -= 1;
+        } else if self.authenticated.remove(&id) {
+            self.open -= 1;
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -224,8 +337,10 @@ struct Listener {
     registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
     label: String,
     nodes: Arc<Mutex<Nodes>>,
-    slots: Arc<Semaphore>,
+    admission: Arc<Mutex<Admission>>,
     idle: std::time::Duration,
+    /// Refusal lines, at most one per source address per interval.
+    said: Arc<Mutex<Throttles<IpAddr>>>,
 }
 
 impl Listener {
@@ -238,27 +353,46 @@ impl Listener {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "agent listener: accept failed");
+                    // Out of descriptors, say: do not spin on it.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 }
             };
-            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
-                metrics::counter!("poolgate_agent_connections_refused_total").increment(1);
-                tracing::warn!(%peer, "agent listener: connection limit reached; closed");
-                continue;
+            let admitted = lock(&self.admission).admit(peer.ip());
+            let (id, evicted) = match admitted {
+                Ok(admitted) => admitted,
+                Err(reason) => {
+                    metrics::counter!("poolgate_agent_connections_refused_total", "reason" => reason)
+                        .increment(1);
+                    if let Some(held) =
+                        lock(&self.said).allow(&peer.ip(), std::time::Instant::now())
+                    {
+                        tracing::warn!(%peer, reason, held, "agent listener: connection limit reached; closed");
+                    }
+                    continue;
+                }
             };
             let this = self.clone();
             connections.spawn_local(async move {
-                this.connection(stream, peer).await;
-                drop(slot);
+                tokio::select! {
+                    _ = this.connection(stream, peer, id) => {}
+                    Ok(()) = evicted => tracing::debug!(%peer, "unauthenticated agent connection evicted"),
+                }
+                lock(&this.admission).release(id);
             });
         }
     }
 
-    async fn connection(&self, mut stream: TcpStream, peer: SocketAddr) {
+    async fn connection(&self, mut stream: TcpStream, peer: SocketAddr, id: u64) {
+        super::agent::keep_alive(&stream, std::time::Duration::from_secs(5));
+        // Until a frame is accepted: the first-frame deadline; then the
+        // node's heartbeats (a few missed = gone), within the idle timeout.
+        let mut deadline = FIRST_FRAME.min(self.idle);
+        let mut last_body: Option<(NodeId, Announcement)> = None;
         loop {
-            let frame = match tokio::time::timeout(self.idle, wire::read_frame(&mut stream)).await {
+            let frame = match tokio::time::timeout(deadline, wire::read_frame(&mut stream)).await {
                 Err(_) => {
-                    tracing::debug!(%peer, "agent connection idle; closed");
+                    tracing::debug!(%peer, "agent connection silent; closed");
                     return;
                 }
                 Ok(Ok(Some(frame))) => frame,
@@ -267,14 +401,22 @@ impl Listener {
                     tracing::debug!(%peer, error = %e, "agent connection failed");
                     return;
                 }
-                Ok(Err(ReadError::Refused(refused))) => return self.refuse(peer, None, &refused),
+                Ok(Err(ReadError::Refused(refused))) => {
+                    return self.refuse(&mut stream, peer, None, &refused).await
+                }
             };
             let node = match NodeId::new(&frame.node) {
                 Ok(node) => node,
-                Err(_) => return self.refuse(peer, None, &Refused::UnknownNode),
+                Err(_) => {
+                    return self
+                        .refuse(&mut stream, peer, None, &Refused::UnknownNode)
+                        .await
+                }
             };
             let Some(key) = self.registry.get(&node) else {
-                return self.refuse(peer, Some(&node), &Refused::UnknownNode);
+                return self
+                    .refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
+                    .await;
             };
             let last = lock(&self.nodes).last_seq.get(&node).copied().unwrap_or(0);
             if frame.seq <= last {
@@ -282,11 +424,11 @@ impl Listener {
                     seq: frame.seq,
                     last,
                 };
-                return self.refuse(peer, Some(&node), &replayed);
+                return self.refuse(&mut stream, peer, Some(&node), &replayed).await;
             }
             let announcement = match frame.open(key, &self.label) {
                 Ok(announcement) => announcement,
-                Err(refused) => return self.refuse(peer, Some(&node), &refused),
+                Err(refused) => return self.refuse(&mut stream, peer, Some(&node), &refused).await,
             };
             {
                 let mut known = lock(&self.nodes);
@@ -298,18 +440,56 @@ impl Listener {
                 *last = frame.seq;
             }
             metrics::counter!("poolgate_agent_frames_total").increment(1);
-            if let Err(e) = self.apply(&node, announcement).await {
-                tracing::warn!(%node, error = %e, "announcement not applied");
+            lock(&self.admission).authenticated(id);
+            deadline = match announcement.heartbeat_ms {
+                Some(ms) => (std::time::Duration::from_millis(ms)
+                    * crate::config::HEARTBEATS_MISSED)
+                    .clamp(std::time::Duration::from_millis(100), self.idle),
+                None => self.idle,
+            };
+            // A heartbeat repeats the state: nothing to apply.
+            if last_body.as_ref() != Some(&(node.clone(), announcement.clone())) {
+                if let Err(e) = self.apply(&node, announcement.clone()).await {
+                    tracing::warn!(%node, error = %e, "announcement not applied");
+                    return;
+                }
+                last_body = Some((node.clone(), announcement));
+            }
+            let ack = wire::encode_reply(&Reply::Accepted { seq: frame.seq });
+            let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
+            if !matches!(written, Ok(Ok(()))) {
+                tracing::debug!(%peer, %node, "agent connection does not take replies; closed");
                 return;
             }
         }
     }
 
-    fn refuse(&self, peer: SocketAddr, node: Option<&NodeId>, refused: &Refused) {
+    /// Tells the peer why its frame was refused, counts it, logs it (at
+    /// most once per source address per interval), and closes.
+    async fn refuse(
+        &self,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+        node: Option<&NodeId>,
+        refused: &Refused,
+    ) {
         metrics::counter!("poolgate_agent_frames_refused_total", "reason" => refused.code())
             .increment(1);
-        let node = node.map(NodeId::as_str).unwrap_or("?");
-        tracing::warn!(%peer, node, reason = %refused, "agent frame refused; connection closed");
+        let name = node.map(NodeId::as_str).unwrap_or("?");
+        if let Some(held) = lock(&self.said).allow(&peer.ip(), std::time::Instant::now()) {
+            tracing::warn!(%peer, node = name, reason = %refused, held, "agent frame refused; connection closed");
+        }
+        let detail = match (refused, node) {
+            (Refused::UnknownNode, Some(node)) => {
+                format!("node {node} is not in the orchestrator's [registry]")
+            }
+            _ => refused.to_string(),
+        };
+        let reply = wire::encode_reply(&Reply::Refused {
+            code: refused.code().to_string(),
+            detail,
+        });
+        let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
     }
 
     /// Turns a node's announced state into the gate's agent input; the gate

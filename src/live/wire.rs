@@ -21,8 +21,6 @@
 use std::net::SocketAddr;
 
 use base64::Engine;
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
-use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -49,6 +47,80 @@ pub struct Announcement {
     pub fault: Option<String>,
     /// The node is leaving the cluster (SIGTERM).
     pub leaving: bool,
+    /// How often the node sends a frame when nothing changed (`[node]
+    /// heartbeat`), in milliseconds: the orchestrator takes a connection
+    /// silent for a few of them as gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
+}
+
+/// The longest reply a node reads (orchestrator → node), in bytes.
+pub const MAX_REPLY: usize = 4096;
+
+/// What the orchestrator answers on an agent connection: each accepted
+/// frame is acknowledged (so a node knows its orchestrator is there), and a
+/// refusal says why before the connection closes. Length-prefixed JSON
+/// like the frames: `{"reply":"accepted","seq":…}`,
+/// `{"reply":"refused","code":"unknown_node","detail":"…"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// The frame with this sequence was accepted.
+    Accepted {
+        /// Its sequence.
+        seq: u64,
+    },
+    /// The frame was refused; the connection closes.
+    Refused {
+        /// The refusal's code ([`Refused::code`]).
+        code: String,
+        /// In words (never key or identity bytes).
+        detail: String,
+    },
+}
+
+/// A reply, length prefix included, ready to write.
+pub fn encode_reply(reply: &Reply) -> Vec<u8> {
+    let json = serde_json::to_vec(reply).unwrap_or_default();
+    length_prefixed(&json)
+}
+
+fn length_prefixed(json: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + json.len());
+    frame.extend_from_slice(&u32::try_from(json.len()).unwrap_or(u32::MAX).to_be_bytes());
+    frame.extend_from_slice(json);
+    frame
+}
+
+/// Reads one reply; `Ok(None)` at a clean end of stream.
+pub async fn read_reply<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Reply>, ReadError> {
+    let Some(bytes) = read_prefixed(reader, MAX_REPLY).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|_| ReadError::Refused(Refused::Malformed("not a reply")))
+}
+
+/// Reads a 4-byte big-endian length, then that many bytes, refusing a
+/// length over `max` before anything is allocated.
+pub async fn read_prefixed<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+) -> Result<Option<Vec<u8>>, ReadError> {
+    let mut length = [0u8; 4];
+    match reader.read_exact(&mut length).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(ReadError::Io(e)),
+    }
+    let length = u32::from_be_bytes(length) as usize;
+    if length > max {
+        return Err(ReadError::Refused(Refused::TooLong(length)));
+    }
+    let mut bytes = vec![0u8; length];
+    reader.read_exact(&mut bytes).await.map_err(ReadError::Io)?;
+    Ok(Some(bytes))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -87,7 +159,7 @@ pub enum Refused {
     #[error("bad signature")]
     BadSignature,
     /// The sequence number does not exceed the last accepted one.
-    #[error("sequence {seq} does not exceed the last accepted {last}")]
+    #[error("sequence {seq} does not exceed the last accepted {last}{}", stepped_hint(*.seq, *.last))]
     Replayed {
         /// The frame's sequence.
         seq: u64,
@@ -106,6 +178,19 @@ impl Refused {
             Refused::BadSignature => "bad_signature",
             Refused::Replayed { .. } => "replayed",
         }
+    }
+}
+
+/// Bits of a sequence that count frames within one life of a node; the
+/// bits above are the life (a generation, rising across restarts).
+pub const COUNTER_BITS: u32 = 20;
+
+fn stepped_hint(seq: u64, last: u64) -> &'static str {
+    if seq >> COUNTER_BITS < last >> COUNTER_BITS {
+        " (the frame's life began before the last accepted one's: the node's clock was \
+         probably stepped back, and its generation file beside its key was lost)"
+    } else {
+        ""
     }
 }
 
@@ -140,28 +225,16 @@ pub fn encode(
         sig: B64.encode(sig),
     };
     let json = serde_json::to_vec(&envelope).unwrap_or_default();
-    let mut frame = Vec::with_capacity(4 + json.len());
-    frame.extend_from_slice(&u32::try_from(json.len()).unwrap_or(u32::MAX).to_be_bytes());
-    frame.extend_from_slice(&json);
-    frame
+    length_prefixed(&json)
 }
 
 /// Reads one frame; `Ok(None)` at a clean end of stream. The length is
 /// checked before the frame is read.
 pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Frame>, ReadError> {
-    let mut length = [0u8; 4];
-    match reader.read_exact(&mut length).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(ReadError::Io(e)),
+    match read_prefixed(reader, MAX_FRAME).await? {
+        Some(bytes) => decode_frame(&bytes).map(Some).map_err(ReadError::Refused),
+        None => Ok(None),
     }
-    let length = u32::from_be_bytes(length) as usize;
-    if length > MAX_FRAME {
-        return Err(ReadError::Refused(Refused::TooLong(length)));
-    }
-    let mut bytes = vec![0u8; length];
-    reader.read_exact(&mut bytes).await.map_err(ReadError::Io)?;
-    decode_frame(&bytes).map(Some).map_err(ReadError::Refused)
 }
 
 /// Why reading a frame stopped.
@@ -227,80 +300,38 @@ pub fn identity_text(bytes: &[u8]) -> String {
 
 /// The cluster's gossip keyring: the first key seals, every key opens. An
 /// empty ring (`insecure = true`) passes datagrams through as they are.
+/// The cipher work is `poolgate-seal`'s (compiled optimised in every
+/// profile).
 #[derive(Clone)]
-pub struct Keyring {
-    ciphers: Vec<XChaCha20Poly1305>,
-    label: Vec<u8>,
-}
+pub struct Keyring(poolgate_seal::Sealer);
 
 impl std::fmt::Debug for Keyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Keyring({} keys)", self.ciphers.len())
+        write!(f, "Keyring({:?})", self.0)
     }
 }
 
 impl Keyring {
     /// A ring of `keys` for the cluster `label`.
     pub fn new(keys: &[ClusterKey], label: &str) -> Self {
-        let ciphers = keys
-            .iter()
-            .filter_map(|k| XChaCha20Poly1305::new_from_slice(&k.0).ok())
-            .collect();
-        Keyring {
-            ciphers,
-            label: label.as_bytes().to_vec(),
-        }
+        let bytes: Vec<[u8; 32]> = keys.iter().map(|k| k.0).collect();
+        Keyring(poolgate_seal::Sealer::new(&bytes, label))
     }
 
     /// Whether datagrams are sealed at all.
     pub fn seals(&self) -> bool {
-        !self.ciphers.is_empty()
+        self.0.seals()
     }
 
-    /// Seals a datagram (or passes it through with no keys).
+    /// Seals a datagram under a random nonce (or passes it through with no
+    /// keys).
     pub fn seal(&self, plaintext: &[u8]) -> Vec<u8> {
-        let Some(cipher) = self.ciphers.first() else {
-            return plaintext.to_vec();
-        };
-        let nonce: [u8; 24] = rand::random();
-        let payload = Payload {
-            msg: plaintext,
-            aad: &self.label,
-        };
-        match cipher.encrypt(&XNonce::from(nonce), payload) {
-            Ok(sealed) => {
-                let mut datagram = Vec::with_capacity(24 + sealed.len());
-                datagram.extend_from_slice(&nonce);
-                datagram.extend_from_slice(&sealed);
-                datagram
-            }
-            // Only an over-long plaintext fails; a datagram never is.
-            Err(_) => Vec::new(),
-        }
+        self.0.seal(plaintext, rand::random())
     }
 
     /// Opens a datagram with any key of the ring; `None` if none opens it.
     pub fn open(&self, datagram: &[u8]) -> Option<Vec<u8>> {
-        if self.ciphers.is_empty() {
-            return Some(datagram.to_vec());
-        }
-        if datagram.len() < 24 + 16 {
-            return None;
-        }
-        let (nonce, sealed) = datagram.split_at(24);
-        let nonce: [u8; 24] = nonce.try_into().ok()?;
-        let nonce = XNonce::from(nonce);
-        self.ciphers.iter().find_map(|cipher| {
-            cipher
-                .decrypt(
-                    &nonce,
-                    Payload {
-                        msg: sealed,
-                        aad: &self.label,
-                    },
-                )
-                .ok()
-        })
+        self.0.open(datagram)
     }
 }
 
@@ -315,7 +346,35 @@ mod tests {
             swim: Some(SocketAddr::from(([127, 0, 0, 1], 7946))),
             fault: None,
             leaving: false,
+            heartbeat_ms: Some(1000),
         }
+    }
+
+    #[actix_rt::test]
+    async fn replies_read_back_and_an_oversized_one_is_refused() {
+        let accepted = Reply::Accepted { seq: 9 };
+        let bytes = encode_reply(&accepted);
+        assert_eq!(read_reply(&mut &bytes[..]).await.unwrap(), Some(accepted));
+        let mut huge = ((MAX_REPLY + 1) as u32).to_be_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        assert!(matches!(
+            read_reply(&mut &huge[..]).await,
+            Err(ReadError::Refused(Refused::TooLong(_)))
+        ));
+    }
+
+    #[test]
+    fn a_replay_from_an_earlier_life_says_the_clock_may_have_stepped() {
+        let earlier = Refused::Replayed {
+            seq: 5 << COUNTER_BITS,
+            last: 6 << COUNTER_BITS,
+        };
+        assert!(earlier.to_string().contains("stepped back"), "{earlier}");
+        let same = Refused::Replayed {
+            seq: (6 << COUNTER_BITS) + 1,
+            last: (6 << COUNTER_BITS) + 2,
+        };
+        assert!(!same.to_string().contains("stepped"), "{same}");
     }
 
     async fn read_back(bytes: &[u8]) -> Result<Option<Frame>, ReadError> {

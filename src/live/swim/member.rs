@@ -15,7 +15,6 @@
 //! would drop it. foca's refusals are counted too
 //! (`poolgate_swim_errors_total`, by call).
 
-use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, RwLock};
@@ -29,7 +28,9 @@ use tokio::net::UdpSocket;
 use super::identity::SwimIdentity;
 use super::tracker::{MembershipTracker, Observed, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
+use crate::live::endpoint::Endpoint;
 use crate::live::wire::Keyring;
+use crate::live::LiveError;
 
 /// How many received datagrams may wait for the actor.
 pub const DATAGRAM_QUEUE: usize = 1024;
@@ -43,6 +44,34 @@ pub fn boot_generation() -> u64 {
     u64::try_from(now.as_millis())
         .unwrap_or(u64::MAX)
         .min(GENERATION_LIMIT - 1)
+}
+
+/// The address a member bound to `local` advertises: `advertise`
+/// resolved (port 0 = the bound port), else `local`, which must then be a
+/// specified address (`0.0.0.0` and `::` reach nobody).
+pub fn advertised(
+    local: SocketAddr,
+    advertise: Option<&Endpoint>,
+) -> Result<SocketAddr, LiveError> {
+    let Some(advertise) = advertise else {
+        if local.ip().is_unspecified() {
+            return Err(LiveError::Unadvertised(local));
+        }
+        return Ok(local);
+    };
+    let mut addr = advertise
+        .resolve_like(local)
+        .map_err(|e| LiveError::Resolve {
+            key: "swim.advertise",
+            message: e.to_string(),
+        })?;
+    if addr.port() == 0 {
+        addr.set_port(local.port());
+    }
+    if addr.ip().is_unspecified() {
+        return Err(LiveError::Unadvertised(addr));
+    }
+    Ok(addr)
 }
 
 /// Where membership changes go (the orchestrator's checks, then the gate).
@@ -122,25 +151,35 @@ pub struct SwimMember {
 
 impl SwimMember {
     /// Binds `bind` and starts a member named `node` at `generation`
-    /// (see [`boot_generation`]), sealing its gossip with `keyring`.
-    /// Returns its address and the socket address it answers on. Must be
-    /// called inside a running actix `System`.
+    /// (see [`boot_generation`]), sealing its gossip with `keyring`. Its
+    /// identity carries `advertise` (resolved now; port 0 is the bound
+    /// port), or the bound address when there is none. Returns its address
+    /// and the advertised socket address. Must be called inside a running
+    /// actix `System`.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         node: &str,
         bind: SocketAddr,
+        advertise: Option<&Endpoint>,
         generation: u64,
         config: foca::Config,
         rng: StdRng,
         sink: Option<MembershipSink>,
         keyring: Keyring,
-    ) -> io::Result<(Addr<SwimMember>, SocketAddr)> {
-        let sender = std::net::UdpSocket::bind(bind)?;
-        sender.set_nonblocking(true)?;
-        let local = sender.local_addr()?;
-        let receiving = sender.try_clone()?;
+    ) -> Result<(Addr<SwimMember>, SocketAddr), LiveError> {
+        let bound = |source| LiveError::Bind {
+            socket: "SWIM (UDP)",
+            addr: bind,
+            source,
+        };
+        let sender = std::net::UdpSocket::bind(bind).map_err(bound)?;
+        sender.set_nonblocking(true).map_err(bound)?;
+        let local = sender.local_addr().map_err(bound)?;
+        let receiving = sender.try_clone().map_err(bound)?;
+        let addr = advertised(local, advertise)?;
         let identity = SwimIdentity {
             node: node.to_string(),
-            addr: local,
+            addr,
             generation,
         };
         let (codec, changes) = WatchingCodec::watched();
@@ -155,7 +194,7 @@ impl SwimMember {
             receiver: None,
             keyring: Arc::new(RwLock::new(keyring)),
         };
-        Ok((member.start(), local))
+        Ok((member.start(), addr))
     }
 
     /// Does what foca asked for, then reports membership changes.
