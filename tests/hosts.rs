@@ -1,0 +1,284 @@
+//! On separate hosts, as the README deploys it (SPEC §10): every test
+//! builds its own rig of network namespaces (`common/rig.rs`), writes the
+//! README's configurations with hostnames and `0.0.0.0` binds
+//! (`common/deploy.rs`), and runs real `poolgate` processes in it. Each is
+//! bounded in time; where the machine cannot make namespaces each says so
+//! in one line and does nothing (under `CI` it fails instead).
+
+#[path = "common/deploy.rs"]
+mod deploy;
+#[path = "common/rig.rs"]
+mod rig;
+
+use std::time::{Duration, Instant};
+
+use deploy::{Deployment, Options};
+use rig::{Process, Rig};
+
+/// Long enough for a cold start (SWIM join, announcements, the window).
+const READY: Duration = Duration::from_secs(30);
+
+fn ready_epoch(event: &serde_json::Value) -> u64 {
+    event["epoch"].as_u64().expect("an epoch")
+}
+
+/// Waits for `pool_ready`; its epoch.
+fn ready(orchestrator: &mut Process) -> u64 {
+    let event = orchestrator
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready; stderr:\n{}", orchestrator.stderr()));
+    ready_epoch(&event)
+}
+
+#[test]
+fn the_readme_deployment_on_four_hosts_becomes_ready() {
+    let Some(rig) = Rig::new(4) else { return };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2, 3], Options::default());
+    let _nodes = deployment.start_nodes(&rig);
+    let mut watch = deployment.orchestrator(
+        &rig,
+        0,
+        &["watch", "--until-ready", "--timeout", "30s", "--json"],
+    );
+    let event = watch
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready; stderr:\n{}", watch.stderr()));
+    assert_eq!(
+        event["members"],
+        serde_json::json!(["node-1", "node-2", "node-3"])
+    );
+    assert_eq!(watch.wait_exit(Duration::from_secs(5)), Some(0));
+}
+
+#[test]
+fn a_killed_node_and_an_isolated_host_fault_runs_and_the_healed_pool_is_ready_again() {
+    let Some(rig) = Rig::new(5) else { return };
+    let options = Options {
+        orchestrator_extra: "[state]\npath = \"state.db\"\nrestore_grace = \"10s\"\n".into(),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2, 3, 4], options);
+    let mut nodes = deployment.start_nodes(&rig);
+
+    // SIGKILL of a required node: the guarded run faults, the command is
+    // stopped, `run` exits 3.
+    let mut run = deployment.orchestrator(
+        &rig,
+        0,
+        &[
+            "run",
+            "--json",
+            "--require",
+            "node-1,node-2",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("no commit; stderr:\n{}", run.stderr()));
+    let first_epoch = ready_epoch(&committed);
+    nodes[1].kill();
+    let faulted = run
+        .wait_event(
+            Duration::from_secs(10),
+            "run_faulted",
+            &[("node", "\"node-2\"")],
+        )
+        .unwrap_or_else(|| panic!("no fault; stderr:\n{}", run.stderr()));
+    assert_eq!(faulted["reason"], "suspect");
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+    nodes[1] = deployment.start_node(&rig, 1, &[]);
+
+    // A host cut off (every packet dropped): the run over its node faults.
+    let mut run = deployment.orchestrator(
+        &rig,
+        0,
+        &["run", "--json", "--require", "node-3", "--", "sleep", "60"],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("no second commit; stderr:\n{}", run.stderr()));
+    assert!(ready_epoch(&committed) > first_epoch);
+    rig.isolate(3);
+    let faulted = run
+        .wait_event(
+            Duration::from_secs(10),
+            "run_faulted",
+            &[("node", "\"node-3\"")],
+        )
+        .unwrap_or_else(|| panic!("no fault on isolation; stderr:\n{}", run.stderr()));
+    assert_eq!(faulted["reason"], "suspect");
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+
+    // One orchestrator across a partition and its healing: readiness lost,
+    // then a new epoch, with no process restarted.
+    rig.heal(3);
+    let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    let epoch = ready(&mut watch);
+    assert!(epoch > ready_epoch(&committed), "epochs continue");
+    rig.isolate(4);
+    watch
+        .wait_event(
+            Duration::from_secs(10),
+            "readiness_lost",
+            &[("node", "\"node-4\"")],
+        )
+        .unwrap_or_else(|| panic!("isolation not seen; stderr:\n{}", watch.stderr()));
+    rig.heal(4);
+    let healed = ready(&mut watch);
+    assert!(
+        healed > epoch,
+        "a new epoch after healing: {healed} after {epoch}"
+    );
+}
+
+#[test]
+fn nodes_follow_the_orchestrator_to_another_host() {
+    let Some(rig) = Rig::new(5) else { return };
+    let window = Duration::from_secs(2);
+    let options = Options {
+        window: Some(window),
+        ..Options::default()
+    };
+    // Both orchestrator hosts in every node's `agents` and `seeds`.
+    let deployment = Deployment::write(&rig, &[0, 1], &[2, 3, 4], options);
+    let _nodes = deployment.start_nodes(&rig);
+    let mut first = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    ready(&mut first);
+
+    // Its host vanishes: every packet dropped, nothing closed.
+    rig.isolate(0);
+    let moved = Instant::now();
+    let mut second = deployment.orchestrator(&rig, 1, &["watch", "--json"]);
+    ready(&mut second);
+    let took = moved.elapsed();
+    eprintln!("orchestrator moved to another host: every node back and ready in {took:?}");
+    assert!(
+        took <= window + Duration::from_secs(5),
+        "ready {took:?} after the move (window {window:?} + 5 s)"
+    );
+    first.kill();
+}
+
+/// An `LD_PRELOAD` shim that moves `CLOCK_REALTIME` by
+/// `POOLGATE_TEST_CLOCK_SHIFT_S` seconds: the wall clock of one process
+/// stepped, as NTP or a VM restore would step it.
+fn clock_shim(rig: &Rig) -> String {
+    let source = rig.dir.join("shift.c");
+    let library = rig.dir.join("shift.so");
+    std::fs::write(
+        &source,
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <stdlib.h>\n#include <time.h>\n\
+         int clock_gettime(clockid_t id, struct timespec *ts) {\n\
+           static int (*real)(clockid_t, struct timespec *);\n\
+           if (!real) real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, \"clock_gettime\");\n\
+           int r = real(id, ts);\n\
+           const char *shift = getenv(\"POOLGATE_TEST_CLOCK_SHIFT_S\");\n\
+           if (r == 0 && shift && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) ts->tv_sec += atol(shift);\n\
+           return r;\n\
+         }\n",
+    )
+    .expect("shim source");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status()
+        .expect("cc (the Rust toolchain's linker)");
+    assert!(built.success(), "the clock shim did not build");
+    library.display().to_string()
+}
+
+#[test]
+fn a_node_restarted_with_its_clock_an_hour_behind_is_ready_again() {
+    let Some(rig) = Rig::new(3) else { return };
+    let shim = clock_shim(&rig);
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], Options::default());
+    let mut nodes = deployment.start_nodes(&rig);
+    let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    let epoch = ready(&mut watch);
+
+    nodes[0].kill();
+    watch
+        .wait_event(
+            Duration::from_secs(10),
+            "readiness_lost",
+            &[("node", "\"node-1\"")],
+        )
+        .expect("the crash is seen");
+    let behind = [
+        ("LD_PRELOAD", shim.as_str()),
+        ("POOLGATE_TEST_CLOCK_SHIFT_S", "-3600"),
+    ];
+    nodes[0] = deployment.start_node(&rig, 0, &behind);
+    let again = ready(&mut watch);
+    assert!(again > epoch);
+    // Its frames were accepted: no refusal on either side.
+    assert!(!watch.stderr().contains("refused"), "{}", watch.stderr());
+}
+
+#[test]
+fn silent_failures_say_one_clear_line_at_the_default_log_level() {
+    let Some(rig) = Rig::new(3) else { return };
+    let options = Options {
+        node_extra: "health_check = [\"/nonexistent/gpu-ok\"]\nhealth_interval = \"200ms\"\n"
+            .into(),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], options);
+
+    // No orchestrator yet: the node says it cannot reach one, and where.
+    let mut lonely = deployment.start_node(&rig, 0, &[]);
+    std::thread::sleep(Duration::from_secs(4));
+    lonely.kill();
+    let said = lonely.stderr();
+    assert!(
+        said.contains("no orchestrator reachable") && said.contains("host-1:7947"),
+        "{said}"
+    );
+    // The missing health-check program.
+    assert!(
+        said.contains("health check fails") && said.contains("/nonexistent/gpu-ok"),
+        "{said}"
+    );
+
+    // A pool member missing from [registry]: the orchestrator warns at
+    // start; the node is told it is refused, and why.
+    let config = deployment.orchestrator_config(&rig, 0);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let without: String = text
+        .lines()
+        .filter(|l| !l.starts_with("node-2 = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&config, without).unwrap();
+    let mut watch =
+        deployment.orchestrator(&rig, 0, &["watch", "--until-ready", "--timeout", "4s"]);
+    let mut refused = deployment.start_node(&rig, 1, &[]);
+    // `--until-ready` running out says so, and exits 1.
+    assert_eq!(watch.wait_exit(Duration::from_secs(15)), Some(1));
+    let orchestrator = watch.stderr();
+    assert!(
+        orchestrator.contains("node-2") && orchestrator.contains("not in [registry]"),
+        "{orchestrator}"
+    );
+    assert!(
+        orchestrator.contains("not ready within 4s"),
+        "{orchestrator}"
+    );
+    refused.kill();
+    let node = refused.stderr();
+    assert!(
+        node.contains("refused") && node.contains("not in the orchestrator's [registry]"),
+        "{node}"
+    );
+    // Rate-limited: one line per interval, not ten a second.
+    let lines = node.lines().filter(|l| l.contains("refused")).count();
+    assert!(
+        lines <= 2,
+        "{lines} refusal lines in a few seconds:\n{node}"
+    );
+}
