@@ -123,6 +123,16 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         record: Option<PathBuf>,
     },
+    /// Ask the running orchestrator why each node is or is not ready:
+    /// exit 0 with its answer, 1 when no orchestrator answered.
+    Status {
+        /// The orchestrator's configuration file (its `[agents] listen`).
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+        /// The answer as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
     /// if the run faults (COMMAND gets SIGTERM, SIGKILL after 5 s), else
     /// COMMAND's exit code.
@@ -234,6 +244,25 @@ fn main() -> ExitCode {
             .map(|end| match end {
                 WatchEnd::TimedOut if until_ready => 1,
                 _ => 0,
+            })
+        }),
+        Command::Status { config, json } => load(&config).and_then(|loaded| {
+            let addr = poolgate::live::status::address(&loaded);
+            live_system(async move { Ok(poolgate::live::status::ask(addr).await) }).map(|answer| {
+                match answer {
+                    Ok(answer) if json => {
+                        println!("{answer}");
+                        0
+                    }
+                    Ok(answer) => {
+                        print!("{}", poolgate::live::status::render(&answer));
+                        0
+                    }
+                    Err(why) => {
+                        eprintln!("poolgate status: {why}");
+                        1
+                    }
+                }
             })
         }),
         Command::Run {

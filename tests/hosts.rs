@@ -48,6 +48,114 @@ fn the_readme_deployment_on_four_hosts_becomes_ready() {
         serde_json::json!(["node-1", "node-2", "node-3"])
     );
     assert_eq!(watch.wait_exit(Duration::from_secs(5)), Some(0));
+
+    // `watch --explain` shows the blockers and the window as they change,
+    // not only at events: the converging line comes before PoolReady.
+    let mut explain = deployment.orchestrator(
+        &rig,
+        0,
+        &["watch", "--explain", "--until-ready", "--timeout", "30s"],
+    );
+    explain
+        .wait_for(READY, |line| line.contains("READY").then_some(()))
+        .unwrap_or_else(|| panic!("no READY; stderr:\n{}", explain.stderr()));
+    let lines = explain.seen().to_vec();
+    let converging = lines.iter().position(|l| l.contains("converging"));
+    let forming = lines.iter().position(|l| l.contains("forming"));
+    assert!(
+        forming.is_some() && converging.is_some() && converging < Some(lines.len() - 1),
+        "{lines:#?}"
+    );
+    assert_eq!(explain.wait_exit(Duration::from_secs(5)), Some(0));
+}
+
+/// `poolgate status` on `host`: its exit code and stdout.
+fn status(rig: &Rig, deployment: &Deployment, host: usize) -> (i32, String) {
+    let config = deployment
+        .orchestrator_config(rig, host)
+        .display()
+        .to_string();
+    let binary = deploy::binary();
+    let mut process = rig.spawn(
+        host,
+        "status",
+        &[&binary, "status", "--config", &config, "--json"],
+        &[],
+    );
+    let code = process
+        .wait_exit(Duration::from_secs(10))
+        .expect("status answers in time");
+    let mut out = String::new();
+    process.wait_for(Duration::from_millis(200), |line| {
+        out.push_str(line);
+        None::<()>
+    });
+    (code, out)
+}
+
+#[test]
+fn status_says_why_each_node_is_not_ready_from_a_running_orchestrator() {
+    let Some(rig) = Rig::new(3) else { return };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], Options::default());
+    // No orchestrator running: exit 1.
+    assert_eq!(status(&rig, &deployment, 0).0, 1);
+    let mut nodes = deployment.start_nodes(&rig);
+    let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    let epoch = ready(&mut watch);
+    let (code, out) = status(&rig, &deployment, 0);
+    assert_eq!(code, 0);
+    let answer: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(answer["phase"], "ready");
+    assert_eq!(answer["epoch"], epoch);
+    assert!(answer["leader"].is_string());
+    let all_ready = answer["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["ready"] == true);
+    assert!(all_ready, "{answer}");
+    nodes[1].kill();
+    watch
+        .wait_event(
+            Duration::from_secs(10),
+            "readiness_lost",
+            &[("node", "\"node-2\"")],
+        )
+        .expect("the crash is seen");
+    let (_, out) = status(&rig, &deployment, 0);
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let node_2 = &answer["candidates"][1];
+    assert_eq!(node_2["node"], "node-2");
+    assert_eq!(node_2["ready"], false);
+    assert!(
+        node_2["detail"].as_str().unwrap().contains("suspect"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn an_outsider_holding_a_thousand_idle_connections_keeps_no_node_out() {
+    let Some(rig) = Rig::new(4) else { return };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], Options::default());
+    let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    // Host 4 opens 1,024 connections to the agent listener and sends
+    // nothing on them.
+    let script = "ulimit -n 4096; for i in $(seq 1024); do exec {fd}<>/dev/tcp/host-1/7947 || true; done; echo open; sleep 60";
+    let mut outsider = rig.spawn(3, "outsider", &["bash", "-c", script], &[]);
+    outsider
+        .wait_for(Duration::from_secs(20), |l| (l == "open").then_some(()))
+        .unwrap_or_else(|| {
+            panic!(
+                "the outsider did not open its sockets: {}",
+                outsider.stderr()
+            )
+        });
+    let started = Instant::now();
+    let _nodes = deployment.start_nodes(&rig);
+    ready(&mut watch);
+    let took = started.elapsed();
+    eprintln!("ready {took:?} after the nodes started, under 1,024 idle connections");
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
 #[test]
@@ -218,6 +326,37 @@ fn a_node_restarted_with_its_clock_an_hour_behind_is_ready_again() {
     assert!(again > epoch);
     // Its frames were accepted: no refusal on either side.
     assert!(!watch.stderr().contains("refused"), "{}", watch.stderr());
+}
+
+#[test]
+fn an_orchestrator_restarted_with_its_clock_an_hour_behind_is_ready_again() {
+    let Some(rig) = Rig::new(3) else { return };
+    let shim = clock_shim(&rig);
+    let options = Options {
+        orchestrator_extra: "[state]\npath = \"state.db\"\n".into(),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], options);
+    let _nodes = deployment.start_nodes(&rig);
+    let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    let epoch = ready(&mut watch);
+    watch.kill();
+    let config = deployment
+        .orchestrator_config(&rig, 0)
+        .display()
+        .to_string();
+    let binary = deploy::binary();
+    let mut behind = rig.spawn(
+        0,
+        "orchestrator-behind",
+        &[&binary, "watch", "--config", &config, "--json"],
+        &[
+            ("LD_PRELOAD", shim.as_str()),
+            ("POOLGATE_TEST_CLOCK_SHIFT_S", "-3600"),
+        ],
+    );
+    let again = ready(&mut behind);
+    assert!(again > epoch, "epochs continue: {again} after {epoch}");
 }
 
 #[test]

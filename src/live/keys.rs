@@ -1,8 +1,12 @@
 //! Key files: a node's Ed25519 signing key and the cluster's gossip keys
 //! (`poolgate keygen`), and the pinned public keys of `[registry]`.
 //!
-//! A key file is one line of standard base64: the 32 bytes of the key,
-//! written with mode 0600. A public key is written `ed25519:<base64>` (the
+//! A key file is one line, its kind then the standard base64 of the key's
+//! 32 bytes: `poolgate-signing-key:<base64>` or
+//! `poolgate-cluster-key:<base64>`, written with mode 0600. A key of the
+//! other kind is refused, naming both (a cluster key where a signing key
+//! belongs would otherwise load silently: same length, same encoding). A
+//! line of bare base64 (files written before the tag) is read as either. A public key is written `ed25519:<base64>` (the
 //! 32 bytes of the verifying key). Keys never appear in logs or errors.
 
 use std::fmt;
@@ -40,6 +44,16 @@ pub enum KeyError {
     /// A key file others may read.
     #[error("{0}: readable by others (mode {1:o}); chmod 600 it")]
     Exposed(PathBuf, u32),
+    /// A key file of the other kind.
+    #[error("{file}: holds a {found}, not a {wanted}")]
+    WrongKind {
+        /// The key file.
+        file: PathBuf,
+        /// What it holds.
+        found: &'static str,
+        /// What was asked for.
+        wanted: &'static str,
+    },
     /// A public key is not `ed25519:<base64 of 32 bytes>`.
     #[error("`{0}` is not a public key like \"ed25519:<base64 of 32 bytes>\"")]
     BadPublicKey(String),
@@ -63,12 +77,15 @@ impl NodeKey {
 
     /// Reads a key file written by `poolgate keygen`.
     pub fn load(path: &Path) -> Result<Self, KeyError> {
-        Ok(NodeKey(SigningKey::from_bytes(&read_key(path)?)))
+        Ok(NodeKey(SigningKey::from_bytes(&read_key(
+            path,
+            Kind::Signing,
+        )?)))
     }
 
     /// Writes the key to a new file, mode 0600.
     pub fn save(&self, path: &Path) -> Result<(), KeyError> {
-        write_key(path, &self.0.to_bytes())
+        write_key(path, Kind::Signing, &self.0.to_bytes())
     }
 
     /// The key's public half, as the registry pins it.
@@ -144,16 +161,41 @@ impl ClusterKey {
 
     /// Reads a key file written by `poolgate keygen --cluster`.
     pub fn load(path: &Path) -> Result<Self, KeyError> {
-        read_key(path).map(ClusterKey)
+        read_key(path, Kind::Cluster).map(ClusterKey)
     }
 
     /// Writes the key to a new file, mode 0600.
     pub fn save(&self, path: &Path) -> Result<(), KeyError> {
-        write_key(path, &self.0)
+        write_key(path, Kind::Cluster, &self.0)
     }
 }
 
-fn write_key(path: &Path, key: &[u8; 32]) -> Result<(), KeyError> {
+/// What a key file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Signing,
+    Cluster,
+}
+
+impl Kind {
+    const ALL: [Kind; 2] = [Kind::Signing, Kind::Cluster];
+
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Signing => "poolgate-signing-key:",
+            Kind::Cluster => "poolgate-cluster-key:",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Signing => "node signing key (poolgate keygen)",
+            Kind::Cluster => "cluster gossip key (poolgate keygen --cluster)",
+        }
+    }
+}
+
+fn write_key(path: &Path, kind: Kind, key: &[u8; 32]) -> Result<(), KeyError> {
     let io = |source| KeyError::Io {
         file: path.to_path_buf(),
         source,
@@ -167,11 +209,11 @@ fn write_key(path: &Path, key: &[u8; 32]) -> Result<(), KeyError> {
             std::io::ErrorKind::AlreadyExists => KeyError::Exists(path.to_path_buf()),
             _ => io(e),
         })?;
-    writeln!(file, "{}", B64.encode(key)).map_err(io)?;
+    writeln!(file, "{}{}", kind.tag(), B64.encode(key)).map_err(io)?;
     file.sync_all().map_err(io)
 }
 
-fn read_key(path: &Path) -> Result<[u8; 32], KeyError> {
+fn read_key(path: &Path, wanted: Kind) -> Result<[u8; 32], KeyError> {
     let io = |source| KeyError::Io {
         file: path.to_path_buf(),
         source,
@@ -186,9 +228,21 @@ fn read_key(path: &Path) -> Result<[u8; 32], KeyError> {
         file: path.to_path_buf(),
         what,
     };
+    let text = text.trim();
+    let body = match Kind::ALL.into_iter().find(|k| text.starts_with(k.tag())) {
+        Some(kind) if kind == wanted => &text[kind.tag().len()..],
+        Some(kind) => {
+            return Err(KeyError::WrongKind {
+                file: path.to_path_buf(),
+                found: kind.name(),
+                wanted: wanted.name(),
+            })
+        }
+        None => text,
+    };
     let bytes = B64
-        .decode(text.trim())
-        .map_err(|_| malformed("not a key file (one line of base64 expected)"))?;
+        .decode(body)
+        .map_err(|_| malformed("not a key file (one line: its kind, then base64)"))?;
     bytes.try_into().map_err(|_| malformed("not a 32-byte key"))
 }
 
@@ -237,5 +291,33 @@ mod tests {
         assert!(error.contains("not a key file"), "{error}");
         assert!(PublicKey::parse("ed25519:AAAA").is_err());
         assert!(PublicKey::parse("rsa:xyz").is_err());
+    }
+
+    #[test]
+    fn a_key_of_the_other_kind_is_refused_naming_both_and_an_untagged_one_still_loads() {
+        let dir = scratch("kinds");
+        let cluster = dir.join("cluster.key");
+        ClusterKey::generate().save(&cluster).unwrap();
+        let text = std::fs::read_to_string(&cluster).unwrap();
+        assert!(text.starts_with("poolgate-cluster-key:"), "tagged");
+        let error = NodeKey::load(&cluster).unwrap_err().to_string();
+        assert!(
+            error.contains("cluster gossip key") && error.contains("node signing key"),
+            "{error}"
+        );
+        let signing = dir.join("node.key");
+        NodeKey::generate().save(&signing).unwrap();
+        assert!(matches!(
+            ClusterKey::load(&signing),
+            Err(KeyError::WrongKind { .. })
+        ));
+        // A file from before the tag: bare base64.
+        let old = dir.join("old.key");
+        std::fs::write(&old, format!("{}\n", B64.encode([7u8; 32]))).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            ClusterKey::load(&old).unwrap(),
+            ClusterKey::from_bytes([7; 32])
+        );
     }
 }

@@ -19,6 +19,7 @@ pub mod generation;
 pub mod keys;
 pub(crate) mod nodes;
 pub mod orchestrator;
+pub mod status;
 pub mod swim;
 pub mod throttle;
 pub mod wire;

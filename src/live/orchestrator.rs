@@ -31,8 +31,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::endpoint::resolve_all;
+use super::generation::{unix_ms, GenerationFile};
 use super::keys::{ClusterKey, PublicKey};
 use super::nodes::Nodes;
+use super::status;
 use super::swim::member::{boot_generation, Join, SetKeyring};
 use super::swim::tracker::Observed;
 use super::swim::SwimMember;
@@ -122,11 +124,17 @@ impl Orchestrator {
             })
         };
         let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
+        // With a state file, the orchestrator's SWIM generation rises
+        // across restarts whatever the clock does, as a node's does.
+        let generation = match &config.state.path {
+            Some(path) => GenerationFile::beside(path).next(unix_ms())?,
+            None => boot_generation(),
+        };
         let (swim, swim_addr) = SwimMember::start(
             "orchestrator",
             config.swim.bind,
             config.swim.advertise.as_ref(),
-            boot_generation(),
+            generation,
             config.swim.timings.foca_config(cluster_size),
             StdRng::seed_from_u64(rand::random()),
             Some(sink),
@@ -155,6 +163,7 @@ impl Orchestrator {
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
         };
         let listener = actix::spawn(accept.serve(listener));
+        actix::spawn(keep_readiness_gauge(gate.clone()));
         tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
         Ok(Orchestrator {
             gate,
@@ -228,6 +237,32 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Which replica leads, as `poolgate status` says it (one orchestrator: no
+/// replicas yet, SPEC §12).
+const LEADER: &str = "this orchestrator (no replicas configured)";
+
+/// How often the per-node readiness gauge is brought up to date.
+pub const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Keeps `poolgate_node_ready{node}` (1 ready, 0 not) for every pool member:
+/// its cardinality is the pool's size, never what the network sends.
+async fn keep_readiness_gauge(gate: Gate) {
+    loop {
+        let Ok(report) = gate.report().await else {
+            return;
+        };
+        for candidate in &report.candidates {
+            let ready = if candidate.verdict.is_ready() {
+                1.0
+            } else {
+                0.0
+            };
+            metrics::gauge!("poolgate_node_ready", "node" => candidate.node.to_string()).set(ready);
+        }
+        tokio::time::sleep(GAUGE_EVERY).await;
+    }
 }
 
 /// How long a new agent connection has to send its first frame.
@@ -389,13 +424,22 @@ impl Listener {
         // node's heartbeats (a few missed = gone), within the idle timeout.
         let mut deadline = FIRST_FRAME.min(self.idle);
         let mut last_body: Option<(NodeId, Announcement)> = None;
+        let mut first = true;
         loop {
-            let frame = match tokio::time::timeout(deadline, wire::read_frame(&mut stream)).await {
+            let read =
+                tokio::time::timeout(deadline, wire::read_prefixed(&mut stream, wire::MAX_FRAME));
+            let frame = match read.await {
                 Err(_) => {
                     tracing::debug!(%peer, "agent connection silent; closed");
                     return;
                 }
-                Ok(Ok(Some(frame))) => frame,
+                Ok(Ok(Some(bytes))) if first && status::is_status_query(&bytes) => {
+                    return self.status(&mut stream).await;
+                }
+                Ok(Ok(Some(bytes))) => match wire::decode_frame(&bytes) {
+                    Ok(frame) => frame,
+                    Err(refused) => return self.refuse(&mut stream, peer, None, &refused).await,
+                },
                 Ok(Ok(None)) => return,
                 Ok(Err(ReadError::Io(e))) => {
                     tracing::debug!(%peer, error = %e, "agent connection failed");
@@ -441,6 +485,7 @@ impl Listener {
             }
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
+            first = false;
             deadline = match announcement.heartbeat_ms {
                 Some(ms) => (std::time::Duration::from_millis(ms)
                     * crate::config::HEARTBEATS_MISSED)
@@ -462,6 +507,15 @@ impl Listener {
                 return;
             }
         }
+    }
+
+    /// Answers `poolgate status`.
+    async fn status(&self, stream: &mut TcpStream) {
+        let Ok(report) = self.gate.report().await else {
+            return;
+        };
+        let answer = status::answer(&report, self.gate.clock().now(), LEADER);
+        let _ = tokio::time::timeout(FIRST_FRAME, status::write_answer(stream, &answer)).await;
     }
 
     /// Tells the peer why its frame was refused, counts it, logs it (at

@@ -114,7 +114,8 @@ impl Explainer {
     }
 }
 
-fn blockers(candidate: &poolgate_actors::core::CandidateSummary) -> String {
+/// What blocks `candidate`, in words (`not_live (never seen) + no_identity`).
+pub fn blockers(candidate: &poolgate_actors::core::CandidateSummary) -> String {
     candidate
         .verdict
         .blockers()

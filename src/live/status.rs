@@ -1,0 +1,181 @@
+//! `poolgate status`: asks a running orchestrator why each node is or is
+//! not ready (SPEC §10).
+//!
+//! The question goes to the orchestrator's agent listener (`[agents]
+//! listen`, so the same `config.toml` finds it): a length-prefixed
+//! `{"v":1,"query":"status"}` as the first frame of a connection. The
+//! answer is one length-prefixed JSON object, then the connection closes:
+//!
+//! ```text
+//! {"pool":"pool-a","phase":"forming","epoch":null,"deadline_ms":null,"run":null,
+//!  "leader":"this replica (no replicas configured)","at_ms":5120,
+//!  "candidates":[{"node":"node-1","ready":true,"blockers":[],"since_ms":800},
+//!                {"node":"node-2","ready":false,"blockers":["not_live"],
+//!                 "detail":"not_live (never seen)","since_ms":0}]}
+//! ```
+//!
+//! It holds node names and blockers only: no identity material, no
+//! fingerprint, nothing a node signed.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use poolgate_actors::core::{PoolPhase, PoolReport, Time};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+use super::wire;
+use crate::config::Config;
+use crate::replay::explain::blockers;
+
+/// The longest status answer read, in bytes.
+pub const MAX_STATUS: usize = 16 * 1024 * 1024;
+
+/// How long `poolgate status` waits for an answer.
+pub const STATUS_WAIT: Duration = Duration::from_secs(3);
+
+/// A question on the agent listener (instead of a first agent frame).
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Query {
+    /// The format's version (1).
+    pub v: u32,
+    /// What is asked: `status`.
+    pub query: String,
+}
+
+/// Whether `bytes` (a first frame) is a status question.
+pub fn is_status_query(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Query>(bytes).is_ok_and(|q| q.v == 1 && q.query == "status")
+}
+
+/// The status answer for `report`, taken at `now`.
+pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
+    let (phase, epoch, deadline) = match report.phase {
+        PoolPhase::Forming => ("forming", None, None),
+        PoolPhase::Converging { deadline } => ("converging", None, Some(deadline.as_millis())),
+        PoolPhase::Ready { epoch } => ("ready", Some(epoch.0), None),
+    };
+    let candidates: Vec<Value> = report
+        .candidates
+        .iter()
+        .map(|c| {
+            let names: Vec<&str> = c.verdict.blockers().map(|b| b.as_str()).collect();
+            let mut entry = json!({
+                "node": c.node.as_str(),
+                "ready": c.verdict.is_ready(),
+                "blockers": names,
+                "since_ms": c.since.as_millis(),
+            });
+            if !c.verdict.is_ready() {
+                entry["detail"] = Value::String(blockers(c));
+            }
+            entry
+        })
+        .collect();
+    json!({
+        "pool": report.pool.as_str(),
+        "phase": phase,
+        "epoch": epoch,
+        "deadline_ms": deadline,
+        "run": report.run.as_ref().map(|r| r.as_str()),
+        "leader": leader,
+        "at_ms": now.as_millis(),
+        "candidates": candidates,
+    })
+}
+
+/// Writes `answer` on `stream`, length-prefixed.
+pub async fn write_answer(
+    stream: &mut tokio::net::TcpStream,
+    answer: &Value,
+) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(answer).unwrap_or_default();
+    stream
+        .write_all(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes())
+        .await?;
+    stream.write_all(&bytes).await
+}
+
+/// Where `poolgate status` asks: the agent listener, on this machine when
+/// it listens on every address.
+pub fn address(config: &Config) -> SocketAddr {
+    let mut addr = config.agents.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    addr
+}
+
+/// Asks the orchestrator at `addr`; its answer, or why there is none.
+pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("no orchestrator answers at {addr}: {e}"))?;
+        let query = serde_json::to_vec(&Query {
+            v: 1,
+            query: "status".into(),
+        })
+        .unwrap_or_default();
+        let mut framed = u32::try_from(query.len())
+            .unwrap_or(0)
+            .to_be_bytes()
+            .to_vec();
+        framed.extend_from_slice(&query);
+        stream
+            .write_all(&framed)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let bytes = wire::read_prefixed(&mut stream, MAX_STATUS)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?
+            .ok_or_else(|| format!("{addr} closed without an answer (not a poolgate orchestrator of this version?)"))?;
+        serde_json::from_slice(&bytes).map_err(|_| format!("{addr}: the answer is not a status"))
+    };
+    tokio::time::timeout(STATUS_WAIT, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer from {addr} within {STATUS_WAIT:?}")))
+}
+
+/// The answer in words, one line per candidate.
+pub fn render(answer: &Value) -> String {
+    let mut out = String::new();
+    let pool = answer["pool"].as_str().unwrap_or("?");
+    let phase = answer["phase"].as_str().unwrap_or("?");
+    match phase {
+        "ready" => out.push_str(&format!("pool {pool}: ready, epoch {}\n", answer["epoch"])),
+        "converging" => out.push_str(&format!(
+            "pool {pool}: converging, PoolReady due in {} ms\n",
+            answer["deadline_ms"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(answer["at_ms"].as_u64().unwrap_or(0))
+        )),
+        _ => out.push_str(&format!("pool {pool}: {phase}\n")),
+    }
+    match answer["run"].as_str() {
+        Some(run) => out.push_str(&format!("run: {run}\n")),
+        None => out.push_str("run: none\n"),
+    }
+    out.push_str(&format!(
+        "leader: {}\n",
+        answer["leader"].as_str().unwrap_or("?")
+    ));
+    for candidate in answer["candidates"].as_array().into_iter().flatten() {
+        let node = candidate["node"].as_str().unwrap_or("?");
+        if candidate["ready"].as_bool() == Some(true) {
+            out.push_str(&format!("  {node}: ready\n"));
+        } else {
+            out.push_str(&format!(
+                "  {node}: {}\n",
+                candidate["detail"].as_str().unwrap_or("not ready")
+            ));
+        }
+    }
+    out
+}
