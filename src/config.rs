@@ -1008,6 +1008,56 @@ wait_timeout = "30s"
     }
 
     #[test]
+    fn an_unspecified_bind_needs_advertise_and_hostnames_are_accepted() {
+        let unspecified = format!("{GOOD}\n[swim]\nbind = \"0.0.0.0:7946\"\n");
+        let (line, key, message) = error_of(&unspecified);
+        assert_eq!((line, key.as_str()), (14, "swim.advertise"));
+        assert!(message.contains("0.0.0.0:7946"), "{message}");
+        let (_, key, _) = error_of(&unspecified.replace("0.0.0.0", "[::]"));
+        assert_eq!(key, "swim.advertise");
+
+        let advertised = format!(
+            "{GOOD}\n[swim]\nbind = \"0.0.0.0:7946\"\nadvertise = \"orch-1.example:7946\"\nseeds = [\"node-1:7946\", \"10.0.0.2:7946\"]\n"
+        );
+        let config = Config::parse(&advertised, "c").unwrap();
+        assert_eq!(
+            config.swim.advertise.as_ref().map(|e| e.as_str()),
+            Some("orch-1.example:7946")
+        );
+        assert_eq!(config.swim.seeds.len(), 2);
+        let (_, key, _) = error_of(&advertised.replace("orch-1.example:7946", "orch 1:7946"));
+        assert_eq!(key, "swim.advertise");
+    }
+
+    const NODE: &str = "[node]\nname = \"node-1\"\nsigning_key = \"k\"\nidentity = \"i\"\n[orchestrator]\nagents = \"orch-1:7947\"\n";
+
+    #[test]
+    fn a_node_names_one_orchestrator_or_several_and_a_heartbeat() {
+        let one = NodeConfig::parse(NODE, "n").unwrap();
+        assert_eq!(one.agents.len(), 1);
+        assert_eq!(one.heartbeat, DEFAULT_HEARTBEAT);
+        let several = NODE.replace(
+            "agents = \"orch-1:7947\"",
+            "agents = [\"orch-1:7947\", \"10.0.0.2:7947\"]",
+        );
+        assert_eq!(NodeConfig::parse(&several, "n").unwrap().agents.len(), 2);
+        let none = NODE.replace("agents = \"orch-1:7947\"", "agents = []");
+        let error = NodeConfig::parse(&none, "n").unwrap_err().to_string();
+        assert!(error.contains("orchestrator.agents"), "{error}");
+        let beat = NODE.replace(
+            "identity = \"i\"",
+            "identity = \"i\"\nheartbeat = \"250ms\"",
+        );
+        assert_eq!(
+            NodeConfig::parse(&beat, "n").unwrap().heartbeat,
+            Duration::from_millis(250)
+        );
+        let fast = beat.replace("250ms", "1ms");
+        let error = NodeConfig::parse(&fast, "n").unwrap_err().to_string();
+        assert!(error.contains("node.heartbeat"), "{error}");
+    }
+
+    #[test]
     fn the_planning_section_is_optional() {
         let text = GOOD.split("[planning]").next().unwrap();
         let config = Config::parse(text, "c").unwrap();

@@ -408,3 +408,58 @@ fn an_orchestrator_killed_right_after_a_commit_continues_its_epochs_and_guards_t
         let _ = std::fs::remove_dir_all(&state_dir);
     });
 }
+
+#[test]
+fn start_errors_name_the_socket_and_the_address_or_the_key() {
+    let dir = std::env::temp_dir().join(format!("poolgate-bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let config = dir.join("config.toml");
+    let write = |swim: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[pool]\nid = \"p\"\nmembers = [\"n1\"]\n[readiness]\nconvergence_window = \"1s\"\n\
+                 [swim]\n{swim}\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:{port}\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    let start = || {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--timeout", "1s", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    // The agent port is taken.
+    write("bind = \"127.0.0.1:0\"");
+    let (code, stderr) = start();
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("agent listener (TCP) socket on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    // Bound to every address, with nothing to advertise.
+    write("bind = \"0.0.0.0:0\"");
+    let (code, stderr) = start();
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("swim.advertise"), "{stderr}");
+    // A hostname that does not resolve.
+    write("bind = \"0.0.0.0:0\"\nadvertise = \"no-such-host.invalid:7946\"");
+    let (code, stderr) = start();
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("swim.advertise") && stderr.contains("no-such-host.invalid"),
+        "{stderr}"
+    );
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,9 +10,19 @@ use std::time::Duration;
 
 use super::rig::{Process, Rig};
 
-/// The `poolgate` binary under test.
+/// The `poolgate` binary under test: cargo's for an integration test;
+/// for the rig example (`examples/rig.rs`), the one built beside it
+/// (`cargo build --release` first).
 pub fn binary() -> String {
-    env!("CARGO_BIN_EXE_poolgate").to_string()
+    if let Some(built) = option_env!("CARGO_BIN_EXE_poolgate") {
+        return built.to_string();
+    }
+    let exe = std::env::current_exe().expect("the running example");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/examples");
+    dir.join("poolgate").display().to_string()
 }
 
 /// The UDP port SWIM uses on every host (nodes sharing a host take the

@@ -99,6 +99,13 @@ impl Process {
         })
     }
 
+    /// Takes every stdout line waiting, without blocking.
+    pub fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
     /// Every stdout line read so far.
     pub fn seen(&self) -> &[String] {
         &self.seen

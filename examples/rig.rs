@@ -1,0 +1,355 @@
+//! Figures from the multi-host rig (BENCHMARKS.md, "Separate hosts"): the
+//! README deployment on network-namespace hosts, real processes, faults
+//! from nftables. Needs root, `ip netns` and `nft` (and `serf` for the
+//! side-by-side loss figure).
+//!
+//! ```sh
+//! cargo build --release
+//! sudo target/release/examples/rig --json                      # crash, isolation, move
+//! sudo target/release/examples/rig --json --only loss --loss 10 --minutes 10 --serf
+//! ```
+//!
+//! - `rig_crash_to_fault_ms`: SIGKILL of a required node's process →
+//!   `run_faulted` seen on `poolgate run --json`'s stdout (p50/p99/max).
+//! - `rig_isolation_to_fault_ms`: every packet of the required node's host
+//!   dropped → `run_faulted`.
+//! - `rig_orchestrator_moved_ms`: the orchestrator's host vanishes and a
+//!   new orchestrator starts on another host → its `pool_ready`.
+//! - `rig_loss_false_faults`: runs faulted over `--minutes` of `--loss`%
+//!   UDP loss on every host (a new run after each), and with `--serf`, the
+//!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
+//!   on the same hosts in the same minutes.
+
+#[path = "../tests/common/deploy.rs"]
+mod deploy;
+#[path = "../tests/common/rig.rs"]
+mod rig;
+
+use std::time::{Duration, Instant};
+
+use deploy::{Deployment, Options};
+use rig::{Process, Rig};
+
+struct Args {
+    hosts: usize,
+    nodes: usize,
+    crashes: usize,
+    isolations: usize,
+    moves: usize,
+    loss: Vec<u32>,
+    minutes: f64,
+    serf: bool,
+    json: bool,
+    only: Option<String>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        hosts: 4,
+        nodes: 16,
+        crashes: 20,
+        isolations: 20,
+        moves: 3,
+        loss: vec![10],
+        minutes: 10.0,
+        serf: false,
+        json: false,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--hosts" => args.hosts = value()?.parse().map_err(|e| format!("--hosts: {e}"))?,
+            "--nodes" => args.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?,
+            "--crashes" => {
+                args.crashes = value()?.parse().map_err(|e| format!("--crashes: {e}"))?
+            }
+            "--isolations" => {
+                args.isolations = value()?.parse().map_err(|e| format!("--isolations: {e}"))?
+            }
+            "--moves" => args.moves = value()?.parse().map_err(|e| format!("--moves: {e}"))?,
+            "--loss" => {
+                args.loss = value()?
+                    .split(',')
+                    .map(|p| p.trim().parse().map_err(|e| format!("--loss: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--minutes" => {
+                args.minutes = value()?.parse().map_err(|e| format!("--minutes: {e}"))?
+            }
+            "--serf" => args.serf = true,
+            "--json" => args.json = true,
+            "--only" => args.only = Some(value()?),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let args = match args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    // Two orchestrator hosts (host-1, host-2), then the node hosts.
+    let Some(rig) = Rig::new(2 + args.hosts) else {
+        std::process::exit(1);
+    };
+    let node_hosts: Vec<usize> = (0..args.nodes).map(|i| 2 + i % args.hosts).collect();
+    let deployment = Deployment::write(
+        &rig,
+        &[0, 1],
+        &node_hosts,
+        Options {
+            window: Some(Duration::from_secs(1)),
+            ..Options::default()
+        },
+    );
+    let mut nodes = deployment.start_nodes(&rig);
+    let wants = |what: &str| args.only.as_deref().is_none_or(|o| o == what);
+    if wants("crash") {
+        let times = crashes(&rig, &deployment, &mut nodes, args.crashes);
+        report(&args, "rig_crash_to_fault_ms", &times);
+    }
+    if wants("isolate") {
+        let times = isolations(&rig, &deployment, args.isolations, args.hosts);
+        report(&args, "rig_isolation_to_fault_ms", &times);
+    }
+    if wants("move") {
+        let times = moves(&rig, &deployment, args.moves);
+        report(&args, "rig_orchestrator_moved_ms", &times);
+    }
+    if wants("loss") {
+        for percent in args.loss.clone() {
+            loss(&rig, &deployment, &args, percent);
+        }
+    }
+    drop(nodes);
+}
+
+fn line(args: &Args, metric: &str, fields: serde_json::Value) {
+    let mut value = serde_json::json!({
+        "metric": metric,
+        "nodes": args.nodes,
+        "hosts": args.hosts,
+    });
+    if let (Some(object), Some(extra)) = (value.as_object_mut(), fields.as_object()) {
+        object.extend(extra.clone());
+    }
+    if args.json {
+        println!("{value}");
+    } else {
+        println!("{metric}: {fields}");
+    }
+}
+
+fn report(args: &Args, metric: &str, times: &[f64]) {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        if sorted.is_empty() {
+            return serde_json::Value::Null;
+        }
+        let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+        serde_json::json!((sorted[i] * 10.0).round() / 10.0)
+    };
+    line(
+        args,
+        metric,
+        serde_json::json!({"n": sorted.len(), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)}),
+    );
+}
+
+const READY: Duration = Duration::from_secs(60);
+
+fn guarded_run(rig: &Rig, deployment: &Deployment, require: &str) -> Process {
+    let mut run = deployment.orchestrator(
+        rig,
+        0,
+        &[
+            "run",
+            "--json",
+            "--require",
+            require,
+            "--",
+            "sleep",
+            "100000",
+        ],
+    );
+    if run.wait_event(READY, "run_committed", &[]).is_none() {
+        panic!("no commit; stderr:\n{}", run.stderr());
+    }
+    run
+}
+
+fn crashes(rig: &Rig, deployment: &Deployment, nodes: &mut [Process], count: usize) -> Vec<f64> {
+    let mut times = Vec::new();
+    for k in 0..count {
+        let target = k % deployment.nodes.len();
+        let name = deployment.nodes[target].name.clone();
+        let mut run = guarded_run(rig, deployment, &name);
+        std::thread::sleep(Duration::from_millis(500));
+        let killed = Instant::now();
+        nodes[target].kill();
+        let quoted = format!("\"{name}\"");
+        match run.wait_event(Duration::from_secs(20), "run_faulted", &[("node", &quoted)]) {
+            Some(_) => times.push(killed.elapsed().as_secs_f64() * 1000.0),
+            None => eprintln!("crash {k}: no run_faulted within 20 s"),
+        }
+        run.wait_exit(Duration::from_secs(10));
+        run.kill();
+        nodes[target] = deployment.start_node(rig, target, &[]);
+        eprintln!("crash {}/{count}: {:?} ms", k + 1, times.last());
+    }
+    times
+}
+
+fn isolations(rig: &Rig, deployment: &Deployment, count: usize, hosts: usize) -> Vec<f64> {
+    let mut times = Vec::new();
+    for k in 0..count {
+        let host = 2 + k % hosts;
+        let target = deployment
+            .nodes
+            .iter()
+            .position(|n| n.host == host)
+            .expect("a node on every node host");
+        let name = deployment.nodes[target].name.clone();
+        let mut run = guarded_run(rig, deployment, &name);
+        std::thread::sleep(Duration::from_millis(500));
+        let cut = Instant::now();
+        rig.isolate(host);
+        match run.wait_event(Duration::from_secs(20), "run_faulted", &[]) {
+            Some(_) => times.push(cut.elapsed().as_secs_f64() * 1000.0),
+            None => eprintln!("isolation {k}: no run_faulted within 20 s"),
+        }
+        run.wait_exit(Duration::from_secs(10));
+        run.kill();
+        rig.heal(host);
+        eprintln!("isolation {}/{count}: {:?} ms", k + 1, times.last());
+    }
+    times
+}
+
+fn moves(rig: &Rig, deployment: &Deployment, count: usize) -> Vec<f64> {
+    let mut times = Vec::new();
+    let mut from = 0;
+    let mut current = deployment.orchestrator(rig, from, &["watch", "--json"]);
+    if current.wait_event(READY, "pool_ready", &[]).is_none() {
+        panic!("no pool_ready; stderr:\n{}", current.stderr());
+    }
+    for k in 0..count {
+        let to = 1 - from;
+        rig.isolate(from);
+        let moved = Instant::now();
+        let mut next = deployment.orchestrator(rig, to, &["watch", "--json"]);
+        match next.wait_event(READY, "pool_ready", &[]) {
+            Some(_) => times.push(moved.elapsed().as_secs_f64() * 1000.0),
+            None => eprintln!("move {k}: no pool_ready within {READY:?}"),
+        }
+        current.kill();
+        rig.heal(from);
+        current = next;
+        from = to;
+        eprintln!("move {}/{count}: {:?} ms", k + 1, times.last());
+    }
+    times
+}
+
+/// Serf agents on the same hosts as the nodes (and one beside each
+/// orchestrator host), joined through host-1's.
+fn serf(rig: &Rig, deployment: &Deployment) -> Vec<Process> {
+    let mut agents = Vec::new();
+    let mut hosts: Vec<(String, usize)> = vec![("serf-orch".into(), 0)];
+    hosts.extend(
+        deployment
+            .nodes
+            .iter()
+            .map(|n| (format!("serf-{}", n.name), n.host)),
+    );
+    let mut per_host = std::collections::HashMap::new();
+    for (name, host) in hosts {
+        let port = 7990 + *per_host.entry(host).and_modify(|p| *p += 1).or_insert(0u16);
+        let bind = format!("-bind={}:{port}", rig.hosts[host].addr);
+        let rpc = format!("-rpc-addr=127.0.0.1:{}", 7890 + port - 7990);
+        let node = format!("-node={name}");
+        let join = format!("-join={}:7990", rig.hosts[0].addr);
+        let mut argv = vec!["serf", "agent", "-profile=lan", &node, &bind, &rpc];
+        if !agents.is_empty() {
+            argv.push(&join);
+        }
+        agents.push(rig.spawn(host, &name, &argv, &[]));
+    }
+    agents
+}
+
+fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
+    let all: Vec<&str> = deployment.nodes.iter().map(|n| n.name.as_str()).collect();
+    let require = all.join(",");
+    let mut serfs = if args.serf {
+        serf(rig, deployment)
+    } else {
+        Vec::new()
+    };
+    if args.serf {
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    let mut run = guarded_run(rig, deployment, &require);
+    for host in 0..rig.hosts.len() {
+        rig.udp_loss(host, percent);
+    }
+    let span = Duration::from_secs_f64(args.minutes * 60.0);
+    let started = Instant::now();
+    let mut faults = 0u32;
+    let mut first_fault_ms = None;
+    let serf_seen_before = serfs.first_mut().map(serf_failed).unwrap_or(0);
+    while started.elapsed() < span {
+        let left = span.saturating_sub(started.elapsed());
+        if let Some(fault) = run.wait_event(left, "run_faulted", &[]) {
+            faults += 1;
+            first_fault_ms.get_or_insert(started.elapsed().as_millis() as u64);
+            eprintln!(
+                "loss {percent}%: false fault at {:?}: {fault}",
+                started.elapsed()
+            );
+            run.wait_exit(Duration::from_secs(10));
+            run.kill();
+            if started.elapsed() < span {
+                run = guarded_run(rig, deployment, &require);
+            }
+        }
+    }
+    let serf_failed_events: Option<usize> = serfs
+        .first_mut()
+        .map(|orchestrators| serf_failed(orchestrators) - serf_seen_before);
+    for host in 0..rig.hosts.len() {
+        rig.udp_loss(host, 0);
+    }
+    run.kill();
+    for agent in &mut serfs {
+        agent.kill();
+    }
+    line(
+        args,
+        "rig_loss_false_faults",
+        serde_json::json!({
+            "loss_percent": percent,
+            "minutes": args.minutes,
+            "false_faults": faults,
+            "first_fault_ms": first_fault_ms,
+            "serf_member_failed": serf_failed_events,
+        }),
+    );
+}
+
+/// `member-failed` events a Serf agent logged so far (the agent beside
+/// the orchestrator: the view an orchestrator on Serf would act on).
+fn serf_failed(agent: &mut Process) -> usize {
+    agent.drain();
+    let mut text = agent.stderr();
+    text.push_str(&agent.seen().join("\n"));
+    text.matches("EventMemberFailed").count()
+}
