@@ -15,7 +15,7 @@
 //!   dropped → `run_faulted`.
 //! - `rig_orchestrator_moved_ms`: the orchestrator's host vanishes and a
 //!   new orchestrator starts on another host → its `pool_ready`.
-//! - `rig_loss_false_faults`: runs faulted over `--minutes` of `--loss`%
+//! - `rig_loss_false_faults` (with `--only loss`): runs faulted over `--minutes` of `--loss`%
 //!   UDP loss on every host (a new run after each), and with `--serf`, the
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
 //!   on the same hosts in the same minutes.
@@ -123,7 +123,8 @@ fn main() {
         let times = moves(&rig, &deployment, args.moves);
         report(&args, "rig_orchestrator_moved_ms", &times);
     }
-    if wants("loss") {
+    // The loss figure takes `--minutes` per level: only when asked for.
+    if args.only.as_deref() == Some("loss") {
         for percent in args.loss.clone() {
             loss(&rig, &deployment, &args, percent);
         }

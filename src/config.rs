@@ -370,6 +370,9 @@ pub struct NodeConfig {
     pub health_interval: Duration,
     /// `[swim]`: as in `config.toml`.
     pub swim: SwimConfig,
+    /// `[node] generation_file`: where the node keeps its last life
+    /// (default `<signing_key>.generation`); its folder must be writable.
+    pub generation_file: Option<PathBuf>,
     /// `[node] heartbeat`: how often a signed frame goes to the
     /// orchestrator when nothing changed; a connection silent for
     /// [`HEARTBEATS_MISSED`] heartbeats is taken as gone, on both sides.
@@ -398,6 +401,7 @@ impl NodeConfig {
         let dir = path.parent().unwrap_or(Path::new("."));
         let paths = [&mut config.signing_key, &mut config.identity]
             .into_iter()
+            .chain(config.generation_file.iter_mut())
             .chain(config.swim.cluster_keys.iter_mut());
         for path in paths {
             if path.is_relative() {
@@ -425,6 +429,7 @@ impl NodeConfig {
                 "health_check",
                 "health_interval",
                 "heartbeat",
+                "generation_file",
             ],
         )?;
         let name = doc.required(node, "node", "name", node_span.clone())?;
@@ -462,6 +467,10 @@ impl NodeConfig {
             }
             None => DEFAULT_HEARTBEAT,
         };
+        let generation_file = match node.get("generation_file") {
+            Some(value) => Some(PathBuf::from(doc.string(value, "node.generation_file")?.0)),
+            None => None,
+        };
         let swim = match doc.section(root, "swim")? {
             Some((table, _)) => doc.swim(table)?,
             None => SwimConfig::default(),
@@ -489,6 +498,7 @@ impl NodeConfig {
             identity,
             health_check,
             health_interval,
+            generation_file,
             heartbeat,
             swim,
             agents,
@@ -995,7 +1005,7 @@ wait_timeout = "30s"
         assert_eq!(key, "swim.probe_perod");
 
         assert_eq!(
-            config.swim.timings.indirect_probes, 6,
+            config.swim.timings.indirect_probes, 16,
             "the shipped default"
         );
         let fewer = text.replace("[demo]", "indirect_probes = 3\n[demo]");

@@ -3,7 +3,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -163,6 +163,18 @@ enum Command {
     },
 }
 
+/// The orchestrator holds a descriptor per agent connection: the soft
+/// limit (often 1,024, as `[agents] max_connections`) is raised to the
+/// hard one, so the listener's own limits are what hold.
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
@@ -175,6 +187,12 @@ fn main() -> ExitCode {
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
+    }
+    if matches!(
+        cli.command,
+        Some(Command::Watch { .. } | Command::Run { .. } | Command::Demo { .. }) | None
+    ) {
+        raise_open_files();
     }
     let command = cli.command.unwrap_or(Command::Demo {
         config: PathBuf::from("config.toml"),
@@ -250,12 +268,13 @@ fn main() -> ExitCode {
             let addr = poolgate::live::status::address(&loaded);
             live_system(async move { Ok(poolgate::live::status::ask(addr).await) }).map(|answer| {
                 match answer {
+                    // A closed stdout (`| head`) is no reason to panic.
                     Ok(answer) if json => {
-                        println!("{answer}");
+                        let _ = writeln!(io::stdout(), "{answer}");
                         0
                     }
                     Ok(answer) => {
-                        print!("{}", poolgate::live::status::render(&answer));
+                        let _ = write!(io::stdout(), "{}", poolgate::live::status::render(&answer));
                         0
                     }
                     Err(why) => {

@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use super::endpoint::{resolve_all, Endpoint};
+use super::endpoint::{lookup_all, Endpoint};
 use super::generation::{unix_ms, GenerationFile, Sequences};
 use super::keys::NodeKey;
 use super::orchestrator::keyring;
@@ -56,7 +56,10 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
     let ring = keyring(&config.swim)?;
     // One life for this process, above every earlier one whatever the
     // clock says: the SWIM generation and the sequences' high bits.
-    let generations = GenerationFile::beside(&config.signing_key);
+    let generations = match &config.generation_file {
+        Some(path) => GenerationFile::new(path.clone()),
+        None => GenerationFile::beside(&config.signing_key),
+    };
     let generation = generations.next(unix_ms())?;
     let (swim, swim_addr) = SwimMember::start(
         config.name.as_str(),
@@ -176,16 +179,27 @@ async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<Endpoint>) {
     if seeds.is_empty() {
         return;
     }
+    let mut said = Throttle::new(LOG_EVERY);
     loop {
         match swim.send(MemberCount).await {
-            Ok(0) => swim.do_send(Join {
-                seeds: resolve_all(&seeds, "swim.seeds"),
-            }),
+            Ok(0) => join(&swim, &seeds, &mut said).await,
             Ok(_) => {}
             Err(_) => return,
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Announces to the seeds, resolved now (a name that does not resolve is
+/// said at most once per interval).
+async fn join(swim: &Addr<SwimMember>, seeds: &[Endpoint], said: &mut Throttle) {
+    let (addrs, failed) = lookup_all(seeds).await;
+    if !failed.is_empty() {
+        if let Some(held) = said.allow(std::time::Instant::now()) {
+            tracing::warn!(?failed, held, "swim.seeds: not resolved");
+        }
+    }
+    swim.do_send(Join { seeds: addrs });
 }
 
 struct AnnounceTo {
@@ -231,9 +245,20 @@ async fn announce(
 ) {
     let mut backoff = BACKOFF_MIN;
     let mut said = Throttle::new(LOG_EVERY);
+    let mut said_seeds = Throttle::new(LOG_EVERY);
+    let mut shunned = std::collections::HashSet::new();
     loop {
-        let addrs = resolve_all(&to.agents, "orchestrator.agents");
-        let outcome = match connect_first(&addrs, to.heartbeat * HEARTBEATS_MISSED).await {
+        let (addrs, failed) = lookup_all(&to.agents).await;
+        if !failed.is_empty() {
+            if let Some(held) = said.allow(std::time::Instant::now()) {
+                tracing::warn!(node = %to.node, ?failed, held, "orchestrator.agents: not resolved");
+            }
+        }
+        // An address that took the connection but accepted no frame, or
+        // went silent, is tried after the others: a frozen process whose
+        // kernel still completes handshakes must not hold the node.
+        let candidates = candidates(addrs, &mut shunned);
+        let outcome = match connect_first(&candidates, to.heartbeat * HEARTBEATS_MISSED).await {
             Ok((addr, stream)) => (
                 addr,
                 session(&mut to, addr, stream, &mut updates, &sent).await,
@@ -241,6 +266,12 @@ async fn announce(
             Err(e) => (SocketAddr::from(([0, 0, 0, 0], 0)), Session::Unreachable(e)),
         };
         let now = std::time::Instant::now();
+        match &outcome {
+            (addr, Session::Lost { .. } | Session::Refused { .. }) => {
+                shunned.insert(*addr);
+            }
+            _ => {}
+        }
         match outcome {
             (_, Session::Stopped) => return,
             (
@@ -251,9 +282,7 @@ async fn announce(
                 },
             ) => {
                 tracing::warn!(node = %to.node, orchestrator = %addr, why, "orchestrator lost; trying every address, joining SWIM again");
-                to.swim.do_send(Join {
-                    seeds: resolve_all(&to.seeds, "swim.seeds"),
-                });
+                join(&to.swim, &to.seeds, &mut said_seeds).await;
                 backoff = BACKOFF_MIN;
                 continue;
             }
@@ -283,6 +312,25 @@ async fn announce(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// The addresses to try this round: those not shunned (they took a
+/// connection but accepted no frame, or went silent), or all of them again
+/// once every one is.
+fn candidates(
+    addrs: Vec<SocketAddr>,
+    shunned: &mut std::collections::HashSet<SocketAddr>,
+) -> Vec<SocketAddr> {
+    let fresh: Vec<SocketAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| !shunned.contains(a))
+        .collect();
+    if fresh.is_empty() {
+        shunned.clear();
+        return addrs;
+    }
+    fresh
 }
 
 /// Connects to every address at once; the first connection made (the
@@ -469,5 +517,26 @@ async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
                 None => format!("health check failed ({})", output.status),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_that_accepted_nothing_is_tried_after_the_others() {
+        let (a, b) = (
+            SocketAddr::from(([10, 0, 0, 1], 1)),
+            SocketAddr::from(([10, 0, 0, 2], 1)),
+        );
+        let mut shunned = std::collections::HashSet::new();
+        assert_eq!(candidates(vec![a, b], &mut shunned), vec![a, b]);
+        shunned.insert(a);
+        assert_eq!(candidates(vec![a, b], &mut shunned), vec![b]);
+        // Every one shunned: all of them again.
+        shunned.insert(b);
+        assert_eq!(candidates(vec![a, b], &mut shunned), vec![a, b]);
+        assert!(shunned.is_empty());
     }
 }

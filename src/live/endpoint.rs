@@ -96,8 +96,8 @@ impl Endpoint {
     }
 }
 
-/// Resolves every endpoint in `endpoints`, logging (at warn) each that
-/// does not resolve: the addresses that did.
+/// Resolves every endpoint in `endpoints` (blocking: for start-up);
+/// logs at warn each that does not resolve.
 pub fn resolve_all(endpoints: &[Endpoint], what: &str) -> Vec<SocketAddr> {
     let mut addrs = Vec::new();
     for endpoint in endpoints {
@@ -108,6 +108,36 @@ pub fn resolve_all(endpoints: &[Endpoint], what: &str) -> Vec<SocketAddr> {
     }
     addrs
 }
+
+/// Resolves every endpoint without blocking the caller's thread (the
+/// lookup runs on the runtime's blocking pool, bounded by
+/// [`LOOKUP_LIMIT`]): the addresses found, and what failed, in words.
+pub async fn lookup_all(endpoints: &[Endpoint]) -> (Vec<SocketAddr>, Vec<String>) {
+    let mut addrs = Vec::new();
+    let mut failed = Vec::new();
+    for endpoint in endpoints {
+        if let Some(addr) = endpoint.literal() {
+            addrs.push(addr);
+            continue;
+        }
+        let lookup = tokio::net::lookup_host(endpoint.as_str());
+        match tokio::time::timeout(LOOKUP_LIMIT, lookup).await {
+            Ok(Ok(found)) => {
+                let before = addrs.len();
+                addrs.extend(found);
+                if addrs.len() == before {
+                    failed.push(format!("{endpoint} resolves to no address"));
+                }
+            }
+            Ok(Err(e)) => failed.push(format!("cannot resolve {endpoint}: {e}")),
+            Err(_) => failed.push(format!("cannot resolve {endpoint} within {LOOKUP_LIMIT:?}")),
+        }
+    }
+    (addrs, failed)
+}
+
+/// The longest a name lookup may take before it counts as failed.
+pub const LOOKUP_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

@@ -26,7 +26,7 @@ pub const LIFE_LIMIT: u64 = 1 << 44;
 #[derive(Debug, thiserror::Error)]
 pub enum GenerationError {
     /// The file could not be read or written.
-    #[error("{file}: {source}")]
+    #[error("{file}: {source} (its folder must be writable; for a node, `[node] generation_file` moves it)")]
     Io {
         /// The generation file.
         file: PathBuf,

@@ -23,6 +23,9 @@ pub(crate) struct Nodes {
     /// The SWIM address each node signed in its latest frame: SWIM facts
     /// about the node count only from there.
     pub(crate) swim_addr: HashMap<NodeId, SocketAddr>,
+    /// The agent connection each node was last heard on (an id of the
+    /// listener's), so a lost connection is told from a replaced one.
+    pub(crate) attached: HashMap<NodeId, u64>,
     /// The latest SWIM fact per node and address, so a node's state is
     /// known the moment it signs its address.
     pub(crate) latest: HashMap<NodeId, HashMap<SocketAddr, MembershipUpdate>>,

@@ -161,6 +161,7 @@ impl Orchestrator {
             admission: Arc::new(Mutex::new(Admission::new(config.agents.max_connections))),
             idle: config.agents.idle_timeout,
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
+            answering: Arc::new(tokio::sync::Semaphore::new(1)),
         };
         let listener = actix::spawn(accept.serve(listener));
         actix::spawn(keep_readiness_gauge(gate.clone()));
@@ -265,6 +266,11 @@ async fn keep_readiness_gauge(gate: Gate) {
     }
 }
 
+/// How long a node's agent connection may be gone (closed without
+/// `leaving`, or silent for a few heartbeats) before the node is not
+/// available: a reconnect within it changes nothing (SPEC §11).
+pub const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// How long a new agent connection has to send its first frame.
 pub const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -285,7 +291,9 @@ struct Admission {
     /// Not yet authenticated, by age: source and the eviction signal.
     waiting: std::collections::BTreeMap<u64, (IpAddr, tokio::sync::oneshot::Sender<()>)>,
     waiting_from: HashMap<IpAddr, usize>,
-    authenticated: std::collections::HashSet<u64>,
+    /// Authenticated: never evicted, only superseded by a newer
+    /// connection of the same node.
+    authenticated: HashMap<u64, tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Admission {
@@ -348,10 +356,33 @@ impl Admission {
 
     /// Connection `id` had a frame accepted: it is no longer evictable.
     fn authenticated(&mut self, id: u64) {
-        if let Some((ip, _)) = self.waiting.remove(&id) {
+        if let Some((ip, evict)) = self.waiting.remove(&id) {
             self.unwait(ip);
-            self.authenticated.insert(id);
+            self.authenticated.insert(id, evict);
         }
+    }
+
+    /// Closes authenticated connection `id`: a newer connection of its
+    /// node took over (one connection per node, so a stolen key cannot
+    /// hold the listener's slots).
+    fn supersede(&mut self, id: u64) {
+        if let Some(evict) = self.authenticated.remove(&id) {
+            self.open -= 1;
+            let _ = evict.send(());
+        }
+    }
+
+    /// Evicts the oldest unauthenticated connection, if any (out of file
+    /// descriptors: make room).
+    fn evict_oldest(&mut self) -> bool {
+        let Some((_, (ip, evict))) = self.waiting.pop_first() else {
+            return false;
+        };
+        self.unwait(ip);
+        self.open -= 1;
+        metrics::counter!("poolgate_agent_connections_evicted_total").increment(1);
+        let _ = evict.send(());
+        true
     }
 
     /// Connection `id` ended (an evicted one was counted out already).
@@ -359,7 +390,7 @@ impl Admission {
         if let Some((ip, _)) = self.waiting.remove(&id) {
             self.unwait(ip);
             self.open -= 1;
-        } else if self.authenticated.remove(&id) {
+        } else if self.authenticated.remove(&id).is_some() {
             self.open -= 1;
         }
     }
@@ -376,19 +407,26 @@ struct Listener {
     idle: std::time::Duration,
     /// Refusal lines, at most one per source address per interval.
     said: Arc<Mutex<Throttles<IpAddr>>>,
+    /// One status answer at a time.
+    answering: Arc<tokio::sync::Semaphore>,
 }
 
 impl Listener {
     async fn serve(self, listener: TcpListener) {
         // Connections end with the listener (aborting it drops the set).
         let mut connections = tokio::task::JoinSet::new();
+        let mut accept_failed = super::throttle::Throttle::new(LOG_EVERY);
         loop {
             while connections.try_join_next().is_some() {}
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    tracing::warn!(error = %e, "agent listener: accept failed");
-                    // Out of descriptors, say: do not spin on it.
+                    // Out of descriptors, say: make room by evicting the
+                    // oldest unauthenticated connection, and do not spin.
+                    let evicted = lock(&self.admission).evict_oldest();
+                    if let Some(held) = accept_failed.allow(std::time::Instant::now()) {
+                        tracing::warn!(error = %e, evicted, held, "agent listener: accept failed");
+                    }
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 }
@@ -418,7 +456,42 @@ impl Listener {
         }
     }
 
-    async fn connection(&self, mut stream: TcpStream, peer: SocketAddr, id: u64) {
+    /// Serves one agent connection; when it ends (closed, silent for a few
+    /// heartbeats, failed) without the node's `leaving`, the node is made
+    /// not available unless a newer connection of it is accepted within
+    /// [`LOST_GRACE`] (SPEC §11): a node the orchestrator cannot hear
+    /// cannot stay ready on the state it last announced.
+    async fn connection(&self, stream: TcpStream, peer: SocketAddr, id: u64) {
+        let Some((node, last)) = self.serve_connection(stream, peer, id).await else {
+            return;
+        };
+        if last.leaving {
+            return;
+        }
+        let (gate, nodes) = (self.gate.clone(), Arc::clone(&self.nodes));
+        actix::spawn(async move {
+            tokio::time::sleep(LOST_GRACE).await;
+            let still_this = lock(&nodes).attached.get(&node) == Some(&id);
+            if !still_this {
+                return;
+            }
+            lock(&nodes).attached.remove(&node);
+            tracing::warn!(%node, %peer, "agent connection lost and not reopened: the node is not available until it announces again");
+            if let Err(e) = gate
+                .agent(AgentReport::Unavailable { node: node.clone() })
+                .await
+            {
+                tracing::warn!(%node, error = %e, "connection loss not applied");
+            }
+        });
+    }
+
+    async fn serve_connection(
+        &self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        id: u64,
+    ) -> Option<(NodeId, Announcement)> {
         super::agent::keep_alive(&stream, std::time::Duration::from_secs(5));
         // Until a frame is accepted: the first-frame deadline; then the
         // node's heartbeats (a few missed = gone), within the idle timeout.
@@ -431,36 +504,52 @@ impl Listener {
             let frame = match read.await {
                 Err(_) => {
                     tracing::debug!(%peer, "agent connection silent; closed");
-                    return;
+                    return last_body;
                 }
                 Ok(Ok(Some(bytes))) if first && status::is_status_query(&bytes) => {
-                    return self.status(&mut stream).await;
+                    self.status(&mut stream).await;
+                    return None;
                 }
                 Ok(Ok(Some(bytes))) => match wire::decode_frame(&bytes) {
                     Ok(frame) => frame,
-                    Err(refused) => return self.refuse(&mut stream, peer, None, &refused).await,
+                    Err(refused) => {
+                        self.refuse(&mut stream, peer, None, &refused).await;
+                        return last_body;
+                    }
                 },
-                Ok(Ok(None)) => return,
+                Ok(Ok(None)) => return last_body,
                 Ok(Err(ReadError::Io(e))) => {
                     tracing::debug!(%peer, error = %e, "agent connection failed");
-                    return;
+                    return last_body;
                 }
                 Ok(Err(ReadError::Refused(refused))) => {
-                    return self.refuse(&mut stream, peer, None, &refused).await
+                    self.refuse(&mut stream, peer, None, &refused).await;
+                    return last_body;
                 }
             };
             let node = match NodeId::new(&frame.node) {
                 Ok(node) => node,
                 Err(_) => {
-                    return self
-                        .refuse(&mut stream, peer, None, &Refused::UnknownNode)
-                        .await
+                    self.refuse(&mut stream, peer, None, &Refused::UnknownNode)
+                        .await;
+                    return last_body;
                 }
             };
             let Some(key) = self.registry.get(&node) else {
-                return self
-                    .refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
-                    .await;
+                {
+                    self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
+                        .await;
+                    return last_body;
+                };
+            };
+            // The signature first: what the orchestrator knows of a node
+            // (its last sequence) is said only to the node itself.
+            let announcement = match frame.open(key, &self.label) {
+                Ok(announcement) => announcement,
+                Err(refused) => {
+                    self.refuse(&mut stream, peer, Some(&node), &refused).await;
+                    return last_body;
+                }
             };
             let last = lock(&self.nodes).last_seq.get(&node).copied().unwrap_or(0);
             if frame.seq <= last {
@@ -468,12 +557,9 @@ impl Listener {
                     seq: frame.seq,
                     last,
                 };
-                return self.refuse(&mut stream, peer, Some(&node), &replayed).await;
+                self.refuse(&mut stream, peer, Some(&node), &replayed).await;
+                return last_body;
             }
-            let announcement = match frame.open(key, &self.label) {
-                Ok(announcement) => announcement,
-                Err(refused) => return self.refuse(&mut stream, peer, Some(&node), &refused).await,
-            };
             {
                 let mut known = lock(&self.nodes);
                 let last = known.last_seq.entry(node.clone()).or_default();
@@ -485,6 +571,10 @@ impl Listener {
             }
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
+            let previous = lock(&self.nodes).attached.insert(node.clone(), id);
+            if let Some(previous) = previous.filter(|p| *p != id) {
+                lock(&self.admission).supersede(previous);
+            }
             first = false;
             deadline = match announcement.heartbeat_ms {
                 Some(ms) => (std::time::Duration::from_millis(ms)
@@ -496,7 +586,7 @@ impl Listener {
             if last_body.as_ref() != Some(&(node.clone(), announcement.clone())) {
                 if let Err(e) = self.apply(&node, announcement.clone()).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
-                    return;
+                    return last_body;
                 }
                 last_body = Some((node.clone(), announcement));
             }
@@ -504,13 +594,18 @@ impl Listener {
             let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
             if !matches!(written, Ok(Ok(()))) {
                 tracing::debug!(%peer, %node, "agent connection does not take replies; closed");
-                return;
+                return last_body;
             }
         }
     }
 
-    /// Answers `poolgate status`.
+    /// Answers `poolgate status`, one question at a time (a flood of them
+    /// costs one answer's memory; the others are closed unanswered).
     async fn status(&self, stream: &mut TcpStream) {
+        let Ok(_turn) = Arc::clone(&self.answering).try_acquire_owned() else {
+            metrics::counter!("poolgate_status_refused_total").increment(1);
+            return;
+        };
         let Ok(report) = self.gate.report().await else {
             return;
         };

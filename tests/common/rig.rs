@@ -162,7 +162,6 @@ impl Drop for Process {
 
 /// A rig of hosts on one bridge.
 pub struct Rig {
-    tag: String,
     bridge: String,
     /// The hosts, `host-1` first.
     pub hosts: Vec<Host>,
@@ -233,6 +232,7 @@ fn sweep() {
         let pid: Option<i32> = rest.split('-').next().and_then(|p| p.parse().ok());
         let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
         if !alive {
+            kill_inside(ns);
             let _ = run(&["ip", "netns", "del", ns]);
             let _ = std::fs::remove_dir_all(format!("/etc/netns/{ns}"));
         }
@@ -258,7 +258,6 @@ impl Rig {
         std::fs::create_dir_all(&dir).expect("rig folder");
         let bridge = format!("{tag}-br");
         let mut rig = Rig {
-            tag: tag.clone(),
             bridge: bridge.clone(),
             hosts: Vec::new(),
             dir,
@@ -359,7 +358,8 @@ impl Rig {
         }
     }
 
-    fn nft(&self, i: usize, script: &str) {
+    /// Applies an nftables `script` inside host `i`.
+    pub fn nft(&self, i: usize, script: &str) {
         let path = self.dir.join(format!("nft-{}-{}.nft", i, rand_suffix()));
         std::fs::write(&path, script).expect("nft script");
         let applied = self.exec(i, &["nft", "-f", &path.display().to_string()]);
@@ -433,27 +433,31 @@ fn rand_suffix() -> u64 {
     hasher.finish()
 }
 
+/// SIGKILLs every process left inside namespace `ns` (by pid).
+fn kill_inside(ns: &str) {
+    if let Ok(pids) = run(&["ip", "netns", "pids", ns]) {
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 impl Drop for Rig {
     fn drop(&mut self) {
         for host in &self.hosts {
-            // Whatever still runs inside is killed with the namespace's
-            // last user; kill what is left there by pid first.
-            if let Ok(pids) = run(&["ip", "netns", "pids", &host.ns]) {
-                for pid in pids
-                    .split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok())
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
+            // What a process started inside left behind (a guarded
+            // command, say) goes too.
+            kill_inside(&host.ns);
             let _ = run(&["ip", "netns", "del", &host.ns]);
             let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", host.ns));
         }
         let _ = run(&["ip", "netns", "del", &self.bridge]);
         let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = &self.tag;
     }
 }

@@ -71,6 +71,9 @@ pub fn advertised(
     if addr.ip().is_unspecified() {
         return Err(LiveError::Unadvertised(addr));
     }
+    if addr.ip().is_loopback() && !local.ip().is_loopback() {
+        tracing::warn!(%advertise, %addr, "swim.advertise resolves to a loopback address: members on other hosts cannot reach this one");
+    }
     Ok(addr)
 }
 
@@ -81,8 +84,13 @@ pub type MembershipSink = Box<dyn FnMut(Observed)>;
 /// default is 3; with 3, 1% packet loss made a false suspicion about once
 /// per 125 node-hours in simulation, and SPEC faults a committed run on a
 /// suspicion of a required node (8 false run faults per hour at 1,000
-/// required nodes). With 6: none in 1,000 node-hours (BENCHMARKS.md).
-pub const DEFAULT_INDIRECT_PROBES: usize = 6;
+/// required nodes). With 6: none in 1,000 node-hours (BENCHMARKS.md). But
+/// at 10% UDP loss on the multi-host rig, 6 gave 2 false run faults in 10
+/// minutes over 16 nodes where Serf saw no failure; with 16 (each indirect
+/// path is 4 datagrams, so all 16 fail together about once in 10^7 at 10%
+/// loss): none (BENCHMARKS.md, "Separate hosts"). The extra datagrams go
+/// out only when a direct probe failed.
+pub const DEFAULT_INDIRECT_PROBES: usize = 16;
 
 /// SWIM timings (config `[swim]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
