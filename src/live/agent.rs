@@ -266,11 +266,8 @@ async fn announce(
             Err(e) => (SocketAddr::from(([0, 0, 0, 0], 0)), Session::Unreachable(e)),
         };
         let now = std::time::Instant::now();
-        match &outcome {
-            (addr, Session::Lost { .. } | Session::Refused { .. }) => {
-                shunned.insert(*addr);
-            }
-            _ => {}
+        if let (addr, Session::Lost { .. } | Session::Refused { .. }) = &outcome {
+            shunned.insert(*addr);
         }
         match outcome {
             (_, Session::Stopped) => return,
