@@ -489,3 +489,16 @@ fn nodes_leave_a_frozen_orchestrator_whose_kernel_still_accepts_connections() {
     );
     first.signal(nix::sys::signal::Signal::SIGCONT);
 }
+
+#[test]
+fn nodes_come_back_to_a_restarted_orchestrator_while_its_standby_is_down() {
+    let Some(rig) = Rig::new(4) else { return };
+    // Both hosts listed; only the first ever runs an orchestrator.
+    let deployment = Deployment::write(&rig, &[0, 1], &[2, 3], Options::default());
+    let _nodes = deployment.start_nodes(&rig);
+    let mut first = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    ready(&mut first);
+    first.kill();
+    let mut again = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
+    ready(&mut again);
+}

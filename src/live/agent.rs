@@ -246,7 +246,7 @@ async fn announce(
     let mut backoff = BACKOFF_MIN;
     let mut said = Throttle::new(LOG_EVERY);
     let mut said_seeds = Throttle::new(LOG_EVERY);
-    let mut shunned = std::collections::HashSet::new();
+    let mut rotation = Rotation::default();
     loop {
         let (addrs, failed) = lookup_all(&to.agents).await;
         if !failed.is_empty() {
@@ -254,10 +254,7 @@ async fn announce(
                 tracing::warn!(node = %to.node, ?failed, held, "orchestrator.agents: not resolved");
             }
         }
-        // An address that took the connection but accepted no frame, or
-        // went silent, is tried after the others: a frozen process whose
-        // kernel still completes handshakes must not hold the node.
-        let candidates = candidates(addrs, &mut shunned);
+        let candidates = rotation.candidates(addrs);
         let outcome = match connect_first(&candidates, to.heartbeat * HEARTBEATS_MISSED).await {
             Ok((addr, stream)) => (
                 addr,
@@ -266,9 +263,7 @@ async fn announce(
             Err(e) => (SocketAddr::from(([0, 0, 0, 0], 0)), Session::Unreachable(e)),
         };
         let now = std::time::Instant::now();
-        if let (addr, Session::Lost { .. } | Session::Refused { .. }) = &outcome {
-            shunned.insert(*addr);
-        }
+        rotation.ended(outcome.0, &outcome.1);
         match outcome {
             (_, Session::Stopped) => return,
             (
@@ -311,23 +306,41 @@ async fn announce(
     }
 }
 
-/// The addresses to try this round: those not shunned (they took a
-/// connection but accepted no frame, or went silent), or all of them again
-/// once every one is.
-fn candidates(
-    addrs: Vec<SocketAddr>,
-    shunned: &mut std::collections::HashSet<SocketAddr>,
-) -> Vec<SocketAddr> {
-    let fresh: Vec<SocketAddr> = addrs
-        .iter()
-        .copied()
-        .filter(|a| !shunned.contains(a))
-        .collect();
-    if fresh.is_empty() {
-        shunned.clear();
-        return addrs;
+/// Which of the orchestrator's addresses to try: an address that took the
+/// connection but accepted no frame, or went silent, is shunned (tried
+/// after the others), so a frozen process whose kernel still completes
+/// handshakes cannot hold the node; once no other address answers, every
+/// one is worth a try again.
+#[derive(Debug, Default)]
+struct Rotation {
+    shunned: std::collections::HashSet<SocketAddr>,
+}
+
+impl Rotation {
+    /// The addresses to try this round.
+    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+        let fresh: Vec<SocketAddr> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.shunned.contains(a))
+            .collect();
+        if fresh.is_empty() {
+            self.shunned.clear();
+            return addrs;
+        }
+        fresh
     }
-    fresh
+
+    /// A round ended with `session` (on `addr`, when one was connected).
+    fn ended(&mut self, addr: SocketAddr, session: &Session) {
+        match session {
+            Session::Lost { .. } | Session::Refused { .. } => {
+                self.shunned.insert(addr);
+            }
+            Session::Unreachable(_) => self.shunned.clear(),
+            Session::Stopped => {}
+        }
+    }
 }
 
 /// Connects to every address at once; the first connection made (the
@@ -527,13 +540,48 @@ mod tests {
             SocketAddr::from(([10, 0, 0, 1], 1)),
             SocketAddr::from(([10, 0, 0, 2], 1)),
         );
-        let mut shunned = std::collections::HashSet::new();
-        assert_eq!(candidates(vec![a, b], &mut shunned), vec![a, b]);
-        shunned.insert(a);
-        assert_eq!(candidates(vec![a, b], &mut shunned), vec![b]);
+        let mut rotation = Rotation::default();
+        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
+        rotation.ended(
+            a,
+            &Session::Lost {
+                accepted: false,
+                why: "no reply for 3 heartbeats",
+            },
+        );
+        assert_eq!(rotation.candidates(vec![a, b]), vec![b]);
         // Every one shunned: all of them again.
-        shunned.insert(b);
-        assert_eq!(candidates(vec![a, b], &mut shunned), vec![a, b]);
-        assert!(shunned.is_empty());
+        rotation.ended(
+            b,
+            &Session::Refused {
+                code: "x".into(),
+                detail: "y".into(),
+            },
+        );
+        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
+    }
+
+    #[test]
+    fn a_shunned_address_is_tried_again_when_the_others_do_not_answer() {
+        // An orchestrator restarted at the address a node lost it at, its
+        // standby not running: the node must come back to it.
+        let (a, b) = (
+            SocketAddr::from(([10, 0, 0, 1], 1)),
+            SocketAddr::from(([10, 0, 0, 2], 1)),
+        );
+        let mut rotation = Rotation::default();
+        rotation.ended(
+            a,
+            &Session::Lost {
+                accepted: true,
+                why: "connection closed",
+            },
+        );
+        assert_eq!(rotation.candidates(vec![a, b]), vec![b]);
+        rotation.ended(
+            b,
+            &Session::Unreachable(std::io::ErrorKind::ConnectionRefused.into()),
+        );
+        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
     }
 }
