@@ -41,6 +41,7 @@ struct Args {
     serf: bool,
     json: bool,
     only: Option<String>,
+    indirect_probes: Option<u32>,
 }
 
 fn args() -> Result<Args, String> {
@@ -55,6 +56,7 @@ fn args() -> Result<Args, String> {
         serf: false,
         json: false,
         only: None,
+        indirect_probes: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -81,6 +83,13 @@ fn args() -> Result<Args, String> {
             "--serf" => args.serf = true,
             "--json" => args.json = true,
             "--only" => args.only = Some(value()?),
+            "--indirect-probes" => {
+                args.indirect_probes = Some(
+                    value()?
+                        .parse()
+                        .map_err(|e| format!("--indirect-probes: {e}"))?,
+                )
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -106,6 +115,10 @@ fn main() {
         &node_hosts,
         Options {
             window: Some(Duration::from_secs(1)),
+            swim_extra: args
+                .indirect_probes
+                .map(|k| format!("indirect_probes = {k}\n"))
+                .unwrap_or_default(),
             ..Options::default()
         },
     );
@@ -182,7 +195,25 @@ fn guarded_run(rig: &Rig, deployment: &Deployment, require: &str) -> Process {
         ],
     );
     if run.wait_event(READY, "run_committed", &[]).is_none() {
-        panic!("no commit; stderr:\n{}", run.stderr());
+        // What blocks the pool, and every log, kept for a look.
+        let config = deployment.orchestrator_config(rig, 0).display().to_string();
+        let binary = deploy::binary();
+        let mut status = rig.spawn(0, "status", &[&binary, "status", "--config", &config], &[]);
+        status.wait_exit(Duration::from_secs(10));
+        status.drain();
+        let kept = std::env::temp_dir().join("poolgate-rig-failure");
+        let _ = std::fs::remove_dir_all(&kept);
+        let _ = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(&rig.dir)
+            .arg(&kept)
+            .status();
+        panic!(
+            "no commit; status:\n{}\nrun's stderr:\n{}\nlogs kept in {}",
+            status.seen().join("\n"),
+            run.stderr(),
+            kept.display()
+        );
     }
     run
 }

@@ -28,7 +28,17 @@ pub(crate) struct Nodes {
     pub(crate) attached: HashMap<NodeId, u64>,
     /// The latest SWIM fact per node and address, so a node's state is
     /// known the moment it signs its address.
-    pub(crate) latest: HashMap<NodeId, HashMap<SocketAddr, MembershipUpdate>>,
+    pub(crate) latest: HashMap<NodeId, HashMap<SocketAddr, Held>>,
+}
+
+/// The SWIM facts held for one (node, address) until the node signs it:
+/// the latest, and the last `alive` before it, so that a suspicion heard
+/// before the node's first frame is not dropped as a suspicion of a member
+/// never seen alive.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    alive: Option<MembershipUpdate>,
+    latest: MembershipUpdate,
 }
 
 /// How many addresses' facts are kept per node name (impostors included).
@@ -54,7 +64,18 @@ impl Nodes {
         if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&observed.addr) {
             facts.clear();
         }
-        facts.insert(observed.addr, observed.update.clone());
+        let alive = match facts.get(&observed.addr) {
+            _ if observed.update.state == SwimState::Alive => Some(observed.update.clone()),
+            Some(held) => held.alive.clone(),
+            None => None,
+        };
+        facts.insert(
+            observed.addr,
+            Held {
+                alive,
+                latest: observed.update.clone(),
+            },
+        );
         match self.swim_addr.get(&node) {
             Some(bound) if *bound == observed.addr => Some(self.for_gate(observed.update)),
             Some(_) => {
@@ -67,17 +88,63 @@ impl Nodes {
         }
     }
 
-    /// The node signed `addr`: binds it, and returns the latest fact heard
-    /// from there, if the binding changed.
+    /// The node signed `addr`: binds it, and returns the facts heard from
+    /// there, for the gate in order (the last `alive`, then the latest), if
+    /// the binding changed.
     pub(crate) fn bind(
         &mut self,
         node: &NodeId,
         addr: SocketAddr,
-    ) -> Option<Option<MembershipUpdate>> {
+    ) -> Option<Vec<MembershipUpdate>> {
         if self.swim_addr.insert(node.clone(), addr) == Some(addr) {
             return None;
         }
-        let latest = self.latest.get(node).and_then(|f| f.get(&addr)).cloned();
-        Some(latest.map(|update| self.for_gate(update)))
+        let held = self.latest.get(node).and_then(|f| f.get(&addr)).cloned();
+        let mut facts = Vec::new();
+        if let Some(held) = held {
+            if let Some(alive) = held.alive.filter(|a| *a != held.latest) {
+                facts.push(self.for_gate(alive));
+            }
+            facts.push(self.for_gate(held.latest));
+        }
+        Some(facts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::swim::tracker::Observed;
+
+    fn observed(state: SwimState, incarnation: u64) -> Observed {
+        Observed {
+            update: MembershipUpdate {
+                node: NodeId::new("node-4").unwrap(),
+                state,
+                incarnation,
+            },
+            addr: SocketAddr::from(([10, 0, 0, 4], 7946)),
+        }
+    }
+
+    #[test]
+    fn a_suspicion_heard_before_the_first_frame_comes_after_the_alive_it_suspects() {
+        // SWIM saw node-4 alive, then suspected it, all before node-4's
+        // first frame signed its address: binding hands the gate both, in
+        // order, so the suspicion counts (alone it would be a suspicion of
+        // a member never seen, which the gate ignores as stale).
+        let mut nodes = Nodes::default();
+        assert_eq!(nodes.observe(observed(SwimState::Alive, 7)), None);
+        assert_eq!(nodes.observe(observed(SwimState::Suspect, 7)), None);
+        let node = NodeId::new("node-4").unwrap();
+        let facts = nodes
+            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)))
+            .unwrap();
+        let states: Vec<SwimState> = facts.iter().map(|f| f.state).collect();
+        assert_eq!(states, vec![SwimState::Alive, SwimState::Suspect]);
+        // Bound already: nothing again.
+        assert!(nodes
+            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)))
+            .is_none());
     }
 }

@@ -666,7 +666,7 @@ impl Listener {
             // A node this member may not know (it restarted, or this
             // orchestrator did): ask it to join us.
             self.swim.do_send(Join { seeds: vec![addr] });
-            if let Some(update) = latest {
+            for update in latest {
                 self.gate.membership(update).await?;
             }
         }

@@ -326,7 +326,7 @@ impl Simulation {
         self.last_announce_ms = self.last_announce_ms.max(at_ms);
         if let Some(latest) = self.nodes.bind(&node, address(index)) {
             self.net.announce(0, index);
-            if let Some(update) = latest {
+            for update in latest {
                 self.gate.submit(at, update.into()).await?;
             }
         }

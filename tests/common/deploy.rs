@@ -53,6 +53,7 @@ pub struct Deployment {
     window: Duration,
     extra_orchestrator: String,
     extra_node: String,
+    extra_swim: String,
 }
 
 /// Options beside the README's defaults.
@@ -64,6 +65,8 @@ pub struct Options {
     pub orchestrator_extra: String,
     /// Lines added to every node's `[node]` section.
     pub node_extra: String,
+    /// Lines added to every `[swim]` section (nodes and orchestrators).
+    pub swim_extra: String,
 }
 
 impl Deployment {
@@ -130,7 +133,8 @@ impl Deployment {
                 format!(
                     "[node]\nname = \"{name}\"\nsigning_key = \"{name}.key\"\nidentity = \"{name}.pub\"\n{extra}\n\
                      [swim]\nbind = \"0.0.0.0:{port}\"\nadvertise = \"{hostname}:{port}\"\nseeds = [{seeds}]\n\
-                     cluster_keys = [\"cluster.key\"]\n\n[orchestrator]\nagents = {agents}\n",
+                     cluster_keys = [\"cluster.key\"]\n{swim_extra}\n[orchestrator]\nagents = {agents}\n",
+                    swim_extra = options.swim_extra,
                     extra = options.node_extra,
                     hostname = rig.hosts[host].name,
                     seeds = seeds.join(", "),
@@ -150,6 +154,7 @@ impl Deployment {
             window: options.window.unwrap_or(Duration::from_secs(2)),
             extra_orchestrator: options.orchestrator_extra.clone(),
             extra_node: options.node_extra.clone(),
+            extra_swim: options.swim_extra.clone(),
         };
         for host in orchestrators {
             let path = rig.host_dir(*host).join("config.toml");
@@ -173,12 +178,13 @@ impl Deployment {
         format!(
             "[pool]\nid = \"pool-a\"\nmembers = [{members}]\n\n[readiness]\nconvergence_window = \"{window}ms\"\n\n\
              [swim]\nbind = \"0.0.0.0:{SWIM_PORT}\"\nadvertise = \"{hostname}:{SWIM_PORT}\"\n\
-             cluster_keys = [\"cluster.key\"]\n\n[agents]\nlisten = \"0.0.0.0:{AGENTS_PORT}\"\n\n\
+             cluster_keys = [\"cluster.key\"]\n{swim}\n[agents]\nlisten = \"0.0.0.0:{AGENTS_PORT}\"\n\n\
              {extra}\n[registry]\n{registry}",
             members = members.join(", "),
             window = self.window.as_millis(),
             hostname = rig.hosts[host].name,
             extra = self.extra_orchestrator,
+            swim = self.extra_swim,
         )
     }
 
@@ -187,8 +193,15 @@ impl Deployment {
         rig.host_dir(host).join("config.toml")
     }
 
-    /// Starts node `i` (`poolgate node --config …`), with `env`.
+    /// Starts node `i` (`poolgate node --config …`), with `env`
+    /// (`POOLGATE_RIG_NODE_LOG` sets the nodes' `RUST_LOG`).
     pub fn start_node(&self, rig: &Rig, i: usize, env: &[(&str, &str)]) -> Process {
+        let level = std::env::var("POOLGATE_RIG_NODE_LOG").ok();
+        let mut env = env.to_vec();
+        if let Some(level) = level.as_deref() {
+            env.push(("RUST_LOG", level));
+        }
+        let env = &env[..];
         let node = &self.nodes[i];
         let config = node.config.display().to_string();
         let binary = binary();
@@ -213,11 +226,18 @@ impl Deployment {
         let binary = binary();
         let mut argv = vec![binary.as_str(), args[0], "--config", config.as_str()];
         argv.extend_from_slice(&args[1..]);
+        // `POOLGATE_RIG_ORCHESTRATOR_LOG` sets the orchestrators' `RUST_LOG`.
+        let level = std::env::var("POOLGATE_RIG_ORCHESTRATOR_LOG").ok();
+        let env: Vec<(&str, &str)> = level
+            .as_deref()
+            .map(|l| ("RUST_LOG", l))
+            .into_iter()
+            .collect();
         rig.spawn(
             host,
             &format!("orchestrator-{}-{}", host + 1, unique()),
             &argv,
-            &[],
+            &env,
         )
     }
 }
