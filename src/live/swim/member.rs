@@ -307,27 +307,12 @@ impl SwimMember {
     /// that every member times a suspicion out; down, the member is told
     /// so when it next speaks and rejoins under a renewed identity.
     fn expire_suspicions(&mut self, ctx: &mut Context<Self>) {
-        let now = std::time::Instant::now();
-        let mut held = std::collections::HashMap::new();
-        for member in self.foca.iter_membership_state() {
-            if member.state() != foca::State::Suspect {
-                continue;
-            }
-            let since = match self.suspected.get(member.id()) {
-                Some((incarnation, since)) if *incarnation == member.incarnation() => *since,
-                _ => now,
-            };
-            held.insert(member.id().clone(), (member.incarnation(), since));
-        }
-        self.suspected = held;
-        let expired: Vec<foca::Member<SwimIdentity>> = self
-            .suspected
-            .iter()
-            .filter(|(_, (_, since))| now.duration_since(*since) >= self.suspicion_limit)
-            .map(|(id, (incarnation, _))| {
-                foca::Member::new(id.clone(), *incarnation, foca::State::Down)
-            })
-            .collect();
+        let expired = expired_suspicions(
+            &mut self.suspected,
+            self.foca.iter_membership_state(),
+            std::time::Instant::now(),
+            self.suspicion_limit,
+        );
         if expired.is_empty() {
             return;
         }
@@ -342,6 +327,32 @@ impl SwimMember {
         self.report("expire", result);
         self.drain(ctx);
     }
+}
+
+/// Follows the suspicions in `members` (`held`: at which incarnation,
+/// since when) and returns, as `Down` updates, those held at one
+/// incarnation for `limit` or longer.
+fn expired_suspicions<'m>(
+    held: &mut std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
+    members: impl Iterator<Item = &'m foca::Member<SwimIdentity>>,
+    now: std::time::Instant,
+    limit: Duration,
+) -> Vec<foca::Member<SwimIdentity>> {
+    let mut still = std::collections::HashMap::new();
+    for member in members.filter(|m| m.state() == foca::State::Suspect) {
+        let since = match held.get(member.id()) {
+            Some((incarnation, since)) if *incarnation == member.incarnation() => *since,
+            _ => now,
+        };
+        still.insert(member.id().clone(), (member.incarnation(), since));
+    }
+    *held = still;
+    held.iter()
+        .filter(|(_, (_, since))| now.duration_since(*since) >= limit)
+        .map(|(id, (incarnation, _))| {
+            foca::Member::new(id.clone(), *incarnation, foca::State::Down)
+        })
+        .collect()
 }
 
 impl Actor for SwimMember {
@@ -550,5 +561,91 @@ impl Handler<Leave> for SwimMember {
         self.report("leave", result);
         self.drain(ctx);
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn identity(node: &str, port: u16) -> SwimIdentity {
+        SwimIdentity {
+            node: node.into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down() {
+        // A member that hears of B only as suspect (gossip, no probe of its
+        // own failed) arms no timer in foca: B would stay suspect for good.
+        let (codec, _changes) = WatchingCodec::watched();
+        let mut foca: SwimFoca = Foca::new(
+            identity("orchestrator", 1),
+            SwimSettings::default().foca_config(4),
+            StdRng::seed_from_u64(1),
+            codec,
+        );
+        let mut runtime = AccumulatingRuntime::new();
+        let b = identity("node-4", 2);
+        let heard = [
+            foca::Member::new(b.clone(), 3, foca::State::Alive),
+            foca::Member::new(b.clone(), 3, foca::State::Suspect),
+        ];
+        foca.apply_many(heard.into_iter(), true, &mut runtime)
+            .unwrap();
+        let limit = Duration::from_secs(3);
+        let start = std::time::Instant::now();
+        let mut held = std::collections::HashMap::new();
+        let expired = expired_suspicions(&mut held, foca.iter_membership_state(), start, limit);
+        assert!(expired.is_empty(), "not yet");
+        let later = start + limit - Duration::from_millis(1);
+        assert!(
+            expired_suspicions(&mut held, foca.iter_membership_state(), later, limit).is_empty()
+        );
+        let expired = expired_suspicions(
+            &mut held,
+            foca.iter_membership_state(),
+            start + limit,
+            limit,
+        );
+        assert_eq!(expired.len(), 1);
+        foca.apply_many(expired.into_iter(), true, &mut runtime)
+            .unwrap();
+        let state = foca
+            .iter_membership_state()
+            .find(|m| m.id() == &b)
+            .map(|m| m.state());
+        assert_eq!(state, Some(foca::State::Down));
+    }
+
+    #[test]
+    fn a_refuted_suspicion_starts_over() {
+        let b = identity("node-4", 2);
+        let limit = Duration::from_secs(3);
+        let start = std::time::Instant::now();
+        let mut held = std::collections::HashMap::new();
+        let suspect = |incarnation| {
+            vec![foca::Member::new(
+                b.clone(),
+                incarnation,
+                foca::State::Suspect,
+            )]
+        };
+        expired_suspicions(&mut held, suspect(3).iter(), start, limit);
+        // Refuted, then suspected again at the new incarnation: its own clock.
+        let soon = start + Duration::from_secs(2);
+        expired_suspicions(&mut held, suspect(4).iter(), soon, limit);
+        assert!(expired_suspicions(&mut held, suspect(4).iter(), start + limit, limit).is_empty());
+        assert_eq!(
+            expired_suspicions(&mut held, suspect(4).iter(), soon + limit, limit).len(),
+            1
+        );
+        // Alive again: nothing held.
+        let alive = [foca::Member::new(b.clone(), 5, foca::State::Alive)];
+        assert!(expired_suspicions(&mut held, alive.iter(), soon + limit * 2, limit).is_empty());
+        assert!(held.is_empty());
     }
 }
