@@ -169,8 +169,14 @@ pub struct Rig {
     pub dir: PathBuf,
 }
 
-/// Why the rig cannot run on this machine, if it cannot.
+/// Why the rig cannot run on this machine, if it cannot (found out once
+/// per process: the tests of one binary make their rigs at once).
 pub fn unavailable() -> Option<String> {
+    static FOUND: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(probe).clone()
+}
+
+fn probe() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
     }
