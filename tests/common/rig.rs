@@ -253,7 +253,13 @@ impl Rig {
             if std::env::var_os("CI").is_some() {
                 panic!("the multi-host rig must run in CI, but cannot: {why}");
             }
-            eprintln!("skipped: the multi-host rig needs root, ip netns and nft: {why}");
+            // Straight to stderr, past the test harness's capture, so the
+            // line is seen though the test passes.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: the multi-host rig needs root, ip netns and nft: {why}"
+            );
             return None;
         }
         sweep();
