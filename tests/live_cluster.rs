@@ -321,7 +321,7 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
                     .unwrap();
                 let mut response = String::new();
                 stream.read_to_string(&mut response).await.unwrap();
-                if response.contains("poolgate_") {
+                if response.contains("poolgate_node_ready") {
                     break response;
                 }
             }
@@ -329,6 +329,12 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
         };
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(text.contains("poolgate_candidates_blocked"), "{text}");
+        // Per pool member, 0 while its node process has not started.
+        assert!(
+            text.lines()
+                .any(|l| l == "poolgate_node_ready{node=\"node-1\"} 0"),
+            "{text}"
+        );
         watch.kill().await.unwrap();
     });
 }
@@ -457,6 +463,22 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
     let (code, stderr) = start();
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("swim.advertise"), "{stderr}");
+    // `run --timeout` with no node running: exit 1, saying what blocks.
+    write("bind = \"127.0.0.1:0\"");
+    drop(taken);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--timeout", "1s", "--config"])
+        .arg(&config)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not ready within 1s") && stderr.contains("n1"),
+        "{stderr}"
+    );
     // A hostname that does not resolve.
     write("bind = \"0.0.0.0:0\"\nadvertise = \"no-such-host.invalid:7946\"");
     let (code, stderr) = start();
@@ -465,6 +487,5 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
         stderr.contains("swim.advertise") && stderr.contains("no-such-host.invalid"),
         "{stderr}"
     );
-    drop(taken);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -372,17 +372,6 @@ async fn connect_first(
     Err(last)
 }
 
-/// Sets TCP keepalive on an agent connection (a dead peer is found even
-/// where no frame flows), probing after `idle`.
-pub fn keep_alive(stream: &TcpStream, idle: Duration) {
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(idle)
-        .with_interval(idle);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
-        tracing::debug!(error = %e, "TCP keepalive not set");
-    }
-}
-
 /// One connection to the orchestrator at `addr`.
 async fn session(
     to: &mut AnnounceTo,
@@ -392,7 +381,7 @@ async fn session(
     sent: &AtomicU64,
 ) -> Session {
     let silence = to.heartbeat * HEARTBEATS_MISSED;
-    keep_alive(&stream, to.heartbeat.max(Duration::from_secs(1)));
+    wire::keep_alive(&stream, to.heartbeat.max(Duration::from_secs(1)));
     let (mut reader, mut writer) = stream.into_split();
     // Replies are read on a task of their own (a read is not cancel-safe
     // in a select), into a small channel.

@@ -96,19 +96,6 @@ impl Endpoint {
     }
 }
 
-/// Resolves every endpoint in `endpoints` (blocking: for start-up);
-/// logs at warn each that does not resolve.
-pub fn resolve_all(endpoints: &[Endpoint], what: &str) -> Vec<SocketAddr> {
-    let mut addrs = Vec::new();
-    for endpoint in endpoints {
-        match endpoint.resolve() {
-            Ok(found) => addrs.extend(found),
-            Err(e) => tracing::warn!(endpoint = %endpoint, error = %e, "{what}: not resolved"),
-        }
-    }
-    addrs
-}
-
 /// Resolves every endpoint without blocking the caller's thread (the
 /// lookup runs on the runtime's blocking pool, bounded by
 /// [`LOOKUP_LIMIT`]): the addresses found, and what failed, in words.

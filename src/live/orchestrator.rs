@@ -30,7 +30,7 @@ use rand::SeedableRng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::endpoint::resolve_all;
+use super::endpoint::lookup_all;
 use super::generation::{unix_ms, GenerationFile};
 use super::keys::{ClusterKey, PublicKey};
 use super::nodes::Nodes;
@@ -141,9 +141,11 @@ impl Orchestrator {
             keyring,
         )?;
         if !config.swim.seeds.is_empty() {
-            swim.do_send(Join {
-                seeds: resolve_all(&config.swim.seeds, "swim.seeds"),
-            });
+            let (seeds, failed) = lookup_all(&config.swim.seeds).await;
+            if !failed.is_empty() {
+                tracing::warn!(?failed, "swim.seeds: not resolved");
+            }
+            swim.do_send(Join { seeds });
         }
         let bound = |source| LiveError::Bind {
             socket: "agent listener (TCP)",
@@ -492,7 +494,7 @@ impl Listener {
         peer: SocketAddr,
         id: u64,
     ) -> Option<(NodeId, Announcement)> {
-        super::agent::keep_alive(&stream, std::time::Duration::from_secs(5));
+        wire::keep_alive(&stream, std::time::Duration::from_secs(5));
         // Until a frame is accepted: the first-frame deadline; then the
         // node's heartbeats (a few missed = gone), within the idle timeout.
         let mut deadline = FIRST_FRAME.min(self.idle);
@@ -536,11 +538,9 @@ impl Listener {
                 }
             };
             let Some(key) = self.registry.get(&node) else {
-                {
-                    self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
-                        .await;
-                    return last_body;
-                };
+                self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
+                    .await;
+                return last_body;
             };
             // The signature first: what the orchestrator knows of a node
             // (its last sequence) is said only to the node itself.
@@ -583,7 +583,10 @@ impl Listener {
                 None => self.idle,
             };
             // A heartbeat repeats the state: nothing to apply.
-            if last_body.as_ref() != Some(&(node.clone(), announcement.clone())) {
+            let repeated = last_body
+                .as_ref()
+                .is_some_and(|(n, a)| *n == node && *a == announcement);
+            if !repeated {
                 if let Err(e) = self.apply(&node, announcement.clone()).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
                     return last_body;

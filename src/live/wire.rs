@@ -54,6 +54,17 @@ pub struct Announcement {
     pub heartbeat_ms: Option<u64>,
 }
 
+/// Sets TCP keepalive on an agent connection, either end (a dead peer is
+/// found even where no frame flows), probing after `idle`.
+pub fn keep_alive(stream: &tokio::net::TcpStream, idle: std::time::Duration) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(idle);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "TCP keepalive not set");
+    }
+}
+
 /// The longest reply a node reads (orchestrator → node), in bytes.
 pub const MAX_REPLY: usize = 4096;
 
