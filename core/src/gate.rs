@@ -452,6 +452,8 @@ impl PoolGate {
             return None;
         }
         let confirm_by = at + grace;
+        // Kept as stored: the next durable write (an epoch) must keep it.
+        self.committed = Some(stored.clone());
         self.run = ActiveRun::Committed {
             run: stored.run.clone(),
             required: stored.required.iter().map(|(n, _)| n.clone()).collect(),
@@ -638,6 +640,34 @@ mod tests {
             h.gate.begin(run("s"), None, t(102), &mut h.out),
             Err(Refusal::RunInProgress(run("r")))
         );
+    }
+
+    #[test]
+    fn a_restored_committed_run_is_still_stored_after_the_next_epoch_write() {
+        // Issue 20: `durable()` answered from a field `restore` never set,
+        // so the first write after a restart dropped the guarded run.
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        h.gate
+            .commit(&run("r"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        let stored = h.gate.durable();
+        assert!(stored.run.as_ref().is_some_and(|r| r.committed));
+        let mut again = Harness::new(None);
+        let guard = again
+            .gate
+            .restore(&stored, Duration::from_millis(50), t(0), &mut again.out);
+        assert!(guard.is_some());
+        assert_eq!(again.gate.durable(), stored, "restored as stored");
+        // A second life restored from the first one's write keeps it too.
+        let mut third = Harness::new(None);
+        third.gate.restore(
+            &again.gate.durable(),
+            Duration::from_millis(50),
+            t(0),
+            &mut third.out,
+        );
+        assert_eq!(third.gate.durable().run, stored.run);
     }
 
     #[test]
