@@ -323,3 +323,78 @@ fn a_commit_is_durable_before_it_is_told_and_survives_a_crash_right_after() {
         assert_eq!(ready, Some(Epoch(2)), "epochs continue");
     });
 }
+
+#[test]
+fn an_epoch_whose_write_failed_is_not_told_until_it_is_durable() {
+    // Issue 20: a failed epoch write was logged and `PoolReady` went out
+    // anyway; after a restart the same epoch was issued again.
+    let store = Arc::new(Recorder::default());
+    *store.failing.lock().unwrap() = true;
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            advance_to(&gate, 1500).await;
+            let got = drain(&mut events);
+            assert!(!names(&got).contains(&"pool_ready"), "{got:?}");
+            // Nor can planning start on it.
+            let refused = gate.begin_planning(RunId::new("r1").unwrap(), None).await;
+            assert!(
+                matches!(refused, Err(GateError::Refused(Refusal::NotDurable(_)))),
+                "{refused:?}"
+            );
+            // The disk is back: the epoch is written, then told.
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, 3000).await;
+            let got = drain(&mut events);
+            let told: Vec<Epoch> = got
+                .iter()
+                .filter_map(|e| match e {
+                    Event::PoolReady { epoch, .. } => Some(*epoch),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(told, [Epoch(1)], "{got:?}");
+            let stored = store.saved.lock().unwrap().last().cloned().unwrap();
+            assert_eq!(stored.last_epoch, 1);
+            gate.begin_planning(RunId::new("r1").unwrap(), Some(Epoch(1)))
+                .await
+                .unwrap();
+        }
+    });
+    // A restart continues above it.
+    let stored = store.saved.lock().unwrap().last().cloned().unwrap();
+    on_virtual_time(async move {
+        let gate = Gate::start(settings(Arc::new(Recorder::default()), stored));
+        make_ready(&gate, "a").await;
+        make_ready(&gate, "b").await;
+        let proof = gate.wait_ready().await.unwrap();
+        assert_eq!(proof.epoch, Epoch(2));
+    });
+}
+
+#[test]
+fn readiness_lost_before_an_untold_epoch_was_written_tells_neither() {
+    let store = Arc::new(Recorder::default());
+    *store.failing.lock().unwrap() = true;
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            advance_to(&gate, 1500).await;
+            swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, 4000).await;
+            let got = drain(&mut events);
+            let names = names(&got);
+            assert!(!names.contains(&"pool_ready"), "{got:?}");
+            assert!(!names.contains(&"readiness_lost"), "{got:?}");
+        }
+    });
+}

@@ -32,7 +32,7 @@ use crate::run_actor::RunActor;
 use crate::store::{DurableSettings, StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
-    Command, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition,
+    Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition,
     PoolGate, Reason, Refusal, RunId, SlotKey, Time, Verdict,
 };
 
@@ -53,6 +53,14 @@ pub struct GateSettings {
     pub record: Option<Recording>,
 }
 
+/// The epoch an event held back by [`PoolActor::hold_untold`] tells.
+fn untold_epoch(event: &Event) -> Option<Epoch> {
+    match event {
+        Event::PoolReady { epoch, .. } | Event::PlanningResumed { epoch, .. } => Some(*epoch),
+        _ => None,
+    }
+}
+
 /// The actor of the candidate pool.
 #[derive(Debug)]
 pub(crate) struct PoolActor {
@@ -70,8 +78,21 @@ pub(crate) struct PoolActor {
     /// Inputs are applied at this instant or later (see `applied_at`).
     fired_through: Time,
     store: Option<Arc<dyn StateStore>>,
+    /// The last epoch known to be in the store (`None` without a store).
+    stored_epoch: Option<u64>,
+    /// Events that tell an epoch not yet stored, held back until it is
+    /// (see [`PoolActor::hold_untold`]).
+    untold: Vec<Event>,
+    /// Whether a write is to be tried again (see [`SAVE_RETRY`]).
+    retrying: bool,
+    /// Whether the last write failed (its error is logged once).
+    save_failing: bool,
     recording: Option<Recording>,
 }
+
+/// How often a failed write of the durable state is tried again while an
+/// epoch waits for it.
+pub const SAVE_RETRY: Duration = Duration::from_secs(1);
 
 impl PoolActor {
     /// Starts the pool actor, under a supervisor, and one node actor per
@@ -101,7 +122,11 @@ impl PoolActor {
                 blocked: BlockedGauges::default(),
                 forming_since: Some(now),
                 fired_through: Time::ZERO,
+                stored_epoch: settings.durable.as_ref().map(|d| d.restored.last_epoch),
                 store: settings.durable.map(|d| d.store),
+                untold: Vec::new(),
+                retrying: false,
+                save_failing: false,
                 recording: settings.record,
             };
             if let Some(recording) = &actor.recording {
@@ -123,16 +148,80 @@ impl PoolActor {
     }
 
     /// Writes the durable state (epochs, active run), if there is a store.
-    fn save(&self) -> Result<(), StoreError> {
+    fn save(&mut self) -> Result<(), StoreError> {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let result = store.save(&self.core.durable());
-        if let Err(e) = &result {
-            metrics::counter!("poolgate_state_write_errors_total").increment(1);
-            tracing::error!(error = %e, "durable state not written");
-        }
+        let state = self.core.durable();
+        let result = store.save(&state);
+        self.saved(&state, &result);
         result
+    }
+
+    /// Notes the outcome of a write of `state`.
+    fn saved(&mut self, state: &Durable, result: &Result<(), StoreError>) {
+        match result {
+            Ok(()) => {
+                self.stored_epoch = Some(state.last_epoch);
+                if std::mem::take(&mut self.save_failing) {
+                    tracing::warn!(last_epoch = state.last_epoch, "durable state written again");
+                }
+            }
+            Err(e) => {
+                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                if std::mem::replace(&mut self.save_failing, true) {
+                    tracing::debug!(error = %e, "durable state not written (again)");
+                } else {
+                    tracing::error!(error = %e, "durable state not written; a new epoch is not told until it is (tried again every {SAVE_RETRY:?})");
+                }
+            }
+        }
+    }
+
+    /// Holds back, from the events about to go out, those that tell an
+    /// epoch the store does not hold yet (`pool_ready`, `planning_resumed`):
+    /// an epoch told and then issued again after a restart would let the
+    /// first life's proof pass in the second. The end of such an epoch
+    /// (`readiness_lost`) is not told either, with what it ends. The held
+    /// events go out once a write succeeds ([`SAVE_RETRY`]).
+    fn hold_untold(&mut self, ctx: &mut Context<Self>) {
+        let Some(stored) = self.stored_epoch else {
+            return;
+        };
+        let mut told = Vec::with_capacity(self.out.len());
+        for event in self.out.drain(..) {
+            match &event {
+                Event::PoolReady { epoch, .. } | Event::PlanningResumed { epoch, .. }
+                    if epoch.0 > stored =>
+                {
+                    self.untold.push(event)
+                }
+                Event::ReadinessLost { epoch, .. } if epoch.0 > stored => {
+                    let ended = *epoch;
+                    self.untold.retain(|held| untold_epoch(held) != Some(ended));
+                }
+                _ => told.push(event),
+            }
+        }
+        self.out = told;
+        if !self.untold.is_empty() && !self.retrying {
+            self.retrying = true;
+            ctx.run_later(SAVE_RETRY, |act, ctx| {
+                act.retrying = false;
+                if act.untold.is_empty() || act.save().is_err() {
+                    return act.hold_untold(ctx);
+                }
+                let now = act.clock.now();
+                for mut event in std::mem::take(&mut act.untold) {
+                    if let Event::PoolReady { at, .. } = &mut event {
+                        // Ready for planning from now on, not before.
+                        *at = now;
+                    }
+                    act.out.push(event);
+                }
+                act.flush(ctx);
+            });
+        }
     }
 
     fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
@@ -193,10 +282,11 @@ impl PoolActor {
         });
         if durable_change {
             // Epochs and planning runs are stored before they are told; a
-            // failed write is logged and counted (the events still go out:
-            // the pool is ready whether or not the disk is).
+            // failed write is logged and counted, and a new epoch waits
+            // for the next write that succeeds.
             let _ = self.save();
         }
+        self.hold_untold(ctx);
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
         }
@@ -457,6 +547,15 @@ impl Handler<BeginPlanning> for PoolActor {
 
     fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, Refusal> {
         let at = self.applied_at(msg.at);
+        let current = self.core.readiness().ready_epoch();
+        if let (Some(stored), Some(epoch)) = (self.stored_epoch, current) {
+            if epoch.0 > stored {
+                return Err(Refusal::NotDurable(format!(
+                    "epoch {} is not stored yet",
+                    epoch.0
+                )));
+            }
+        }
         let result = self
             .core
             .begin(msg.run.clone(), msg.epoch, at, &mut self.out);
@@ -493,8 +592,9 @@ impl Handler<CommitPlan> for PoolActor {
             let state = self
                 .core
                 .durable_with_commit(&msg.run, &msg.required, epoch);
-            if let Err(e) = store.save(&state) {
-                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+            let result = store.save(&state);
+            self.saved(&state, &result);
+            if let Err(e) = result {
                 tracing::error!(error = %e, run = %msg.run, "commit not made durable; refused");
                 self.flush(ctx);
                 return Err(Refusal::NotDurable(e.to_string()));

@@ -80,8 +80,10 @@ pub enum Refusal {
     /// could never fault.
     #[error("the plan of run {0} requires no node")]
     InvalidPlan(RunId),
-    /// The commit could not be made durable (SPEC §9); nothing changed.
-    #[error("the commit could not be made durable: {0}")]
+    /// What the command needs could not be made durable (SPEC §9): the
+    /// commit's write failed, or the pool's epoch is not stored yet;
+    /// nothing changed.
+    #[error("not durable: {0}")]
     NotDurable(String),
 }
 
