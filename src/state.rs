@@ -3,7 +3,10 @@
 //!
 //! The file holds a format version and, as one JSON value, the last epoch
 //! issued and the active run (id, planning or committed, epoch, required
-//! nodes with their fingerprints at commit). Each write is a redb
+//! nodes with their fingerprints at commit), each record beside its
+//! SHA-256 (`<key>.sha256`; format 1 had none): redb checks its pages, not
+//! what a hand or a tool wrote into them, and a flipped digit of
+//! `last_epoch` would issue epochs twice. Each write is a redb
 //! transaction committed durably before the gate goes on. A file that is
 //! not a poolgate state file, is damaged, or comes from a newer format is
 //! an error naming the file: never a silent reset to epoch 1.
@@ -17,7 +20,8 @@ use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
 const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("poolgate_state");
-const FORMAT: u64 = 1;
+/// 2: every record has its checksum.
+const FORMAT: u64 = 2;
 
 /// Why the state file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +73,7 @@ impl RedbStore {
                 // A new file: write the format and an empty state now, so a
                 // read-only place fails here, not at the first commit.
                 let durable = Durable::default();
-                store.write(&durable, true).map_err(error)?;
+                store.write(&durable).map_err(error)?;
                 Ok((Arc::new(store), durable))
             }
         }
@@ -104,33 +108,68 @@ impl RedbStore {
                 "written by a newer poolgate (state format {format}); this one reads format {FORMAT}"
             ));
         }
-        let state = table
-            .get("state")
-            .map_err(|e| describe(&e.to_string()))?
-            .ok_or("damaged: no state record")?;
-        let stored: Stored = serde_json::from_slice(state.value())
+        let state = checked(&table, "state", format)?.ok_or("damaged: no state record")?;
+        let stored: Stored = serde_json::from_slice(&state)
             .map_err(|e| format!("damaged: the state record does not parse ({e})"))?;
         decode(stored).map(Some)
     }
 
-    fn write(&self, durable: &Durable, with_format: bool) -> Result<(), String> {
+    fn write(&self, durable: &Durable) -> Result<(), String> {
         let json = serde_json::to_vec(&encode(durable)).map_err(|e| e.to_string())?;
+        self.put("state", &json)
+    }
+
+    /// Writes `record` and its checksum under `key` (and the format: a
+    /// format 1 file is format 2 from its first write on), durably.
+    fn put(&self, key: &str, record: &[u8]) -> Result<(), String> {
         let write = self
             .db
             .begin_write()
             .map_err(|e| describe(&e.to_string()))?;
         {
             let mut table = write.open_table(TABLE).map_err(|e| e.to_string())?;
-            if with_format {
-                table
-                    .insert("format", FORMAT.to_be_bytes().as_slice())
-                    .map_err(|e| e.to_string())?;
-            }
             table
-                .insert("state", json.as_slice())
+                .insert("format", FORMAT.to_be_bytes().as_slice())
+                .map_err(|e| e.to_string())?;
+            table.insert(key, record).map_err(|e| e.to_string())?;
+            table
+                .insert(checksum_key(key).as_str(), checksum(record).as_slice())
                 .map_err(|e| e.to_string())?;
         }
         write.commit().map_err(|e| e.to_string())
+    }
+}
+
+fn checksum_key(key: &str) -> String {
+    format!("{key}.sha256")
+}
+
+fn checksum(record: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(record).into()
+}
+
+/// The record under `key`, checked against its checksum (from format 2
+/// on); `None` if there is none.
+fn checked(
+    table: &impl redb::ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+    format: u64,
+) -> Result<Option<Vec<u8>>, String> {
+    let Some(record) = table.get(key).map_err(|e| describe(&e.to_string()))? else {
+        return Ok(None);
+    };
+    let record = record.value().to_vec();
+    let sum = table
+        .get(checksum_key(key).as_str())
+        .map_err(|e| describe(&e.to_string()))?;
+    match sum {
+        Some(sum) if sum.value() == checksum(&record).as_slice() => Ok(Some(record)),
+        Some(_) => Err(format!(
+            "damaged: the {key} record does not match its checksum"
+        )),
+        None if format < 2 => Ok(Some(record)),
+        None => Err(format!("damaged: the {key} record has no checksum")),
     }
 }
 
@@ -145,8 +184,13 @@ impl RedbStore {
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),
             Err(e) => return Err(failed(e.to_string())),
         };
-        match table.get("sequences").map_err(|e| failed(e.to_string()))? {
-            Some(bytes) => serde_json::from_slice(bytes.value())
+        let format = table
+            .get("format")
+            .map_err(|e| failed(e.to_string()))?
+            .and_then(|f| <[u8; 8]>::try_from(f.value()).ok())
+            .map_or(FORMAT, u64::from_be_bytes);
+        match checked(&table, "sequences", format).map_err(failed)? {
+            Some(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| failed(format!("damaged: sequences do not parse ({e})"))),
             None => Ok(Default::default()),
         }
@@ -159,20 +203,13 @@ impl RedbStore {
     ) -> Result<(), StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
         let json = serde_json::to_vec(sequences).map_err(|e| failed(e.to_string()))?;
-        let write = self.db.begin_write().map_err(|e| failed(e.to_string()))?;
-        {
-            let mut table = write.open_table(TABLE).map_err(|e| failed(e.to_string()))?;
-            table
-                .insert("sequences", json.as_slice())
-                .map_err(|e| failed(e.to_string()))?;
-        }
-        write.commit().map_err(|e| failed(e.to_string()))
+        self.put("sequences", &json).map_err(failed)
     }
 }
 
 impl StateStore for RedbStore {
     fn save(&self, state: &Durable) -> Result<(), StoreError> {
-        self.write(state, false)
+        self.write(state)
             .map_err(|e| StoreError(format!("{}: {e}", self.path.display())))
     }
 }

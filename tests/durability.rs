@@ -398,3 +398,64 @@ fn readiness_lost_before_an_untold_epoch_was_written_tells_neither() {
         }
     });
 }
+
+#[test]
+fn a_flipped_digit_in_the_stored_record_is_an_error_naming_the_file() {
+    // Issue 20: `last_epoch` 0 → 9 in the file was taken silently.
+    let dir = scratch("flipped");
+    replay(
+        &dir,
+        "state.db",
+        &format!("{}{COMMIT}", ready(&["a", "b", "c"], "AQID")),
+    )
+    .unwrap();
+    let table: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("poolgate_state");
+    {
+        let db = redb::Database::create(dir.join("state.db")).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let mut state = write.open_table(table).unwrap();
+            let record = redb::ReadableTable::get(&state, "state")
+                .unwrap()
+                .unwrap()
+                .value()
+                .to_vec();
+            let text = String::from_utf8(record).unwrap();
+            assert!(text.contains("\"last_epoch\":1"), "{text}");
+            let flipped = text.replace("\"last_epoch\":1", "\"last_epoch\":9");
+            state.insert("state", flipped.as_bytes()).unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let known = "{\"at_ms\":0,\"type\":\"known\",\"node\":\"a\"}\n";
+    let error = replay(&dir, "state.db", known).unwrap_err();
+    assert!(
+        error.contains("state.db") && error.contains("checksum"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_state_file_of_format_1_without_checksums_is_still_read() {
+    let dir = scratch("format1");
+    let table: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("poolgate_state");
+    {
+        let db = redb::Database::create(dir.join("old.db")).unwrap();
+        let write = db.begin_write().unwrap();
+        {
+            let mut state = write.open_table(table).unwrap();
+            state
+                .insert("format", 1u64.to_be_bytes().as_slice())
+                .unwrap();
+            state
+                .insert("state", br#"{"last_epoch":4,"run":null}"#.as_slice())
+                .unwrap();
+        }
+        write.commit().unwrap();
+    }
+    let after = replay(&dir, "old.db", &ready(&["a", "b", "c"], "AQID")).unwrap();
+    assert_eq!(named(&after, "pool_ready")[0]["epoch"], 5);
+    // Written since: format 2, checked.
+    let again = replay(&dir, "old.db", &ready(&["a", "b", "c"], "AQID")).unwrap();
+    assert_eq!(named(&again, "pool_ready")[0]["epoch"], 6);
+}
