@@ -459,3 +459,31 @@ fn a_state_file_of_format_1_without_checksums_is_still_read() {
     let again = replay(&dir, "old.db", &ready(&["a", "b", "c"], "AQID")).unwrap();
     assert_eq!(named(&again, "pool_ready")[0]["epoch"], 6);
 }
+
+#[test]
+fn replay_uses_only_its_state_flag_never_the_configurations_state_path() {
+    // The shipped config names a state file for the live gate; replays of
+    // it must stay independent of each other (SPEC §9: `--state`).
+    let dir = scratch("config-path");
+    let config = format!("{CONFIG}path = \"live.db\"\n");
+    std::fs::write(dir.join("config.toml"), config).unwrap();
+    let scenario = dir.join("scenario.jsonl");
+    std::fs::write(&scenario, ready(&["a", "b", "c"], "AQID")).unwrap();
+    for _ in 0..2 {
+        let output = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("replay")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .arg(&scenario)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        let events: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(named(&events, "pool_ready")[0]["epoch"], 1);
+    }
+    assert!(!dir.join("live.db").exists());
+}

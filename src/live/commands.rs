@@ -110,6 +110,7 @@ pub async fn watch(
     timeout: Option<Duration>,
     record: Option<&Path>,
 ) -> Result<WatchEnd, LiveError> {
+    warn_without_state(config);
     let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let mut events = live.gate.subscribe();
     let mut printer = Printer::new(output);
@@ -150,6 +151,14 @@ pub async fn watch(
     }
 }
 
+/// Says at start that without `[state] path` nothing survives a restart:
+/// the next process issues epoch 1 again and guards no run.
+fn warn_without_state(config: &Config) {
+    if config.state.path.is_none() {
+        tracing::warn!("no [state] path: epochs and the active run are kept in memory only; after a restart epochs start again at 1 and a committed run is no longer guarded");
+    }
+}
+
 /// How often `watch --explain` looks at the pool between events.
 pub const EXPLAIN_EVERY: Duration = Duration::from_millis(250);
 
@@ -186,6 +195,7 @@ pub async fn run(
             "no COMMAND given after --",
         )));
     };
+    warn_without_state(config);
     let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let gate = live.gate.clone();
     let mut events = gate.subscribe();

@@ -89,6 +89,9 @@ pub fn print(
     record: Option<poolgate_actors::Recording>,
 ) -> Result<DemoOutcome, DemoError> {
     let mut config = config.clone();
+    // The demo is a show of its own, in memory: its orchestrator neither
+    // reads nor writes the configuration's state file.
+    config.state.path = None;
     if let Some(nodes) = nodes {
         config.demo.nodes = nodes.clamp(1, 64);
     }

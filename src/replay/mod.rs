@@ -187,6 +187,10 @@ where
             first = None;
         }
     }
+    // Only `--state` (SPEC §9): a replay of a configuration that names a
+    // state file for its live gate must not continue that gate's epochs.
+    let mut config = config.clone();
+    config.state.path = None;
     let settings = config.gate_settings_with_state(options.state.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
