@@ -134,8 +134,10 @@ enum Command {
         json: bool,
     },
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
-    /// if the run faults (COMMAND gets SIGTERM, SIGKILL after 5 s), else
-    /// COMMAND's exit code.
+    /// if the run faults (COMMAND's process group gets SIGTERM, SIGKILL
+    /// after 5 s), 4 if a run restored from the state file is in the way
+    /// (see --resume and --end), 128 + signal if signalled (COMMAND stopped
+    /// and the run ended first), else COMMAND's exit code.
     Run {
         /// The configuration file.
         #[arg(long, default_value = "config.toml")]
@@ -157,7 +159,29 @@ enum Command {
         /// what blocks the pool); the run, once committed, is not bounded.
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<std::time::Duration>,
+        /// Guard RUN, a committed run restored from the state file whose
+        /// `poolgate run` is gone, with COMMAND, instead of planning anew.
+        #[arg(long, value_name = "RUN", conflicts_with = "require")]
+        resume: Option<String>,
+        /// End RUN, a committed run restored from the state file whose
+        /// `poolgate run` is gone, and exit (no COMMAND).
+        #[arg(long, value_name = "RUN", conflicts_with_all = ["resume", "require"])]
+        end: Option<String>,
         /// The command to run, after `--`.
+        #[arg(last = true, required_unless_present = "end")]
+        command: Vec<String>,
+    },
+    /// (internal) Keeps a guarded command: runs it in a process group of
+    /// its own and stops the group when the guard dies.
+    #[command(name = "guard-exec", hide = true)]
+    GuardExec {
+        /// The guard's pid (this process's parent).
+        #[arg(long)]
+        guard: u32,
+        /// SIGTERM to SIGKILL, in milliseconds.
+        #[arg(long)]
+        grace_ms: u64,
+        /// The command.
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -177,6 +201,25 @@ fn raise_open_files() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::GuardExec {
+        guard,
+        grace_ms,
+        command,
+    }) = &cli.command
+    {
+        // Before any logging: the command's stderr is the keeper's.
+        let grace = std::time::Duration::from_millis(*grace_ms);
+        return match poolgate::live::guard::keep(*guard, grace, command) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("poolgate: {e}");
+                ExitCode::from(127)
+            }
+        };
+    }
+    if let Ok(me) = std::env::current_exe() {
+        poolgate::live::guard::set_keeper(me);
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -231,6 +274,8 @@ fn main() -> ExitCode {
                 .map(|_| 0)
                 .map_err(|e| e.to_string())
         }),
+        // Handled before logging starts.
+        Command::GuardExec { .. } => Ok(0),
         Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
         Command::Node { config: path } => NodeConfig::load(&path)
             .map_err(|e| e.to_string())
@@ -291,8 +336,16 @@ fn main() -> ExitCode {
             metrics,
             record,
             timeout,
+            resume,
+            end,
             command,
         } => load(&config).and_then(|loaded| {
+            let run_id = |flag: &str, name: Option<String>| {
+                name.map(|n| poolgate::core::RunId::new(&n).map_err(|e| format!("{flag}: {e}")))
+                    .transpose()
+            };
+            let resume = run_id("--resume", resume)?;
+            let end = run_id("--end", end)?;
             let require = require
                 .map(|names| names.iter().map(|n| NodeId::new(n.trim())).collect())
                 .transpose()
@@ -301,15 +354,22 @@ fn main() -> ExitCode {
                 if let Some(addr) = metrics {
                     commands::serve_metrics(addr)?;
                 }
+                if let Some(run) = end {
+                    return commands::end_run(&loaded, &run).await;
+                }
                 let output = output(json, false);
+                let request = commands::RunRequest {
+                    require,
+                    resume,
+                    timeout,
+                };
                 commands::run(
                     &loaded,
                     &config,
-                    require,
+                    request,
                     output,
                     &command,
                     record.as_deref(),
-                    timeout,
                 )
                 .await
             })

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use super::endpoint::{lookup_all, Endpoint};
 use super::generation::{unix_ms, GenerationFile, Sequences};
+use super::guard;
 use super::keys::NodeKey;
 use super::orchestrator::keyring;
 use super::swim::member::{Join, Leave, MemberCount, SetKeyring};
@@ -492,31 +493,69 @@ async fn health(
     }
 }
 
-/// One run of the health check: `Err` with the reason on failure.
+/// How much of a health check's stderr is kept: its end, where the last
+/// line is (the reason is cut to 1 KiB anyway, SPEC §5).
+pub const STDERR_TAIL: usize = 4 * 1024;
+
+/// How long a hung health check has between SIGTERM and SIGKILL.
+const CHECK_GRACE: Duration = Duration::from_millis(500);
+
+/// One run of the health check: `Err` with the reason on failure. The
+/// check runs in a process group of its own, stopped whole if it does not
+/// finish within `limit`; its stderr is read through a bounded tail.
 async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
-    let Some((program, args)) = argv.split_first() else {
+    let Some(program) = argv.first() else {
         return Err("empty health check".into());
     };
-    let run = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(limit, run).await {
-        Err(_) => Err(format!("health check did not finish within {limit:?}")),
-        Ok(Err(e)) => Err(format!("health check `{program}` cannot run: {e}")),
-        Ok(Ok(output)) if output.status.success() => Ok(()),
-        Ok(Ok(output)) => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+    let mut child = match guard::Guarded::spawn(argv, guard::Streams::StderrOnly, CHECK_GRACE) {
+        Ok(child) => child,
+        Err(e) => return Err(format!("health check `{program}` cannot run: {e}")),
+    };
+    let stderr = child.stderr();
+    let run = async {
+        let (tail, status) = tokio::join!(tail(stderr, STDERR_TAIL), child.wait());
+        (tail, status)
+    };
+    let outcome = tokio::time::timeout(limit, run).await;
+    let (tail, status) = match outcome {
+        Err(_) => {
+            child.stop().await;
+            return Err(format!("health check did not finish within {limit:?}"));
+        }
+        Ok(done) => done,
+    };
+    match status {
+        Err(e) => Err(format!("health check `{program}` cannot run: {e}")),
+        Ok(status) if status.success() => Ok(()),
+        // The keeper's own words when it could not start the program.
+        Ok(status) => {
+            let text = String::from_utf8_lossy(&tail);
+            let last = text.lines().rev().find(|l| !l.trim().is_empty());
             Err(match last {
-                Some(line) => line.trim().to_string(),
-                None => format!("health check failed ({})", output.status),
+                Some(line) => poolgate_actors::core::FaultReason::new(line.trim()).into_string(),
+                None => format!("health check failed ({status})"),
             })
         }
     }
+}
+
+/// Reads `from` to its end, keeping only the last `keep` bytes.
+async fn tail(from: Option<tokio::process::ChildStderr>, keep: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let Some(mut from) = from else {
+        return Vec::new();
+    };
+    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::with_capacity(keep);
+    let mut buffer = [0u8; 4096];
+    while let Ok(n) = from.read(&mut buffer).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend(&buffer[..n]);
+        let over = kept.len().saturating_sub(keep);
+        kept.drain(..over);
+    }
+    kept.into()
 }
 
 #[cfg(test)]

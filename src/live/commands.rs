@@ -176,35 +176,53 @@ async fn not_ready_within(gate: &Gate, timeout: Option<Duration>) {
     }
 }
 
-/// `poolgate run`: waits for `PoolReady`, plans and commits over `require`
-/// (every member when `None`), runs `command` and guards it. Returns the
-/// exit code: the command's own, or 3 when the run faulted (the command is
-/// sent SIGTERM, then SIGKILL after 5 s).
-#[allow(clippy::too_many_arguments)]
+/// `poolgate run`'s exit code when another run, restored from the state
+/// file, is active: it must be resumed (`--resume`) or ended (`--end`).
+pub const EXIT_OTHER_RUN: i32 = 4;
+
+/// How long `run` waits before asking again after a refusal.
+pub const RETRY_AFTER_REFUSAL: Duration = Duration::from_secs(1);
+
+/// How long a stopped command has between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// What `poolgate run` is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// The nodes the run requires (every member when `None`).
+    pub require: Option<Vec<NodeId>>,
+    /// Guard this run, restored from the state file, instead of planning
+    /// a new one (`--resume`).
+    pub resume: Option<RunId>,
+    /// Give up waiting for `PoolReady` after this long.
+    pub timeout: Option<Duration>,
+}
+
+/// `poolgate run`: waits for `PoolReady`, plans and commits over the
+/// required nodes (or takes over a restored run, `--resume`), runs
+/// `command` and guards it. Returns the exit code: the command's own; 3
+/// when the run faulted (the command's process group is sent SIGTERM,
+/// then SIGKILL after 5 s); 1 when the pool was not ready within the
+/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way; 128 +
+/// signal when `run` was signalled (the command stopped and the run ended
+/// first).
 pub async fn run(
     config: &Config,
     path: &Path,
-    require: Option<Vec<NodeId>>,
+    request: RunRequest,
     output: Output,
     command: &[String],
     record: Option<&Path>,
-    timeout: Option<Duration>,
 ) -> Result<i32, LiveError> {
-    let Some((program, args)) = command.split_first() else {
+    if command.is_empty() {
         return Err(LiveError::Io(std::io::Error::other(
             "no COMMAND given after --",
         )));
-    };
-    warn_without_state(config);
-    let live = Orchestrator::start_recording(config, recording(record)?).await?;
-    let gate = live.gate.clone();
-    let mut events = gate.subscribe();
-    let mut printer = Printer::new(output);
-    let required = require.unwrap_or_else(|| config.pool.members().to_vec());
-    let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
-    let stop = stop_signal()?;
-    tokio::pin!(stop);
-
+    }
+    let required = request
+        .require
+        .clone()
+        .unwrap_or_else(|| config.pool.members().to_vec());
     if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
         return Err(
             GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
@@ -213,50 +231,42 @@ pub async fn run(
             .into(),
         );
     }
-    // Plan and commit on a ready pool; readiness lost on the way means
-    // waiting for the next PoolReady (the planning run is suspended, or
-    // aborted and begun again, by the configured policy).
-    let mut planning = false;
-    let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
-    tokio::pin!(limit);
-    loop {
-        let proof = tokio::select! {
-            proof = wait_ready(&gate, &mut events, &mut printer) => proof?,
-            _ = &mut stop => return Ok(130),
-            _ = &mut limit => {
-                not_ready_within(&gate, timeout).await;
-                return Ok(1);
+    warn_without_state(config);
+    let live = Orchestrator::start_recording(config, recording(record)?).await?;
+    let gate = live.gate.clone();
+    let mut events = gate.subscribe();
+    let mut printer = Printer::new(output);
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
+
+    let run = match &request.resume {
+        Some(run) => {
+            let active = gate.report().await?.run;
+            if active.as_ref() != Some(run) {
+                let active = active.map_or("none".to_string(), |r| r.to_string());
+                eprintln!("poolgate run: --resume {run}: no such active run (the active run: {active})");
+                return Ok(EXIT_OTHER_RUN);
             }
-        };
-        if !planning {
-            match gate.begin_planning(run.clone(), Some(proof)).await {
-                Ok(_) => planning = true,
-                Err(GateError::Refused(_)) => continue,
-                Err(e) => return Err(e.into()),
-            }
+            run.clone()
         }
-        match gate
-            .commit_plan(run.clone(), required.clone(), Some(proof))
-            .await
-        {
-            Ok(()) => break,
-            Err(GateError::Refused(poolgate_actors::core::Refusal::UnknownRun(_))) => {
-                planning = false;
+        None => {
+            let run =
+                RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
+            let committed = tokio::select! {
+                committed = plan_and_commit(&gate, &mut events, &mut printer, &run, &required, request.timeout) => committed?,
+                signal = &mut stop => return Ok(128 + signal),
+            };
+            if let Err(code) = committed {
+                return Ok(code);
             }
-            Err(GateError::Refused(refused)) => {
-                tracing::info!(%refused, "commit refused; waiting for readiness again");
-            }
-            Err(e) => return Err(e.into()),
+            run
         }
-    }
+    };
     drain(&gate, &mut events, &mut printer).await;
 
     let mut hangup = signal(SignalKind::hangup())?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| LiveError::Io(std::io::Error::other(format!("{program}: {e}"))))?;
+    let mut child = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE)
+        .map_err(|e| LiveError::Io(std::io::Error::other(format!("{}: {e}", command[0]))))?;
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -264,23 +274,122 @@ pub async fn run(
                 drain(&gate, &mut events, &mut printer).await;
                 gate.finish_run(run.clone()).await?;
                 drain(&gate, &mut events, &mut printer).await;
-                return Ok(exit_code(status));
+                return Ok(super::guard::code(status));
             }
             event = events.recv() => {
                 let Some(event) = event else { return Err(GateError::Stopped.into()) };
                 let faulted = matches!(&event, Event::RunFaulted { run: r, .. } if *r == run);
                 printer.print(&gate, event).await;
                 if faulted {
-                    stop_child(&mut child).await;
+                    child.stop().await;
                     return Ok(3);
                 }
             }
-            _ = &mut stop => {
-                stop_child(&mut child).await;
-                return Ok(130);
+            signal = &mut stop => {
+                // The command goes first, then its run: nothing is left
+                // guarded by no one, and the state file holds no run.
+                child.stop().await;
+                if let Err(e) = gate.finish_run(run.clone()).await {
+                    tracing::warn!(%run, error = %e, "run not ended");
+                }
+                drain(&gate, &mut events, &mut printer).await;
+                return Ok(128 + signal);
             }
             _ = hangup.recv() => reload_keys(&live, path),
         }
+    }
+}
+
+/// Plans and commits `run` over `required` on a ready pool; readiness
+/// lost on the way means waiting for the next `PoolReady` (the planning
+/// run is suspended, or aborted and begun again, by the configured
+/// policy). `Ok(Err(code))`: `run` exits with `code` (not ready in time,
+/// or a restored run in the way).
+async fn plan_and_commit(
+    gate: &Gate,
+    events: &mut EventStream,
+    printer: &mut Printer,
+    run: &RunId,
+    required: &[NodeId],
+    timeout: Option<Duration>,
+) -> Result<Result<(), i32>, LiveError> {
+    use poolgate_actors::core::Refusal;
+    let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(limit);
+    let mut planning = false;
+    loop {
+        let proof = tokio::select! {
+            proof = wait_ready(gate, events, printer) => proof?,
+            _ = &mut limit => {
+                not_ready_within(gate, timeout).await;
+                return Ok(Err(1));
+            }
+        };
+        let refused = if planning {
+            None
+        } else {
+            match gate.begin_planning(run.clone(), Some(proof)).await {
+                Ok(_) => {
+                    planning = true;
+                    None
+                }
+                Err(GateError::Refused(
+                    Refusal::RunInProgress(other) | Refusal::RunCommitted(other),
+                )) if other != *run => {
+                    eprintln!(
+                        "poolgate run: run {other}, restored from the state file, is still active; \
+                         `poolgate run --resume {other} -- COMMAND` guards it, `poolgate run --end {other}` ends it"
+                    );
+                    return Ok(Err(EXIT_OTHER_RUN));
+                }
+                Err(GateError::Refused(refused)) => Some(refused),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let refused = match refused {
+            Some(refused) => Some(refused),
+            None => match gate
+                .commit_plan(run.clone(), required.to_vec(), Some(proof))
+                .await
+            {
+                Ok(()) => return Ok(Ok(())),
+                Err(GateError::Refused(Refusal::UnknownRun(_))) => {
+                    // Aborted by the policy: planned again at once.
+                    planning = false;
+                    continue;
+                }
+                Err(GateError::Refused(refused)) => Some(refused),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if let Some(refused) = refused {
+            tracing::warn!(%refused, "refused; asking again in {RETRY_AFTER_REFUSAL:?} or at the next PoolReady");
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_AFTER_REFUSAL) => {}
+                _ = &mut limit => {
+                    not_ready_within(gate, timeout).await;
+                    return Ok(Err(1));
+                }
+            }
+        }
+    }
+}
+
+/// `poolgate run --end RUN`: ends RUN, restored from the state file, whose
+/// guard is gone. Exit 0 once it is ended (and stored so), 4 when RUN is
+/// not the active run.
+pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
+    let live = Orchestrator::start_recording(config, None).await?;
+    match live.gate.finish_run(run.clone()).await {
+        Ok(()) => {
+            eprintln!("poolgate run: run {run} ended");
+            Ok(0)
+        }
+        Err(GateError::Refused(refused)) => {
+            eprintln!("poolgate run: --end {run}: {refused}");
+            Ok(EXIT_OTHER_RUN)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -323,36 +432,14 @@ async fn drain(gate: &Gate, events: &mut EventStream, printer: &mut Printer) {
     }
 }
 
-/// SIGTERM, then SIGKILL after 5 s.
-async fn stop_child(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        let pid = nix::unistd::Pid::from_raw(pid);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    }
-    if tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
-    }
-}
-
-fn exit_code(status: std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
-}
-
-/// Resolves at the first SIGINT or SIGTERM.
-fn stop_signal() -> Result<impl std::future::Future<Output = ()>, LiveError> {
+/// Resolves at the first SIGINT or SIGTERM, with its number.
+fn stop_signal() -> Result<impl std::future::Future<Output = i32>, LiveError> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     Ok(async move {
         tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
+            _ = terminate.recv() => nix::sys::signal::Signal::SIGTERM as i32,
+            _ = interrupt.recv() => nix::sys::signal::Signal::SIGINT as i32,
         }
     })
 }

@@ -16,6 +16,7 @@ pub mod commands;
 pub mod demo;
 pub mod endpoint;
 pub mod generation;
+pub mod guard;
 pub mod keys;
 pub(crate) mod nodes;
 pub mod orchestrator;

@@ -1,0 +1,285 @@
+//! Commands that die with their guard: the command `poolgate run` guards
+//! and the node's health checks.
+//!
+//! A command runs in a process group of its own, so stopping it stops
+//! everything it started (`bash -c 'sleep 300; …'` leaves no `sleep`
+//! behind): SIGTERM to the group, SIGKILL after the grace.
+//!
+//! Signals reach a guard only while it lives; a guard killed outright
+//! (SIGKILL, a crash) would leave its command running, unguarded. So the
+//! command is not the guard's child but the child of a small keeper,
+//! `poolgate guard-exec` (the same binary, see [`set_keeper`]), which asks
+//! the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`; the
+//! guard spawns it from the thread that runs the guard's actors, which
+//! lives as long as the process): when the guard is gone, however it
+//! went, the keeper stops the command's group. The keeper also stops the
+//! group when told (SIGTERM, SIGINT, SIGHUP), and after the command exits
+//! (what it left running goes with it), then exits with the command's
+//! code (128 + signal if a signal ended it).
+//!
+//! Without a keeper (an embedder that did not call [`set_keeper`]), the
+//! command still runs in its own group and is stopped as a group, but it
+//! outlives a guard that is killed outright.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// The hidden subcommand that runs the keeper.
+pub const KEEPER_COMMAND: &str = "guard-exec";
+
+static KEEPER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Names the binary whose `guard-exec` subcommand keeps commands (the
+/// `poolgate` binary calls this with itself at start).
+pub fn set_keeper(binary: PathBuf) {
+    let _ = KEEPER.set(binary);
+}
+
+/// How the command's standard streams are set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streams {
+    /// Inherited from the guard (`poolgate run`).
+    Inherit,
+    /// No stdin or stdout; stderr piped to the guard (a health check).
+    StderrOnly,
+}
+
+/// A command under guard.
+#[derive(Debug)]
+pub struct Guarded {
+    child: tokio::process::Child,
+    /// The keeper, while it may be running.
+    keeper: Option<Pid>,
+    /// The command's process group, when there is no keeper and it may
+    /// still hold a process.
+    group: Option<Pid>,
+    grace: Duration,
+}
+
+impl Guarded {
+    /// Starts `argv` in a process group of its own; `grace` is how long
+    /// SIGTERM has before SIGKILL.
+    pub fn spawn(argv: &[String], streams: Streams, grace: Duration) -> std::io::Result<Guarded> {
+        let Some((program, args)) = argv.split_first() else {
+            return Err(std::io::Error::other("no command given"));
+        };
+        let keeper = KEEPER.get();
+        let mut command = match keeper {
+            Some(keeper) => {
+                let mut command = tokio::process::Command::new(keeper);
+                command
+                    .arg(KEEPER_COMMAND)
+                    .arg("--guard")
+                    .arg(std::process::id().to_string())
+                    .arg("--grace-ms")
+                    .arg(grace.as_millis().to_string())
+                    .arg("--")
+                    .args(argv);
+                command
+            }
+            None => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).process_group(0);
+                command
+            }
+        };
+        if streams == Streams::StderrOnly {
+            command
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+        }
+        // A keeper killed outright could not stop the group: it is told
+        // with SIGTERM instead (see `Drop`).
+        let child = command.kill_on_drop(keeper.is_none()).spawn()?;
+        let (group, keeper) = match keeper {
+            Some(_) => (None, leader(&child)),
+            None => (leader(&child), None),
+        };
+        Ok(Guarded {
+            child,
+            keeper,
+            group,
+            grace,
+        })
+    }
+
+    /// The command's stderr, if piped.
+    pub fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// Waits for the command to exit; what it left running in its group
+    /// is stopped too. With a keeper, the keeper does that and exits with
+    /// the command's code.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        let status = self.child.wait().await?;
+        self.keeper = None;
+        if let Some(group) = self.group.take() {
+            stop_group(group, self.grace, &mut self.child, Some(status)).await;
+        }
+        Ok(status)
+    }
+
+    /// Stops the command and everything it started: SIGTERM to its group,
+    /// SIGKILL after the grace. Returns once the group is gone.
+    pub async fn stop(&mut self) {
+        if let Some(group) = self.group.take() {
+            stop_group(group, self.grace, &mut self.child, None).await;
+            return;
+        }
+        let Some(keeper) = self.keeper.take() else {
+            return;
+        };
+        let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
+        // The keeper is done within the grace (SIGKILL included); one that
+        // is not is killed, and its group with it.
+        let bound = self.grace + Duration::from_secs(2);
+        if tokio::time::timeout(bound, self.child.wait()).await.is_err() {
+            let _ = killpg(keeper, Signal::SIGKILL);
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // A keeper stops the group when told; without one, SIGKILL at
+        // once (nothing can wait here).
+        if let Some(keeper) = self.keeper.take() {
+            let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
+        }
+        if let Some(group) = self.group.take() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+}
+
+/// A child's pid, as the group it leads.
+fn leader(child: &tokio::process::Child) -> Option<Pid> {
+    child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw)
+}
+
+/// How often a group being stopped is looked at.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+/// SIGTERM to `group`, SIGKILL once `grace` has passed; returns once the
+/// group is gone, its leader `child` (a child of this process, which
+/// counts as in the group until reaped) reaped: its exit status, if it
+/// was had (`status`: had already).
+async fn stop_group(
+    group: Pid,
+    grace: Duration,
+    child: &mut tokio::process::Child,
+    mut status: Option<ExitStatus>,
+) -> Option<ExitStatus> {
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut killed = false;
+    loop {
+        if status.is_none() {
+            status = child.try_wait().ok().flatten();
+        }
+        if status.is_some() && killpg(group, None).is_err() {
+            return status;
+        }
+        let now = tokio::time::Instant::now();
+        if !killed && now >= deadline {
+            let _ = killpg(group, Signal::SIGKILL);
+            killed = true;
+        } else if killed && now >= deadline + Duration::from_secs(1) {
+            // SIGKILL cannot be refused; a process still listed is in the
+            // kernel's hands (uninterruptible I/O). Nothing more to do.
+            return status;
+        }
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+}
+
+/// Why the keeper could not start the command.
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperError {
+    /// The command could not be started.
+    #[error("{program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The keeper could not set itself up.
+    #[error("keeper: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The keeper (`poolgate guard-exec --guard PID --grace-ms MS -- argv`):
+/// runs `argv` in a group of its own and stops that group when the guard
+/// (`guard`, its parent) dies, when told to, or after the command exits.
+/// Returns the command's exit code.
+pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperError> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(KeeperError::Spawn {
+            program: String::new(),
+            source: std::io::Error::other("no command given"),
+        });
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Handlers first, so the parent-death signal is caught, not fatal.
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut hangup = signal(SignalKind::hangup())?;
+        nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+        if nix::unistd::getppid().as_raw() != i32::try_from(guard).unwrap_or(-1) {
+            // The guard died before the signal was asked for.
+            return Ok(128 + Signal::SIGTERM as i32);
+        }
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| KeeperError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+        let group = leader(&child);
+        let status = tokio::select! {
+            status = child.wait() => Some(status?),
+            _ = terminate.recv() => None,
+            _ = interrupt.recv() => None,
+            _ = hangup.recv() => None,
+        };
+        // Exited, the guard gone, or told: the group goes (what the
+        // command left running, or all of it).
+        let status = match group {
+            Some(group) => stop_group(group, grace, &mut child, status).await,
+            None => status,
+        };
+        let status = match status {
+            Some(status) => status,
+            None => child.wait().await?,
+        };
+        Ok(code(status))
+    })
+}
+
+/// A process's exit code as a shell gives it: 128 + signal when a signal
+/// ended it.
+pub fn code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}

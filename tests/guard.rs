@@ -1,0 +1,277 @@
+//! The command dies with its guard (issue 20): `poolgate run` guards a
+//! `sh -c '…; sleep …; …'` whose `sleep` is a grandchild of `run`; after a
+//! fault, a SIGTERM and a SIGKILL of `run`, no process of its group is
+//! left. A signalled `run` ends its run first; a `run` that finds a
+//! restored run in its way says so and exits 4; `--end` and `--resume`
+//! deal with it. Real `poolgate node` processes on 127.0.0.1, each test
+//! bounded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::live::live_for;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use poolgate::live::cluster::{ClusterPlan, LocalCluster};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BASE: &str = r#"
+[pool]
+id = "guard"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+[swim]
+probe_period = "200ms"
+probe_rtt = "60ms"
+suspicion_timeout = "1s"
+"#;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+fn plan(nodes: u32, state: Option<&Path>) -> ClusterPlan {
+    let mut plan = common::live::plan(BASE, nodes);
+    plan.external_orchestrator = true;
+    plan.base.state.path = state.map(Path::to_path_buf);
+    plan
+}
+
+async fn cluster(plan: &ClusterPlan) -> LocalCluster {
+    let mut cluster = LocalCluster::prepare(plan).await.unwrap();
+    for i in 0..cluster.nodes.len() {
+        cluster.spawn(i).unwrap();
+    }
+    cluster
+}
+
+/// `poolgate run --json [extra] -- sh -c '…'`: the shell writes its pid
+/// (its process group's id) and runs `sleep` as a child of its own.
+fn guarded_run(cluster: &LocalCluster, extra: &[&str]) -> (tokio::process::Child, PathBuf) {
+    let pid_file = cluster.dir.join(format!("group-{}.pid", extra.len()));
+    let _ = std::fs::remove_file(&pid_file);
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("run")
+        .arg("--config")
+        .arg(&cluster.config_file)
+        .arg("--json")
+        .args(extra)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > '{}'; sleep 300; echo never",
+            pid_file.display()
+        ))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    (run, pid_file)
+}
+
+async fn until_line(lines: &mut Lines, event: &str) -> serde_json::Value {
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if value["event"] == event {
+            return value;
+        }
+    }
+    panic!("the output ended before {event}");
+}
+
+/// The command's process group, once its shell has written it.
+async fn group_of(pid_file: &Path) -> Pid {
+    loop {
+        match std::fs::read_to_string(pid_file) {
+            Ok(text) if text.ends_with('\n') => return Pid::from_raw(text.trim().parse().unwrap()),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Whether any process of `group` is left, once the grace (5 s) and a
+/// margin have passed.
+async fn group_gone(group: Pid) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while tokio::time::Instant::now() < deadline {
+        if killpg(group, None).is_err() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+fn kill_group(group: Pid) {
+    let _ = killpg(group, Signal::SIGKILL);
+}
+
+async fn exit_code(run: &mut tokio::process::Child) -> Option<i32> {
+    tokio::time::timeout(Duration::from_secs(15), run.wait())
+        .await
+        .expect("run exits")
+        .unwrap()
+        .code()
+}
+
+#[test]
+fn a_fault_stops_the_whole_group_of_the_command() {
+    live_for(LIMIT, async {
+        let mut cluster = cluster(&plan(2, None)).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        assert_ne!(group.as_raw() as u32, run.id().unwrap(), "its own group");
+        cluster.kill(0);
+        until_line(&mut lines, "run_faulted").await;
+        assert_eq!(exit_code(&mut run).await, Some(3));
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the shell's sleep outlived the fault");
+    });
+}
+
+#[test]
+fn a_sigterm_of_run_stops_the_group_ends_the_run_and_exits_143() {
+    live_for(LIMIT, async {
+        let dir = scratch("sigterm");
+        let cluster = cluster(&plan(2, Some(&dir.join("state.db")))).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        kill(Pid::from_raw(run.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+        let finished = until_line(&mut lines, "run_finished").await;
+        assert_eq!(finished["run"], committed["run"]);
+        assert_eq!(exit_code(&mut run).await, Some(128 + 15));
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the shell's sleep outlived a SIGTERM of run");
+        // Nothing restored stands in the next run's way.
+        let (mut next, next_pid) = guarded_run(&cluster, &["--require", "node-2"]);
+        let mut lines = BufReader::new(next.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let next_group = group_of(&next_pid).await;
+        next.kill().await.unwrap();
+        let gone = group_gone(next_group).await;
+        kill_group(next_group);
+        assert!(gone);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn a_sigkilled_run_leaves_no_command_and_its_restored_run_is_named_then_ended() {
+    live_for(LIMIT, async {
+        let dir = scratch("sigkill");
+        let cluster = cluster(&plan(2, Some(&dir.join("state.db")))).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, "run_committed").await;
+        let name = committed["run"].as_str().unwrap().to_string();
+        let group = group_of(&pid_file).await;
+        run.kill().await.unwrap();
+        let _ = run.wait().await;
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the command outlived a SIGKILL of run");
+        // The run is still committed in the state file: a new run says so
+        // at once and exits 4, naming the ways out.
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--timeout", "20s", "--", "true"])
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(25), output)
+            .await
+            .expect("no spin")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(&format!("--resume {name}")) && stderr.contains(&format!("--end {name}")),
+            "{stderr}"
+        );
+        // `--resume` guards it with a new command, which ends it.
+        let resumed = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--resume", &name, "--", "sh", "-c", "exit 7"])
+            .output();
+        let resumed = tokio::time::timeout(Duration::from_secs(25), resumed)
+            .await
+            .expect("resume ends")
+            .unwrap();
+        assert_eq!(
+            resumed.status.code(),
+            Some(7),
+            "{}",
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        // Ended: `--end` finds nothing to end, and a new run commits.
+        let ended = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--end", &name])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(ended.status.code(), Some(4));
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn run_end_ends_a_restored_run() {
+    live_for(LIMIT, async {
+        let dir = scratch("end");
+        let cluster = cluster(&plan(1, Some(&dir.join("state.db")))).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &[]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, "run_committed").await;
+        let name = committed["run"].as_str().unwrap().to_string();
+        let group = group_of(&pid_file).await;
+        run.kill().await.unwrap();
+        let _ = run.wait().await;
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone);
+        let ended = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--end", &name])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&ended.stderr);
+        assert_eq!(ended.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains(&format!("run {name} ended")), "{stderr}");
+        let next = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--timeout", "20s", "--", "true"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(next.status.code(), Some(0));
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("poolgate-guard-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
