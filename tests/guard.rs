@@ -196,7 +196,8 @@ fn a_sigkilled_run_leaves_no_command_and_its_restored_run_is_named_then_ended() 
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(4), "{stderr}");
         assert!(
-            stderr.contains(&format!("--resume {name}")) && stderr.contains(&format!("--end {name}")),
+            stderr.contains(&format!("--resume {name}"))
+                && stderr.contains(&format!("--end {name}")),
             "{stderr}"
         );
         // `--resume` guards it with a new command, which ends it.
@@ -274,4 +275,72 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A health check that writes 70,000 bytes on one stderr line and fails:
+/// the fault is delivered (the reason cut to 1 KiB), where the uncut
+/// reason made a frame over the limit, refused again and again.
+#[test]
+fn a_fault_with_a_70000_byte_reason_is_delivered_cut_to_one_kib() {
+    let mut plan = common::live::plan(BASE, 1);
+    plan.health_check = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        "head -c 70000 /dev/zero | tr '\\0' x >&2; exit 1".into(),
+    ]);
+    live_for(LIMIT, async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let gate = cluster.orchestrator().unwrap().gate.clone();
+        cluster.spawn(0).unwrap();
+        // The node never gets ready; its fault reaches the gate.
+        let reason = loop {
+            let report = gate.report().await.unwrap();
+            if let Some(fault) = report.candidates[0].detail.fault.clone() {
+                break fault;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(reason.len(), poolgate::core::MAX_REASON_BYTES);
+        assert!(reason.chars().all(|c| c == 'x'));
+    });
+}
+
+/// A hung health check (`sh` running `sleep`) is stopped as a group each
+/// time it overruns its interval: no `sleep` piles up.
+#[test]
+fn a_hung_health_check_leaves_no_process_behind() {
+    let marker = format!("poolgate-hung-{}", std::process::id());
+    let mut plan = common::live::plan(BASE, 1);
+    plan.health_interval = Duration::from_millis(200);
+    plan.health_check = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        format!("sleep 300 {marker}; true"),
+    ]);
+    let count = |marker: &str| {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|cmdline| {
+                let text = String::from_utf8_lossy(cmdline);
+                text.starts_with("sleep\0") && text.contains(marker)
+            })
+            .count()
+    };
+    live_for(LIMIT, async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        cluster.spawn(0).unwrap();
+        // Ten intervals: ten checks started and stopped.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let running = count(&marker);
+        cluster.kill(0);
+        assert!(running <= 2, "{running} sleeps of hung checks left");
+    });
+    // The node's last check goes with the node.
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while count(&marker) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count(&marker), 0, "a check outlived its node");
 }

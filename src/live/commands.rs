@@ -244,7 +244,9 @@ pub async fn run(
             let active = gate.report().await?.run;
             if active.as_ref() != Some(run) {
                 let active = active.map_or("none".to_string(), |r| r.to_string());
-                eprintln!("poolgate run: --resume {run}: no such active run (the active run: {active})");
+                eprintln!(
+                    "poolgate run: --resume {run}: no such active run (the active run: {active})"
+                );
                 return Ok(EXIT_OTHER_RUN);
             }
             run.clone()
@@ -265,8 +267,9 @@ pub async fn run(
     drain(&gate, &mut events, &mut printer).await;
 
     let mut hangup = signal(SignalKind::hangup())?;
-    let mut child = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE)
-        .map_err(|e| LiveError::Io(std::io::Error::other(format!("{}: {e}", command[0]))))?;
+    let mut child =
+        super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE)
+            .map_err(|e| LiveError::Io(std::io::Error::other(format!("{}: {e}", command[0]))))?;
     loop {
         tokio::select! {
             status = child.wait() => {

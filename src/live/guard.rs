@@ -140,7 +140,10 @@ impl Guarded {
         // The keeper is done within the grace (SIGKILL included); one that
         // is not is killed, and its group with it.
         let bound = self.grace + Duration::from_secs(2);
-        if tokio::time::timeout(bound, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(bound, self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = killpg(keeper, Signal::SIGKILL);
             let _ = self.child.kill().await;
         }
