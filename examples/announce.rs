@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 available: round % 2 == 0,
                 identity: Some(wire::identity_text(node.as_str().as_bytes())),
                 swim: None,
+                generation: None,
                 fault: None,
                 leaving: false,
                 heartbeat_ms: None,

@@ -87,6 +87,7 @@ fn valid_frame() -> (Vec<u8>, poolgate::live::keys::PublicKey) {
         available: true,
         identity: Some("AQID".into()),
         swim: Some("127.0.0.1:7946".parse().unwrap()),
+        generation: None,
         fault: None,
         leaving: false,
         heartbeat_ms: Some(1000),

@@ -251,6 +251,7 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             available,
             identity: Some(wire::identity_text(b"n1 material")),
             swim: None,
+            generation: None,
             fault: None,
             leaving: false,
             heartbeat_ms: None,
@@ -616,6 +617,7 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
         available: true,
         identity: Some(wire::identity_text(b"n1 material")),
         swim: None,
+        generation: None,
         fault: None,
         leaving: false,
         heartbeat_ms: None,
@@ -644,4 +646,142 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
         );
     });
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Binds node `i`'s SWIM member to a port chosen here, and returns it.
+fn pin_swim_port(cluster: &LocalCluster, i: usize) -> SocketAddr {
+    let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let path = &cluster.nodes[i].config;
+    let text = std::fs::read_to_string(path).unwrap();
+    let pinned = text.replacen("bind = \"127.0.0.1:0\"", &format!("bind = \"{addr}\""), 1);
+    assert_ne!(text, pinned);
+    std::fs::write(path, pinned).unwrap();
+    addr
+}
+
+/// An insider's SWIM member that claims `node` at `addr` (another node's
+/// signed address) from a socket of its own, sealing with the cluster key.
+fn forger(
+    cluster: &LocalCluster,
+    node: &str,
+    addr: SocketAddr,
+    generation: u64,
+) -> actix::Addr<SwimMember> {
+    let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
+    let (forger, _) = SwimMember::start(
+        node,
+        "127.0.0.1:0".parse().unwrap(),
+        Some(&poolgate::live::endpoint::Endpoint::from(addr)),
+        generation,
+        cluster.config.swim.timings.foca_config(8),
+        StdRng::seed_from_u64(2),
+        None,
+        Keyring::new(&[key], &cluster.config.swim.label),
+    )
+    .unwrap();
+    forger
+}
+
+/// Whether `events` stays free of a fault or a readiness loss for `span`.
+async fn quiet_for(events: &mut poolgate::EventStream, span: Duration) -> Result<(), Event> {
+    let seen = tokio::time::timeout(
+        span,
+        until(events, |e| match e {
+            Event::RunFaulted { .. } | Event::ReadinessLost { .. } => Some(e.clone()),
+            _ => None,
+        }),
+    )
+    .await;
+    match seen {
+        Ok(event) => Err(event),
+        Err(_) => Ok(()),
+    }
+}
+
+#[test]
+fn a_forged_identity_at_a_nodes_signed_address_neither_outranks_nor_evicts_it() {
+    // Issue 20: "node-1 @ node-1's signed address" at generation + 10^9,
+    // from another port, made the gate see node-1 suspect, then dead, and
+    // never ready again; any name at node-1's address evicted it too.
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(2, false)).await.unwrap();
+        let node1 = pin_swim_port(&cluster, 0);
+        let orchestrator = cluster.orchestrator().unwrap();
+        let gate = orchestrator.gate.clone();
+        let seed = orchestrator.swim_addr;
+        let mut events = gate.subscribe();
+        for i in 0..2 {
+            cluster.spawn(i).unwrap();
+        }
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(run.clone(), vec![node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        let outrank = forger(&cluster, "node-1", node1, boot_generation() + 1_000_000_000);
+        let evict = forger(&cluster, "node-2", node1, boot_generation() + 1_000_000_000);
+        outrank.do_send(Join { seeds: vec![seed] });
+        evict.do_send(Join { seeds: vec![seed] });
+        assert_eq!(quiet_for(&mut events, Duration::from_secs(3)).await, Ok(()));
+        // The forgers stop: their identities are suspected, then declared
+        // down; none of it is node-1's.
+        outrank.do_send(poolgate::live::swim::member::Crash);
+        evict.do_send(poolgate::live::swim::member::Crash);
+        assert_eq!(quiet_for(&mut events, Duration::from_secs(4)).await, Ok(()));
+        // node-1's own end still faults the run.
+        cluster.kill(0);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted, node("node-1"));
+    });
+}
+
+#[test]
+fn a_forger_keeping_a_sigkilled_node_alive_in_swim_does_not_keep_the_run() {
+    // Issue 20: forged datagrams naming node-1 kept a SIGKILLed node-1
+    // "alive" in SWIM and the run committed after 25 s.
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(2, false)).await.unwrap();
+        let node1 = pin_swim_port(&cluster, 0);
+        let orchestrator = cluster.orchestrator().unwrap();
+        let gate = orchestrator.gate.clone();
+        let seed = orchestrator.swim_addr;
+        let mut events = gate.subscribe();
+        for i in 0..2 {
+            cluster.spawn(i).unwrap();
+        }
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(run.clone(), vec![node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        // The same name at the same address, one generation up: the
+        // closest a forger can come to node-1's own identity.
+        let forged = forger(&cluster, "node-1", node1, boot_generation() + 1);
+        forged.do_send(Join { seeds: vec![seed] });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let killed = Instant::now();
+        cluster.kill(0);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted.0, node("node-1"));
+        // Within the lost connection's grace (the heartbeats' deadline
+        // bounds a connection that goes silent instead).
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            killed.elapsed()
+        );
+    });
 }

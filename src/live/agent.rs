@@ -79,11 +79,29 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
         available: config.health_check.is_none(),
         identity: Some(wire::identity_text(&identity)),
         swim: Some(swim_addr),
+        generation: Some(generation),
         fault: None,
         leaving: false,
         heartbeat_ms: u64::try_from(config.heartbeat.as_millis()).ok(),
     });
     let state = Arc::new(state);
+    // The identity the node signs follows foca's renewals (a node declared
+    // down rejoins under generation + 1).
+    let (own, mut renewed) = watch::channel(generation);
+    swim.do_send(super::swim::member::WatchGeneration(own));
+    {
+        let state = Arc::clone(&state);
+        actix::spawn(async move {
+            while renewed.changed().await.is_ok() {
+                let generation = *renewed.borrow_and_update();
+                state.send_if_modified(|s| {
+                    let changed = s.generation != Some(generation);
+                    s.generation = Some(generation);
+                    changed
+                });
+            }
+        });
+    }
     let sent = Arc::new(AtomicU64::new(0));
     actix::spawn(announce(
         AnnounceTo {

@@ -1,8 +1,13 @@
 //! What the orchestrator remembers of each node between its frames: the
-//! sequence last accepted, whether it is leaving, and the SWIM address it
-//! signed, against which every SWIM fact about it is checked (a fact
-//! about node N counts only from the address N signed). The live
-//! orchestrator and the simulator ([`crate::sim`]) both go through it.
+//! sequence last accepted, whether it is leaving, and the SWIM identity it
+//! signed (address and generation), against which every SWIM fact about
+//! it is checked: a fact about node N counts only for the identity N
+//! signed (SPEC §11). Any other identity at N's address is an impostor:
+//! counted, never able to make N live, suspect, dead or outranked; N
+//! reported dead because another identity took its address is not taken
+//! either (N's heartbeats on its agent connection say whether it lives).
+//! The live orchestrator and the simulator ([`crate::sim`]) both go
+//! through it.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -20,15 +25,38 @@ pub(crate) struct Nodes {
     pub(crate) incarnation: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
     pub(crate) leaving: HashSet<NodeId>,
-    /// The SWIM address each node signed in its latest frame: SWIM facts
-    /// about the node count only from there.
-    pub(crate) swim_addr: HashMap<NodeId, SocketAddr>,
+    /// The SWIM identity each node signed in its latest frame (address,
+    /// and generation if it signs one): SWIM facts about the node count
+    /// only for it.
+    pub(crate) swim_addr: HashMap<NodeId, Signed>,
     /// The agent connection each node was last heard on (an id of the
     /// listener's), so a lost connection is told from a replaced one.
     pub(crate) attached: HashMap<NodeId, u64>,
-    /// The latest SWIM fact per node and address, so a node's state is
-    /// known the moment it signs its address.
-    pub(crate) latest: HashMap<NodeId, HashMap<SocketAddr, Held>>,
+    /// The latest SWIM fact per node and identity (address, generation),
+    /// so a node's state is known the moment it signs it.
+    pub(crate) latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
+}
+
+/// The SWIM identity a node signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Signed {
+    /// Where it answers.
+    pub(crate) addr: SocketAddr,
+    /// Its generation; `None` from an agent that does not sign it (then
+    /// any generation at the address counts, the newest outranking).
+    pub(crate) generation: Option<u64>,
+}
+
+impl Signed {
+    fn matches(&self, addr: SocketAddr, generation: u64) -> bool {
+        self.addr == addr && self.generation.is_none_or(|g| g == generation)
+    }
+}
+
+/// The generation folded into a SWIM fact's incarnation (see
+/// [`super::swim::tracker`]).
+fn generation_of(update: &MembershipUpdate) -> u64 {
+    update.incarnation >> 16
 }
 
 /// The SWIM facts held for one (node, address) until the node signs it:
@@ -41,7 +69,8 @@ pub(crate) struct Held {
     latest: MembershipUpdate,
 }
 
-/// How many addresses' facts are kept per node name (impostors included).
+/// How many identities' facts are kept per node name (impostors
+/// included); a new one past this evicts the oldest generation held.
 const ADDRESSES_PER_NODE: usize = 8;
 
 impl Nodes {
@@ -56,50 +85,71 @@ impl Nodes {
         update
     }
 
-    /// Keeps a SWIM fact; returns it for the gate if it comes from the
-    /// address the node signed.
+    /// Keeps a SWIM fact; returns it for the gate if it is about the
+    /// identity the node signed.
     pub(crate) fn observe(&mut self, observed: Observed) -> Option<MembershipUpdate> {
         let node = observed.update.node.clone();
+        let generation = generation_of(&observed.update);
+        let key = (observed.addr, generation);
         let facts = self.latest.entry(node.clone()).or_default();
-        if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&observed.addr) {
-            facts.clear();
+        if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&key) {
+            if let Some(oldest) = facts.keys().min_by_key(|(_, g)| *g).copied() {
+                facts.remove(&oldest);
+            }
         }
-        let alive = match facts.get(&observed.addr) {
+        let alive = match facts.get(&key) {
             _ if observed.update.state == SwimState::Alive => Some(observed.update.clone()),
             Some(held) => held.alive.clone(),
             None => None,
         };
         facts.insert(
-            observed.addr,
+            key,
             Held {
                 alive,
                 latest: observed.update.clone(),
             },
         );
-        match self.swim_addr.get(&node) {
-            Some(bound) if *bound == observed.addr => Some(self.for_gate(observed.update)),
+        match self.swim_addr.get(&node).copied() {
+            Some(signed) if signed.matches(observed.addr, generation) => {
+                if observed.replaced && signed.generation.is_some() {
+                    // Another identity took the node's address: that is
+                    // not the node's own evidence of anything.
+                    metrics::counter!("poolgate_swim_impostors_total").increment(1);
+                    tracing::debug!(%node, addr = %observed.addr, "the node's SWIM identity replaced by another at its address; ignored");
+                    return None;
+                }
+                Some(self.for_gate(observed.update))
+            }
             Some(_) => {
                 metrics::counter!("poolgate_swim_impostors_total").increment(1);
-                tracing::debug!(%node, addr = %observed.addr, "SWIM fact from an address the node did not sign; ignored");
+                tracing::debug!(%node, addr = %observed.addr, generation, "SWIM fact about an identity the node did not sign; ignored");
                 None
             }
-            // Held until the node signs its address.
+            // Held until the node signs its identity.
             None => None,
         }
     }
 
-    /// The node signed `addr`: binds it, and returns the facts heard from
-    /// there, for the gate in order (the last `alive`, then the latest), if
-    /// the binding changed.
+    /// The node signed `addr` (and `generation`): binds them, and returns
+    /// the facts heard about that identity, for the gate in order (the
+    /// last `alive`, then the latest), if the binding changed.
     pub(crate) fn bind(
         &mut self,
         node: &NodeId,
         addr: SocketAddr,
+        generation: Option<u64>,
     ) -> Option<Vec<MembershipUpdate>> {
-        if self.swim_addr.insert(node.clone(), addr) == Some(addr) {
+        let signed = Signed { addr, generation };
+        if self.swim_addr.insert(node.clone(), signed) == Some(signed) {
             return None;
         }
-        let held = self.latest.get(node).and_then(|f| f.get(&addr)).cloned();
+        let held = self.latest.get(node).and_then(|facts| {
+            facts
+                .iter()
+                .filter(|((at, g), _)| signed.matches(*at, *g))
+                .max_by_key(|((_, g), _)| *g)
+                .map(|(_, held)| held.clone())
+        });
         let mut facts = Vec::new();
         if let Some(held) = held {
             if let Some(alive) = held.alive.filter(|a| *a != held.latest) {
@@ -124,6 +174,7 @@ mod tests {
                 incarnation,
             },
             addr: SocketAddr::from(([10, 0, 0, 4], 7946)),
+            replaced: false,
         }
     }
 
@@ -138,13 +189,80 @@ mod tests {
         assert_eq!(nodes.observe(observed(SwimState::Suspect, 7)), None);
         let node = NodeId::new("node-4").unwrap();
         let facts = nodes
-            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)))
+            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)), None)
             .unwrap();
         let states: Vec<SwimState> = facts.iter().map(|f| f.state).collect();
         assert_eq!(states, vec![SwimState::Alive, SwimState::Suspect]);
         // Bound already: nothing again.
         assert!(nodes
-            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)))
+            .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)), None)
             .is_none());
+    }
+
+    fn at(state: SwimState, generation: u64, incarnation: u64) -> Observed {
+        observed(state, (generation << 16) | incarnation)
+    }
+
+    #[test]
+    fn an_identity_the_node_did_not_sign_can_neither_outrank_nor_kill_it() {
+        // Issue 20: a forged identity at node-4's signed address with a
+        // higher generation replaced node-4; then its suspicion and death
+        // were node-4's, and node-4 was never ready again.
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        assert_eq!(nodes.observe(at(SwimState::Alive, 5, 1)), None);
+        let facts = nodes.bind(&node, addr, Some(5)).unwrap();
+        assert_eq!(facts.len(), 1);
+        let forged = 5 + 1_000_000_000;
+        for state in [SwimState::Alive, SwimState::Suspect, SwimState::Dead] {
+            assert_eq!(nodes.observe(at(state, forged, 1)), None, "{state:?}");
+        }
+        // foca's Rename of the signed identity by another at its address.
+        let mut replaced = at(SwimState::Dead, 5, 1);
+        replaced.replaced = true;
+        assert_eq!(nodes.observe(replaced), None);
+        // The node's own identity still counts, suspicion included.
+        let suspect = nodes.observe(at(SwimState::Suspect, 5, 1)).unwrap();
+        assert_eq!(suspect.state, SwimState::Suspect);
+    }
+
+    #[test]
+    fn a_renewed_identity_counts_once_the_node_signs_it() {
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, Some(5));
+        assert!(nodes.observe(at(SwimState::Alive, 5, 1)).is_some());
+        // Declared down, the node rejoins at generation 6: held until signed.
+        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 0)), None);
+        let facts = nodes.bind(&node, addr, Some(6)).unwrap();
+        assert_eq!(facts.len(), 1);
+        assert_eq!(facts[0].incarnation, 6 << 16);
+        assert_eq!(facts[0].state, SwimState::Alive);
+    }
+
+    #[test]
+    fn without_a_signed_generation_the_address_alone_binds() {
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, None);
+        assert!(nodes.observe(at(SwimState::Alive, 5, 1)).is_some());
+        assert!(nodes.observe(at(SwimState::Alive, 6, 0)).is_some());
+    }
+
+    #[test]
+    fn facts_kept_per_node_are_bounded_evicting_the_oldest_generation() {
+        let node = NodeId::new("node-4").unwrap();
+        let mut nodes = Nodes::default();
+        for generation in 0..1_000 {
+            nodes.observe(at(SwimState::Alive, generation, 0));
+        }
+        let held = &nodes.latest[&node];
+        assert_eq!(held.len(), ADDRESSES_PER_NODE);
+        assert!(held
+            .keys()
+            .all(|(_, g)| *g >= 1_000 - ADDRESSES_PER_NODE as u64));
     }
 }

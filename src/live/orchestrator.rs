@@ -140,6 +140,10 @@ impl Orchestrator {
             Some(sink),
             keyring,
         )?;
+        // Facts about names outside the registry could never count: not kept.
+        swim.do_send(super::swim::member::OnlyMembers(
+            config.registry.keys().map(|n| n.to_string()).collect(),
+        ));
         if !config.swim.seeds.is_empty() {
             let (seeds, failed) = lookup_all(&config.swim.seeds).await;
             if !failed.is_empty() {
@@ -655,7 +659,7 @@ impl Listener {
             let mut known = lock(&self.nodes);
             let bound = state
                 .swim
-                .and_then(|addr| known.bind(node, addr).map(|f| (addr, f)));
+                .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
             let leaving = if state.leaving {
                 known.leaving.insert(node.clone());
                 Some(known.incarnation.get(node).copied().unwrap_or(0))

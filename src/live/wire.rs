@@ -43,6 +43,10 @@ pub struct Announcement {
     pub identity: Option<String>,
     /// The SWIM address the node answers on.
     pub swim: Option<SocketAddr>,
+    /// The generation of the node's SWIM identity: with `swim` and the
+    /// node's name, the one identity whose SWIM facts count (SPEC §11).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
     /// Why the node is faulted, if it is.
     pub fault: Option<String>,
     /// The node is leaving the cluster (SIGTERM).
@@ -355,6 +359,7 @@ mod tests {
             available: true,
             identity: Some(identity_text(b"data-plane key")),
             swim: Some(SocketAddr::from(([127, 0, 0, 1], 7946))),
+            generation: None,
             fault: None,
             leaving: false,
             heartbeat_ms: Some(1000),

@@ -324,7 +324,7 @@ impl Simulation {
         };
         let at = Time::from_millis(at_ms);
         self.last_announce_ms = self.last_announce_ms.max(at_ms);
-        if let Some(latest) = self.nodes.bind(&node, address(index)) {
+        if let Some(latest) = self.nodes.bind(&node, address(index), None) {
             self.net.announce(0, index);
             for update in latest {
                 self.gate.submit(at, update.into()).await?;

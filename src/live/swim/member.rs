@@ -245,6 +245,8 @@ pub struct SwimMember {
     suspicion_limit: Duration,
     /// Members held suspect: at which incarnation, since when.
     suspected: std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
+    /// Told this member's generation whenever foca renews its identity.
+    own_generation: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 impl SwimMember {
@@ -294,6 +296,7 @@ impl SwimMember {
             keyring: Arc::new(RwLock::new(keyring)),
             suspicion_limit,
             suspected: std::collections::HashMap::new(),
+            own_generation: None,
         };
         Ok((member.start(), addr))
     }
@@ -319,6 +322,12 @@ impl SwimMember {
                     tracing::warn!(node = %self.foca.identity().node, "declared down; identity defunct")
                 }
                 OwnedNotification::Rename(old, new) => replaced.push((old, new)),
+                OwnedNotification::Rejoin(renewed) => {
+                    tracing::info!(node = %renewed.node, generation = renewed.generation, "rejoined under a renewed identity");
+                    if let Some(own) = &self.own_generation {
+                        own.send_replace(renewed.generation);
+                    }
+                }
                 other => tracing::debug!(node = %self.foca.identity().node, ?other, "foca"),
             }
         }
@@ -582,6 +591,35 @@ fn read(keyring: &RwLock<Keyring>) -> std::sync::RwLockReadGuard<'_, Keyring> {
     keyring
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Tell `0` this member's generation now and whenever foca renews its
+/// identity (a node signs it in its frames, SPEC §11).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct WatchGeneration(pub tokio::sync::watch::Sender<u64>);
+
+impl Handler<WatchGeneration> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: WatchGeneration, _ctx: &mut Context<Self>) {
+        msg.0.send_replace(self.foca.identity().generation);
+        self.own_generation = Some(msg.0);
+    }
+}
+
+/// Keep and report only members of these names (the orchestrator's
+/// registry): a made-up member costs the tracker nothing.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct OnlyMembers(pub std::collections::HashSet<String>);
+
+impl Handler<OnlyMembers> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: OnlyMembers, _ctx: &mut Context<Self>) {
+        self.tracker.only(msg.0);
+    }
 }
 
 /// How many other members this member knows.

@@ -39,45 +39,20 @@ pub struct Observed {
     pub update: MembershipUpdate,
     /// Where the member that says so answers.
     pub addr: SocketAddr,
+    /// The member is reported dead because another identity took its
+    /// address (foca's `Rename`), not because SWIM found it gone.
+    pub replaced: bool,
 }
 
-/// The latest state reported per member, by address then node name (so a
-/// member is looked up without building a key, in one table), to emit only
-/// changes.
+/// The latest state reported per member, by address then node name (a
+/// name is looked up as `&str`, without building a key, and in constant
+/// time however many names share an address), to emit only changes.
+/// With [`MembershipTracker::only`], members of other names are not kept
+/// at all: invented members cost nothing here.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
-    reported: HashMap<SocketAddr, Names>,
-}
-
-/// The members reported at one address: nearly always one.
-#[derive(Debug)]
-struct Names {
-    first: Reported,
-    more: Vec<Reported>,
-}
-
-#[derive(Debug)]
-struct Reported {
-    node: String,
-    state: (SwimState, u64),
-}
-
-impl Names {
-    fn get(&self, node: &str) -> Option<&Reported> {
-        std::iter::once(&self.first)
-            .chain(&self.more)
-            .find(|r| r.node == node)
-    }
-
-    fn get_mut(&mut self, node: &str) -> Option<&mut Reported> {
-        std::iter::once(&mut self.first)
-            .chain(&mut self.more)
-            .find(|r| r.node == node)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Reported> {
-        std::iter::once(&self.first).chain(&self.more)
-    }
+    reported: HashMap<SocketAddr, HashMap<String, (SwimState, u64)>>,
+    only: Option<HashSet<String>>,
 }
 
 /// Below this many states in one call, repeats are found by scanning.
@@ -98,6 +73,20 @@ fn fold(member: &Member<SwimIdentity>) -> (SwimState, u64) {
 }
 
 impl MembershipTracker {
+    /// Keeps and reports only members named in `names` (the orchestrator's
+    /// registry: a fact about any other name could never count).
+    pub fn only(&mut self, names: HashSet<String>) {
+        self.reported.retain(|_, at| {
+            at.retain(|name, _| names.contains(name));
+            !at.is_empty()
+        });
+        self.only = Some(names);
+    }
+
+    fn wanted(&self, node: &str) -> bool {
+        self.only.as_ref().is_none_or(|names| names.contains(node))
+    }
+
     /// Turns what one foca call changed into one update per member whose
     /// state or incarnation differs from what was reported: `states` are
     /// member states as foca applied them, oldest first (a member may
@@ -121,7 +110,7 @@ impl MembershipTracker {
                 continue; // the same member at a new generation: its state says it
             }
             let key = (old.node.as_str(), old.addr);
-            if !done.insert(key) {
+            if !self.wanted(key.0) || !done.insert(key) {
                 continue;
             }
             // Gone: dead at the incarnation last known for it.
@@ -132,59 +121,43 @@ impl MembershipTracker {
                 .map(fold)
                 .or_else(|| self.last_reported(key.0, key.1));
             if let Some((_, incarnation)) = latest {
-                self.report(key.0, key.1, SwimState::Dead, incarnation, &mut updates);
+                let dead = (SwimState::Dead, incarnation);
+                self.report(key.0, key.1, dead, true, &mut updates);
             }
         }
         for member in states.iter().rev() {
             let id = member.id();
-            if !done.insert((id.node.as_str(), id.addr)) {
-                continue; // a later state of this member was taken
+            if !self.wanted(&id.node) || !done.insert((id.node.as_str(), id.addr)) {
+                continue; // not wanted, or a later state of it was taken
             }
             if id.generation >= GENERATION_LIMIT {
                 tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
                 continue;
             }
-            let (state, incarnation) = fold(member);
-            self.report(&id.node, id.addr, state, incarnation, &mut updates);
+            self.report(&id.node, id.addr, fold(member), false, &mut updates);
         }
         updates.sort_by(|a, b| (&a.update.node, a.addr).cmp(&(&b.update.node, b.addr)));
         updates
     }
 
     fn last_reported(&self, node: &str, addr: SocketAddr) -> Option<(SwimState, u64)> {
-        Some(self.reported.get(&addr)?.get(node)?.state)
+        self.reported.get(&addr)?.get(node).copied()
     }
 
     fn report(
         &mut self,
         node: &str,
         addr: SocketAddr,
-        state: SwimState,
-        incarnation: u64,
+        now: (SwimState, u64),
+        replaced: bool,
         updates: &mut Vec<Observed>,
     ) {
-        let now = (state, incarnation);
-        match self.reported.get_mut(&addr) {
-            Some(names) => match names.get_mut(node) {
-                Some(known) if known.state == now => return,
-                Some(known) => known.state = now,
-                None => names.more.push(Reported {
-                    node: node.to_string(),
-                    state: now,
-                }),
-            },
+        let at = self.reported.entry(addr).or_default();
+        match at.get_mut(node) {
+            Some(known) if *known == now => return,
+            Some(known) => *known = now,
             None => {
-                let first = Reported {
-                    node: node.to_string(),
-                    state: now,
-                };
-                self.reported.insert(
-                    addr,
-                    Names {
-                        first,
-                        more: Vec::new(),
-                    },
-                );
+                at.insert(node.to_string(), now);
             }
         }
         let Ok(node_id) = NodeId::new(node) else {
@@ -195,6 +168,7 @@ impl MembershipTracker {
             );
             return;
         };
+        let (state, incarnation) = now;
         updates.push(Observed {
             update: MembershipUpdate {
                 node: node_id,
@@ -202,6 +176,7 @@ impl MembershipTracker {
                 incarnation,
             },
             addr,
+            replaced,
         });
     }
 
@@ -211,7 +186,7 @@ impl MembershipTracker {
         self.reported.iter().flat_map(|(addr, names)| {
             names
                 .iter()
-                .map(move |r| (r.node.as_str(), *addr, r.state.0, r.state.1))
+                .map(move |(node, state)| (node.as_str(), *addr, state.0, state.1))
         })
     }
 }
@@ -529,8 +504,36 @@ mod tests {
         assert_eq!(seen[0].update.node.as_str(), "n1");
         assert_eq!(seen[0].update.state, SwimState::Dead);
         assert_eq!(seen[0].update.incarnation, 5 << 16);
+        assert!(seen[0].replaced, "dead by replacement, so marked");
         assert_eq!(seen[1].update.node.as_str(), "n9");
+        assert!(!seen[1].replaced);
         assert!(tracker.changed([], [renamed]).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn made_up_members_are_neither_kept_nor_reported_when_only_registry_names_are_wanted() {
+        // Issue 20: 100,000 invented names grew the orchestrator for good.
+        let mut tracker = MembershipTracker::default();
+        tracker.only(["n1".to_string()].into_iter().collect());
+        let invented: Vec<_> = (0..100_000)
+            .map(|i| member(&format!("made-up-{i}"), 1, State::Alive))
+            .collect();
+        assert!(tracker.changed(invented, none()).is_empty());
+        assert_eq!(tracker.reported().count(), 0);
+        let seen = tracker.changed([member("n1", 1, State::Alive)], none());
+        assert_eq!(seen.len(), 1);
+        assert_eq!(tracker.reported().count(), 1);
+    }
+
+    #[test]
+    fn many_names_at_one_address_are_told_apart_and_repeats_not_reported() {
+        let mut tracker = MembershipTracker::default();
+        let names: Vec<_> = (0..20_000)
+            .map(|i| member(&format!("n{i}"), 1, State::Alive))
+            .collect();
+        assert_eq!(tracker.changed(names.clone(), none()).len(), 20_000);
+        // Each found by its name (a hash lookup since issue 20, not a scan).
+        assert!(tracker.changed(names, none()).is_empty());
     }
 
     #[test]
