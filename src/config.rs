@@ -385,8 +385,14 @@ pub struct NodeConfig {
 /// How many heartbeats may be missed before a connection is taken as gone.
 pub const HEARTBEATS_MISSED: u32 = 3;
 
-/// `[node] heartbeat`'s default.
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+/// `[node] heartbeat`'s default: a node whose host is cut off is not
+/// live within 3 × 500 ms (plus the lost connection's grace) whatever
+/// SWIM says, for about 700 bytes a second per node (BENCHMARKS.md).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// The longest duration any key takes: a timer set further out could not
+/// be represented on some clocks (and no setting here needs a year).
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl NodeConfig {
     /// Reads and checks a node configuration; relative paths are from the
@@ -607,6 +613,13 @@ impl<'a> Doc<'a> {
         })?;
         if duration.is_zero() {
             return Err(self.error(span, key, "must be longer than zero"));
+        }
+        if duration > MAX_DURATION {
+            return Err(self.error(
+                span,
+                key,
+                format!("`{text}` is longer than any timer here can wait (at most 365 days)"),
+            ));
         }
         if duration.subsec_nanos() % 1_000_000 != 0 {
             return Err(self.error(span, key, "must be a whole number of milliseconds"));
@@ -913,6 +926,16 @@ wait_timeout = "30s"
         let (line, key, message) = error_of(&text);
         assert_eq!((line, key.as_str()), (11, "planning.wait_timout"));
         assert!(message.contains("unknown key"), "{message}");
+    }
+
+    #[test]
+    fn an_absurd_duration_is_refused_naming_its_key() {
+        // Issue 20: a timer this far out cannot be set; refused, not a panic.
+        let text = GOOD.replace("wait_timeout = \"30s\"", "wait_timeout = \"1000years\"");
+        assert_ne!(text, GOOD);
+        let (_, key, message) = error_of(&text);
+        assert_eq!(key, "planning.wait_timeout");
+        assert!(message.contains("365 days"), "{message}");
     }
 
     #[test]

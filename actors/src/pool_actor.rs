@@ -377,7 +377,24 @@ impl Actor for PoolActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        self.keep_recording_flushed(ctx);
         self.flush(ctx);
+    }
+}
+
+/// How often a recording's buffered lines are written out when nothing
+/// else writes them (a crash of an idle gate loses no more than this).
+pub const RECORDING_FLUSH: Duration = Duration::from_secs(1);
+
+impl PoolActor {
+    fn keep_recording_flushed(&self, ctx: &mut Context<Self>) {
+        if self.recording.is_some() {
+            ctx.run_interval(RECORDING_FLUSH, |act, _| {
+                if let Some(recording) = &act.recording {
+                    recording.flush();
+                }
+            });
+        }
     }
 }
 
@@ -386,8 +403,11 @@ impl actix::Supervised for PoolActor {
     /// fresh window is needed, the epoch keeps rising, and each node actor
     /// reports its facts again.
     fn restarting(&mut self, ctx: &mut Context<Self>) {
-        // The old timers died with the old context.
+        // The old timers died with the old context; epochs held back for
+        // a write are moot (readiness starts over).
         self.timer = TimerSlot::default();
+        self.retrying = false;
+        self.untold.clear();
         self.out.clear();
         let now = self.applied_at(self.clock.now());
         self.core.restart(now, &mut self.out);

@@ -53,7 +53,9 @@ pub struct Orchestrator {
     pub swim_addr: SocketAddr,
     /// The TCP address the agent listener accepts on.
     pub agents_addr: SocketAddr,
-    listener: tokio::task::JoinHandle<()>,
+    /// The listener (its connections end with it), the sequence writer
+    /// and the readiness gauge: stopped by [`Orchestrator::shutdown`].
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Loads the gossip keyring of `[swim]`: its keys, or none when
@@ -102,6 +104,7 @@ impl Orchestrator {
                 .await?;
         }
         let nodes = Arc::new(Mutex::new(Nodes::default()));
+        let mut tasks = Vec::new();
         if let Some(store) = store {
             // Replay protection across restarts: the last sequence accepted
             // per node, kept in the state file.
@@ -112,7 +115,7 @@ impl Orchestrator {
                 .into_iter()
                 .filter_map(|(node, seq)| Some((NodeId::new(&node).ok()?, seq)))
                 .collect();
-            actix::spawn(keep_sequences(store, Arc::clone(&nodes)));
+            tasks.push(actix::spawn(keep_sequences(store, Arc::clone(&nodes))));
         }
         let sink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
@@ -169,15 +172,15 @@ impl Orchestrator {
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
             answering: Arc::new(tokio::sync::Semaphore::new(1)),
         };
-        let listener = actix::spawn(accept.serve(listener));
-        actix::spawn(keep_readiness_gauge(gate.clone()));
+        tasks.push(actix::spawn(accept.serve(listener)));
+        tasks.push(actix::spawn(keep_readiness_gauge(gate.clone())));
         tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
         Ok(Orchestrator {
             gate,
             swim,
             swim_addr,
             agents_addr,
-            listener,
+            tasks,
         })
     }
 
@@ -191,11 +194,14 @@ impl Orchestrator {
         Ok(())
     }
 
-    /// Stops listening (closing every agent connection) and stops the SWIM
-    /// member, as a stopped orchestrator process would. The gate's actors
-    /// go when the `System` stops.
+    /// Stops everything the orchestrator started: the listener (closing
+    /// every agent connection), the sequence writer, the readiness gauge
+    /// and the SWIM member, as a stopped orchestrator process would. The
+    /// gate's actors go when the `System` stops.
     pub fn shutdown(self) {
-        self.listener.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
         self.swim.do_send(super::swim::member::Crash);
     }
 }
@@ -275,7 +281,7 @@ async fn keep_readiness_gauge(gate: Gate) {
 /// How long a node's agent connection may be gone (closed without
 /// `leaving`, or silent for a few heartbeats) before the node is not
 /// available: a reconnect within it changes nothing (SPEC §11).
-pub const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+pub const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long a new agent connection has to send its first frame.
 pub const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
