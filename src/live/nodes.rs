@@ -35,6 +35,9 @@ pub(crate) struct Nodes {
     /// The latest SWIM fact per node and identity (address, generation),
     /// so a node's state is known the moment it signs it.
     pub(crate) latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
+    /// The signed identities by address, for the SWIM member to decide
+    /// address conflicts by.
+    pub(crate) signed_view: super::swim::identity::SignedView,
 }
 
 /// The SWIM identity a node signed.
@@ -140,8 +143,23 @@ impl Nodes {
         generation: Option<u64>,
     ) -> Option<Vec<MembershipUpdate>> {
         let signed = Signed { addr, generation };
-        if self.swim_addr.insert(node.clone(), signed) == Some(signed) {
+        let before = self.swim_addr.insert(node.clone(), signed);
+        if before == Some(signed) {
             return None;
+        }
+        if let Ok(mut view) = self.signed_view.write() {
+            if let Some(before) = before.filter(|b| b.addr != addr) {
+                if view
+                    .get(&before.addr)
+                    .is_some_and(|(n, _)| n == node.as_str())
+                {
+                    view.remove(&before.addr);
+                }
+            }
+            match generation {
+                Some(generation) => view.insert(addr, (node.to_string(), generation)),
+                None => view.remove(&addr),
+            };
         }
         let held = self.latest.get(node).and_then(|facts| {
             facts

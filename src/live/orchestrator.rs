@@ -143,6 +143,10 @@ impl Orchestrator {
             Some(sink),
             keyring,
         )?;
+        // Address conflicts decided by what nodes signed.
+        swim.do_send(super::swim::member::UseSigned(Arc::clone(
+            &lock(&nodes).signed_view,
+        )));
         // Facts about names outside the registry could never count: not kept.
         swim.do_send(super::swim::member::OnlyMembers(
             config.registry.keys().map(|n| n.to_string()).collect(),

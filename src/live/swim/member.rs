@@ -25,7 +25,7 @@ use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Time
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
-use super::identity::SwimIdentity;
+use super::identity::{with_signed, SwimIdentity};
 use super::tracker::{MembershipTracker, Observed, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
 use crate::live::endpoint::Endpoint;
@@ -247,6 +247,12 @@ pub struct SwimMember {
     suspected: std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
     /// Told this member's generation whenever foca renews its identity.
     own_generation: Option<tokio::sync::watch::Sender<u64>>,
+    /// The identities nodes signed, deciding address conflicts (the
+    /// orchestrator's member only).
+    signed: Option<super::identity::SignedView>,
+    /// Rejoins are logged at most this often (a storm of them means
+    /// another member claims this one's address).
+    rejoins: crate::live::throttle::Throttle,
 }
 
 impl SwimMember {
@@ -297,6 +303,8 @@ impl SwimMember {
             suspicion_limit,
             suspected: std::collections::HashMap::new(),
             own_generation: None,
+            signed: None,
+            rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
         };
         Ok((member.start(), addr))
     }
@@ -323,7 +331,10 @@ impl SwimMember {
                 }
                 OwnedNotification::Rename(old, new) => replaced.push((old, new)),
                 OwnedNotification::Rejoin(renewed) => {
-                    tracing::info!(node = %renewed.node, generation = renewed.generation, "rejoined under a renewed identity");
+                    metrics::counter!("poolgate_swim_rejoins_total").increment(1);
+                    if let Some(held) = self.rejoins.allow(std::time::Instant::now()) {
+                        tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down: rejoined under a renewed identity (many in a row mean another member claims this address: a second process with this node's config, or an insider)");
+                    }
                     if let Some(own) = &self.own_generation {
                         own.send_replace(renewed.generation);
                     }
@@ -416,9 +427,10 @@ impl SwimMember {
             count = expired.len(),
             "suspicions held past the timeout: declared down"
         );
-        let result = self
-            .foca
-            .apply_many(expired.into_iter(), true, &mut self.runtime);
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(self.signed.as_ref(), || {
+            foca.apply_many(expired.into_iter(), true, runtime)
+        });
         self.report("expire", result);
         self.drain(ctx);
     }
@@ -608,6 +620,20 @@ impl Handler<WatchGeneration> for SwimMember {
     }
 }
 
+/// Decide address conflicts by the identities nodes signed (the
+/// orchestrator's member; see [`super::identity::with_signed`]).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct UseSigned(pub super::identity::SignedView);
+
+impl Handler<UseSigned> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: UseSigned, _ctx: &mut Context<Self>) {
+        self.signed = Some(msg.0);
+    }
+}
+
 /// Keep and report only members of these names (the orchestrator's
 /// registry): a made-up member costs the tracker nothing.
 #[derive(Message, Debug)]
@@ -660,7 +686,10 @@ impl Handler<Datagram> for SwimMember {
     fn handle(&mut self, msg: Datagram, ctx: &mut Context<Self>) {
         // A datagram foca cannot use (garbage, oversized, our own) is
         // dropped: the network is not trusted to be well-formed.
-        let result = self.foca.handle_data(&msg.data, &mut self.runtime);
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(self.signed.as_ref(), || {
+            foca.handle_data(&msg.data, runtime)
+        });
         self.report("datagram", result);
         self.drain(ctx);
     }
@@ -670,7 +699,10 @@ impl Handler<FocaTimer> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
-        let result = self.foca.handle_timer(msg.timer, &mut self.runtime);
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(self.signed.as_ref(), || {
+            foca.handle_timer(msg.timer, runtime)
+        });
         self.report("timer", result);
         self.drain(ctx);
     }
