@@ -15,6 +15,9 @@
 //!   dropped → `run_faulted`.
 //! - `rig_orchestrator_moved_ms`: the orchestrator's host vanishes and a
 //!   new orchestrator starts on another host → its `pool_ready`.
+//! - `rig_heartbeat_cost` (with `--only heartbeat`): bytes a second per
+//!   node on the agent port and on SWIM's, and the orchestrator's CPU,
+//!   over 30 s with a run guarded over every node
 //! - `rig_loss_false_faults` (with `--only loss`): runs faulted over `--minutes` of `--loss`%
 //!   UDP loss on every host (a new run after each), and with `--serf`, the
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
@@ -135,6 +138,9 @@ fn main() {
     if wants("move") {
         let times = moves(&rig, &deployment, args.moves);
         report(&args, "rig_orchestrator_moved_ms", &times);
+    }
+    if args.only.as_deref() == Some("heartbeat") {
+        heartbeat_cost(&rig, &deployment, &args);
     }
     // The loss figure takes `--minutes` per level: only when asked for.
     if args.only.as_deref() == Some("loss") {
@@ -375,6 +381,69 @@ fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
             "serf_member_failed": serf_failed_events,
         }),
     );
+}
+
+/// How long the heartbeats' cost is measured.
+const COST_SPAN: Duration = Duration::from_secs(30);
+
+/// What the agent connections cost with a run guarded over every node:
+/// bytes a second per node on the orchestrator's agent port (frames and
+/// acknowledgements, headers included), beside SWIM's on its UDP port in
+/// the same seconds (the baseline), and the orchestrator's CPU.
+fn heartbeat_cost(rig: &Rig, deployment: &Deployment, args: &Args) {
+    let all: Vec<&str> = deployment.nodes.iter().map(|n| n.name.as_str()).collect();
+    let mut run = guarded_run(rig, deployment, &all.join(","));
+    rig.nft(
+        0,
+        "table inet rig_count {\n\
+         chain input { type filter hook input priority 0; policy accept; tcp dport 7947 counter; udp dport 7946 counter; }\n\
+         chain output { type filter hook output priority 0; policy accept; tcp sport 7947 counter; udp sport 7946 counter; }\n\
+         }\n",
+    );
+    let pid = run.pid().unwrap_or(0);
+    let (cpu_before, started) = (cpu_ticks(pid), Instant::now());
+    std::thread::sleep(COST_SPAN);
+    let (cpu_after, seconds) = (cpu_ticks(pid), started.elapsed().as_secs_f64());
+    let listed = rig
+        .exec(0, &["nft", "list", "table", "inet", "rig_count"])
+        .unwrap_or_default();
+    let _ = rig.exec(0, &["nft", "delete", "table", "inet", "rig_count"]);
+    // In rule order: agent in, SWIM in, agent out, SWIM out.
+    let bytes: Vec<f64> = listed
+        .split("bytes ")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect();
+    let per_node = |total: f64| (total / seconds / args.nodes as f64).round();
+    let (agent, swim) = match bytes.as_slice() {
+        [agent_in, swim_in, agent_out, swim_out] => {
+            (per_node(agent_in + agent_out), per_node(swim_in + swim_out))
+        }
+        _ => (f64::NAN, f64::NAN),
+    };
+    // /proc reports CPU time in USER_HZ (100 a second on Linux).
+    let cpu = (cpu_after - cpu_before) as f64 / 100.0 / seconds * 100.0;
+    run.kill();
+    line(
+        args,
+        "rig_heartbeat_cost",
+        serde_json::json!({
+            "seconds": (seconds * 10.0).round() / 10.0,
+            "agent_bytes_per_s_per_node": agent,
+            "swim_bytes_per_s_per_node": swim,
+            "orchestrator_cpu_percent": (cpu * 100.0).round() / 100.0,
+        }),
+    );
+}
+
+/// A process's CPU time so far (user + system), in USER_HZ ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces), from field 3.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let at = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    at(11) + at(12)
 }
 
 /// `member-failed` events a Serf agent logged so far (the agent beside
