@@ -199,7 +199,7 @@ fn check(steps: Vec<Step>) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn no_epoch_is_told_twice_and_a_committed_run_outlives_every_restart(
