@@ -442,7 +442,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     // Fields after the command name (which may hold spaces), from field 3.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let at = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let at = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     at(11) + at(12)
 }
 

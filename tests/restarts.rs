@@ -91,10 +91,10 @@ impl History {
                     self.told.push(epoch.0);
                 }
                 Event::RunCommitted { run, .. } => self.active = Some(run.clone()),
-                Event::RunFaulted { run, .. } | Event::RunFinished { run, .. } => {
-                    if self.active.as_ref() == Some(run) {
-                        self.active = None;
-                    }
+                Event::RunFaulted { run, .. } | Event::RunFinished { run, .. }
+                    if self.active.as_ref() == Some(run) =>
+                {
+                    self.active = None;
                 }
                 _ => {}
             }
@@ -176,7 +176,10 @@ fn check(steps: Vec<Step>) -> Result<(), String> {
             }
         }
         if let Some(run) = &history.active {
-            let kept = restored.run.as_ref().is_some_and(|r| r.committed && r.run == *run);
+            let kept = restored
+                .run
+                .as_ref()
+                .is_some_and(|r| r.committed && r.run == *run);
             if !kept {
                 return Err(format!("run {run} not in the store: {restored:?}"));
             }
