@@ -785,3 +785,38 @@ fn a_forger_keeping_a_sigkilled_node_alive_in_swim_does_not_keep_the_run() {
         );
     });
 }
+
+#[test]
+fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses() {
+    // Issue 20: two processes with one node's config and key (a copied
+    // config, a stolen key) were not told apart from one.
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
+        let watch = Watch::start(&cluster, None);
+        cluster.spawn(0).unwrap();
+        watch.until_metric("poolgate_agent_frames_total", 1.0).await;
+        let mut twin = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        watch
+            .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
+            .await;
+        twin.kill().await.unwrap();
+        let said = std::fs::read_to_string(cluster.dir.join("watch.log")).unwrap();
+        let line = said
+            .lines()
+            .find(|l| l.contains("two live processes sign as this node"))
+            .unwrap_or_else(|| panic!("{said}"));
+        assert!(
+            line.contains("node-1") && line.matches("127.0.0.1:").count() >= 2,
+            "{line}"
+        );
+    });
+}

@@ -32,12 +32,26 @@ pub(crate) struct Nodes {
     /// The agent connection each node was last heard on (an id of the
     /// listener's), so a lost connection is told from a replaced one.
     pub(crate) attached: HashMap<NodeId, u64>,
+    /// Each node's last accepted frame: on which connection, from where,
+    /// naming which SWIM identity, when. A second live process signing as
+    /// the node shows as frames with two identities on two connections at
+    /// once.
+    pub(crate) heard: HashMap<NodeId, Heard>,
     /// The latest SWIM fact per node and identity (address, generation),
     /// so a node's state is known the moment it signs it.
     pub(crate) latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
     /// The signed identities by address, for the SWIM member to decide
     /// address conflicts by.
     pub(crate) signed_view: super::swim::identity::SignedView,
+}
+
+/// A node's last accepted frame (see [`Nodes::heard_from`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heard {
+    connection: u64,
+    peer: SocketAddr,
+    identity: (Option<SocketAddr>, Option<u64>),
+    at: std::time::Instant,
 }
 
 /// The SWIM identity a node signed.
@@ -130,6 +144,39 @@ impl Nodes {
             }
             // Held until the node signs its identity.
             None => None,
+        }
+    }
+
+    /// A frame of `node` naming SWIM `identity` (address, generation)
+    /// accepted on connection `id` from `peer` at `now`: the other
+    /// connection's address if a frame naming another identity was
+    /// accepted on another connection within `within` (two processes sign
+    /// as one node: a copied config, or a stolen key). One process on two
+    /// connections (several addresses of one orchestrator) names one
+    /// identity on both.
+    pub(crate) fn heard_from(
+        &mut self,
+        node: &NodeId,
+        (id, peer): (u64, SocketAddr),
+        identity: (Option<SocketAddr>, Option<u64>),
+        now: std::time::Instant,
+        within: std::time::Duration,
+    ) -> Option<SocketAddr> {
+        let heard = Heard {
+            connection: id,
+            peer,
+            identity,
+            at: now,
+        };
+        match self.heard.insert(node.clone(), heard) {
+            Some(before)
+                if before.connection != id
+                    && before.identity != identity
+                    && now.duration_since(before.at) < within =>
+            {
+                Some(before.peer)
+            }
+            _ => None,
         }
     }
 
@@ -268,6 +315,30 @@ mod tests {
         nodes.bind(&node, addr, None);
         assert!(nodes.observe(at(SwimState::Alive, 5, 1)).is_some());
         assert!(nodes.observe(at(SwimState::Alive, 6, 0)).is_some());
+    }
+
+    #[test]
+    fn frames_of_one_node_on_two_live_connections_are_told_apart_from_a_reconnect() {
+        let node = NodeId::new("node-4").unwrap();
+        let (a, b) = (
+            SocketAddr::from(([10, 0, 0, 4], 40000)),
+            SocketAddr::from(([10, 0, 0, 9], 40000)),
+        );
+        let within = std::time::Duration::from_secs(1);
+        let start = std::time::Instant::now();
+        let (one, two) = ((Some(a), Some(5)), (Some(b), Some(7)));
+        let mut nodes = Nodes::default();
+        assert_eq!(nodes.heard_from(&node, (1, a), one, start, within), None);
+        let half = start + within / 2;
+        assert_eq!(nodes.heard_from(&node, (1, a), one, half, within), None);
+        // The same process on a second connection: one identity.
+        assert_eq!(nodes.heard_from(&node, (2, a), one, half, within), None);
+        // Another identity while the first still speaks: two signers.
+        let soon = half + std::time::Duration::from_millis(10);
+        assert_eq!(nodes.heard_from(&node, (3, b), two, soon, within), Some(a));
+        // A restart after the first went quiet is not.
+        let later = soon + within * 2;
+        assert_eq!(nodes.heard_from(&node, (4, a), one, later, within), None);
     }
 
     #[test]

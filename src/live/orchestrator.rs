@@ -174,6 +174,7 @@ impl Orchestrator {
             admission: Arc::new(Mutex::new(Admission::new(config.agents.max_connections))),
             idle: config.agents.idle_timeout,
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
+            said_twice: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
             answering: Arc::new(tokio::sync::Semaphore::new(1)),
         };
         tasks.push(actix::spawn(accept.serve(listener)));
@@ -423,6 +424,8 @@ struct Listener {
     idle: std::time::Duration,
     /// Refusal lines, at most one per source address per interval.
     said: Arc<Mutex<Throttles<IpAddr>>>,
+    /// Warnings of nodes signed from two processes, rate-limited per node.
+    said_twice: Arc<Mutex<Throttles<NodeId>>>,
     /// One status answer at a time.
     answering: Arc<tokio::sync::Semaphore>,
 }
@@ -585,7 +588,19 @@ impl Listener {
             }
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
-            let previous = lock(&self.nodes).attached.insert(node.clone(), id);
+            let (previous, twin) = {
+                let mut nodes = lock(&self.nodes);
+                let identity = (announcement.swim, announcement.generation);
+                let now = std::time::Instant::now();
+                let twin = nodes.heard_from(&node, (id, peer), identity, now, deadline);
+                (nodes.attached.insert(node.clone(), id), twin)
+            };
+            if let Some(other) = twin {
+                metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
+                if let Some(held) = lock(&self.said_twice).allow(&node, std::time::Instant::now()) {
+                    tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and they will take turns");
+                }
+            }
             if let Some(previous) = previous.filter(|p| *p != id) {
                 lock(&self.admission).supersede(previous);
             }
