@@ -423,7 +423,7 @@ async fn session(
         if send_now {
             let state = updates.borrow_and_update().clone();
             let seq = to.sequences.take();
-            let frame = wire::encode(&to.key, &to.label, &to.node, seq, &state);
+            let frame = fitting_frame(&to, seq, state);
             match tokio::time::timeout(silence, writer.write_all(&frame)).await {
                 Ok(Ok(())) => {}
                 _ => {
@@ -509,6 +509,24 @@ async fn health(
         });
         tokio::time::sleep(interval).await;
     }
+}
+
+/// The frame for `state`, checked against the orchestrator's limit before
+/// it goes: a frame over [`wire::MAX_FRAME`] would be refused, and sent
+/// again and again, and the fault in it lost. The reason is cut to 1 KiB
+/// and identity material to 16 KiB before this, which keeps any frame far
+/// below the limit; should one still be over, the reason goes short, and
+/// the fault is still told.
+fn fitting_frame(to: &AnnounceTo, seq: u64, mut state: Announcement) -> Vec<u8> {
+    let frame = wire::encode(&to.key, &to.label, &to.node, seq, &state);
+    if frame.len() <= wire::MAX_FRAME + 4 {
+        return frame;
+    }
+    tracing::error!(node = %to.node, bytes = frame.len(), "a frame over the limit: its fault reason shortened");
+    if state.fault.is_some() {
+        state.fault = Some("fault reason too long to send".into());
+    }
+    wire::encode(&to.key, &to.label, &to.node, seq, &state)
 }
 
 /// How much of a health check's stderr is kept: its end, where the last
