@@ -119,6 +119,14 @@ impl PublicKey {
             .map_err(|_| bad())
     }
 
+    /// A short name for the key (the first 8 bytes of its SHA-256, hex):
+    /// what is kept with a node's frame sequence, so a new key starts its
+    /// sequences over.
+    pub fn id(&self) -> String {
+        use sha2::Digest;
+        hex::encode(&sha2::Sha256::digest(self.0.to_bytes())[..8])
+    }
+
     /// Whether `signature` is this key's over `message` (strict Ed25519).
     pub fn verifies(&self, message: &[u8], signature: &[u8; 64]) -> bool {
         let signature = ed25519_dalek::Signature::from_bytes(signature);

@@ -111,11 +111,13 @@ impl Orchestrator {
             let stored = store
                 .sequences()
                 .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
-            lock(&nodes).last_seq = stored
-                .into_iter()
-                .filter_map(|(node, seq)| Some((NodeId::new(&node).ok()?, seq)))
-                .collect();
-            tasks.push(actix::spawn(keep_sequences(store, Arc::clone(&nodes))));
+            lock(&nodes).last_seq = restore_sequences(stored, &config.registry);
+            let registry = Arc::new(config.registry.clone());
+            tasks.push(actix::spawn(keep_sequences(
+                store,
+                Arc::clone(&nodes),
+                registry,
+            )));
         }
         let sink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
@@ -229,7 +231,11 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// after a restart, never an older one.
 pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
-async fn keep_sequences(store: Arc<crate::state::RedbStore>, nodes: Arc<Mutex<Nodes>>) {
+async fn keep_sequences(
+    store: Arc<crate::state::RedbStore>,
+    nodes: Arc<Mutex<Nodes>>,
+    registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
+) {
     let mut written = HashMap::new();
     loop {
         tokio::time::sleep(SEQUENCES_EVERY).await;
@@ -239,7 +245,7 @@ async fn keep_sequences(store: Arc<crate::state::RedbStore>, nodes: Arc<Mutex<No
         }
         let sequences = current
             .iter()
-            .map(|(node, seq)| (node.to_string(), *seq))
+            .map(|(node, seq)| (sequence_key(node, registry.get(node)), *seq))
             .collect();
         match store.save_sequences(&sequences) {
             Ok(()) => written = current,
@@ -249,6 +255,47 @@ async fn keep_sequences(store: Arc<crate::state::RedbStore>, nodes: Arc<Mutex<No
             }
         }
     }
+}
+
+/// How a node's last sequence is stored: `node@<key id>`, so that it
+/// holds only for the key it was signed with.
+fn sequence_key(node: &NodeId, key: Option<&PublicKey>) -> String {
+    match key {
+        Some(key) => format!("{node}@{}", key.id()),
+        None => node.to_string(),
+    }
+}
+
+/// The stored sequences that still hold: each for the node's key in
+/// `registry` (a node whose key was replaced, after a theft say, starts
+/// over: a thief's sequence of 2^64 − 1 cannot lock the node out for good).
+/// Entries stored before keys were noted hold for the node.
+fn restore_sequences(
+    stored: std::collections::BTreeMap<String, u64>,
+    registry: &std::collections::BTreeMap<NodeId, PublicKey>,
+) -> HashMap<NodeId, u64> {
+    let mut restored = HashMap::new();
+    for (name, seq) in stored {
+        let (node, key) = match name.rsplit_once('@') {
+            Some((node, key)) if key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                (node, Some(key))
+            }
+            _ => (name.as_str(), None),
+        };
+        let Ok(node) = NodeId::new(node) else {
+            continue;
+        };
+        let pinned = registry.get(&node).map(PublicKey::id);
+        match key {
+            Some(key) if pinned.as_deref() != Some(key) => {
+                tracing::info!(%node, "the node's key changed: its frame sequences start over");
+            }
+            _ => {
+                restored.insert(node, seq);
+            }
+        }
+    }
+    restored
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -740,5 +787,39 @@ impl Listener {
         };
         self.gate.agent(availability).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::keys::NodeKey;
+
+    #[test]
+    fn a_stored_sequence_holds_only_for_the_key_it_was_signed_with() {
+        // A thief with node-1's key sent sequence 2^64 − 1; node-1's key
+        // was then replaced: its sequences start over, node-2's hold.
+        let node1 = NodeId::new("node-1").unwrap();
+        let node2 = NodeId::new("node-2").unwrap();
+        let (stolen, fresh, other) = (
+            NodeKey::generate().public(),
+            NodeKey::generate().public(),
+            NodeKey::generate().public(),
+        );
+        let stored = [
+            (sequence_key(&node1, Some(&stolen)), u64::MAX),
+            (sequence_key(&node2, Some(&other)), 7),
+        ]
+        .into_iter()
+        .collect();
+        let registry = [(node1.clone(), fresh), (node2.clone(), other)]
+            .into_iter()
+            .collect();
+        let restored = restore_sequences(stored, &registry);
+        assert_eq!(restored.get(&node1), None);
+        assert_eq!(restored.get(&node2), Some(&7));
+        // Stored before keys were noted: holds for the node.
+        let old = [("node-1".to_string(), 9)].into_iter().collect();
+        assert_eq!(restore_sequences(old, &registry).get(&node1), Some(&9));
     }
 }
