@@ -31,5 +31,5 @@ pub use config::{Config, ConfigError, NodeConfig};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
     Accepted, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,
-    Recording, StateStore, StoreError,
+    Recording, StateStore, StoreError, EVENT_QUEUE,
 };

@@ -487,3 +487,64 @@ fn replay_uses_only_its_state_flag_never_the_configurations_state_path() {
     }
     assert!(!dir.join("live.db").exists());
 }
+
+#[test]
+fn a_subscriber_after_an_await_still_receives_the_restore_events() {
+    // Issue 21: the restore events went out when the pool actor started;
+    // one `.await` between `Gate::start` and `subscribe` and nobody saw
+    // them.
+    let restored = Durable {
+        last_epoch: 3,
+        run: Some(poolgate::core::DurableRun {
+            run: RunId::new("r9").unwrap(),
+            epoch: Epoch(3),
+            committed: false,
+            required: Vec::new(),
+        }),
+    };
+    on_virtual_time(async move {
+        let gate = Gate::start(settings(Arc::new(Recorder::default()), restored));
+        // Something awaited first (here, a report; wait_ready would do too).
+        gate.report().await.unwrap();
+        advance_to(&gate, 10).await;
+        let mut events = gate.subscribe();
+        let first = events.recv().await.unwrap();
+        assert!(
+            matches!(&first, Event::PlanningAborted { run, .. } if run.as_str() == "r9"),
+            "{first:?}"
+        );
+    });
+}
+
+#[test]
+fn a_subscriber_that_never_reads_is_bounded_and_told_it_lagged() {
+    on_virtual_time(async {
+        let gate =
+            Gate::start(config(&["a", "b"], 10, OnReadinessLost::Wait, None).gate_settings());
+        let mut idle = gate.subscribe();
+        let mut reader = gate.subscribe();
+        make_ready(&gate, "b").await;
+        // Many readiness transitions: ready, lost, ready again…
+        let transitions = poolgate::EVENT_QUEUE as u64 + 100;
+        for i in 0..transitions {
+            make_ready(&gate, "a").await;
+            advance_to(&gate, now_ms(&gate) + 20).await;
+            swim(&gate, "a", poolgate::core::SwimState::Suspect, 2 * i + 1).await;
+            gate.membership(poolgate::core::MembershipUpdate {
+                node: node("a"),
+                state: poolgate::core::SwimState::Alive,
+                incarnation: 2 * i + 2,
+            })
+            .await
+            .unwrap();
+            drain(&mut reader);
+        }
+        assert!(idle.lagged() > 0, "told it lagged");
+        assert_eq!(reader.lagged(), 0);
+        let kept = drain(&mut idle).len();
+        assert!(
+            kept <= poolgate::EVENT_QUEUE,
+            "{kept} held for a subscriber that never read"
+        );
+    });
+}

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
-use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::messages::{
@@ -24,7 +23,7 @@ struct Subsystem {
     pool: Addr<PoolActor>,
     router: Arc<Router>,
     clock: Clock,
-    events: mpsc::UnboundedReceiver<Event>,
+    events: crate::EventStream,
 }
 
 fn on_virtual_time<F: std::future::Future<Output = ()>>(test: F) {

@@ -23,7 +23,6 @@
 use std::sync::Arc;
 
 use actix::Addr;
-use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::messages::{
@@ -92,8 +91,7 @@ pub struct ReadyProof {
     pub epoch: Epoch,
 }
 
-/// A subscription to the gate's events, in the order they were published.
-pub type EventStream = mpsc::UnboundedReceiver<Event>;
+pub use crate::publisher::{EventStream, EVENT_QUEUE};
 
 /// The handle of a running gate. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -125,7 +123,11 @@ impl Gate {
         self.clock
     }
 
-    /// Every event from now on.
+    /// Every event from now on; the first subscription also gets the events
+    /// published before it (the restore events of the gate's start, say),
+    /// so subscribing after an `.await` misses nothing. Each subscription
+    /// holds at most [`EVENT_QUEUE`] unread events and counts what it lost
+    /// beyond ([`EventStream::lagged`]).
     pub fn subscribe(&self) -> EventStream {
         self.publisher.subscribe()
     }
@@ -223,7 +225,7 @@ impl Gate {
 
     /// Waits until the pool is ready and returns the proof.
     pub async fn wait_ready(&self) -> Result<ReadyProof, GateError> {
-        let mut events = self.subscribe();
+        let mut events = self.publisher.subscribe_from_now();
         let report = self.report().await?;
         if let PoolPhase::Ready { epoch } = report.phase {
             return Ok(ReadyProof {

@@ -1,28 +1,95 @@
 //! The events' way out: every subscriber gets every event, in order, and
 //! each decision is logged as a structured tracing event.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
 use poolgate_core::{Event, NodeId};
 
+/// How many events wait for one subscriber at most; a subscriber that
+/// falls further behind loses the newest and is told ([`EventStream::lagged`]).
+pub const EVENT_QUEUE: usize = 1024;
+
 /// Sends every event to every subscriber, in the order published.
 ///
-/// Each subscriber has its own unbounded channel: events are few (one per
-/// readiness or run transition, never one per observation), and a subscriber
-/// must not miss one. A dropped receiver is removed at the next publish.
+/// Each subscriber has its own bounded queue of [`EVENT_QUEUE`] events
+/// (events are few: one per readiness or run transition, never one per
+/// observation); one that never reads costs at most that, and counts what
+/// it lost. Events published before the first subscription are kept (up
+/// to the same bound) for the first subscriber, so the restore events of a
+/// gate's start reach an embedder that subscribes after an `.await`. A
+/// dropped subscription is removed at the next publish.
 #[derive(Clone, Default, Debug)]
 pub struct Publisher {
-    subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Event>>>>,
+    inner: Arc<Mutex<Subscribers>>,
+}
+
+#[derive(Default, Debug)]
+struct Subscribers {
+    live: Vec<Subscriber>,
+    /// Until the first subscription: what it will start with.
+    before_first: Option<Vec<Event>>,
+    subscribed: bool,
+}
+
+#[derive(Debug)]
+struct Subscriber {
+    tx: mpsc::Sender<Event>,
+    lost: Arc<AtomicU64>,
+}
+
+/// A subscription to the gate's events, in the order they were published.
+#[derive(Debug)]
+pub struct EventStream {
+    rx: mpsc::Receiver<Event>,
+    lost: Arc<AtomicU64>,
+}
+
+impl EventStream {
+    /// The next event; `None` once the gate has stopped.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Event, mpsc::error::TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// How many events this subscription lost by falling [`EVENT_QUEUE`]
+    /// events behind (0 for a subscriber that keeps up).
+    pub fn lagged(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
 }
 
 impl Publisher {
-    /// A new subscription; it sees every event published from now on.
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.lock().push(tx);
-        rx
+    /// A new subscription: every event published from now on, and for the
+    /// first subscription also those published before it.
+    pub fn subscribe(&self) -> EventStream {
+        let mut inner = self.lock();
+        let backlog = if inner.subscribed {
+            Vec::new()
+        } else {
+            inner.subscribed = true;
+            inner.before_first.take().unwrap_or_default()
+        };
+        let (stream, subscriber) = channel();
+        for event in backlog {
+            subscriber.offer(event);
+        }
+        inner.live.push(subscriber);
+        stream
+    }
+
+    /// A subscription to what is published from now on only (the gate's
+    /// own waits, which must not take the first subscriber's backlog).
+    pub(crate) fn subscribe_from_now(&self) -> EventStream {
+        let (stream, subscriber) = channel();
+        self.lock().live.push(subscriber);
+        stream
     }
 
     /// Publishes and drains `events`.
@@ -30,18 +97,56 @@ impl Publisher {
         if events.is_empty() {
             return;
         }
-        let mut subscribers = self.lock();
+        let mut inner = self.lock();
         for event in events.drain(..) {
             log_decision(&event);
-            subscribers.retain(|tx| tx.send(event.clone()).is_ok());
+            if !inner.subscribed {
+                let held = inner.before_first.get_or_insert_with(Vec::new);
+                if held.len() < EVENT_QUEUE {
+                    held.push(event.clone());
+                }
+            }
+            inner
+                .live
+                .retain(|subscriber| subscriber.offer(event.clone()));
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<mpsc::UnboundedSender<Event>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Subscribers> {
         // A panic elsewhere while holding the lock leaves the list intact.
-        self.subscribers
+        self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn channel() -> (EventStream, Subscriber) {
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let lost = Arc::new(AtomicU64::new(0));
+    let stream = EventStream {
+        rx,
+        lost: Arc::clone(&lost),
+    };
+    (stream, Subscriber { tx, lost })
+}
+
+impl Subscriber {
+    /// Queues `event`; `false` once the subscription is dropped.
+    fn offer(&self, event: Event) -> bool {
+        match self.tx.try_send(event) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if self.lost.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        queue = EVENT_QUEUE,
+                        "an event subscriber fell behind: it loses events from now on (EventStream::lagged counts them)"
+                    );
+                }
+                metrics::counter!("poolgate_events_lagged_total").increment(1);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
     }
 }
 
