@@ -247,7 +247,12 @@ async fn keep_sequences(
             .iter()
             .map(|(node, seq)| (sequence_key(node, registry.get(node)), *seq))
             .collect();
-        match store.save_sequences(&sequences) {
+        // Off the actors' thread (a write ends with an fsync, every 100 ms
+        // while nodes send frames), one at a time, in order.
+        let writer = Arc::clone(&store);
+        let saved = tokio::task::spawn_blocking(move || writer.save_sequences(&sequences)).await;
+        let saved = saved.unwrap_or_else(|e| Err(crate::StoreError(e.to_string())));
+        match saved {
             Ok(()) => written = current,
             Err(e) => {
                 metrics::counter!("poolgate_state_write_errors_total").increment(1);
