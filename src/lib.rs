@@ -13,10 +13,22 @@
 //!   its format ([`replay::scenario`]) and its renderers
 //!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
 //! - [`live`]: the live cluster: the SWIM adapter ([`live::swim`]) and the
-//!   demo ([`live::demo`]).
-//! - [`sim`]: thousands of SWIM members in virtual time feeding the real
+//!   demo (`live::demo`).
+//! - `sim`: thousands of SWIM members in virtual time feeding the real
 //!   gate (`examples/swim_sim.rs`, `tests/simulation.rs`).
 //! - `src/main.rs`: the `poolgate` command line, thin.
+//!
+//! # Features
+//!
+//! - `cli` (default): the `poolgate` binary and what only it needs: the node
+//!   agent (`live::agent`), `watch`/`run` (`live::commands`) and the
+//!   guarded command (`live::guard`), the demo, the local cluster, the
+//!   simulator (`sim`); it brings clap, tracing-subscriber, the Prometheus
+//!   exporter, nix and tokio's `process` and `signal`. An orchestrator that
+//!   embeds the gate and [`live::Orchestrator`] turns it off
+//!   (`default-features = false`).
+//! - `replay` (part of `cli`): `replay::run` and friends, the gate on a
+//!   scenario and a paused tokio clock (tokio's `test-util`).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -24,6 +36,7 @@
 pub mod config;
 pub mod live;
 pub mod replay;
+#[cfg(feature = "cli")]
 pub mod sim;
 pub mod state;
 

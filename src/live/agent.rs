@@ -423,7 +423,7 @@ async fn session(
         if send_now {
             let state = updates.borrow_and_update().clone();
             let seq = to.sequences.take();
-            let frame = fitting_frame(&to, seq, state);
+            let frame = fitting_frame(to, seq, state);
             match tokio::time::timeout(silence, writer.write_all(&frame)).await {
                 Ok(Ok(())) => {}
                 _ => {

@@ -2,20 +2,25 @@
 //! orchestrator's side that hears them, and the demo.
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
-//! - [`agent`]: `poolgate node`, the daemon on every candidate node.
+//! - `agent`: `poolgate node`, the daemon on every candidate node.
 //! - [`swim`]: foca over UDP, turned into the gate's membership input.
 //! - [`keys`]: signing keys, cluster keys, pinned public keys.
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
 //! - `nodes`: what the orchestrator remembers per node (sequences, signed
 //!   SWIM address, leaving).
-//! - [`demo`]: `cargo run`, the live story from forming to a fault.
+//! - `demo`: `cargo run`, the live story from forming to a fault.
 
+#[cfg(feature = "cli")]
 pub mod agent;
+#[cfg(feature = "cli")]
 pub mod cluster;
+#[cfg(feature = "cli")]
 pub mod commands;
+#[cfg(feature = "cli")]
 pub mod demo;
 pub mod endpoint;
 pub mod generation;
+#[cfg(feature = "cli")]
 pub mod guard;
 pub mod keys;
 pub(crate) mod nodes;

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 
 /// The SWIM identities nodes signed, by address (name, generation): the
-/// orchestrator's [`crate::live::nodes`] keeps it, and its SWIM member
+/// orchestrator's node table (`live::nodes`) keeps it, and its SWIM member
 /// decides address conflicts by it (see [`with_signed`]).
 pub type SignedView = Arc<RwLock<HashMap<SocketAddr, (String, u64)>>>;
 
