@@ -344,3 +344,172 @@ fn a_hung_health_check_leaves_no_process_behind() {
     }
     assert_eq!(count(&marker), 0, "a check outlived its node");
 }
+
+/// The children of process `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let after = s.rsplit_once(')')?.1.to_string();
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// `poolgate run … -- sh -c SCRIPT` with its stdout and group as given.
+fn run_with(
+    cluster: &LocalCluster,
+    stdout: Stdio,
+    own_group: bool,
+    script: &str,
+) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
+    command
+        .arg("run")
+        .arg("--config")
+        .arg(&cluster.config_file)
+        .args(["--json", "--require", "node-1", "--", "sh", "-c", script])
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if own_group {
+        command.process_group(0);
+    }
+    command.spawn().unwrap()
+}
+
+#[test]
+fn a_stdout_nobody_reads_does_not_stop_the_guard() {
+    // Adversary: with stdout a full pipe, printing run_faulted blocked the
+    // orchestrator's thread; the command ran on, unguarded, for as long.
+    live_for(LIMIT, async {
+        let mut cluster = cluster(&plan(2, None)).await;
+        let pid_file = cluster.dir.join("blocked.pid");
+        let (reader, writer) = std::io::pipe().unwrap();
+        let script = format!(
+            "echo $$ > '{}'; head -c 300000 /dev/zero; sleep 300",
+            pid_file.display()
+        );
+        let mut run = run_with(&cluster, Stdio::from(writer), false, &script);
+        let group = group_of(&pid_file).await;
+        cluster.kill(0);
+        assert_eq!(exit_code(&mut run).await, Some(3));
+        let gone = group_gone(group).await;
+        kill_group(group);
+        drop(reader);
+        assert!(gone, "the command outlived its fault");
+    });
+}
+
+#[test]
+fn a_closed_stdout_is_no_reason_to_panic_or_stop_the_command() {
+    live_for(LIMIT, async {
+        let cluster = cluster(&plan(2, None)).await;
+        let pid_file = cluster.dir.join("closed.pid");
+        let script = format!("echo $$ > '{}'; sleep 300", pid_file.display());
+        let mut run = run_with(&cluster, Stdio::piped(), false, &script);
+        drop(run.stdout.take());
+        let group = group_of(&pid_file).await;
+        // Events still come (node-2 leaves); run keeps guarding.
+        cluster.signal(1, Signal::SIGTERM);
+        let alive = tokio::time::timeout(Duration::from_secs(2), run.wait()).await;
+        assert!(alive.is_err(), "run ended: {alive:?}");
+        assert!(killpg(group, None).is_ok(), "the command was stopped");
+        kill(Pid::from_raw(run.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+        let output = run.wait_with_output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(143), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone);
+    });
+}
+
+#[test]
+fn sigkill_of_runs_whole_group_still_stops_the_command() {
+    // Adversary: the keeper sat in run's group, so `kill -KILL -- -PGID`
+    // (or Ctrl-\) took it with run and left the command running.
+    live_for(LIMIT, async {
+        let cluster = cluster(&plan(1, None)).await;
+        let pid_file = cluster.dir.join("group.pid");
+        let script = format!("echo $$ > '{}'; sleep 300", pid_file.display());
+        let run = run_with(&cluster, Stdio::null(), true, &script);
+        let group = group_of(&pid_file).await;
+        let run_group = Pid::from_raw(run.id().unwrap() as i32);
+        killpg(run_group, Signal::SIGKILL).unwrap();
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the command outlived its guard's group");
+    });
+}
+
+#[test]
+fn a_sighup_reaching_the_keeper_changes_nothing() {
+    // Adversary: `pkill -HUP poolgate` (key rotation) stopped a healthy
+    // command, and run reported run_finished and exit 143.
+    live_for(LIMIT, async {
+        let cluster = cluster(&plan(1, None)).await;
+        let pid_file = cluster.dir.join("hup.pid");
+        let script = format!("echo $$ > '{}'; sleep 300", pid_file.display());
+        let mut run = run_with(&cluster, Stdio::null(), false, &script);
+        let group = group_of(&pid_file).await;
+        let keepers = children(run.id().unwrap());
+        assert!(!keepers.is_empty());
+        for keeper in keepers {
+            let _ = kill(Pid::from_raw(keeper as i32), Signal::SIGHUP);
+        }
+        kill(Pid::from_raw(run.id().unwrap() as i32), Signal::SIGHUP).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(2), run.wait()).await;
+        assert!(ended.is_err(), "run ended on SIGHUP: {ended:?}");
+        assert!(
+            killpg(group, None).is_ok(),
+            "the command was stopped by SIGHUP"
+        );
+        run.kill().await.unwrap();
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone);
+    });
+}
+
+#[test]
+fn a_restored_run_in_the_way_is_said_at_once_even_on_a_pool_that_is_not_ready() {
+    live_for(LIMIT, async {
+        let dir = scratch("not-ready");
+        let mut cluster = cluster(&plan(1, Some(&dir.join("state.db")))).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &[]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        run.kill().await.unwrap();
+        let _ = run.wait().await;
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone);
+        cluster.kill(0);
+        let started = std::time::Instant::now();
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--timeout", "30s", "--", "true"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(output.status.code(), Some(4));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

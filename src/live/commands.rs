@@ -67,6 +67,7 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
 struct Printer {
     output: Output,
     explainer: Explainer,
+    out: Stdout,
 }
 
 impl Printer {
@@ -74,6 +75,7 @@ impl Printer {
         Printer {
             output,
             explainer: Explainer::default(),
+            out: Stdout::start(),
         }
     }
 
@@ -82,10 +84,10 @@ impl Printer {
         self.explainer.saw(&event);
         let event = ReplayEvent::Gate(event);
         match self.output {
-            Output::Json => println!("{}", render::json_line(&event)),
-            Output::Human => println!("{}", render::human_line(&event)),
+            Output::Json => self.out.line(render::json_line(&event)),
+            Output::Human => self.out.line(render::human_line(&event)),
             Output::Explain => {
-                println!("{}", render::human_line(&event));
+                self.out.line(render::human_line(&event));
                 self.state(gate, at).await;
             }
         }
@@ -94,9 +96,79 @@ impl Printer {
     async fn state(&mut self, gate: &Gate, at: poolgate_actors::core::Time) {
         if let Ok(report) = gate.report().await {
             if let Some(line) = self.explainer.after_input(at, &report) {
-                println!("{}", render::timed(at, &format!("· {line}")));
+                self.out.line(render::timed(at, &format!("· {line}")));
             }
         }
+    }
+}
+
+/// How many lines may wait for a slow stdout.
+pub const STDOUT_QUEUE: usize = 65_536;
+
+/// How long a process about to exit waits for stdout to take its last
+/// lines.
+const STDOUT_LAST: Duration = Duration::from_secs(1);
+
+/// stdout on a thread of its own: a reader that stops reading (a stuck
+/// log pipe, `| less`, a terminal paused with Ctrl-S) blocks that thread,
+/// never the guard's (faults are still acted on at once), and a closed
+/// stdout (`| head -1`) is no reason to panic nor to stop the command.
+/// Lines beyond [`STDOUT_QUEUE`] waiting are dropped and counted.
+struct Stdout {
+    lines: Option<std::sync::mpsc::SyncSender<String>>,
+    done: std::sync::mpsc::Receiver<()>,
+    dropped: u64,
+}
+
+impl Stdout {
+    fn start() -> Self {
+        let (lines, queued) = std::sync::mpsc::sync_channel::<String>(STDOUT_QUEUE);
+        let (finished, done) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("stdout".into())
+            .spawn(move || {
+                use std::io::Write;
+                let mut stdout = std::io::stdout().lock();
+                let mut open = true;
+                for line in queued {
+                    // Closed: the rest is read by nobody; keep draining.
+                    open = open
+                        && writeln!(stdout, "{line}")
+                            .and_then(|()| stdout.flush())
+                            .is_ok();
+                }
+                let _ = finished.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "no stdout thread: events are not printed");
+        }
+        Stdout {
+            lines: Some(lines),
+            done,
+            dropped: 0,
+        }
+    }
+
+    fn line(&mut self, line: String) {
+        let Some(lines) = &self.lines else { return };
+        if lines.try_send(line).is_err() {
+            if self.dropped == 0 {
+                tracing::warn!(
+                    queue = STDOUT_QUEUE,
+                    "stdout is not read: event lines are dropped until it is"
+                );
+            }
+            self.dropped += 1;
+        }
+    }
+}
+
+impl Drop for Stdout {
+    fn drop(&mut self) {
+        // The last lines out before the process exits, unless stdout is
+        // stuck.
+        self.lines = None;
+        let _ = self.done.recv_timeout(STDOUT_LAST);
     }
 }
 
@@ -252,6 +324,11 @@ pub async fn run(
             run.clone()
         }
         None => {
+            // A restored run in the way is said at once, ready pool or not.
+            if let Some(other) = gate.report().await?.run {
+                in_the_way(&other);
+                return Ok(EXIT_OTHER_RUN);
+            }
             let run =
                 RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
             let committed = tokio::select! {
@@ -267,9 +344,21 @@ pub async fn run(
     drain(&gate, &mut events, &mut printer).await;
 
     let mut hangup = signal(SignalKind::hangup())?;
-    let mut child =
-        super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE)
-            .map_err(|e| LiveError::Io(std::io::Error::other(format!("{}: {e}", command[0]))))?;
+    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            // Committed, and nothing to guard: the run ends here.
+            if let Err(ended) = gate.finish_run(run.clone()).await {
+                tracing::warn!(%run, error = %ended, "run not ended");
+            }
+            drain(&gate, &mut events, &mut printer).await;
+            return Err(LiveError::Io(std::io::Error::other(format!(
+                "{}: {e}",
+                command[0]
+            ))));
+        }
+    };
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -339,10 +428,7 @@ async fn plan_and_commit(
                 Err(GateError::Refused(
                     Refusal::RunInProgress(other) | Refusal::RunCommitted(other),
                 )) if other != *run => {
-                    eprintln!(
-                        "poolgate run: run {other}, restored from the state file, is still active; \
-                         `poolgate run --resume {other} -- COMMAND` guards it, `poolgate run --end {other}` ends it"
-                    );
+                    in_the_way(&other);
                     return Ok(Err(EXIT_OTHER_RUN));
                 }
                 Err(GateError::Refused(refused)) => Some(refused),
@@ -376,6 +462,14 @@ async fn plan_and_commit(
             }
         }
     }
+}
+
+/// Says that `other`, restored from the state file, stands in the way.
+fn in_the_way(other: &RunId) {
+    eprintln!(
+        "poolgate run: run {other}, restored from the state file, is still active; \
+         `poolgate run --resume {other} -- COMMAND` guards it, `poolgate run --end {other}` ends it"
+    );
 }
 
 /// `poolgate run --end RUN`: ends RUN, restored from the state file, whose

@@ -12,8 +12,10 @@
 //! the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`; the
 //! guard spawns it from the thread that runs the guard's actors, which
 //! lives as long as the process): when the guard is gone, however it
-//! went, the keeper stops the command's group. The keeper also stops the
-//! group when told (SIGTERM, SIGINT, SIGHUP), and after the command exits
+//! went, the keeper stops the command's group. The keeper runs in a
+//! process group of its own (a signal to the guard's group does not reach
+//! it), ignores SIGHUP, and also stops the group when told (SIGTERM,
+//! SIGINT, SIGQUIT), and after the command exits
 //! (what it left running goes with it), then exits with the command's
 //! code (128 + signal if a signal ended it).
 //!
@@ -72,7 +74,11 @@ impl Guarded {
         let mut command = match keeper {
             Some(keeper) => {
                 let mut command = tokio::process::Command::new(keeper);
+                // A group of its own too: a signal to the guard's whole
+                // group (a terminal's Ctrl-\, `kill -- -PGID`) must not
+                // take the keeper with the guard.
                 command
+                    .process_group(0)
                     .arg(KEEPER_COMMAND)
                     .arg("--guard")
                     .arg(std::process::id().to_string())
@@ -242,6 +248,9 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
         // Handlers first, so the parent-death signal is caught, not fatal.
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut quit = signal(SignalKind::quit())?;
+        // SIGHUP means "read your keys again" to every poolgate process
+        // (`pkill -HUP poolgate`): caught, and ignored here.
         let mut hangup = signal(SignalKind::hangup())?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
         if nix::unistd::getppid().as_raw() != i32::try_from(guard).unwrap_or(-1) {
@@ -257,11 +266,14 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
                 source,
             })?;
         let group = leader(&child);
-        let status = tokio::select! {
-            status = child.wait() => Some(status?),
-            _ = terminate.recv() => None,
-            _ = interrupt.recv() => None,
-            _ = hangup.recv() => None,
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break Some(status?),
+                _ = terminate.recv() => break None,
+                _ = interrupt.recv() => break None,
+                _ = quit.recv() => break None,
+                _ = hangup.recv() => continue,
+            }
         };
         // Exited, the guard gone, or told: the group goes (what the
         // command left running, or all of it).
