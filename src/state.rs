@@ -36,7 +36,7 @@ pub struct StateError {
 /// The durable state in a redb file.
 #[derive(Debug)]
 pub struct RedbStore {
-    db: redb::Database,
+    db: std::sync::Mutex<Handle>,
     path: PathBuf,
 }
 
@@ -63,7 +63,10 @@ impl RedbStore {
         };
         let db = open_database(path).map_err(error)?;
         let store = RedbStore {
-            db,
+            db: std::sync::Mutex::new(Handle {
+                db: Some(db),
+                file: file_id(path),
+            }),
             path: path.to_path_buf(),
         };
         let durable = store.read().map_err(error)?;
@@ -81,7 +84,11 @@ impl RedbStore {
 
     /// What the file holds; `None` for a new, empty file.
     fn read(&self) -> Result<Option<Durable>, String> {
-        let read = self.db.begin_read().map_err(|e| describe(&e.to_string()))?;
+        let handle = self.handle()?;
+        let Some(db) = &handle.db else {
+            return Err("the state file is not open".into());
+        };
+        let read = db.begin_read().map_err(|e| describe(&e.to_string()))?;
         let table = match read.open_table(TABLE) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => {
@@ -122,10 +129,41 @@ impl RedbStore {
     /// Writes `record` and its checksum under `key` (and the format: a
     /// format 1 file is format 2 from its first write on), durably.
     fn put(&self, key: &str, record: &[u8]) -> Result<(), String> {
-        let write = self
+        let mut handle = self.handle()?;
+        let Some(db) = &handle.db else {
+            return Err("the state file is not open".into());
+        };
+        let written = Self::put_in(db, key, record);
+        if written.is_err() {
+            // redb refuses every write after an I/O error until the file is
+            // opened again: it is, before the next write.
+            handle.db = None;
+        }
+        written
+    }
+
+    /// The open database, opened again if the last write failed, or if the
+    /// file was removed or replaced while it was open (written anew: the
+    /// gate's record holds the whole state).
+    fn handle(&self) -> Result<std::sync::MutexGuard<'_, Handle>, String> {
+        let mut handle = self
             .db
-            .begin_write()
-            .map_err(|e| describe(&e.to_string()))?;
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = file_id(&self.path);
+        if handle.db.is_some() && now != handle.file {
+            tracing::warn!(file = %self.path.display(), "the state file was removed or replaced while open: it is written anew");
+            handle.db = None;
+        }
+        if handle.db.is_none() {
+            handle.db = Some(open_database(&self.path)?);
+            handle.file = file_id(&self.path);
+        }
+        Ok(handle)
+    }
+
+    fn put_in(db: &redb::Database, key: &str, record: &[u8]) -> Result<(), String> {
+        let write = db.begin_write().map_err(|e| describe(&e.to_string()))?;
         {
             let mut table = write.open_table(TABLE).map_err(|e| e.to_string())?;
             table
@@ -178,7 +216,11 @@ impl RedbStore {
     /// protection across restarts of the orchestrator).
     pub fn sequences(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
-        let read = self.db.begin_read().map_err(|e| failed(e.to_string()))?;
+        let handle = self.handle().map_err(failed)?;
+        let Some(db) = &handle.db else {
+            return Err(failed("the state file is not open".into()));
+        };
+        let read = db.begin_read().map_err(|e| failed(e.to_string()))?;
         let table = match read.open_table(TABLE) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),
@@ -212,6 +254,19 @@ impl StateStore for RedbStore {
         self.write(state)
             .map_err(|e| StoreError(format!("{}: {e}", self.path.display())))
     }
+}
+
+/// The open database and which file it is (device, inode).
+#[derive(Debug)]
+struct Handle {
+    db: Option<redb::Database>,
+    file: Option<(u64, u64)>,
+}
+
+/// The device and inode of `path`, if it exists.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The magic number a redb file starts with.
@@ -307,4 +362,81 @@ fn decode(stored: Stored) -> Result<Durable, String> {
         last_epoch: stored.last_epoch,
         run,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("poolgate-state-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn epoch(n: u64) -> Durable {
+        Durable {
+            last_epoch: n,
+            run: None,
+        }
+    }
+
+    #[test]
+    fn a_state_file_removed_or_replaced_while_open_is_written_anew() {
+        // Adversary: `rm state.db` under a running watch went unnoticed;
+        // writes went to the deleted file and a restart issued epoch 1
+        // again.
+        let dir = scratch("removed");
+        let path = dir.join("state.db");
+        let (store, _) = RedbStore::open(&path).unwrap();
+        store.save(&epoch(5)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        store.save(&epoch(6)).unwrap();
+        drop(store);
+        let (_, read) = RedbStore::open(&path).unwrap();
+        assert_eq!(read.last_epoch, 6);
+        // Replaced by an older copy: written over with what is current.
+        let (store, _) = RedbStore::open(&path).unwrap();
+        std::fs::copy(&path, dir.join("old.db")).unwrap();
+        store.save(&epoch(9)).unwrap();
+        std::fs::rename(dir.join("old.db"), &path).unwrap();
+        store.save(&epoch(10)).unwrap();
+        drop(store);
+        let (_, read) = RedbStore::open(&path).unwrap();
+        assert_eq!(read.last_epoch, 10);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_write_that_failed_is_tried_on_a_reopened_file_once_it_can_be() {
+        // Adversary: after one I/O error redb refused every later write
+        // until a restart, so a new epoch was never told again.
+        let dir = scratch("immutable");
+        let path = dir.join("state.db");
+        let (store, _) = RedbStore::open(&path).unwrap();
+        store.save(&epoch(1)).unwrap();
+        let chattr = |flag: &str| {
+            std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(&path)
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        if !chattr("+i") {
+            // One line, never a silent pass.
+            eprintln!("skipped: chattr +i is not available here (needs root and ext4/xfs)");
+            return;
+        }
+        let failed = store.save(&epoch(2));
+        assert!(chattr("-i"));
+        assert!(failed.is_err(), "an immutable file took a write");
+        store.save(&epoch(3)).unwrap();
+        drop(store);
+        let (_, read) = RedbStore::open(&path).unwrap();
+        assert_eq!(read.last_epoch, 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -237,6 +237,7 @@ async fn keep_sequences(
     registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
 ) {
     let mut written = HashMap::new();
+    let mut said = super::throttle::Throttle::new(LOG_EVERY);
     loop {
         tokio::time::sleep(SEQUENCES_EVERY).await;
         let current = lock(&nodes).last_seq.clone();
@@ -256,7 +257,9 @@ async fn keep_sequences(
             Ok(()) => written = current,
             Err(e) => {
                 metrics::counter!("poolgate_state_write_errors_total").increment(1);
-                tracing::error!(error = %e, "agent sequences not written");
+                if let Some(held) = said.allow(std::time::Instant::now()) {
+                    tracing::error!(error = %e, held, "agent sequences not written (tried again every 100 ms)");
+                }
             }
         }
     }
