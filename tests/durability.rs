@@ -548,3 +548,32 @@ fn a_subscriber_that_never_reads_is_bounded_and_told_it_lagged() {
         );
     });
 }
+
+#[test]
+fn a_runs_end_whose_write_failed_is_written_once_the_store_is_back() {
+    // Adversary: `run_finished` went out, the write failed, and the file
+    // held the run as committed for good (the next `run` found it).
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            gate.finish_run(run.clone()).await.unwrap();
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, now_ms(&gate) + 2500).await;
+            let last = store.saved.lock().unwrap().last().cloned().unwrap();
+            assert_eq!(last.run, None, "the end is stored: {last:?}");
+        }
+    });
+}

@@ -378,6 +378,15 @@ impl Actor for PoolActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.keep_recording_flushed(ctx);
+        // A write that failed (a run's end, say) is tried again until it
+        // succeeds; epochs held back for one have their own retry.
+        if self.store.is_some() {
+            ctx.run_interval(SAVE_RETRY, |act, _| {
+                if act.save_failing && act.untold.is_empty() {
+                    let _ = act.save();
+                }
+            });
+        }
         self.flush(ctx);
     }
 }
