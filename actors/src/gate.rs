@@ -124,8 +124,8 @@ impl Gate {
     }
 
     /// Every event from now on; the first subscription also gets the events
-    /// published before it (the restore events of the gate's start, say),
-    /// so subscribing after an `.await` misses nothing. Each subscription
+    /// of the gate's start (the restore events: `planning_aborted`
+    /// `restarted`, …), so subscribing after an `.await` does not miss them. Each subscription
     /// holds at most [`EVENT_QUEUE`] unread events and counts what it lost
     /// beyond ([`EventStream::lagged`]).
     pub fn subscribe(&self) -> EventStream {

@@ -87,6 +87,9 @@ pub(crate) struct PoolActor {
     retrying: bool,
     /// Whether the last write failed (its error is logged once).
     save_failing: bool,
+    /// Until the first flush: its events are the start's (kept for the
+    /// first subscriber).
+    at_start: bool,
     recording: Option<Recording>,
 }
 
@@ -127,6 +130,7 @@ impl PoolActor {
                 untold: Vec::new(),
                 retrying: false,
                 save_failing: false,
+                at_start: true,
                 recording: settings.record,
             };
             if let Some(recording) = &actor.recording {
@@ -290,7 +294,11 @@ impl PoolActor {
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
         }
-        self.publisher.publish(&mut self.out);
+        if std::mem::take(&mut self.at_start) {
+            self.publisher.publish_start(&mut self.out);
+        } else {
+            self.publisher.publish(&mut self.out);
+        }
         self.timer
             .rearm(ctx, &self.clock, self.core.deadline(), |generation| {
                 TimerDue { generation }

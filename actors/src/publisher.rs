@@ -17,10 +17,10 @@ pub const EVENT_QUEUE: usize = 1024;
 /// Each subscriber has its own bounded queue of [`EVENT_QUEUE`] events
 /// (events are few: one per readiness or run transition, never one per
 /// observation); one that never reads costs at most that, and counts what
-/// it lost. Events published before the first subscription are kept (up
-/// to the same bound) for the first subscriber, so the restore events of a
-/// gate's start reach an embedder that subscribes after an `.await`. A
-/// dropped subscription is removed at the next publish.
+/// it lost. The events of the gate's start (the restore events) are kept
+/// for the first subscriber if none is there yet, so they reach an
+/// embedder that subscribes after an `.await`. A dropped subscription is
+/// removed at the next publish.
 #[derive(Clone, Default, Debug)]
 pub struct Publisher {
     inner: Arc<Mutex<Subscribers>>,
@@ -67,7 +67,7 @@ impl EventStream {
 
 impl Publisher {
     /// A new subscription: every event published from now on, and for the
-    /// first subscription also those published before it.
+    /// first subscription also the events of the gate's start.
     pub fn subscribe(&self) -> EventStream {
         let mut inner = self.lock();
         let backlog = if inner.subscribed {
@@ -94,13 +94,23 @@ impl Publisher {
 
     /// Publishes and drains `events`.
     pub fn publish(&self, events: &mut Vec<Event>) {
+        self.publish_kept(events, false);
+    }
+
+    /// Publishes and drains the events of the gate's start, also kept for
+    /// the first subscription if there is none yet.
+    pub fn publish_start(&self, events: &mut Vec<Event>) {
+        self.publish_kept(events, true);
+    }
+
+    fn publish_kept(&self, events: &mut Vec<Event>, keep: bool) {
         if events.is_empty() {
             return;
         }
         let mut inner = self.lock();
         for event in events.drain(..) {
             log_decision(&event);
-            if !inner.subscribed {
+            if keep && !inner.subscribed {
                 let held = inner.before_first.get_or_insert_with(Vec::new);
                 if held.len() < EVENT_QUEUE {
                     held.push(event.clone());
