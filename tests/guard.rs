@@ -513,3 +513,42 @@ fn a_restored_run_in_the_way_is_said_at_once_even_on_a_pool_that_is_not_ready() 
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// How many `sleep` processes with `marker` in their arguments run.
+fn sleeping(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            let text = String::from_utf8_lossy(cmdline);
+            text.starts_with("sleep\0") && text.contains(marker)
+        })
+        .count()
+}
+
+#[test]
+fn a_process_that_left_the_group_with_setsid_is_stopped_too() {
+    // Adversary: `setsid sleep …` escaped the group kill of a SIGTERMed run.
+    let marker = format!("9{}", std::process::id());
+    live_for(LIMIT, async {
+        let cluster = cluster(&plan(1, None)).await;
+        let pid_file = cluster.dir.join("setsid.pid");
+        let script = format!(
+            "echo $$ > '{}'; setsid sleep 301{marker} & sleep 302{marker}",
+            pid_file.display()
+        );
+        let mut run = run_with(&cluster, Stdio::null(), false, &script);
+        let group = group_of(&pid_file).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while sleeping(&marker) < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(sleeping(&marker), 2);
+        kill(Pid::from_raw(run.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+        assert_eq!(exit_code(&mut run).await, Some(143));
+        kill_group(group);
+        let left = sleeping(&marker);
+        assert_eq!(left, 0, "a sleep outlived the run");
+    });
+}

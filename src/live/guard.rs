@@ -127,7 +127,7 @@ impl Guarded {
         let status = self.child.wait().await?;
         self.keeper = None;
         if let Some(group) = self.group.take() {
-            stop_group(group, self.grace, &mut self.child, Some(status)).await;
+            stop_group(group, self.grace, &mut self.child, Some(status), false).await;
         }
         Ok(status)
     }
@@ -136,7 +136,7 @@ impl Guarded {
     /// SIGKILL after the grace. Returns once the group is gone.
     pub async fn stop(&mut self) {
         if let Some(group) = self.group.take() {
-            stop_group(group, self.grace, &mut self.child, None).await;
+            stop_group(group, self.grace, &mut self.child, None, false).await;
             return;
         }
         let Some(keeper) = self.keeper.take() else {
@@ -183,26 +183,43 @@ const GROUP_POLL: Duration = Duration::from_millis(20);
 /// SIGTERM to `group`, SIGKILL once `grace` has passed; returns once the
 /// group is gone, its leader `child` (a child of this process, which
 /// counts as in the group until reaped) reaped: its exit status, if it
-/// was had (`status`: had already).
+/// was had (`status`: had already). With `adopted` (the keeper, a child
+/// subreaper), the command's orphans are this process's children: they
+/// are stopped too, whatever group or session they moved to (`setsid`),
+/// and reaped, so none is left behind nor counted as alive as a zombie.
 async fn stop_group(
     group: Pid,
     grace: Duration,
     child: &mut tokio::process::Child,
     mut status: Option<ExitStatus>,
+    adopted: bool,
 ) -> Option<ExitStatus> {
-    let _ = killpg(group, Signal::SIGTERM);
+    let leader = leader(child);
+    let mut signal = Signal::SIGTERM;
+    let _ = killpg(group, signal);
     let deadline = tokio::time::Instant::now() + grace;
     let mut killed = false;
     loop {
+        let mut orphans = Vec::new();
+        if adopted {
+            if let Some(reaped) = reap(leader) {
+                status.get_or_insert(reaped);
+            }
+            orphans = children_of_this_process(leader);
+            for orphan in &orphans {
+                let _ = nix::sys::signal::kill(*orphan, signal);
+            }
+        }
         if status.is_none() {
             status = child.try_wait().ok().flatten();
         }
-        if status.is_some() && killpg(group, None).is_err() {
+        if status.is_some() && killpg(group, None).is_err() && orphans.is_empty() {
             return status;
         }
         let now = tokio::time::Instant::now();
         if !killed && now >= deadline {
-            let _ = killpg(group, Signal::SIGKILL);
+            signal = Signal::SIGKILL;
+            let _ = killpg(group, signal);
             killed = true;
         } else if killed && now >= deadline + Duration::from_secs(1) {
             // SIGKILL cannot be refused; a process still listed is in the
@@ -211,6 +228,48 @@ async fn stop_group(
         }
         tokio::time::sleep(GROUP_POLL).await;
     }
+}
+
+/// Reaps every child of this process that has exited; the exit status of
+/// `leader` if it was among them.
+fn reap(leader: Option<Pid>) -> Option<ExitStatus> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use std::os::unix::process::ExitStatusExt;
+    let mut found = None;
+    loop {
+        let raw = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, (code & 0xff) << 8),
+            Ok(WaitStatus::Signaled(pid, signal, _)) => (pid, signal as i32),
+            Ok(WaitStatus::StillAlive) | Err(_) => return found,
+            Ok(_) => continue,
+        };
+        if Some(raw.0) == leader {
+            found = Some(ExitStatus::from_raw(raw.1));
+        }
+    }
+}
+
+/// The children of this process other than `leader` (orphans of the
+/// command, adopted by the keeper as a child subreaper).
+fn children_of_this_process(leader: Option<Pid>) -> Vec<Pid> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| Some(Pid::from_raw(*pid)) != leader)
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The parent is the second field after the command's name.
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            parent == Some(me)
+        })
+        .map(Pid::from_raw)
+        .collect()
 }
 
 /// Why the keeper could not start the command.
@@ -253,6 +312,9 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
         // (`pkill -HUP poolgate`): caught, and ignored here.
         let mut hangup = signal(SignalKind::hangup())?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+        // The command's orphans become this process's children, so none
+        // escapes the stop by leaving the group (`setsid`).
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
         if nix::unistd::getppid().as_raw() != i32::try_from(guard).unwrap_or(-1) {
             // The guard died before the signal was asked for.
             return Ok(128 + Signal::SIGTERM as i32);
@@ -278,7 +340,7 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
         // Exited, the guard gone, or told: the group goes (what the
         // command left running, or all of it).
         let status = match group {
-            Some(group) => stop_group(group, grace, &mut child, status).await,
+            Some(group) => stop_group(group, grace, &mut child, status, true).await,
             None => status,
         };
         let status = match status {
