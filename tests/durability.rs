@@ -577,3 +577,55 @@ fn a_runs_end_whose_write_failed_is_written_once_the_store_is_back() {
         }
     });
 }
+
+/// A store that notes which thread each write ran on.
+#[derive(Debug, Default)]
+struct Threads {
+    saves: Mutex<Vec<std::thread::ThreadId>>,
+}
+
+impl StateStore for Threads {
+    fn save(&self, _state: &Durable) -> Result<(), StoreError> {
+        self.saves.lock().unwrap().push(std::thread::current().id());
+        Ok(())
+    }
+}
+
+#[test]
+fn state_writes_run_off_the_actors_thread() {
+    // Issue 20: a redb commit (an fsync) on the actors' thread stalled SWIM
+    // and the agent connections for as long.
+    let store = Arc::new(Threads::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let actors = std::thread::current().id();
+            let mut settings =
+                config(&["a", "b"], 1000, OnReadinessLost::Wait, None).gate_settings();
+            settings.durable = Some(DurableSettings {
+                store: store.clone(),
+                restored: Durable::default(),
+                restore_grace: std::time::Duration::from_secs(5),
+            });
+            let gate = Gate::start(settings);
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.finish_run(run).await.unwrap();
+            let saves = store.saves.lock().unwrap().clone();
+            // The first write, at start, comes before the actors run.
+            assert!(saves.len() >= 4, "{saves:?}");
+            assert!(
+                saves[1..].iter().all(|t| *t != actors),
+                "a write on the actors' thread: {saves:?}"
+            );
+        }
+    });
+}

@@ -162,6 +162,38 @@ impl PoolActor {
         result
     }
 
+    /// Writes the durable state off the actors' thread (a redb commit ends
+    /// with an fsync), then runs `then` with the outcome; the pool handles
+    /// nothing else meanwhile, so writes and what follows them keep their
+    /// order. Without a store, `then` runs at once.
+    fn save_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, &mut Context<Self>, Result<(), StoreError>) + 'static,
+    ) {
+        let state = self.core.durable();
+        self.write_then(ctx, state, then);
+    }
+
+    /// As [`PoolActor::save_then`], writing `state`.
+    fn write_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        state: Durable,
+        then: impl FnOnce(&mut Self, &mut Context<Self>, Result<(), StoreError>) + 'static,
+    ) {
+        let Some(store) = self.store.clone() else {
+            return then(self, ctx, Ok(()));
+        };
+        let written = state.clone();
+        let write = tokio::task::spawn_blocking(move || store.save(&written));
+        ctx.wait(write.into_actor(self).map(move |joined, act, ctx| {
+            let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
+            act.saved(&state, &result);
+            then(act, ctx, result);
+        }));
+    }
+
     /// Notes the outcome of a write of `state`.
     fn saved(&mut self, state: &Durable, result: &Result<(), StoreError>) {
         match result {
@@ -212,18 +244,23 @@ impl PoolActor {
             self.retrying = true;
             ctx.run_later(SAVE_RETRY, |act, ctx| {
                 act.retrying = false;
-                if act.untold.is_empty() || act.save().is_err() {
-                    return act.hold_untold(ctx);
+                if act.untold.is_empty() {
+                    return;
                 }
-                let now = act.clock.now();
-                for mut event in std::mem::take(&mut act.untold) {
-                    if let Event::PoolReady { at, .. } = &mut event {
-                        // Ready for planning from now on, not before.
-                        *at = now;
+                act.save_then(ctx, |act, ctx, saved| {
+                    if saved.is_err() {
+                        return act.hold_untold(ctx);
                     }
-                    act.out.push(event);
-                }
-                act.flush(ctx);
+                    let now = act.clock.now();
+                    for mut event in std::mem::take(&mut act.untold) {
+                        if let Event::PoolReady { at, .. } = &mut event {
+                            // Ready for planning from now on, not before.
+                            *at = now;
+                        }
+                        act.out.push(event);
+                    }
+                    act.flush(ctx);
+                });
             });
         }
     }
@@ -284,12 +321,22 @@ impl PoolActor {
                     | Event::PlanningResumed { .. }
             )
         });
-        if durable_change {
+        if durable_change && self.store.is_some() {
             // Epochs and planning runs are stored before they are told; a
             // failed write is logged and counted, and a new epoch waits
             // for the next write that succeeds.
-            let _ = self.save();
+            let held = std::mem::take(&mut self.out);
+            self.save_then(ctx, move |act, ctx, _| {
+                act.out.splice(0..0, held);
+                act.publish_out(ctx);
+            });
+            return;
         }
+        self.publish_out(ctx);
+    }
+
+    /// The rest of [`PoolActor::flush`], once what must be stored is.
+    fn publish_out(&mut self, ctx: &mut Context<Self>) {
         self.hold_untold(ctx);
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
@@ -318,16 +365,16 @@ impl PoolActor {
     {
         let Some(addr) = self.run.clone() else {
             self.core.run_ended(&run);
-            let _ = self.save();
+            self.save_then(ctx, |_, _, _| {});
             return;
         };
         let answer = addr.send(message);
-        ctx.wait(answer.into_actor(self).map(move |status, act, _ctx| {
+        ctx.wait(answer.into_actor(self).map(move |status, act, ctx| {
             // A closed mailbox means the run's actor is gone: its run ended.
             if !matches!(status, Ok(RunStatus::Active)) {
                 act.core.run_ended(&run);
                 act.run = None;
-                let _ = act.save();
+                act.save_then(ctx, |_, _, _| {});
             }
         }));
     }
@@ -389,9 +436,9 @@ impl Actor for PoolActor {
         // A write that failed (a run's end, say) is tried again until it
         // succeeds; epochs held back for one have their own retry.
         if self.store.is_some() {
-            ctx.run_interval(SAVE_RETRY, |act, _| {
+            ctx.run_interval(SAVE_RETRY, |act, ctx| {
                 if act.save_failing && act.untold.is_empty() {
-                    let _ = act.save();
+                    act.save_then(ctx, |_, _, _| {});
                 }
             });
         }
@@ -609,9 +656,9 @@ impl Handler<BeginPlanning> for PoolActor {
 }
 
 impl Handler<CommitPlan> for PoolActor {
-    type Result = Result<(), Refusal>;
+    type Result = AtomicResponse<Self, Result<(), Refusal>>;
 
-    fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Result<(), Refusal> {
+    fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
         let at = self.applied_at(msg.at);
         let admitted =
             self.core
@@ -620,23 +667,45 @@ impl Handler<CommitPlan> for PoolActor {
             Ok(epoch) => epoch,
             Err(refused) => {
                 self.flush(ctx);
-                return Err(refused);
+                return AtomicResponse::new(Box::pin(fut::ready(Err(refused))));
             }
         };
+        let Some(store) = self.store.clone() else {
+            let committed = self.commit_admitted(msg, at, ctx);
+            return AtomicResponse::new(Box::pin(fut::ready(committed)));
+        };
         // Durable before `run_committed` is told (SPEC §9); a failed write
-        // refuses the commit, and nothing changes.
-        if let Some(store) = &self.store {
-            let state = self
-                .core
-                .durable_with_commit(&msg.run, &msg.required, epoch);
-            let result = store.save(&state);
-            self.saved(&state, &result);
-            if let Err(e) = result {
-                tracing::error!(error = %e, run = %msg.run, "commit not made durable; refused");
-                self.flush(ctx);
-                return Err(Refusal::NotDurable(e.to_string()));
-            }
-        }
+        // refuses the commit, and nothing changes. Written off the actors'
+        // thread; the pool handles nothing else until it is done.
+        let state = self
+            .core
+            .durable_with_commit(&msg.run, &msg.required, epoch);
+        let written = state.clone();
+        let write = tokio::task::spawn_blocking(move || store.save(&written));
+        AtomicResponse::new(Box::pin(write.into_actor(self).map(
+            move |joined, act: &mut Self, ctx| {
+                let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
+                act.saved(&state, &result);
+                if let Err(e) = result {
+                    tracing::error!(error = %e, run = %msg.run, "commit not made durable; refused");
+                    act.flush(ctx);
+                    return Err(Refusal::NotDurable(e.to_string()));
+                }
+                act.commit_admitted(msg, at, ctx)
+            },
+        )))
+    }
+}
+
+impl PoolActor {
+    /// Commits a plan the core admitted (and, with a store, whose commit
+    /// is stored), and starts the run's actor.
+    fn commit_admitted(
+        &mut self,
+        msg: CommitPlan,
+        at: Time,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), Refusal> {
         let recorded = self.recording.as_ref().map(|_| Command::CommitPlan {
             run: msg.run.clone(),
             required: msg.required.clone(),
@@ -673,14 +742,14 @@ impl Handler<FinishRun> for PoolActor {
         let run = msg.run.clone();
         let answer = addr.send(FinishRun { at, run: msg.run });
         AtomicResponse::new(Box::pin(answer.into_actor(self).map(
-            move |answer, act: &mut Self, _ctx| {
+            move |answer, act: &mut Self, ctx| {
                 // A closed mailbox means the run's actor is gone: its run
                 // ended before this command.
                 let result = answer.unwrap_or_else(|_| Err(Refusal::UnknownRun(run.clone())));
                 if !matches!(result, Err(Refusal::NotCommitted { .. })) {
                     act.core.run_ended(&run);
                     act.run = None;
-                    let _ = act.save();
+                    act.save_then(ctx, |_, _, _| {});
                 }
                 if let (Ok(()), Some(recording)) = (&result, &act.recording) {
                     recording.command(at, &Command::FinishRun { run: run.clone() });

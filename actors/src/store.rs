@@ -16,6 +16,12 @@ use poolgate_core::Durable;
 pub struct StoreError(pub String);
 
 /// Keeps the gate's durable state.
+///
+/// The pool actor calls `save` off the actors' thread (a blocking-pool
+/// thread, one write at a time, in order) and handles nothing else until
+/// it returns, so a slow disk delays the gate's next decision but never
+/// SWIM or the agent connections. The first write, at start, runs before
+/// the actors do.
 pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// Writes `state`, durably, before returning `Ok`.
     fn save(&self, state: &Durable) -> Result<(), StoreError>;
