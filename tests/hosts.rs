@@ -502,3 +502,74 @@ fn nodes_come_back_to_a_restarted_orchestrator_while_its_standby_is_down() {
     let mut again = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
     ready(&mut again);
 }
+
+/// How many `sleep` processes with `marker` in their arguments run (in any
+/// of the rig's hosts: /proc shows them all).
+fn sleeping(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+                .filter(|cmdline| {
+                    let text = String::from_utf8_lossy(cmdline);
+                    text.starts_with("sleep\0") && text.contains(marker)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn until_sleeping(marker: &str, count: usize, within: Duration) -> usize {
+    let deadline = std::time::Instant::now() + within;
+    while sleeping(marker) != count && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sleeping(marker)
+}
+
+#[test]
+fn a_sigkilled_run_on_its_host_leaves_no_command_and_the_next_run_names_its_run() {
+    // Issue 20, on separate hosts: SIGKILL of `run` left its command
+    // running, unguarded, and the next `run` spun on the restored run.
+    let Some(rig) = Rig::new(3) else { return };
+    let options = Options {
+        orchestrator_extra: "[state]\npath = \"state.db\"\nrestore_grace = \"10s\"\n".into(),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[0], &[1, 2], options);
+    let _nodes = deployment.start_nodes(&rig);
+    let marker = format!("7{}", std::process::id());
+    let script = format!("sleep 301{marker}; true");
+    let mut run = deployment.orchestrator(
+        &rig,
+        0,
+        &[
+            "run",
+            "--json",
+            "--require",
+            "node-1",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("no commit; stderr:\n{}", run.stderr()));
+    assert_eq!(until_sleeping(&marker, 1, Duration::from_secs(5)), 1);
+    run.signal(nix::sys::signal::Signal::SIGKILL);
+    run.wait_exit(Duration::from_secs(5));
+    assert_eq!(
+        until_sleeping(&marker, 0, Duration::from_secs(8)),
+        0,
+        "the command outlived its guard"
+    );
+    let mut next = deployment.orchestrator(&rig, 0, &["run", "--timeout", "20s", "--", "true"]);
+    let code = next.wait_exit(Duration::from_secs(15));
+    let said = next.stderr();
+    assert_eq!(code, Some(4), "{said}");
+    let name = committed["run"].as_str().unwrap_or_default();
+    assert!(said.contains(&format!("--end {name}")), "{said}");
+}
