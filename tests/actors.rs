@@ -752,3 +752,22 @@ fn a_live_input_after_the_timer_at_its_instant_is_applied_a_millisecond_later() 
         );
     });
 }
+
+#[test]
+fn starting_the_gate_outside_an_actix_system_is_a_typed_error() {
+    // Issue 21: it panicked with tokio's `spawn_local` message.
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let started = Gate::try_start(settings);
+    assert!(
+        matches!(started, Err(GateError::NoSystem)),
+        "{:?}",
+        started.err()
+    );
+}
+
+#[test]
+#[should_panic(expected = "inside a running actix System")]
+fn gate_start_outside_a_system_panics_saying_so() {
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let _ = Gate::start(settings);
+}

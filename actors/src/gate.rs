@@ -56,6 +56,9 @@ pub enum GateError {
     /// The gate's actors have stopped (the `System` is shutting down).
     #[error("the gate has stopped")]
     Stopped,
+    /// [`Gate::try_start`] was called outside a running actix `System`.
+    #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
+    NoSystem,
 }
 
 impl GateError {
@@ -67,6 +70,7 @@ impl GateError {
             GateError::InvalidIdentity(_) => "invalid_identity",
             GateError::InvalidPool(_) => "invalid_pool",
             GateError::Stopped => "stopped",
+            GateError::NoSystem => "no_system",
         }
     }
 }
@@ -103,9 +107,29 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Starts the gate's actors on the current actix `System`. Must be
-    /// called from within a running `System`.
+    /// Starts the gate's actors on the current actix `System`.
+    ///
+    /// # Panics
+    ///
+    /// Outside a running actix `System`, with [`GateError::NoSystem`]'s
+    /// words; [`Gate::try_start`] returns that error instead.
     pub fn start(settings: GateSettings) -> Gate {
+        match Gate::try_start(settings) {
+            Ok(gate) => gate,
+            Err(e) => panic!("Gate::start: {e}"),
+        }
+    }
+
+    /// Starts the gate's actors on the current actix `System`, or says
+    /// there is none ([`GateError::NoSystem`]).
+    pub fn try_start(settings: GateSettings) -> Result<Gate, GateError> {
+        if actix::System::try_current().is_none() {
+            return Err(GateError::NoSystem);
+        }
+        Ok(Gate::launch(settings))
+    }
+
+    fn launch(settings: GateSettings) -> Gate {
         let clock = Clock::start();
         let publisher = Publisher::default();
         let router = Arc::new(Router::default());
