@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use poolgate::core::{AgentReport, MembershipUpdate, RegistryFact};
-use poolgate::GateSettings;
-use poolgate::{Gate, GateError};
-use poolgate_actors::core::{
+use poolgate::core::{
     Event, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, RunId, SwimState,
 };
+use poolgate::GateSettings;
+use poolgate::{Gate, GateError};
 
 #[actix_rt::main]
 async fn main() -> Result<(), GateError> {

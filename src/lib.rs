@@ -43,6 +43,6 @@ pub mod state;
 pub use config::{Config, ConfigError, NodeConfig};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
-    Accepted, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome, ReadyProof,
-    Recording, StateStore, StoreError, EVENT_QUEUE,
+    Accepted, Clock, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome,
+    ReadyProof, Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
 };

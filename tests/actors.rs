@@ -771,3 +771,57 @@ fn gate_start_outside_a_system_panics_saying_so() {
     let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
     let _ = Gate::start(settings);
 }
+
+#[test]
+fn absurd_durations_built_in_code_never_stop_the_gate() {
+    // Embedder: a window of Duration::MAX overflowed an Instant inside the
+    // pool actor, which stayed dead (every call `Stopped`).
+    on_virtual_time(async {
+        let mut settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+        settings.window = std::time::Duration::MAX;
+        let gate = Gate::start(settings);
+        make_ready(&gate, "a").await;
+        advance_to(&gate, 10_000).await;
+        let report = gate.report().await.unwrap();
+        assert!(
+            !matches!(report.phase, PoolPhase::Ready { .. }),
+            "{:?}",
+            report.phase
+        );
+    });
+}
+
+#[test]
+fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
+    // Embedder: it panicked on the overflow (and would have wrapped to
+    // epoch 0 in a release build).
+    on_virtual_time(async {
+        let mut settings = config(&["a"], 10, OnReadinessLost::Wait, None).gate_settings();
+        #[derive(Debug)]
+        struct Nowhere;
+        impl poolgate::StateStore for Nowhere {
+            fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
+                Ok(())
+            }
+        }
+        settings.durable = Some(poolgate::DurableSettings {
+            store: std::sync::Arc::new(Nowhere),
+            restored: poolgate::core::Durable {
+                last_epoch: u64::MAX,
+                run: None,
+            },
+            restore_grace: std::time::Duration::from_secs(1),
+        });
+        let gate = Gate::start(settings);
+        let mut events = gate.subscribe();
+        make_ready(&gate, "a").await;
+        advance_to(&gate, 1_000).await;
+        let report = gate.report().await.unwrap();
+        assert!(
+            !matches!(report.phase, PoolPhase::Ready { .. }),
+            "{:?}",
+            report.phase
+        );
+        assert!(!names(&drain(&mut events)).contains(&"pool_ready"));
+    });
+}

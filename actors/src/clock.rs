@@ -18,6 +18,9 @@ pub struct Clock {
     origin: Instant,
 }
 
+/// Where a timer beyond the clock's range is put.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 impl Clock {
     /// A timeline that starts now.
     pub fn start() -> Self {
@@ -34,9 +37,14 @@ impl Clock {
         Time::from_millis(ms)
     }
 
-    /// The tokio instant of a point on the timeline.
+    /// The tokio instant of a point on the timeline; a point too far out
+    /// for the clock (a window of `Duration::MAX`, say) is about 30 years
+    /// away, as tokio's own far future is, never a panic.
     pub fn instant(&self, at: Time) -> Instant {
-        self.origin + at.offset()
+        self.origin
+            .checked_add(at.offset())
+            .or_else(|| Instant::now().checked_add(FAR_FUTURE))
+            .unwrap_or_else(Instant::now)
     }
 
     /// How long from now until `at` (zero if it has passed).

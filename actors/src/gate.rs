@@ -95,7 +95,7 @@ pub struct ReadyProof {
     pub epoch: Epoch,
 }
 
-pub use crate::publisher::{EventStream, EVENT_QUEUE};
+pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 
 /// The handle of a running gate. Cheap to clone.
 #[derive(Clone, Debug)]

@@ -44,7 +44,7 @@ pub mod telemetry;
 mod failure_tests;
 
 pub use clock::Clock;
-pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof, EVENT_QUEUE};
+pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
 pub use pool_actor::GateSettings;
 pub use poolgate_core as core;

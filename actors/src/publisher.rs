@@ -8,6 +8,8 @@ use tokio::sync::mpsc;
 
 use poolgate_core::{Event, NodeId};
 
+pub use tokio::sync::mpsc::error::TryRecvError;
+
 /// How many events wait for one subscriber at most; a subscriber that
 /// falls further behind loses the newest and is told ([`EventStream::lagged`]).
 pub const EVENT_QUEUE: usize = 1024;
@@ -48,13 +50,15 @@ pub struct EventStream {
 }
 
 impl EventStream {
-    /// The next event; `None` once the gate has stopped.
+    /// The next event; `None` once the gate's actors have stopped and every
+    /// `Gate` handle is dropped (a handle keeps the stream open).
     pub async fn recv(&mut self) -> Option<Event> {
         self.rx.recv().await
     }
 
-    /// The next event if one is waiting.
-    pub fn try_recv(&mut self) -> Result<Event, mpsc::error::TryRecvError> {
+    /// The next event if one is waiting ([`TryRecvError::Empty`] if none,
+    /// [`TryRecvError::Disconnected`] once the stream is over).
+    pub fn try_recv(&mut self) -> Result<Event, TryRecvError> {
         self.rx.try_recv()
     }
 
@@ -80,7 +84,7 @@ impl Publisher {
         for event in backlog {
             subscriber.offer(event);
         }
-        inner.live.push(subscriber);
+        inner.add(subscriber);
         stream
     }
 
@@ -88,7 +92,7 @@ impl Publisher {
     /// own waits, which must not take the first subscriber's backlog).
     pub(crate) fn subscribe_from_now(&self) -> EventStream {
         let (stream, subscriber) = channel();
-        self.lock().live.push(subscriber);
+        self.lock().add(subscriber);
         stream
     }
 
@@ -127,6 +131,17 @@ impl Publisher {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Subscribers {
+    /// Adds `subscriber`, first removing the subscriptions dropped since
+    /// the last publish: a quiet pool publishes nothing, and subscriptions
+    /// made and dropped meanwhile (each `wait_ready` makes one) must not
+    /// pile up.
+    fn add(&mut self, subscriber: Subscriber) {
+        self.live.retain(|s| !s.tx.is_closed());
+        self.live.push(subscriber);
     }
 }
 
@@ -205,5 +220,27 @@ fn log_decision(event: &Event) {
         } => {
             tracing::info!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscriptions_made_and_dropped_on_a_quiet_gate_do_not_pile_up() {
+        // Embedder: 20,000 `wait_ready` calls on a ready pool (each one a
+        // subscription, dropped at once) kept 67 MB until the next event.
+        let publisher = Publisher::default();
+        let kept = publisher.subscribe();
+        for _ in 0..20_000 {
+            drop(publisher.subscribe_from_now());
+        }
+        assert!(
+            publisher.lock().live.len() <= 2,
+            "{}",
+            publisher.lock().live.len()
+        );
+        drop(kept);
     }
 }

@@ -407,7 +407,13 @@ impl PoolReadiness {
     }
 
     fn become_ready(&mut self, at: Time, out: &mut Vec<Event>) {
-        self.last_epoch += 1;
+        let Some(next) = self.last_epoch.checked_add(1) else {
+            // Every epoch has been issued (a restored `last_epoch` of
+            // u64::MAX): none is told again, so the pool is never ready.
+            self.phase = PoolPhase::Forming;
+            return;
+        };
+        self.last_epoch = next;
         let epoch = Epoch(self.last_epoch);
         self.phase = PoolPhase::Ready { epoch };
         let candidates = self.candidates();

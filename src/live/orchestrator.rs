@@ -66,7 +66,6 @@ pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
             return Err(LiveError::NoClusterKeys);
         }
         tracing::warn!("insecure = true: SWIM gossip is neither sealed nor authenticated");
-        eprintln!("warning: insecure = true: SWIM gossip is neither sealed nor authenticated");
         return Ok(Keyring::new(&[], &swim.label));
     }
     let keys = swim

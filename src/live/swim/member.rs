@@ -293,7 +293,9 @@ impl SwimMember {
             generation,
         };
         let (codec, changes) = WatchingCodec::watched();
-        let suspicion_limit = config.suspect_to_down_after + config.probe_period;
+        let suspicion_limit = config
+            .suspect_to_down_after
+            .saturating_add(config.probe_period);
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
