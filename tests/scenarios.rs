@@ -282,3 +282,28 @@ fn logs_can_be_json_with_structured_fields() {
     assert_eq!(fault["fields"]["reason"], "identity_changed");
     assert_eq!(fault["fields"]["run"], "r1");
 }
+
+#[test]
+fn every_event_line_of_the_golden_outputs_reads_back_as_an_event_and_writes_the_same() {
+    // Issue 21: `Event` was `Serialize` only; an orchestrator reading the
+    // event stream (or a recording's output) could not get types back.
+    let mut read = 0;
+    for entry in std::fs::read_dir(scenario_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.to_string_lossy().ends_with(".expected.jsonl") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            if value.get("event").and_then(|e| e.as_str()) == Some("rejected") {
+                continue;
+            }
+            let event: poolgate::core::Event = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}: {line}: {e}", path.display()));
+            let again: serde_json::Value = serde_json::to_value(&event).unwrap();
+            assert_eq!(again, value, "{}", path.display());
+            read += 1;
+        }
+    }
+    assert!(read > 50, "only {read} event lines found");
+}

@@ -10,7 +10,7 @@ use crate::node::Reason;
 use crate::time::Time;
 
 /// Why planning was abandoned.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AbortReason {
     /// Readiness was lost while planning under the `abort` policy.
@@ -21,8 +21,10 @@ pub enum AbortReason {
     Restarted,
 }
 
-/// One event of the gate. Each carries the instant it happened at.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+/// One event of the gate. Each carries the instant it happened at; as JSON
+/// it is the replay format's event line (SPEC §5), read back the same
+/// (ids checked as when made).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// Every candidate was ready and the view held still for the window.

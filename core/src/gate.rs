@@ -48,8 +48,9 @@ enum ActiveRun {
 }
 
 /// What a gate keeps across restarts (SPEC §9): the last epoch it issued
-/// and its active run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// and its active run. Serde, so a `StateStore` (poolgate-actors)
+/// of one's own (a database, etcd) can keep it as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Durable {
     /// The last epoch issued; the next is higher.
     pub last_epoch: u64,
@@ -58,7 +59,7 @@ pub struct Durable {
 }
 
 /// The active run as stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DurableRun {
     /// The run.
     pub run: RunId,
@@ -668,6 +669,22 @@ mod tests {
             &mut third.out,
         );
         assert_eq!(third.gate.durable().run, stored.run);
+    }
+
+    #[test]
+    fn what_a_gate_keeps_goes_through_json_and_back() {
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        h.gate
+            .commit(&run("r"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        let stored = h.gate.durable();
+        let text = serde_json::to_string(&stored).unwrap();
+        let back: Durable = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, stored);
+        // A damaged id is refused, as when made.
+        let bad = text.replace("\"r\"", "\"\"");
+        assert!(serde_json::from_str::<Durable>(&bad).is_err(), "{bad}");
     }
 
     #[test]

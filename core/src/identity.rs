@@ -73,6 +73,14 @@ impl Serialize for Fingerprint {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Fingerprint {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Fingerprint::from_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom("not a sha256 fingerprint (64 hex digits)"))
+    }
+}
+
 /// A node's data-plane identity material: 1 byte to 16 KiB, validated when
 /// made. Only its fingerprint is ever shown.
 #[derive(Clone, PartialEq, Eq)]

@@ -105,6 +105,14 @@ macro_rules! string_id {
                 serializer.serialize_str(&self.0)
             }
         }
+
+        /// Checked as [`Self::new`] checks it.
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                Self::new(&text).map_err(serde::de::Error::custom)
+            }
+        }
     };
 }
 
@@ -126,7 +134,9 @@ string_id!(
 
 /// The number of one `PoolReady`: 1, 2, … per gate, never reused, so a
 /// token from an earlier readiness cannot commit a plan (SPEC §2–3).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct Epoch(pub u64);
 

@@ -184,7 +184,9 @@ impl fmt::Display for FaultReason {
 }
 
 /// Why a view changed, as `readiness_lost` and `run_faulted` report it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, serde::Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// The orchestrator forgot the node.

@@ -70,3 +70,9 @@ impl Serialize for Time {
         serializer.serialize_u64(self.as_millis())
     }
 }
+
+impl<'de> serde::Deserialize<'de> for Time {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        u64::deserialize(deserializer).map(Time::from_millis)
+    }
+}
