@@ -17,6 +17,24 @@ use crate::live::swim::SwimSettings;
 use toml::Spanned;
 
 /// A checked configuration.
+///
+/// ```
+/// use poolgate::Config;
+///
+/// let config = Config::parse(
+///     "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\", \"node-2\"]\n\
+///      [readiness]\nconvergence_window = \"5s\"\n",
+///     "config.toml",
+/// )
+/// .unwrap();
+/// assert_eq!(config.pool.members().len(), 2);
+/// assert_eq!(config.convergence_window, std::time::Duration::from_secs(5));
+///
+/// // A mistake is an error that names the key and the line.
+/// let wrong = Config::parse("[pool]\nid = \"p\"\nmembers = [\"n\"]\n[readiness]\nconvergence_window = \"soon\"\n", "config.toml");
+/// let message = wrong.unwrap_err().to_string();
+/// assert!(message.contains("readiness.convergence_window"), "{message}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// `[pool]`: the candidate pool.

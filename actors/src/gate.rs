@@ -98,6 +98,54 @@ pub struct ReadyProof {
 pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 
 /// The handle of a running gate. Cheap to clone.
+///
+/// Start it inside an actix `System`, feed it facts, and plan on the proof
+/// it gives:
+///
+/// ```
+/// use std::time::Duration;
+/// use poolgate_actors::core::{
+///     AgentReport, Event, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy,
+///     PoolDefinition, PoolId, RegistryFact, RunId, SwimState,
+/// };
+/// use poolgate_actors::{Gate, GateSettings};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let node = NodeId::new("node-1")?;
+/// let settings = GateSettings {
+///     definition: PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?,
+///     window: Duration::from_millis(20),
+///     policy: PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None },
+///     durable: None,
+///     record: None,
+/// };
+/// actix::System::new().block_on(async move {
+///     let gate = Gate::start(settings);
+///     let mut events = gate.subscribe();
+///     gate.registry(RegistryFact::Known { node: node.clone() }).await?;
+///     let alive = MembershipUpdate { node: node.clone(), state: SwimState::Alive, incarnation: 1 };
+///     gate.membership(alive).await?;
+///     gate.agent(AgentReport::Available { node: node.clone() }).await?;
+///     gate.identity(node.clone(), b"data-plane key".to_vec()).await?;
+///     // Every fact held still for the window: the proof to plan on.
+///     let ready = gate.wait_ready().await?;
+///     let run = RunId::new("run-1")?;
+///     gate.begin_planning(run.clone(), Some(ready.epoch)).await?;
+///     gate.commit_plan(run.clone(), vec![node.clone()], Some(ready.epoch)).await?;
+///     // The node is suspected: the committed run faults.
+///     let suspect = MembershipUpdate { node: node.clone(), state: SwimState::Suspect, incarnation: 1 };
+///     gate.membership(suspect).await?;
+///     loop {
+///         match events.recv().await {
+///             Some(Event::RunFaulted { run: faulted, .. }) => break assert_eq!(faulted, run),
+///             Some(_) => continue,
+///             None => panic!("the gate stopped"),
+///         }
+///     }
+///     Ok::<(), Box<dyn std::error::Error>>(())
+/// })
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Gate {
     pool: Addr<PoolActor>,

@@ -17,6 +17,34 @@ pub struct StoreError(pub String);
 
 /// Keeps the gate's durable state.
 ///
+/// A store of one's own, here in memory (a database or etcd would keep
+/// the same [`Durable`], which is serde):
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use poolgate_actors::core::Durable;
+/// use poolgate_actors::{DurableSettings, StateStore, StoreError};
+///
+/// #[derive(Debug, Default)]
+/// struct InMemory(Mutex<Durable>);
+///
+/// impl StateStore for InMemory {
+///     fn save(&self, state: &Durable) -> Result<(), StoreError> {
+///         *self.0.lock().map_err(|e| StoreError(e.to_string()))? = state.clone();
+///         Ok(())
+///     }
+/// }
+///
+/// let store = Arc::new(InMemory::default());
+/// let durable = DurableSettings {
+///     store: store.clone(),
+///     restored: Durable::default(), // what the store held at start
+///     restore_grace: std::time::Duration::from_secs(30),
+/// };
+/// // GateSettings { durable: Some(durable), .. }
+/// # drop(durable);
+/// ```
+///
 /// The pool actor calls `save` off the actors' thread (a blocking-pool
 /// thread, one write at a time, in order) and handles nothing else until
 /// it returns, so a slow disk delays the gate's next decision but never

@@ -22,6 +22,24 @@ pub enum AbortReason {
 }
 
 /// One event of the gate. Each carries the instant it happened at; as JSON
+/// it is a line of the replay format, and reads back:
+///
+/// ```
+/// use poolgate_core::{Event, Reason};
+///
+/// let line = r#"{"event":"run_faulted","at_ms":1500,"run":"run-1","node":"node-2","reason":"suspect"}"#;
+/// let event: Event = serde_json::from_str(line).unwrap();
+/// match &event {
+///     Event::RunFaulted { node, reason, .. } => {
+///         assert_eq!(node.as_str(), "node-2");
+///         assert_eq!(*reason, Reason::Suspect);
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// assert_eq!(event.name(), "run_faulted");
+/// assert_eq!(serde_json::to_string(&event).unwrap(), line);
+/// ```
+///
 /// it is the replay format's event line (SPEC §5), read back the same
 /// (ids checked as when made).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]

@@ -44,6 +44,45 @@ use super::LiveError;
 use crate::config::{Config, SwimConfig};
 
 /// The orchestrator's live side: gate, SWIM member, agent listener.
+///
+/// ```no_run
+/// use poolgate::live::Orchestrator;
+/// use poolgate::Config;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::load("config.toml".as_ref())?;
+/// actix::System::new().block_on(async move {
+///     let live = Orchestrator::start(&config).await?;
+///     let mut events = live.gate.subscribe();
+///     while let Some(event) = events.recv().await {
+///         println!("{}", serde_json::to_string(&event)?);
+///     }
+///     live.shutdown();
+///     Ok::<(), Box<dyn std::error::Error>>(())
+/// })
+/// # }
+/// ```
+///
+/// Started on loopback with no keys (a test):
+///
+/// ```
+/// use poolgate::live::Orchestrator;
+/// use poolgate::Config;
+///
+/// let config = Config::parse(
+///     "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"1s\"\n\
+///      [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n",
+///     "inline",
+/// )
+/// .unwrap();
+/// actix::System::new().block_on(async move {
+///     let live = Orchestrator::start(&config).await.unwrap();
+///     assert!(live.agents_addr.port() != 0);
+///     let report = live.gate.report().await.unwrap();
+///     assert_eq!(report.candidates.len(), 1);
+///     live.shutdown();
+/// });
+/// ```
 pub struct Orchestrator {
     /// The gate, fed by SWIM and the agents.
     pub gate: Gate,
