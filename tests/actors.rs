@@ -773,13 +773,19 @@ fn gate_start_outside_a_system_panics_saying_so() {
 }
 
 #[test]
-fn absurd_durations_built_in_code_never_stop_the_gate() {
+fn absurd_durations_built_in_code_are_refused_and_the_longest_allowed_works() {
     // Embedder: a window of Duration::MAX overflowed an Instant inside the
     // pool actor, which stayed dead (every call `Stopped`).
     on_virtual_time(async {
         let mut settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
         settings.window = std::time::Duration::MAX;
-        let gate = Gate::start(settings);
+        assert!(matches!(
+            Gate::try_start(settings.clone()),
+            Err(GateError::InvalidSettings(_))
+        ));
+        // The longest window allowed: a timer that far out, no panic.
+        settings.window = poolgate_actors::MAX_SETTING;
+        let gate = Gate::try_start(settings).unwrap();
         make_ready(&gate, "a").await;
         advance_to(&gate, 10_000).await;
         let report = gate.report().await.unwrap();
@@ -823,5 +829,26 @@ fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
             report.phase
         );
         assert!(!names(&drain(&mut events)).contains(&"pool_ready"));
+    });
+}
+
+#[test]
+fn settings_built_in_code_are_checked_as_parsed_ones_are() {
+    // Issue 21: a wait_timeout of 1 ms, shorter than the window, was taken.
+    on_virtual_time(async {
+        let base = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+        let mut short_wait = base.clone();
+        short_wait.policy.wait_timeout = Some(std::time::Duration::from_millis(1));
+        let mut no_window = base.clone();
+        no_window.window = std::time::Duration::ZERO;
+        for bad in [short_wait, no_window] {
+            let refused = Gate::try_start(bad);
+            assert!(
+                matches!(&refused, Err(GateError::InvalidSettings(_))),
+                "{:?}",
+                refused.err()
+            );
+        }
+        assert!(Gate::try_start(base).is_ok());
     });
 }

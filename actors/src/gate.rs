@@ -56,6 +56,9 @@ pub enum GateError {
     /// The gate's actors have stopped (the `System` is shutting down).
     #[error("the gate has stopped")]
     Stopped,
+    /// The settings are not valid (see [`GateSettings::check`]).
+    #[error("invalid gate settings: {0}")]
+    InvalidSettings(String),
     /// [`Gate::try_start`] was called outside a running actix `System`.
     #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
     NoSystem,
@@ -71,6 +74,7 @@ impl GateError {
             GateError::InvalidPool(_) => "invalid_pool",
             GateError::Stopped => "stopped",
             GateError::NoSystem => "no_system",
+            GateError::InvalidSettings(_) => "invalid_settings",
         }
     }
 }
@@ -160,7 +164,8 @@ impl Gate {
     /// # Panics
     ///
     /// Outside a running actix `System`, with [`GateError::NoSystem`]'s
-    /// words; [`Gate::try_start`] returns that error instead.
+    /// words, and on settings [`GateSettings::check`] refuses;
+    /// [`Gate::try_start`] returns those errors instead.
     pub fn start(settings: GateSettings) -> Gate {
         match Gate::try_start(settings) {
             Ok(gate) => gate,
@@ -169,8 +174,10 @@ impl Gate {
     }
 
     /// Starts the gate's actors on the current actix `System`, or says
-    /// there is none ([`GateError::NoSystem`]).
+    /// why not: settings that are not valid ([`GateError::InvalidSettings`],
+    /// checked as `config.toml` is), or no `System` ([`GateError::NoSystem`]).
     pub fn try_start(settings: GateSettings) -> Result<Gate, GateError> {
+        settings.check().map_err(GateError::InvalidSettings)?;
         if actix::System::try_current().is_none() {
             return Err(GateError::NoSystem);
         }

@@ -53,6 +53,42 @@ pub struct GateSettings {
     pub record: Option<Recording>,
 }
 
+/// The longest duration a setting takes (as `config.toml` refuses longer).
+pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl GateSettings {
+    /// Checks settings built in code as `config.toml`'s are checked: the
+    /// window and the restore grace longer than zero, whole milliseconds,
+    /// at most 365 days; a wait timeout longer than the window.
+    pub fn check(&self) -> Result<(), String> {
+        let span = |what: &str, d: Duration| {
+            if d.is_zero() {
+                Err(format!("{what} must be longer than zero"))
+            } else if d > MAX_SETTING {
+                Err(format!("{what} of {d:?} is longer than 365 days"))
+            } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
+                Err(format!("{what} must be a whole number of milliseconds"))
+            } else {
+                Ok(())
+            }
+        };
+        span("the convergence window", self.window)?;
+        if let Some(wait) = self.policy.wait_timeout {
+            span("the wait timeout", wait)?;
+            if wait <= self.window {
+                return Err(format!(
+                    "the wait timeout ({wait:?}) must be longer than the convergence window ({:?})",
+                    self.window
+                ));
+            }
+        }
+        if let Some(durable) = &self.durable {
+            span("the restore grace", durable.restore_grace)?;
+        }
+        Ok(())
+    }
+}
+
 /// The epoch an event held back by [`PoolActor::hold_untold`] tells.
 fn untold_epoch(event: &Event) -> Option<Epoch> {
     match event {
