@@ -1,6 +1,45 @@
 //! poolgate: the membership and pool-readiness gate of a distributed-run
 //! orchestrator, as an actix actor subsystem.
 //!
+//! # Start here
+//!
+//! Depend on it without the command line (`poolgate = { version = "0.1",
+//! default-features = false }`), load a configuration, start the gate
+//! inside an actix `System`, feed it what membership, the registry and the
+//! node agents say, and plan only on the proof it gives:
+//!
+//! ```
+//! use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, RunId, SwimState};
+//! use poolgate::{Config, Gate};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::parse(
+//!     "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n\
+//!      [readiness]\nconvergence_window = \"20ms\"\n",
+//!     "config.toml",
+//! )?;
+//! actix::System::new().block_on(async move {
+//!     let gate = Gate::try_start(config.gate_settings())?;
+//!     let node = NodeId::new("node-1")?;
+//!     gate.registry(RegistryFact::Known { node: node.clone() }).await?;
+//!     let alive = MembershipUpdate { node: node.clone(), state: SwimState::Alive, incarnation: 1 };
+//!     gate.membership(alive).await?;
+//!     gate.agent(AgentReport::Available { node: node.clone() }).await?;
+//!     gate.identity(node.clone(), b"data-plane key".to_vec()).await?;
+//!     let ready = gate.wait_ready().await?;
+//!     let run = RunId::new("run-1")?;
+//!     gate.begin_planning(run.clone(), Some(ready.epoch)).await?;
+//!     gate.commit_plan(run.clone(), vec![node], Some(ready.epoch)).await?;
+//!     gate.finish_run(run).await?;
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
+//!
+//! With SWIM and the node agents for real, [`live::Orchestrator`] starts
+//! the gate, a SWIM member and the agent listener from the same
+//! configuration; [`Gate::subscribe`] gives the events as they happen.
+//!
 //! # Layout
 //!
 //! - `poolgate_core` (the `core/` crate): the decisions, as pure state
