@@ -476,6 +476,11 @@ impl Actor for SwimMember {
     /// (where probes are answered and timers fire).
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(DATAGRAM_QUEUE);
+        if tokio::runtime::Handle::try_current().is_err() {
+            // First run while its System is being dropped (stopped right
+            // after start): no timers can be set, and nothing to do.
+            return ctx.stop();
+        }
         ctx.run_interval(RECONCILE_EVERY, |member, ctx| {
             if member.sink.is_some() {
                 member.reconcile();
