@@ -35,3 +35,38 @@ fn a_system_dropped_right_after_an_orchestrator_started_panics_nowhere() {
     }
     assert_eq!(panics.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn settings_built_in_code_that_the_config_file_would_refuse_are_errors_not_panics() {
+    // Embedder: max_connections = 0 closed every connection at once; a
+    // wait timeout below the window was taken; a window of Duration::MAX
+    // killed the pool actor.
+    let base = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"1s\"\n\
+         [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n",
+        "inline",
+    )
+    .unwrap();
+    let mut no_slots = base.clone();
+    no_slots.agents.max_connections = 0;
+    let mut no_label = base.clone();
+    no_label.swim.label = String::new();
+    let mut short_wait = base.clone();
+    short_wait.planning.wait_timeout = Some(std::time::Duration::from_millis(1));
+    let mut endless = base.clone();
+    endless.convergence_window = std::time::Duration::MAX;
+    for (config, says) in [
+        (no_slots, "agents.max_connections"),
+        (no_label, "swim.label"),
+        (short_wait, "wait timeout"),
+        (endless, "365 days"),
+    ] {
+        actix::System::new().block_on(async move {
+            let started = Orchestrator::start(&config).await;
+            let Err(error) = started else {
+                panic!("started with a setting the config file refuses ({says})");
+            };
+            assert!(error.to_string().contains(says), "{error}");
+        });
+    }
+}

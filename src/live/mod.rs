@@ -56,6 +56,14 @@ pub enum LiveError {
         "swim.advertise: the SWIM address {0} is unspecified, so other members cannot reach it; set [swim] advertise = \"host:port\" to the address they reach this member at"
     )]
     Unadvertised(std::net::SocketAddr),
+    /// A setting built in code that `config.toml` would refuse.
+    #[error("{key}: {message}")]
+    Setting {
+        /// The configuration key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A hostname in the configuration did not resolve.
     #[error("{key}: {message}")]
     Resolve {

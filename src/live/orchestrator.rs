@@ -131,7 +131,8 @@ impl Orchestrator {
         let keyring = keyring(&config.swim)?;
         let (mut settings, store) = config.gate_settings_with_store(None)?;
         settings.record = record;
-        let gate = Gate::start(settings);
+        check_live(config)?;
+        let gate = Gate::try_start(settings)?;
         for node in config.pool.members() {
             if !config.registry.contains_key(node) {
                 tracing::warn!(%node, "pool member is not in [registry]: its frames will be refused and the pool can never be ready");
@@ -301,6 +302,56 @@ async fn keep_sequences(
             }
         }
     }
+}
+
+/// The live settings a `Config` built in code may hold that `config.toml`
+/// would refuse (the gate's own are checked by [`Gate::try_start`]).
+fn check_live(config: &Config) -> Result<(), LiveError> {
+    let wrong = |key, message: &str| {
+        Err(LiveError::Setting {
+            key,
+            message: message.to_string(),
+        })
+    };
+    let agents = &config.agents;
+    if !(1..=1_000_000).contains(&agents.max_connections) {
+        return wrong("agents.max_connections", "must be 1 to 1,000,000");
+    }
+    if agents.idle_timeout.is_zero() {
+        return wrong("agents.idle_timeout", "must be longer than zero");
+    }
+    let label = &config.swim.label;
+    if label.is_empty() || label.len() > 128 || label.chars().any(char::is_control) {
+        return wrong(
+            "swim.label",
+            "must be 1 to 128 characters, none a control character",
+        );
+    }
+    let timings = &config.swim.timings;
+    if timings.probe_period.is_zero()
+        || timings.probe_rtt.is_zero()
+        || timings.suspicion_timeout.is_zero()
+    {
+        return wrong(
+            "swim",
+            "probe_period, probe_rtt and suspicion_timeout must be longer than zero",
+        );
+    }
+    if timings.probe_rtt >= timings.probe_period {
+        return wrong("swim.probe_rtt", "must be shorter than swim.probe_period");
+    }
+    let longest = crate::config::MAX_DURATION;
+    if [
+        timings.probe_period,
+        timings.suspicion_timeout,
+        agents.idle_timeout,
+    ]
+    .iter()
+    .any(|d| *d > longest)
+    {
+        return wrong("swim", "no duration may exceed 365 days");
+    }
+    Ok(())
 }
 
 /// How a node's last sequence is stored: `node@<key id>`, so that it
