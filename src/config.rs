@@ -408,9 +408,12 @@ pub const HEARTBEATS_MISSED: u32 = 3;
 /// SWIM says, for about 700 bytes a second per node (BENCHMARKS.md).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(500);
 
-/// The longest duration any key takes: a timer set further out could not
-/// be represented on some clocks (and no setting here needs a year).
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// What is wrong with `label` as `[swim] label`, if anything (the one rule
+/// for parsed and built configurations).
+pub fn label_problem(label: &str) -> Option<&'static str> {
+    (label.is_empty() || label.len() > 128 || label.chars().any(char::is_control))
+        .then_some("must be 1 to 128 bytes with no control characters")
+}
 
 impl NodeConfig {
     /// Reads and checks a node configuration; relative paths are from the
@@ -629,18 +632,8 @@ impl<'a> Doc<'a> {
                 format!("`{text}` is not a duration ({e}); write e.g. \"5s\""),
             )
         })?;
-        if duration.is_zero() {
-            return Err(self.error(span, key, "must be longer than zero"));
-        }
-        if duration > MAX_DURATION {
-            return Err(self.error(
-                span,
-                key,
-                format!("`{text}` is longer than any timer here can wait (at most 365 days)"),
-            ));
-        }
-        if duration.subsec_nanos() % 1_000_000 != 0 {
-            return Err(self.error(span, key, "must be a whole number of milliseconds"));
+        if let Some(problem) = poolgate_actors::duration_problem(duration) {
+            return Err(self.error(span, key, format!("`{text}` {problem}")));
         }
         Ok((duration, span))
     }
@@ -675,12 +668,8 @@ impl<'a> Doc<'a> {
         }
         if let Some(value) = table.get("label") {
             let (label, span) = self.string(value, "swim.label")?;
-            if label.is_empty() || label.len() > 128 || label.chars().any(char::is_control) {
-                return Err(self.error(
-                    span,
-                    "swim.label",
-                    "must be 1 to 128 bytes with no control characters",
-                ));
+            if let Some(problem) = label_problem(&label) {
+                return Err(self.error(span, "swim.label", problem));
             }
             swim.label = label;
         }

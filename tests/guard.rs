@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::live::live_for;
+use common::procs::{sleeping, until_sleeping};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use poolgate::live::cluster::{ClusterPlan, LocalCluster};
@@ -317,32 +318,18 @@ fn a_hung_health_check_leaves_no_process_behind() {
         "-c".into(),
         format!("sleep 300 {marker}; true"),
     ]);
-    let count = |marker: &str| {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-            .filter(|cmdline| {
-                let text = String::from_utf8_lossy(cmdline);
-                text.starts_with("sleep\0") && text.contains(marker)
-            })
-            .count()
-    };
     live_for(LIMIT, async {
         let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
         cluster.spawn(0).unwrap();
         // Ten intervals: ten checks started and stopped.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let running = count(&marker);
+        let running = sleeping(&marker);
         cluster.kill(0);
         assert!(running <= 2, "{running} sleeps of hung checks left");
     });
     // The node's last check goes with the node.
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    while count(&marker) > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(count(&marker), 0, "a check outlived its node");
+    let left = until_sleeping(&marker, 0, Duration::from_secs(8));
+    assert_eq!(left, 0, "a check outlived its node");
 }
 
 /// The children of process `pid`.
@@ -512,19 +499,6 @@ fn a_restored_run_in_the_way_is_said_at_once_even_on_a_pool_that_is_not_ready() 
         );
         let _ = std::fs::remove_dir_all(&dir);
     });
-}
-
-/// How many `sleep` processes with `marker` in their arguments run.
-fn sleeping(marker: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|cmdline| {
-            let text = String::from_utf8_lossy(cmdline);
-            text.starts_with("sleep\0") && text.contains(marker)
-        })
-        .count()
 }
 
 #[test]

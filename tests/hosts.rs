@@ -7,12 +7,15 @@
 
 #[path = "common/deploy.rs"]
 mod deploy;
+#[path = "common/procs.rs"]
+mod procs;
 #[path = "common/rig.rs"]
 mod rig;
 
 use std::time::{Duration, Instant};
 
 use deploy::{Deployment, Options};
+use procs::until_sleeping;
 use rig::{Process, Rig};
 
 /// Long enough for a cold start (SWIM join, announcements, the window).
@@ -501,31 +504,6 @@ fn nodes_come_back_to_a_restarted_orchestrator_while_its_standby_is_down() {
     first.kill();
     let mut again = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
     ready(&mut again);
-}
-
-/// How many `sleep` processes with `marker` in their arguments run (in any
-/// of the rig's hosts: /proc shows them all).
-fn sleeping(marker: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-                .filter(|cmdline| {
-                    let text = String::from_utf8_lossy(cmdline);
-                    text.starts_with("sleep\0") && text.contains(marker)
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
-fn until_sleeping(marker: &str, count: usize, within: Duration) -> usize {
-    let deadline = std::time::Instant::now() + within;
-    while sleeping(marker) != count && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    sleeping(marker)
 }
 
 #[test]

@@ -46,7 +46,7 @@ mod failure_tests;
 pub use clock::Clock;
 pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
-pub use pool_actor::{GateSettings, MAX_SETTING};
+pub use pool_actor::{duration_problem, GateSettings, MAX_SETTING};
 pub use poolgate_core as core;
 pub use recording::Recording;
 pub use store::{DurableSettings, StateStore, StoreError};

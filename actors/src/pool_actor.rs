@@ -56,21 +56,28 @@ pub struct GateSettings {
 /// The longest duration a setting takes (as `config.toml` refuses longer).
 pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// What is wrong with `d` as a setting's duration, if anything: the one
+/// rule for durations built in code and parsed from `config.toml`.
+pub fn duration_problem(d: Duration) -> Option<&'static str> {
+    if d.is_zero() {
+        Some("must be longer than zero")
+    } else if d > MAX_SETTING {
+        Some("must be at most 365 days (no timer here waits longer)")
+    } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        Some("must be a whole number of milliseconds")
+    } else {
+        None
+    }
+}
+
 impl GateSettings {
     /// Checks settings built in code as `config.toml`'s are checked: the
     /// window and the restore grace longer than zero, whole milliseconds,
     /// at most 365 days; a wait timeout longer than the window.
     pub fn check(&self) -> Result<(), String> {
-        let span = |what: &str, d: Duration| {
-            if d.is_zero() {
-                Err(format!("{what} must be longer than zero"))
-            } else if d > MAX_SETTING {
-                Err(format!("{what} of {d:?} is longer than 365 days"))
-            } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
-                Err(format!("{what} must be a whole number of milliseconds"))
-            } else {
-                Ok(())
-            }
+        let span = |what: &str, d: Duration| match duration_problem(d) {
+            Some(problem) => Err(format!("{what} ({d:?}) {problem}")),
+            None => Ok(()),
         };
         span("the convergence window", self.window)?;
         if let Some(wait) = self.policy.wait_timeout {
@@ -119,8 +126,6 @@ pub(crate) struct PoolActor {
     /// Events that tell an epoch not yet stored, held back until it is
     /// (see [`PoolActor::hold_untold`]).
     untold: Vec<Event>,
-    /// Whether a write is to be tried again (see [`SAVE_RETRY`]).
-    retrying: bool,
     /// Whether the last write failed (its error is logged once).
     save_failing: bool,
     /// Until the first flush: its events are the start's (kept for the
@@ -164,7 +169,6 @@ impl PoolActor {
                 stored_epoch: settings.durable.as_ref().map(|d| d.restored.last_epoch),
                 store: settings.durable.map(|d| d.store),
                 untold: Vec::new(),
-                retrying: false,
                 save_failing: false,
                 at_start: true,
                 recording: settings.record,
@@ -256,7 +260,7 @@ impl PoolActor {
     /// first life's proof pass in the second. The end of such an epoch
     /// (`readiness_lost`) is not told either, with what it ends. The held
     /// events go out once a write succeeds ([`SAVE_RETRY`]).
-    fn hold_untold(&mut self, ctx: &mut Context<Self>) {
+    fn hold_untold(&mut self) {
         let Some(stored) = self.stored_epoch else {
             return;
         };
@@ -276,29 +280,22 @@ impl PoolActor {
             }
         }
         self.out = told;
-        if !self.untold.is_empty() && !self.retrying {
-            self.retrying = true;
-            ctx.run_later(SAVE_RETRY, |act, ctx| {
-                act.retrying = false;
-                if act.untold.is_empty() {
-                    return;
-                }
-                act.save_then(ctx, |act, ctx, saved| {
-                    if saved.is_err() {
-                        return act.hold_untold(ctx);
-                    }
-                    let now = act.clock.now();
-                    for mut event in std::mem::take(&mut act.untold) {
-                        if let Event::PoolReady { at, .. } = &mut event {
-                            // Ready for planning from now on, not before.
-                            *at = now;
-                        }
-                        act.out.push(event);
-                    }
-                    act.flush(ctx);
-                });
-            });
+    }
+
+    /// After a write succeeded again: the events held back for it go out.
+    fn release_untold(&mut self, ctx: &mut Context<Self>) {
+        if self.untold.is_empty() {
+            return;
         }
+        let now = self.clock.now();
+        for mut event in std::mem::take(&mut self.untold) {
+            if let Event::PoolReady { at, .. } = &mut event {
+                // Ready for planning from now on, not before.
+                *at = now;
+            }
+            self.out.push(event);
+        }
+        self.flush(ctx);
     }
 
     fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
@@ -373,7 +370,7 @@ impl PoolActor {
 
     /// The rest of [`PoolActor::flush`], once what must be stored is.
     fn publish_out(&mut self, ctx: &mut Context<Self>) {
-        self.hold_untold(ctx);
+        self.hold_untold();
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
         }
@@ -469,12 +466,16 @@ impl Actor for PoolActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.keep_recording_flushed(ctx);
-        // A write that failed (a run's end, say) is tried again until it
-        // succeeds; epochs held back for one have their own retry.
+        // A write that failed (an epoch, a run's end) is tried again until
+        // it succeeds; then what waited for it is told.
         if self.store.is_some() {
             ctx.run_interval(SAVE_RETRY, |act, ctx| {
-                if act.save_failing && act.untold.is_empty() {
-                    act.save_then(ctx, |_, _, _| {});
+                if act.save_failing {
+                    act.save_then(ctx, |act, ctx, saved| {
+                        if saved.is_ok() {
+                            act.release_untold(ctx);
+                        }
+                    });
                 }
             });
         }
@@ -506,7 +507,6 @@ impl actix::Supervised for PoolActor {
         // The old timers died with the old context; epochs held back for
         // a write are moot (readiness starts over).
         self.timer = TimerSlot::default();
-        self.retrying = false;
         self.untold.clear();
         self.out.clear();
         let now = self.applied_at(self.clock.now());

@@ -317,39 +317,23 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
     if !(1..=1_000_000).contains(&agents.max_connections) {
         return wrong("agents.max_connections", "must be 1 to 1,000,000");
     }
-    if agents.idle_timeout.is_zero() {
-        return wrong("agents.idle_timeout", "must be longer than zero");
-    }
-    let label = &config.swim.label;
-    if label.is_empty() || label.len() > 128 || label.chars().any(char::is_control) {
-        return wrong(
-            "swim.label",
-            "must be 1 to 128 characters, none a control character",
-        );
+    if let Some(problem) = crate::config::label_problem(&config.swim.label) {
+        return wrong("swim.label", problem);
     }
     let timings = &config.swim.timings;
-    if timings.probe_period.is_zero()
-        || timings.probe_rtt.is_zero()
-        || timings.suspicion_timeout.is_zero()
-    {
-        return wrong(
-            "swim",
-            "probe_period, probe_rtt and suspicion_timeout must be longer than zero",
-        );
+    let durations = [
+        ("swim.probe_period", timings.probe_period),
+        ("swim.probe_rtt", timings.probe_rtt),
+        ("swim.suspicion_timeout", timings.suspicion_timeout),
+        ("agents.idle_timeout", agents.idle_timeout),
+    ];
+    for (key, d) in durations {
+        if let Some(problem) = poolgate_actors::duration_problem(d) {
+            return wrong(key, problem);
+        }
     }
     if timings.probe_rtt >= timings.probe_period {
         return wrong("swim.probe_rtt", "must be shorter than swim.probe_period");
-    }
-    let longest = crate::config::MAX_DURATION;
-    if [
-        timings.probe_period,
-        timings.suspicion_timeout,
-        agents.idle_timeout,
-    ]
-    .iter()
-    .any(|d| *d > longest)
-    {
-        return wrong("swim", "no duration may exceed 365 days");
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod live;
+pub mod procs;
 
 use std::future::Future;
 use std::time::Duration;
