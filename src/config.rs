@@ -353,7 +353,7 @@ impl Config {
     ) -> Result<
         (
             GateSettings,
-            Option<std::sync::Arc<crate::state::RedbStore>>,
+            Option<std::sync::Arc<dyn crate::state::OrchestratorStore>>,
         ),
         crate::state::StateError,
     > {
@@ -361,7 +361,7 @@ impl Config {
         let Some(path) = path.or(self.state.path.as_deref()) else {
             return Ok((settings, None));
         };
-        let (store, restored) = crate::state::RedbStore::open(path)?;
+        let (store, restored) = open_file_store(path)?;
         settings.durable = Some(poolgate_actors::DurableSettings {
             store: store.clone(),
             restored,
@@ -369,6 +369,23 @@ impl Config {
         });
         Ok((settings, Some(store)))
     }
+}
+
+/// The state file at `path`, opened (redb).
+#[cfg(feature = "redb")]
+fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::StateError> {
+    let (store, restored) = crate::state::RedbStore::open(path)?;
+    Ok((store, restored))
+}
+
+/// Without the `redb` feature there is no file store: an error naming
+/// the file, never a gate that forgets.
+#[cfg(not(feature = "redb"))]
+fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::StateError> {
+    Err(crate::state::StateError {
+        file: path.display().to_string(),
+        what: "[state] path needs poolgate built with the `redb` feature".into(),
+    })
 }
 
 /// `node.toml`: one node agent (`poolgate node`, SPEC §7).

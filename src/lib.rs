@@ -74,6 +74,7 @@
 
 pub mod config;
 pub mod live;
+#[cfg(feature = "replay")]
 pub mod replay;
 #[cfg(feature = "cli")]
 pub mod sim;

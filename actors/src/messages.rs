@@ -192,7 +192,7 @@ pub enum RunStatus {
 }
 
 /// Failures a test can inject into a node actor.
-#[cfg(any(test, feature = "fault-injection"))]
+#[cfg(test)]
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub enum InjectFault {
@@ -203,7 +203,7 @@ pub enum InjectFault {
 }
 
 /// Failures a test can inject into the pool actor.
-#[cfg(any(test, feature = "fault-injection"))]
+#[cfg(test)]
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub enum InjectPoolFault {

@@ -79,7 +79,7 @@ impl NodeActor {
     }
 }
 
-#[cfg(any(test, feature = "fault-injection"))]
+#[cfg(test)]
 impl Handler<crate::messages::InjectFault> for NodeActor {
     type Result = ();
 

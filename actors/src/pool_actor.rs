@@ -521,7 +521,7 @@ impl actix::Supervised for PoolActor {
     }
 }
 
-#[cfg(any(test, feature = "fault-injection"))]
+#[cfg(test)]
 impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 

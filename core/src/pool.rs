@@ -118,6 +118,33 @@ pub struct CandidateSummary {
     pub detail: NodeDetail,
 }
 
+impl CandidateSummary {
+    /// What blocks the candidate, in words (`not_live (never seen) +
+    /// no_identity`; empty when ready): the status answer's and the
+    /// explainer's detail.
+    pub fn blockers_in_words(&self) -> String {
+        self.verdict
+            .blockers()
+            .map(|b| match (b.as_str(), &self.detail) {
+                ("suspect", d) => match d.membership {
+                    Membership::Seen { incarnation, .. } => format!("suspect (inc {incarnation})"),
+                    Membership::NeverSeen => "suspect".to_string(),
+                },
+                ("not_live", d) => match d.membership {
+                    Membership::Seen { state, .. } => format!("not_live ({state})"),
+                    Membership::NeverSeen => "not_live (never seen)".to_string(),
+                },
+                ("faulted", d) => match &d.fault {
+                    Some(reason) => format!("faulted ({reason})"),
+                    None => "faulted".to_string(),
+                },
+                (name, _) => name.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+}
+
 /// Where the pool stands.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum PoolPhase {
@@ -375,11 +402,6 @@ impl PoolReadiness {
     /// Whether `node` is a candidate.
     pub fn is_candidate(&self, node: &NodeId) -> bool {
         self.by_id.contains_key(node)
-    }
-
-    /// The slot of a candidate.
-    pub fn key_of(&self, node: &NodeId) -> Option<SlotKey> {
-        self.by_id.get(node).copied()
     }
 
     /// How many candidates there are, and how many of them are not ready.

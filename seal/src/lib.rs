@@ -48,11 +48,6 @@ impl Sealer {
         }
     }
 
-    /// Whether datagrams are sealed at all.
-    pub fn seals(&self) -> bool {
-        !self.ciphers.is_empty()
-    }
-
     /// Seals `plaintext` with `nonce` (random, never reused under a key),
     /// or passes it through with no keys.
     pub fn seal(&self, plaintext: &[u8], nonce: [u8; NONCE]) -> Vec<u8> {

@@ -86,8 +86,9 @@ use crate::config::{Config, SwimConfig};
 pub struct Orchestrator {
     /// The gate, fed by SWIM and the agents.
     pub gate: Gate,
-    /// The orchestrator's SWIM member.
-    pub swim: Addr<SwimMember>,
+    /// The orchestrator's SWIM member (an actix address: not part of the
+    /// API).
+    swim: Addr<SwimMember>,
     /// The UDP address the SWIM member answers on (the nodes' seed).
     pub swim_addr: SocketAddr,
     /// The TCP address the agent listener accepts on.
@@ -271,7 +272,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 async fn keep_sequences(
-    store: Arc<crate::state::RedbStore>,
+    store: Arc<dyn crate::state::OrchestratorStore>,
     nodes: Arc<Mutex<Nodes>>,
     registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
 ) {

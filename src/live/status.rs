@@ -27,7 +27,6 @@ use tokio::io::AsyncWriteExt;
 
 use super::wire;
 use crate::config::Config;
-use crate::replay::explain::blockers;
 
 /// The longest status answer read, in bytes.
 pub const MAX_STATUS: usize = 16 * 1024 * 1024;
@@ -68,7 +67,7 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
                 "since_ms": c.since.as_millis(),
             });
             if !c.verdict.is_ready() {
-                entry["detail"] = Value::String(blockers(c));
+                entry["detail"] = Value::String(c.blockers_in_words());
             }
             entry
         })

@@ -333,11 +333,6 @@ impl Keyring {
         Keyring(poolgate_seal::Sealer::new(&bytes, label))
     }
 
-    /// Whether datagrams are sealed at all.
-    pub fn seals(&self) -> bool {
-        self.0.seals()
-    }
-
     /// Seals a datagram under a random nonce (or passes it through with no
     /// keys).
     pub fn seal(&self, plaintext: &[u8]) -> Vec<u8> {

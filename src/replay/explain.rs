@@ -10,9 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use poolgate_actors::core::{
-    Event, LastChange, Membership, NodeId, PoolPhase, PoolReport, Reason, Time,
-};
+use poolgate_actors::core::{Event, LastChange, NodeId, PoolPhase, PoolReport, Reason, Time};
 
 /// Follows the reports and events of one replay.
 #[derive(Debug, Default)]
@@ -42,7 +40,7 @@ impl Explainer {
         for candidate in report.candidates.iter().filter(|c| !c.verdict.is_ready()) {
             still.insert(
                 candidate.node.clone(),
-                (candidate.since, blockers(candidate)),
+                (candidate.since, candidate.blockers_in_words()),
             );
         }
         // Those no longer blocked (ready, or no longer candidates) end here.
@@ -114,30 +112,6 @@ impl Explainer {
     }
 }
 
-/// What blocks `candidate`, in words (`not_live (never seen) + no_identity`).
-pub fn blockers(candidate: &poolgate_actors::core::CandidateSummary) -> String {
-    candidate
-        .verdict
-        .blockers()
-        .map(|b| match (b.as_str(), &candidate.detail) {
-            ("suspect", d) => match d.membership {
-                Membership::Seen { incarnation, .. } => format!("suspect (inc {incarnation})"),
-                Membership::NeverSeen => "suspect".to_string(),
-            },
-            ("not_live", d) => match d.membership {
-                Membership::Seen { state, .. } => format!("not_live ({state})"),
-                Membership::NeverSeen => "not_live (never seen)".to_string(),
-            },
-            ("faulted", d) => match &d.fault {
-                Some(reason) => format!("faulted ({reason})"),
-                None => "faulted".to_string(),
-            },
-            (name, _) => name.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(" + ")
-}
-
 /// The pool's state in words: forming with its blockers, converging with
 /// its deadline, or ready with its epoch.
 pub fn state_line(report: &PoolReport) -> String {
@@ -156,7 +130,7 @@ pub fn state_line(report: &PoolReport) -> String {
                 .candidates
                 .iter()
                 .filter(|c| !c.verdict.is_ready())
-                .map(|c| format!("{} {} (since {})", c.node, blockers(c), c.since))
+                .map(|c| format!("{} {} (since {})", c.node, c.blockers_in_words(), c.since))
                 .collect();
             format!("{} forming: {}", report.pool, blocked.join(", "))
         }

@@ -12,19 +12,15 @@
 //! still come, then written.
 
 use std::io;
-#[cfg(feature = "replay")]
 use std::io::{BufRead, Write};
-#[cfg(feature = "replay")]
 use std::time::Duration;
 
 use poolgate_actors::core::{Event, Time};
 use serde::Serialize;
 
 use poolgate_actors::GateError;
-#[cfg(feature = "replay")]
 use poolgate_actors::{EventStream, Gate};
 
-#[cfg(feature = "replay")]
 use crate::config::Config;
 
 pub mod explain;
@@ -32,19 +28,14 @@ pub mod render;
 pub mod scenario;
 pub mod timeline;
 
-#[cfg(feature = "replay")]
 use explain::Explainer;
 use scenario::BadLine;
-#[cfg(feature = "replay")]
 use scenario::{parse_record, parse_settings, ScenarioReader};
-#[cfg(feature = "replay")]
 use timeline::Timeline;
 
-#[cfg(feature = "replay")]
 const MILLISECOND: Duration = Duration::from_millis(1);
 
 /// Moves of the clock longer than this jump instead of stepping.
-#[cfg(feature = "replay")]
 const LONG_MOVE: Duration = Duration::from_secs(60);
 
 /// A command or observation the gate refused, as the replay reports it.
@@ -129,7 +120,6 @@ pub enum ReplayError {
 /// Replays `input` and writes each event to `out` as a line: JSON (SPEC
 /// §5), or readable text (`human`). Returns the timeline when
 /// `options.timeline` is set.
-#[cfg(feature = "replay")]
 pub fn to_writer<R: BufRead, W: Write>(
     config: &Config,
     input: R,
@@ -151,7 +141,6 @@ pub fn to_writer<R: BufRead, W: Write>(
 
 /// Replays `input` through a fresh gate built from `config`, on a virtual
 /// clock, handing each event to `sink` in time order.
-#[cfg(feature = "replay")]
 pub fn run<R, S>(config: &Config, input: R, sink: S) -> Result<(), ReplayError>
 where
     R: BufRead,
@@ -161,7 +150,6 @@ where
 }
 
 /// As [`run`], with options.
-#[cfg(feature = "replay")]
 pub fn run_with<R, S>(
     config: &Config,
     input: R,
@@ -176,7 +164,6 @@ where
 }
 
 /// As [`run_with`]; returns the timeline when `options.timeline` is set.
-#[cfg(feature = "replay")]
 pub fn run_with_timeline<R, S>(
     config: &Config,
     input: R,
@@ -229,7 +216,6 @@ where
     result
 }
 
-#[cfg(feature = "replay")]
 struct Replay<S> {
     gate: Gate,
     events: EventStream,
@@ -239,7 +225,6 @@ struct Replay<S> {
     sink: S,
 }
 
-#[cfg(feature = "replay")]
 impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
     async fn drive<R: BufRead>(
         &mut self,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use foca::{AccumulatingRuntime, Foca, OwnedNotification, State, Timer};
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, Timer};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -505,17 +505,6 @@ impl Network {
     /// How many members member `index` counts as active.
     pub fn active_members(&self, index: usize) -> usize {
         self.members.get(index).map_or(0, |m| m.foca.num_members())
-    }
-
-    /// How many members `index` holds as suspect right now (walks its view;
-    /// for reports, not the hot path).
-    pub fn suspects(&self, index: usize) -> usize {
-        self.members.get(index).map_or(0, |m| {
-            m.foca
-                .iter_membership_state()
-                .filter(|member| member.state() == State::Suspect)
-                .count()
-        })
     }
 
     /// The instant of the next scheduled event, if any.

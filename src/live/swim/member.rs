@@ -207,7 +207,10 @@ impl Default for SwimSettings {
 }
 
 impl SwimSettings {
-    /// foca's configuration for a cluster of about `cluster_size` members.
+    /// foca's configuration for a cluster of about `cluster_size` members
+    /// (the CLI's and the tests' SWIM members; foca's type is not part of
+    /// the API).
+    #[doc(hidden)]
     pub fn foca_config(&self, cluster_size: u32) -> foca::Config {
         let size = NonZeroU32::new(cluster_size.max(1)).unwrap_or(NonZeroU32::MIN);
         let mut config = foca::Config::new_lan(size);

@@ -1,57 +1,30 @@
-//! `[state] path`: the gate's durable state in one crash-safe file (redb:
-//! pure Rust, ACID, one file), SPEC §9.
-//!
-//! The file holds a format version and, as one JSON value, the last epoch
-//! issued and the active run (id, planning or committed, epoch, required
-//! nodes with their fingerprints at commit), each record beside its
-//! SHA-256 (`<key>.sha256`; format 1 had none): redb checks its pages, not
-//! what a hand or a tool wrote into them, and a flipped digit of
-//! `last_epoch` would issue epochs twice. Each write is a redb
-//! transaction committed durably before the gate goes on. A file that is
-//! not a poolgate state file, is damaged, or comes from a newer format is
-//! an error naming the file: never a silent reset to epoch 1.
+//! `[state] path`: the orchestrator's durable state in one crash-safe file
+//! (redb: pure Rust, ACID, one file). The file holds a format version and
+//! the records of [`super`], each write a redb transaction committed
+//! durably before the gate goes on. A file that is not a poolgate state
+//! file is an error naming the file.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use poolgate_actors::core::{Durable, DurableRun, Epoch, Fingerprint, NodeId, RunId};
+use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
 use redb::TableDefinition;
-use serde::{Deserialize, Serialize};
+
+use super::records::{
+    checksum, checksum_key, decode_sequences, decode_state, encode_sequences, encode_state,
+    verified, FORMAT,
+};
+use super::{OrchestratorStore, StateError};
 
 const TABLE: TableDefinition<&str, &[u8]> = TableDefinition::new("poolgate_state");
-/// 2: every record has its checksum.
-const FORMAT: u64 = 2;
-
-/// Why the state file cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("{file}: {what}")]
-pub struct StateError {
-    /// The state file.
-    pub file: String,
-    /// What is wrong.
-    pub what: String,
-}
 
 /// The durable state in a redb file.
 #[derive(Debug)]
 pub struct RedbStore {
     db: std::sync::Mutex<Handle>,
     path: PathBuf,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Stored {
-    last_epoch: u64,
-    run: Option<StoredRun>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredRun {
-    run: String,
-    epoch: u64,
-    committed: bool,
-    required: Vec<(String, Option<String>)>,
 }
 
 impl RedbStore {
@@ -116,14 +89,11 @@ impl RedbStore {
             ));
         }
         let state = checked(&table, "state", format)?.ok_or("damaged: no state record")?;
-        let stored: Stored = serde_json::from_slice(&state)
-            .map_err(|e| format!("damaged: the state record does not parse ({e})"))?;
-        decode(stored).map(Some)
+        decode_state(&state).map(Some)
     }
 
     fn write(&self, durable: &Durable) -> Result<(), String> {
-        let json = serde_json::to_vec(&encode(durable)).map_err(|e| e.to_string())?;
-        self.put("state", &json)
+        self.put("state", &encode_state(durable)?)
     }
 
     /// Writes `record` and its checksum under `key` (and the format: a
@@ -178,15 +148,6 @@ impl RedbStore {
     }
 }
 
-fn checksum_key(key: &str) -> String {
-    format!("{key}.sha256")
-}
-
-fn checksum(record: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(record).into()
-}
-
 /// The record under `key`, checked against its checksum (from format 2
 /// on); `None` if there is none.
 fn checked(
@@ -201,20 +162,11 @@ fn checked(
     let sum = table
         .get(checksum_key(key).as_str())
         .map_err(|e| describe(&e.to_string()))?;
-    match sum {
-        Some(sum) if sum.value() == checksum(&record).as_slice() => Ok(Some(record)),
-        Some(_) => Err(format!(
-            "damaged: the {key} record does not match its checksum"
-        )),
-        None if format < 2 => Ok(Some(record)),
-        None => Err(format!("damaged: the {key} record has no checksum")),
-    }
+    verified(key, record, sum.as_ref().map(|s| s.value()), format).map(Some)
 }
 
-impl RedbStore {
-    /// The last agent frame sequence accepted per node (SPEC §8: replay
-    /// protection across restarts of the orchestrator).
-    pub fn sequences(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+impl OrchestratorStore for RedbStore {
+    fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
         let handle = self.handle().map_err(failed)?;
         let Some(db) = &handle.db else {
@@ -232,20 +184,15 @@ impl RedbStore {
             .and_then(|f| <[u8; 8]>::try_from(f.value()).ok())
             .map_or(FORMAT, u64::from_be_bytes);
         match checked(&table, "sequences", format).map_err(failed)? {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| failed(format!("damaged: sequences do not parse ({e})"))),
+            Some(bytes) => decode_sequences(&bytes).map_err(failed),
             None => Ok(Default::default()),
         }
     }
 
-    /// Writes the last accepted sequence per node, durably.
-    pub fn save_sequences(
-        &self,
-        sequences: &std::collections::BTreeMap<String, u64>,
-    ) -> Result<(), StoreError> {
+    fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
-        let json = serde_json::to_vec(sequences).map_err(|e| failed(e.to_string()))?;
-        self.put("sequences", &json).map_err(failed)
+        let record = encode_sequences(sequences).map_err(failed)?;
+        self.put("sequences", &record).map_err(failed)
     }
 }
 
@@ -310,58 +257,6 @@ fn describe(message: &str) -> String {
     } else {
         message.to_string()
     }
-}
-
-fn encode(durable: &Durable) -> Stored {
-    Stored {
-        last_epoch: durable.last_epoch,
-        run: durable.run.as_ref().map(|run| StoredRun {
-            run: run.run.to_string(),
-            epoch: run.epoch.0,
-            committed: run.committed,
-            required: run
-                .required
-                .iter()
-                .map(|(node, fingerprint)| {
-                    (
-                        node.to_string(),
-                        fingerprint.map(|f| hex::encode(f.as_bytes())),
-                    )
-                })
-                .collect(),
-        }),
-    }
-}
-
-fn decode(stored: Stored) -> Result<Durable, String> {
-    let damaged = |what: &str| format!("damaged: {what}");
-    let run = match stored.run {
-        None => None,
-        Some(run) => Some(DurableRun {
-            run: RunId::new(&run.run).map_err(|_| damaged("a run id is not valid"))?,
-            epoch: Epoch(run.epoch),
-            committed: run.committed,
-            required: run
-                .required
-                .into_iter()
-                .map(|(node, fingerprint)| {
-                    let node = NodeId::new(&node).map_err(|_| damaged("a node id is not valid"))?;
-                    let fingerprint = match fingerprint {
-                        Some(hex) => Some(
-                            Fingerprint::from_hex(&hex)
-                                .ok_or_else(|| damaged("a fingerprint is not valid"))?,
-                        ),
-                        None => None,
-                    };
-                    Ok((node, fingerprint))
-                })
-                .collect::<Result<_, String>>()?,
-        }),
-    };
-    Ok(Durable {
-        last_epoch: stored.last_epoch,
-        run,
-    })
 }
 
 #[cfg(test)]

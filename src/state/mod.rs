@@ -1,0 +1,48 @@
+//! The orchestrator's durable state (SPEC §9): what the gate must not
+//! forget (the last epoch issued, the active run with the fingerprints of
+//! its required nodes) and the last agent frame sequence per node.
+//!
+//! Every store keeps the same records, each as one JSON value beside its
+//! SHA-256 (`<key>.sha256`; format 1 had none): a store checks its pages,
+//! not what a hand or a tool wrote into them, and a flipped digit of
+//! `last_epoch` would issue epochs twice. A record that is damaged, or
+//! from a newer format, is an error naming where it is: never a silent
+//! reset to epoch 1.
+//!
+//! - `redb` (feature `redb`, on by default): `[state] path`, one
+//!   crash-safe file on this machine.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use poolgate_actors::core::Durable;
+use poolgate_actors::{StateStore, StoreError};
+
+mod records;
+#[cfg(feature = "redb")]
+mod redb;
+#[cfg(feature = "redb")]
+pub use self::redb::RedbStore;
+
+/// Why the state file cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {what}")]
+pub struct StateError {
+    /// The state file.
+    pub file: String,
+    /// What is wrong.
+    pub what: String,
+}
+
+/// What the orchestrator keeps beside the gate's state: the last agent
+/// frame sequence accepted per node key (`node@keyid`, SPEC §8: replay
+/// protection across restarts).
+pub trait OrchestratorStore: StateStore {
+    /// The stored sequences (empty if none were ever written).
+    fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+    /// Writes the sequences, durably.
+    fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError>;
+}
+
+/// The store `[state]` names, opened, with what it held.
+pub type Opened = (Arc<dyn OrchestratorStore>, Durable);
