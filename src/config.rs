@@ -64,13 +64,29 @@ pub struct StateConfig {
     /// `restore_grace`: how long a restored committed run's required nodes
     /// have to be seen ready again with their committed fingerprints.
     pub restore_grace: Duration,
+    /// `etcd`: the etcd v3 endpoints (`http://host:port`) of replicated
+    /// state (SPEC §12), instead of `path`; empty = not replicated.
+    pub etcd: Vec<String>,
+    /// `lease`: the leadership lease's TTL (whole seconds; etcd raises it
+    /// to its minimum). A leader stops acting two thirds of it after its
+    /// last renewal.
+    pub lease: Duration,
+    /// `prefix`: where the state lives in etcd (default
+    /// `/poolgate/<label>/<pool>/`).
+    pub prefix: Option<String>,
 }
+
+/// `[state] lease`'s default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(2);
 
 impl Default for StateConfig {
     fn default() -> Self {
         Self {
             path: None,
             restore_grace: Duration::from_secs(30),
+            etcd: Vec::new(),
+            lease: DEFAULT_LEASE,
+            prefix: None,
         }
     }
 }
@@ -291,12 +307,43 @@ impl Config {
         };
         let mut state = StateConfig::default();
         if let Some((table, _)) = doc.section(root, "state")? {
-            doc.only_keys(table, "state", &["path", "restore_grace"])?;
+            doc.only_keys(
+                table,
+                "state",
+                &["path", "restore_grace", "etcd", "lease", "prefix"],
+            )?;
             if let Some(value) = table.get("path") {
                 state.path = Some(PathBuf::from(doc.string(value, "state.path")?.0));
             }
             if let Some(value) = table.get("restore_grace") {
                 state.restore_grace = doc.duration(value, "state.restore_grace")?.0;
+            }
+            if let Some(value) = table.get("etcd") {
+                state.etcd = doc.strings(value, "state.etcd")?;
+                if let Err(e) = crate::etcd::Etcd::new(&state.etcd, Duration::from_secs(1)) {
+                    return Err(doc.error(value.span(), "state.etcd", e));
+                }
+                if table.contains_key("path") {
+                    return Err(doc.error(
+                        value.span(),
+                        "state.etcd",
+                        "give either path (one machine) or etcd (replicas), not both",
+                    ));
+                }
+            }
+            if let Some(value) = table.get("lease") {
+                let (lease, span) = doc.duration(value, "state.lease")?;
+                if lease < Duration::from_secs(1) || lease > Duration::from_secs(3600) {
+                    return Err(doc.error(span, "state.lease", "must be from 1s to 1h"));
+                }
+                state.lease = lease;
+            }
+            if let Some(value) = table.get("prefix") {
+                let (prefix, span) = doc.string(value, "state.prefix")?;
+                if prefix.is_empty() || prefix.len() > 256 {
+                    return Err(doc.error(span, "state.prefix", "must be 1 to 256 bytes"));
+                }
+                state.prefix = Some(prefix);
             }
         }
 

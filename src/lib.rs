@@ -73,6 +73,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod etcd;
 pub mod live;
 #[cfg(feature = "replay")]
 pub mod replay;

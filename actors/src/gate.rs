@@ -156,6 +156,7 @@ pub struct Gate {
     router: Arc<Router>,
     publisher: Publisher,
     clock: Clock,
+    recording: Option<crate::recording::Recording>,
 }
 
 impl Gate {
@@ -188,13 +189,31 @@ impl Gate {
         let clock = Clock::start();
         let publisher = Publisher::default();
         let router = Arc::new(Router::default());
+        let recording = settings.record.clone();
         let pool = PoolActor::launch(settings, clock, publisher.clone(), Arc::clone(&router));
         Gate {
             pool,
             router,
             publisher,
             clock,
+            recording,
         }
+    }
+
+    /// Stops the gate acting, at once: nothing is published or recorded
+    /// from now on, every subscription ends, and every input and command
+    /// is refused with [`GateError::Stopped`]. For a replica that stops
+    /// leading (SPEC §12); the actors go when the `System` stops.
+    pub fn stop(&self) {
+        self.publisher.close();
+        if let Some(recording) = &self.recording {
+            recording.close();
+        }
+    }
+
+    /// Whether [`Gate::stop`] was called (on this gate or a clone).
+    pub fn is_stopped(&self) -> bool {
+        self.publisher.is_closed()
     }
 
     /// The gate's timeline (time since it started).
@@ -245,6 +264,9 @@ impl Gate {
     /// meanwhile is not guaranteed.
     pub fn membership_nowait(&self, update: MembershipUpdate) {
         let at = self.clock.now();
+        if self.is_stopped() {
+            return;
+        }
         let (node, observation) = update.into_observation();
         match self.router.route(&node) {
             Some(addr) => addr.do_send(Observe { at, observation }),
@@ -381,6 +403,9 @@ impl Gate {
         node: NodeId,
         observation: Observation,
     ) -> Result<Outcome, GateError> {
+        if self.is_stopped() {
+            return Err(GateError::Stopped);
+        }
         let Some(addr) = self.router.route(&node) else {
             self.not_candidate(&node);
             return Ok(Outcome::NotCandidate);
@@ -409,6 +434,9 @@ impl Gate {
         PoolActor: actix::Handler<M>,
         T: Send + 'static,
     {
+        if self.is_stopped() {
+            return Err(GateError::Stopped);
+        }
         let answer = self
             .pool
             .send(message)

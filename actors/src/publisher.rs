@@ -34,6 +34,8 @@ struct Subscribers {
     /// Until the first subscription: what it will start with.
     before_first: Option<Vec<Event>>,
     subscribed: bool,
+    /// Closed ([`Publisher::close`]): nothing is published any more.
+    closed: bool,
 }
 
 #[derive(Debug)]
@@ -107,11 +109,29 @@ impl Publisher {
         self.publish_kept(events, true);
     }
 
+    /// Publishes nothing from now on and ends every subscription (their
+    /// `recv` gives `None` once drained): the gate stopped acting.
+    pub fn close(&self) {
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.live.clear();
+        inner.before_first = None;
+    }
+
+    /// Whether [`Publisher::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     fn publish_kept(&self, events: &mut Vec<Event>, keep: bool) {
         if events.is_empty() {
             return;
         }
         let mut inner = self.lock();
+        if inner.closed {
+            events.clear();
+            return;
+        }
         for event in events.drain(..) {
             log_decision(&event);
             if keep && !inner.subscribed {
@@ -141,7 +161,9 @@ impl Subscribers {
     /// pile up.
     fn add(&mut self, subscriber: Subscriber) {
         self.live.retain(|s| !s.tx.is_closed());
-        self.live.push(subscriber);
+        if !self.closed {
+            self.live.push(subscriber);
+        }
     }
 }
 

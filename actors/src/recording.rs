@@ -33,6 +33,7 @@ pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20
 struct Sink {
     out: Box<dyn Write + Send>,
     flushed: std::time::Instant,
+    closed: bool,
 }
 
 impl std::fmt::Debug for Recording {
@@ -48,6 +49,7 @@ impl Recording {
             out: Arc::new(Mutex::new(Sink {
                 out,
                 flushed: std::time::Instant::now(),
+                closed: false,
             })),
         }
     }
@@ -151,6 +153,15 @@ impl Recording {
         self.line("", true);
     }
 
+    /// Flushes and records nothing more (the gate stopped acting).
+    pub(crate) fn close(&self) {
+        self.line("", true);
+        self.out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .closed = true;
+    }
+
     fn write(&self, record: &Value) {
         self.line(&record.to_string(), true);
     }
@@ -160,6 +171,9 @@ impl Recording {
             .out
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if sink.closed {
+            return;
+        }
         let mut written = if line.is_empty() {
             Ok(())
         } else {

@@ -25,6 +25,7 @@ pub mod guard;
 pub mod keys;
 pub(crate) mod nodes;
 pub mod orchestrator;
+pub mod replica;
 pub mod status;
 pub mod swim;
 pub mod throttle;

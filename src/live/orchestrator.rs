@@ -129,8 +129,26 @@ impl Orchestrator {
         config: &Config,
         record: Option<poolgate_actors::Recording>,
     ) -> Result<Orchestrator, LiveError> {
+        if !config.state.etcd.is_empty() {
+            return Err(LiveError::Setting {
+                key: "state.etcd",
+                message: "replicas start through live::replica::Replica (one Orchestrator per leadership term), as poolgate watch does".into(),
+            });
+        }
+        let (settings, store) = config.gate_settings_with_store(None)?;
+        Orchestrator::start_with(config, settings, store, record, Arc::from(LEADER)).await
+    }
+
+    /// Starts from gate settings already holding the store (`store`, which
+    /// also keeps agent sequences), answering status with `leader`.
+    pub(crate) async fn start_with(
+        config: &Config,
+        mut settings: poolgate_actors::GateSettings,
+        store: Option<Arc<dyn crate::state::OrchestratorStore>>,
+        record: Option<poolgate_actors::Recording>,
+        leader: Arc<str>,
+    ) -> Result<Orchestrator, LiveError> {
         let keyring = keyring(&config.swim)?;
-        let (mut settings, store) = config.gate_settings_with_store(None)?;
         settings.record = record;
         check_live(config)?;
         let gate = Gate::try_start(settings)?;
@@ -218,6 +236,7 @@ impl Orchestrator {
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
             said_twice: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
             answering: Arc::new(tokio::sync::Semaphore::new(1)),
+            leader,
         };
         tasks.push(actix::spawn(accept.serve(listener)));
         tasks.push(actix::spawn(keep_readiness_gauge(gate.clone())));
@@ -246,6 +265,7 @@ impl Orchestrator {
     /// and the SWIM member, as a stopped orchestrator process would. The
     /// gate's actors go when the `System` stops.
     pub fn shutdown(self) {
+        self.gate.stop();
         for task in &self.tasks {
             task.abort();
         }
@@ -255,7 +275,7 @@ impl Orchestrator {
 
 /// The agent listener's socket, with a deep accept queue: a burst of
 /// connections waits there instead of having its SYNs dropped.
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -557,6 +577,8 @@ struct Listener {
     said_twice: Arc<Mutex<Throttles<NodeId>>>,
     /// One status answer at a time.
     answering: Arc<tokio::sync::Semaphore>,
+    /// Which replica leads, for the status answer.
+    leader: Arc<str>,
 }
 
 impl Listener {
@@ -770,7 +792,7 @@ impl Listener {
         let Ok(report) = self.gate.report().await else {
             return;
         };
-        let answer = status::answer(&report, self.gate.clock().now(), LEADER);
+        let answer = status::answer(&report, self.gate.clock().now(), &self.leader);
         let _ = tokio::time::timeout(FIRST_FRAME, status::write_answer(stream, &answer)).await;
     }
 

@@ -84,6 +84,23 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
     })
 }
 
+/// A follower replica's answer: who leads (SPEC §12).
+pub fn follower_answer(pool: &str, leader: Option<&super::replica::Leader>) -> Value {
+    let leader = match leader {
+        Some(l) => format!("{} at {}", l.replica, l.agents),
+        None => "none right now".to_string(),
+    };
+    json!({
+        "pool": pool,
+        "phase": "following",
+        "epoch": null,
+        "deadline_ms": null,
+        "run": null,
+        "leader": leader,
+        "candidates": [],
+    })
+}
+
 /// Writes `answer` on `stream`, length-prefixed.
 pub async fn write_answer(
     stream: &mut tokio::net::TcpStream,
@@ -154,6 +171,9 @@ pub fn render(answer: &Value) -> String {
                 .as_u64()
                 .unwrap_or(0)
                 .saturating_sub(answer["at_ms"].as_u64().unwrap_or(0))
+        )),
+        "following" => out.push_str(&format!(
+            "pool {pool}: this replica follows (ask the leader for readiness)\n"
         )),
         _ => out.push_str(&format!("pool {pool}: {phase}\n")),
     }

@@ -11,6 +11,8 @@
 //!
 //! - `redb` (feature `redb`, on by default): `[state] path`, one
 //!   crash-safe file on this machine.
+//! - [`etcd`]: `[state] etcd`, shared by orchestrator replicas, every write
+//!   conditioned on leadership (SPEC §12).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
 
+pub mod etcd;
 mod records;
 #[cfg(feature = "redb")]
 mod redb;

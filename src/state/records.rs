@@ -1,7 +1,5 @@
 //! The records every store keeps, one format: JSON values, each beside
 //! its SHA-256.
-// The stores that read them are features; without one, nothing does.
-#![cfg_attr(not(feature = "redb"), allow(dead_code))]
 
 use std::collections::BTreeMap;
 

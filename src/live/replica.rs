@@ -1,0 +1,629 @@
+//! Leadership among orchestrator replicas on etcd (SPEC §12).
+//!
+//! Each replica campaigns for the `leader` key under the state prefix,
+//! created on a lease of `[state] lease` in one transaction that succeeds
+//! only if the key does not exist. The leader renews its lease every
+//! quarter of the TTL and may act only until two thirds of the TTL after
+//! the start of its last successful renewal, by its own monotonic clock
+//! (the lease cannot expire on etcd before the full TTL from then): a
+//! leader that cannot reach etcd stops acting before any other replica
+//! can lead. Followers read the key every [`POLL`] and campaign when it is
+//! gone. All of it runs on a thread of its own; what it decides reaches
+//! the orchestrator through a [`Role`] watch and the store's [`Fence`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{LiveError, Orchestrator};
+use crate::etcd::{self, Etcd};
+use crate::state::etcd::{EtcdStore, Fence, Term};
+
+/// How often a follower looks at the leader key.
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// What the leader key says about the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    /// The leading replica's name.
+    pub replica: String,
+    /// Where its agent listener is reached (what nodes are pointed to).
+    pub agents: String,
+}
+
+/// This replica's role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Another replica leads (`Some`), or nobody is known to.
+    Following(Option<Leader>),
+    /// This replica leads, since the instant it won.
+    Leading(Instant),
+}
+
+/// Why a replica stopped leading (said once, at the step down).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SteppedDown {
+    /// No renewal succeeded within the renew deadline.
+    NoRenewal(Duration),
+    /// The lease is gone on etcd (expired, revoked, or etcd's data lost).
+    LeaseGone,
+    /// The leader key is no longer this replica's.
+    KeyTaken,
+}
+
+impl std::fmt::Display for SteppedDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SteppedDown::NoRenewal(d) => write!(
+                f,
+                "the lease could not be renewed within {}: stepped down before it can expire",
+                humantime::format_duration(*d)
+            ),
+            SteppedDown::LeaseGone => f.write_str("the lease is gone on etcd"),
+            SteppedDown::KeyTaken => f.write_str("the leader key is no longer this replica's"),
+        }
+    }
+}
+
+/// A replica's part in the election: started with [`Campaign::start`],
+/// ended (lease revoked, leadership handed on at once) by
+/// [`Campaign::resign`] or on drop.
+#[derive(Debug)]
+pub struct Campaign {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    role: watch::Receiver<Role>,
+}
+
+/// What a campaign needs.
+#[derive(Debug, Clone)]
+pub struct CampaignSettings {
+    /// The leader key.
+    pub key: Vec<u8>,
+    /// What this replica writes there.
+    pub me: Leader,
+    /// The lease's TTL.
+    pub ttl: Duration,
+}
+
+impl Campaign {
+    /// Starts campaigning; `fence` follows the terms won.
+    pub fn start(etcd: Arc<Etcd>, settings: CampaignSettings, fence: Arc<Fence>) -> Campaign {
+        let (tx, role) = watch::channel(Role::Following(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("poolgate-leadership".into())
+                .spawn(move || Elector::new(etcd, settings, fence, tx, stop).run())
+                .ok()
+        };
+        Campaign { stop, thread, role }
+    }
+
+    /// The role, as it changes.
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.role.clone()
+    }
+
+    /// Stops campaigning; a leader revokes its lease so another replica
+    /// leads at once.
+    pub fn resign(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Renew deadline: acting stops this long after a renewal began.
+pub fn renew_deadline(ttl: Duration) -> Duration {
+    ttl * 2 / 3
+}
+
+struct Elector {
+    etcd: Arc<Etcd>,
+    settings: CampaignSettings,
+    value: Vec<u8>,
+    fence: Arc<Fence>,
+    tx: watch::Sender<Role>,
+    stop: Arc<AtomicBool>,
+    said: super::throttle::Throttle,
+}
+
+/// A term being held: the lease, the key's create revision, the TTL.
+#[derive(Clone, Copy)]
+struct Held {
+    lease: i64,
+    created: i64,
+    ttl: Duration,
+    until: Instant,
+}
+
+impl Elector {
+    fn new(
+        etcd: Arc<Etcd>,
+        settings: CampaignSettings,
+        fence: Arc<Fence>,
+        tx: watch::Sender<Role>,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        let value = serde_json::to_vec(&settings.me).unwrap_or_default();
+        Elector {
+            etcd,
+            settings,
+            value,
+            fence,
+            tx,
+            stop,
+            said: super::throttle::Throttle::new(super::throttle::LOG_EVERY),
+        }
+    }
+
+    fn run(mut self) {
+        let mut held: Option<Held> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            held = match held {
+                None => {
+                    let won = self.follow();
+                    if won.is_none() {
+                        self.pause(POLL);
+                    }
+                    won
+                }
+                Some(term) => self.lead(term),
+            };
+        }
+        if let Some(term) = held {
+            self.fence.clear();
+            // Hand over at once rather than at the lease's expiry.
+            let _ = self.etcd.revoke(term.lease);
+            tracing::info!("resigned the leadership (lease revoked)");
+        }
+    }
+
+    fn pause(&self, d: Duration) {
+        let until = Instant::now() + d;
+        while !self.stop.load(Ordering::Relaxed) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// One look at the leader key; a campaign if it is free.
+    fn follow(&mut self) -> Option<Held> {
+        match self.etcd.get(&self.settings.key) {
+            Ok(Some(kv)) => {
+                let leader = serde_json::from_slice::<Leader>(&kv.value).ok();
+                self.tx.send_if_modified(|role| {
+                    let now = Role::Following(leader);
+                    (*role != now).then(|| *role = now).is_some()
+                });
+                None
+            }
+            Ok(None) => self.campaign(),
+            Err(e) => {
+                if let Some(held) = self.said.allow(Instant::now()) {
+                    tracing::warn!(error = %e, held, "leadership: etcd not reachable; following nobody");
+                }
+                self.tx.send_if_modified(|role| {
+                    let now = Role::Following(None);
+                    (*role != now).then(|| *role = now).is_some()
+                });
+                None
+            }
+        }
+    }
+
+    fn campaign(&mut self) -> Option<Held> {
+        let began = Instant::now();
+        let (lease, ttl) = match self.etcd.grant(self.settings.ttl) {
+            Ok(granted) => granted,
+            Err(e) => {
+                tracing::warn!(error = %e, "leadership: no lease granted");
+                return None;
+            }
+        };
+        let key = &self.settings.key;
+        let txn = self.etcd.txn(
+            vec![etcd::created_at(key, 0)],
+            vec![etcd::put(key, &self.value, lease)],
+            vec![etcd::range(key)],
+        );
+        match txn {
+            Ok((true, answer)) => {
+                let term = Held {
+                    lease,
+                    created: etcd::revision(&answer),
+                    ttl,
+                    until: began + renew_deadline(ttl),
+                };
+                if Instant::now() >= term.until {
+                    // Won too slowly to act on it.
+                    let _ = self.etcd.revoke(lease);
+                    return None;
+                }
+                self.fence.set(Term {
+                    created: term.created,
+                    until: term.until,
+                });
+                tracing::info!(replica = %self.settings.me.replica, ttl = ?ttl, "leading");
+                self.tx.send_replace(Role::Leading(Instant::now()));
+                Some(term)
+            }
+            Ok((false, _)) | Err(_) => {
+                let _ = self.etcd.revoke(lease);
+                None
+            }
+        }
+    }
+
+    /// Renews a held term once, stepping down if it cannot.
+    fn lead(&mut self, term: Held) -> Option<Held> {
+        let next = Instant::now() + term.ttl / 4;
+        while Instant::now() < next.min(term.until) {
+            if self.stop.load(Ordering::Relaxed) {
+                return Some(term);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if Instant::now() >= term.until {
+            return self.step_down(term, SteppedDown::NoRenewal(renew_deadline(term.ttl)));
+        }
+        let began = Instant::now();
+        match self.etcd.keep_alive(term.lease) {
+            Ok(Some(ttl)) => match self.etcd.get(&self.settings.key) {
+                Ok(Some(kv)) if kv.create_revision == term.created && kv.lease == term.lease => {
+                    let renewed = Held {
+                        ttl,
+                        until: began + renew_deadline(ttl),
+                        ..term
+                    };
+                    self.fence.set(Term {
+                        created: renewed.created,
+                        until: renewed.until,
+                    });
+                    Some(renewed)
+                }
+                Ok(_) => self.step_down(term, SteppedDown::KeyTaken),
+                Err(_) => Some(term),
+            },
+            Ok(None) => self.step_down(term, SteppedDown::LeaseGone),
+            Err(e) => {
+                if let Some(held) = self.said.allow(Instant::now()) {
+                    tracing::warn!(error = %e, held, "leadership: the lease not renewed; acting until the renew deadline");
+                }
+                Some(term)
+            }
+        }
+    }
+
+    fn step_down(&mut self, term: Held, why: SteppedDown) -> Option<Held> {
+        self.fence.clear();
+        tracing::error!(why = %why, "stepped down: no longer the leader");
+        self.tx.send_replace(Role::Following(None));
+        let _ = self.etcd.revoke(term.lease);
+        None
+    }
+}
+
+/// An orchestrator replica (SPEC §12): campaigns on etcd, follows (its
+/// agent listener refusing nodes with a pointer to the leader) and, for
+/// each term it leads, runs an [`Orchestrator`] over the state in etcd.
+///
+/// ```no_run
+/// # async fn example(config: poolgate::Config) -> Result<(), poolgate::live::LiveError> {
+/// use poolgate::live::replica::Replica;
+///
+/// let mut replica = Replica::start(&config)?;
+/// loop {
+///     let live = replica.lead(None).await?; // follows until it leads
+///     let mut events = live.gate.subscribe();
+///     loop {
+///         tokio::select! {
+///             event = events.recv() => match event {
+///                 Some(event) => println!("{event:?}"),
+///                 None => break,
+///             },
+///             _ = replica.lost() => break, // stepped down: stop acting
+///         }
+///     }
+///     live.shutdown();
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Replica {
+    config: crate::Config,
+    etcd: Arc<Etcd>,
+    store: Arc<EtcdStore>,
+    fence: Arc<Fence>,
+    campaign: Campaign,
+    me: Leader,
+    /// The highest epoch this replica has seen stored: a store holding
+    /// less was wiped or rolled back, and is refused.
+    seen_epoch: u64,
+    terms: u64,
+}
+
+/// How long one etcd call of the store may take.
+pub const STORE_CALL: Duration = Duration::from_secs(2);
+
+impl Replica {
+    /// Connects to `[state] etcd`, checks what the prefix holds (another
+    /// cluster's state, a newer format, a damaged record: an error naming
+    /// the key; no endpoint answering: an error naming them) and starts
+    /// campaigning.
+    pub fn start(config: &crate::Config) -> Result<Replica, LiveError> {
+        let bad = |message: String| LiveError::Setting {
+            key: "state.etcd",
+            message,
+        };
+        let etcd = Arc::new(Etcd::new(&config.state.etcd, STORE_CALL).map_err(bad)?);
+        let prefix = config.state.prefix.clone().unwrap_or_else(|| {
+            crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
+        });
+        let fence = Arc::new(Fence::default());
+        let store = Arc::new(EtcdStore::new(
+            Arc::clone(&etcd),
+            &prefix,
+            &config.swim.label,
+            config.pool.id().as_str(),
+            Arc::clone(&fence),
+        ));
+        let (held, _) = store.read()?;
+        let me = Leader {
+            replica: replica_name(config),
+            agents: advertised_agents(config),
+        };
+        let ttl = config.state.lease;
+        // Renewals must be answered well within the renew deadline.
+        let campaign_etcd = Arc::new(
+            Etcd::new(&config.state.etcd, (ttl / 4).min(Duration::from_secs(1))).map_err(bad)?,
+        );
+        let campaign = Campaign::start(
+            campaign_etcd,
+            CampaignSettings {
+                key: store.key("leader"),
+                me: me.clone(),
+                ttl,
+            },
+            Arc::clone(&fence),
+        );
+        tracing::info!(replica = %me.replica, etcd = %etcd.endpoints(), %prefix, "replica started: campaigning");
+        Ok(Replica {
+            config: config.clone(),
+            etcd,
+            store,
+            fence,
+            campaign,
+            me,
+            seen_epoch: held.last_epoch,
+            terms: 0,
+        })
+    }
+
+    /// This replica's name and agent address, as the leader key says them.
+    pub fn me(&self) -> &Leader {
+        &self.me
+    }
+
+    /// The role, as it changes.
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.campaign.role()
+    }
+
+    /// Whether this replica may act now.
+    pub fn leads(&self) -> bool {
+        self.fence.current().is_some()
+    }
+
+    /// How many terms this replica has led.
+    pub fn terms(&self) -> u64 {
+        self.terms
+    }
+
+    /// Follows until this replica leads, then starts an orchestrator over
+    /// the state etcd holds: epochs above every epoch stored, the active
+    /// run restored (its restore grace starting now).
+    pub async fn lead(
+        &mut self,
+        record: Option<poolgate_actors::Recording>,
+    ) -> Result<Orchestrator, LiveError> {
+        loop {
+            let following = follow(&self.config, self.campaign.role())?;
+            let mut role = self.campaign.role();
+            while !matches!(*role.borrow_and_update(), Role::Leading(_)) || !self.leads() {
+                if role.changed().await.is_err() {
+                    following.abort();
+                    return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
+                }
+            }
+            following.abort();
+            let _ = following.await;
+            let store = Arc::clone(&self.store);
+            let read = tokio::task::spawn_blocking(move || store.read())
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
+            let (restored, _) = read?;
+            if restored.last_epoch < self.seen_epoch {
+                return Err(LiveError::State(crate::state::StateError {
+                    file: format!("etcd {}", self.etcd.endpoints()),
+                    what: format!(
+                        "{}state: holds epoch {} but this replica saw epoch {} stored: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)",
+                        self.store.key("").iter().map(|b| *b as char).collect::<String>(),
+                        restored.last_epoch,
+                        self.seen_epoch
+                    ),
+                }));
+            }
+            self.seen_epoch = restored.last_epoch;
+            let mut settings = self.config.gate_settings();
+            let store: Arc<dyn crate::state::OrchestratorStore> = self.store.clone();
+            settings.durable = Some(poolgate_actors::DurableSettings {
+                store: store.clone(),
+                restored,
+                restore_grace: self.config.state.restore_grace,
+            });
+            let leader: Arc<str> = Arc::from(format!(
+                "{} at {} (this replica)",
+                self.me.replica, self.me.agents
+            ));
+            match Orchestrator::start_with(
+                &self.config,
+                settings,
+                Some(store),
+                record.clone(),
+                leader,
+            )
+            .await
+            {
+                Ok(live) => {
+                    self.terms += 1;
+                    tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");
+                    return Ok(live);
+                }
+                // Lost the term while starting (the first write refused):
+                // follow again.
+                Err(LiveError::Gate(e)) if !self.leads() => {
+                    tracing::warn!(error = %e, "the term ended while starting; following");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Resolves when this replica may no longer act (checked every 20 ms
+    /// against the renew deadline, whatever the campaign's thread is doing).
+    pub async fn lost(&self) {
+        while self.leads() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The highest epoch stored that this replica knows of.
+    pub fn note_epoch(&mut self, epoch: u64) {
+        self.seen_epoch = self.seen_epoch.max(epoch);
+    }
+
+    /// Stops campaigning and hands the leadership on at once.
+    pub fn resign(self) {
+        self.fence.clear();
+        self.campaign.resign();
+    }
+}
+
+/// The replica's name: `[swim] advertise`, else the agent listener.
+fn replica_name(config: &crate::Config) -> String {
+    match &config.swim.advertise {
+        Some(advertise) => advertise.as_str().to_string(),
+        None => config.agents.listen.to_string(),
+    }
+}
+
+/// Where nodes reach this replica's agent listener: its address, or on
+/// an unspecified one, `[swim] advertise`'s host with the listener's port.
+fn advertised_agents(config: &crate::Config) -> String {
+    let listen = config.agents.listen;
+    match (&config.swim.advertise, listen.ip().is_unspecified()) {
+        (Some(advertise), true) => {
+            let text = advertise.as_str();
+            let host = text.rsplit_once(':').map_or(text, |(host, _)| host);
+            format!("{host}:{}", listen.port())
+        }
+        _ => listen.to_string(),
+    }
+}
+
+/// At most this many follower connections are served at once.
+pub const FOLLOWER_CONNECTIONS: usize = 256;
+
+/// A follower's agent listener: every node is refused with `not_leader`
+/// and a pointer to the leader; `poolgate status` is told who leads.
+fn follow(
+    config: &crate::Config,
+    role: watch::Receiver<Role>,
+) -> Result<tokio::task::JoinHandle<()>, LiveError> {
+    let addr = config.agents.listen;
+    let bound = |source| LiveError::Bind {
+        socket: "agent listener (TCP)",
+        addr,
+        source,
+    };
+    let listener = super::orchestrator::listen(addr).map_err(bound)?;
+    let pool = config.pool.id().to_string();
+    let slots = Arc::new(tokio::sync::Semaphore::new(FOLLOWER_CONNECTIONS));
+    Ok(actix::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            while connections.try_join_next().is_some() {}
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                continue; // dropped: closed at once
+            };
+            let leader = role.borrow().clone();
+            let pool = pool.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                refuse_as_follower(&mut stream, &pool, leader).await;
+            });
+        }
+    }))
+}
+
+async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role: Role) {
+    use tokio::io::AsyncWriteExt;
+    let leader = match role {
+        Role::Following(Some(leader)) => Some(leader),
+        _ => None,
+    };
+    let first = tokio::time::timeout(
+        super::orchestrator::FIRST_FRAME,
+        super::wire::read_prefixed(stream, super::wire::MAX_FRAME),
+    )
+    .await;
+    let Ok(Ok(Some(bytes))) = first else { return };
+    if super::status::is_status_query(&bytes) {
+        let answer = super::status::follower_answer(pool, leader.as_ref());
+        let _ = tokio::time::timeout(
+            super::orchestrator::FIRST_FRAME,
+            super::status::write_answer(stream, &answer),
+        )
+        .await;
+        return;
+    }
+    let detail = match &leader {
+        Some(leader) => format!(
+            "not the leader; the leader is {} at {}",
+            leader.replica, leader.agents
+        ),
+        None => "not the leader; no replica leads right now".to_string(),
+    };
+    let reply = super::wire::encode_reply(&super::wire::Reply::Refused {
+        code: NOT_LEADER.to_string(),
+        detail,
+    });
+    let _ = tokio::time::timeout(super::orchestrator::FIRST_FRAME, stream.write_all(&reply)).await;
+}
+
+/// The refusal code of a follower.
+pub const NOT_LEADER: &str = "not_leader";

@@ -1,0 +1,224 @@
+//! `[state] etcd`: the durable state of orchestrator replicas in etcd v3
+//! (SPEC §12), under a prefix naming the cluster label and the pool.
+//!
+//! Keys under the prefix: `leader` (the leading replica, on its lease),
+//! `format`, `cluster` (label and pool, so a prefix of another cluster is
+//! refused), and the records of [`super`] with their checksums. Every
+//! write is one transaction conditioned on the `leader` key still being
+//! the one this replica created ([`Fence`]): a deposed leader's write
+//! fails and changes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use poolgate_actors::core::Durable;
+use poolgate_actors::{StateStore, StoreError};
+use serde_json::Value;
+
+use super::records::{
+    checksum, checksum_key, decode_sequences, decode_state, encode_sequences, encode_state,
+    verified, FORMAT,
+};
+use super::{OrchestratorStore, StateError};
+use crate::etcd::{self, Etcd};
+
+/// This replica's leadership as the store sees it: the revision that
+/// created the `leader` key, while this replica may act.
+#[derive(Debug, Default)]
+pub struct Fence {
+    term: Mutex<Option<Term>>,
+}
+
+/// One leadership term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    /// The revision that created the `leader` key for this replica.
+    pub created: i64,
+    /// Acting stops here (before the lease can expire).
+    pub until: Instant,
+}
+
+impl Fence {
+    /// The term, while it lasts.
+    pub fn current(&self) -> Option<Term> {
+        let term = *self.lock();
+        term.filter(|t| Instant::now() < t.until)
+    }
+
+    /// A term begins or is renewed.
+    pub fn set(&self, term: Term) {
+        *self.lock() = Some(term);
+    }
+
+    /// The term is over.
+    pub fn clear(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Term>> {
+        self.term
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The default prefix: `/poolgate/<label>/<pool>/`.
+pub fn default_prefix(label: &str, pool: &str) -> String {
+    format!("/poolgate/{label}/{pool}/")
+}
+
+/// The durable state in etcd.
+#[derive(Debug)]
+pub struct EtcdStore {
+    etcd: Arc<Etcd>,
+    prefix: String,
+    cluster: Value,
+    fence: Arc<Fence>,
+}
+
+impl EtcdStore {
+    /// The store under `prefix`, for the cluster `label` and `pool`,
+    /// writing only within `fence`'s terms.
+    pub fn new(etcd: Arc<Etcd>, prefix: &str, label: &str, pool: &str, fence: Arc<Fence>) -> Self {
+        EtcdStore {
+            etcd,
+            prefix: prefix.to_string(),
+            cluster: serde_json::json!({ "label": label, "pool": pool }),
+            fence,
+        }
+    }
+
+    /// The key of `name` under the prefix.
+    pub fn key(&self, name: &str) -> Vec<u8> {
+        format!("{}{name}", self.prefix).into_bytes()
+    }
+
+    fn where_(&self) -> String {
+        format!("etcd {} {}", self.etcd.endpoints(), self.prefix)
+    }
+
+    /// Reads what the prefix holds (a fresh prefix holds nothing: the
+    /// default state). Another cluster's prefix, a newer format or a
+    /// damaged record is an error naming the key.
+    pub fn read(&self) -> Result<(Durable, BTreeMap<String, u64>), StateError> {
+        let error = |what: String| StateError {
+            file: self.where_(),
+            what,
+        };
+        let kvs = self
+            .etcd
+            .get_prefix(self.prefix.as_bytes())
+            .map_err(|e| error(e.to_string()))?;
+        let held: BTreeMap<String, Vec<u8>> = kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8(kv.key).ok()?;
+                Some((key.strip_prefix(&self.prefix)?.to_string(), kv.value))
+            })
+            .collect();
+        let named = |name: &str| format!("{}{name}", self.prefix);
+        let format = match held.get("format") {
+            None if !held.contains_key("state") => return Ok(Default::default()),
+            None => return Err(error(format!("{}: missing", named("format")))),
+            Some(bytes) => std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| error(format!("{}: not a format version", named("format"))))?,
+        };
+        if format > FORMAT {
+            return Err(error(format!(
+                "{}: written by a newer poolgate (state format {format}); this one reads format {FORMAT}",
+                named("format")
+            )));
+        }
+        let cluster: Option<Value> = held
+            .get("cluster")
+            .and_then(|bytes| serde_json::from_slice(bytes).ok());
+        if cluster.as_ref() != Some(&self.cluster) {
+            return Err(error(format!(
+                "{}: the prefix holds another cluster's state ({}), not {}",
+                named("cluster"),
+                cluster.map_or_else(|| "none".to_string(), |c| c.to_string()),
+                self.cluster
+            )));
+        }
+        let record = |name: &str| -> Result<Option<Vec<u8>>, StateError> {
+            let Some(record) = held.get(name) else {
+                return Ok(None);
+            };
+            let sum = held.get(&checksum_key(name)).map(Vec::as_slice);
+            verified(name, record.clone(), sum, format)
+                .map(Some)
+                .map_err(|e| error(format!("{}: {e}", named(name))))
+        };
+        let state = match record("state")? {
+            Some(bytes) => {
+                decode_state(&bytes).map_err(|e| error(format!("{}: {e}", named("state"))))?
+            }
+            None => {
+                return Err(error(format!(
+                    "{}: damaged: no state record",
+                    named("state")
+                )))
+            }
+        };
+        let sequences = match record("sequences")? {
+            Some(bytes) => decode_sequences(&bytes)
+                .map_err(|e| error(format!("{}: {e}", named("sequences"))))?,
+            None => BTreeMap::new(),
+        };
+        Ok((state, sequences))
+    }
+
+    /// Puts `name`'s `record` (with its checksum, the format and the
+    /// cluster) if this replica still leads; nothing otherwise.
+    fn put(&self, name: &str, record: &[u8]) -> Result<(), StoreError> {
+        let failed = |what: String| StoreError(format!("{}: {what}", self.where_()));
+        let Some(term) = self.fence.current() else {
+            return Err(failed("not the leader: nothing written".into()));
+        };
+        let cluster = self.cluster.to_string();
+        let (succeeded, _) = self
+            .etcd
+            .txn(
+                vec![etcd::created_at(&self.key("leader"), term.created)],
+                vec![
+                    etcd::put(&self.key("format"), FORMAT.to_string().as_bytes(), 0),
+                    etcd::put(&self.key("cluster"), cluster.as_bytes(), 0),
+                    etcd::put(&self.key(name), record, 0),
+                    etcd::put(&self.key(&checksum_key(name)), &checksum(record), 0),
+                ],
+                vec![],
+            )
+            .map_err(|e| failed(e.to_string()))?;
+        if !succeeded {
+            self.fence.clear();
+            return Err(failed(
+                "leadership lost: etcd refused the write (the leader key is no longer this replica's)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl StateStore for EtcdStore {
+    fn save(&self, state: &Durable) -> Result<(), StoreError> {
+        let record = encode_state(state).map_err(StoreError)?;
+        self.put("state", &record)
+    }
+}
+
+impl OrchestratorStore for EtcdStore {
+    fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.read()
+            .map(|(_, sequences)| sequences)
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError> {
+        let record = encode_sequences(sequences).map_err(StoreError)?;
+        self.put("sequences", &record)
+    }
+}
