@@ -107,6 +107,24 @@ impl Etcd {
         Ok(kvs(&answer))
     }
 
+    /// Puts `value` under `key`, unconditionally.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), EtcdError> {
+        self.call(
+            "/v3/kv/put",
+            &json!({ "key": b64(key), "value": b64(value) }),
+        )
+        .map(drop)
+    }
+
+    /// Deletes every key under `prefix`; how many there were.
+    pub fn delete_prefix(&self, prefix: &[u8]) -> Result<u64, EtcdError> {
+        let answer = self.call(
+            "/v3/kv/deleterange",
+            &json!({ "key": b64(prefix), "range_end": b64(&prefix_end(prefix)) }),
+        )?;
+        Ok(int(&answer["deleted"]).unsigned_abs())
+    }
+
     /// A transaction: `success` if every comparison holds, else `failure`.
     /// Whether it succeeded, and the responses of the branch taken.
     pub fn txn(

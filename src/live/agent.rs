@@ -308,6 +308,14 @@ async fn announce(
                     tracing::warn!(node = %to.node, orchestrator = %addr, why, held, "orchestrator accepted no frame");
                 }
             }
+            (addr, Session::Refused { code, .. }) if code == super::replica::NOT_LEADER => {
+                // A follower replica (SPEC §12): the leader is another of
+                // the listed addresses; tried next, without backing off.
+                tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
+                backoff = BACKOFF_MIN;
+                tokio::time::sleep(BACKOFF_MIN).await;
+                continue;
+            }
             (addr, Session::Refused { code, detail }) => {
                 if let Some(held) = said.allow(now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, code, detail, held, "the orchestrator refused this node's frames");

@@ -182,43 +182,153 @@ pub async fn watch(
     timeout: Option<Duration>,
     record: Option<&Path>,
 ) -> Result<WatchEnd, LiveError> {
-    warn_without_state(config);
-    let live = Orchestrator::start_recording(config, recording(record)?).await?;
-    let mut events = live.gate.subscribe();
-    let mut printer = Printer::new(output);
-    if output == Output::Explain {
-        printer.state(&live.gate, live.gate.clock().now()).await;
-    }
     let stop = stop_signal()?;
     tokio::pin!(stop);
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut refresh = tokio::time::interval(EXPLAIN_EVERY);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = hangup.recv() => reload_keys(&live, path),
-            event = events.recv() => {
-                let Some(event) = event else { return Err(GateError::Stopped.into()) };
-                let ready = matches!(event, Event::PoolReady { .. });
-                printer.print(&live.gate, event).await;
-                if ready && until_ready {
-                    return Ok(WatchEnd::Ready);
+    let watching = Watching {
+        path,
+        output,
+        until_ready,
+        timeout,
+    };
+    if !config.state.etcd.is_empty() {
+        return watch_replica(config, &watching, record, limit, stop).await;
+    }
+    warn_without_state(config);
+    let live = Orchestrator::start_recording(config, recording(record)?).await?;
+    match watching
+        .events(&live, limit, stop, std::future::pending())
+        .await?
+    {
+        Watched::End(end) => Ok(end),
+        Watched::Lost => Err(GateError::Stopped.into()),
+    }
+}
+
+/// What `watch` was asked for.
+struct Watching<'a> {
+    path: &'a Path,
+    output: Output,
+    until_ready: bool,
+    timeout: Option<Duration>,
+}
+
+/// How following one orchestrator's events ended.
+enum Watched {
+    End(WatchEnd),
+    /// The replica stopped leading.
+    Lost,
+}
+
+impl Watching<'_> {
+    /// Prints `live`'s events until the pool is ready (`--until-ready`),
+    /// the time is up, a signal, or `lost` (a replica's term ended).
+    async fn events(
+        &self,
+        live: &Orchestrator,
+        mut limit: std::pin::Pin<&mut tokio::time::Sleep>,
+        mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+        lost: impl std::future::Future<Output = ()>,
+    ) -> Result<Watched, LiveError> {
+        tokio::pin!(lost);
+        let mut events = live.gate.subscribe();
+        let mut printer = Printer::new(self.output);
+        if self.output == Output::Explain {
+            printer.state(&live.gate, live.gate.clock().now()).await;
+        }
+        let mut hangup = signal(SignalKind::hangup())?;
+        let mut refresh = tokio::time::interval(EXPLAIN_EVERY);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => reload_keys(live, self.path),
+                event = events.recv() => {
+                    let Some(event) = event else {
+                        if live.gate.is_stopped() {
+                            return Ok(Watched::Lost);
+                        }
+                        return Err(GateError::Stopped.into());
+                    };
+                    let ready = matches!(event, Event::PoolReady { .. });
+                    printer.print(&live.gate, event).await;
+                    if ready && self.until_ready {
+                        return Ok(Watched::End(WatchEnd::Ready));
+                    }
                 }
+                _ = refresh.tick(), if self.output == Output::Explain => {
+                    // Blockers and the window's countdown change without an
+                    // event (a node announces, SWIM hears it): shown as they do.
+                    printer.state(&live.gate, live.gate.clock().now()).await;
+                }
+                _ = &mut limit => {
+                    if self.until_ready {
+                        not_ready_within(&live.gate, self.timeout).await;
+                    }
+                    return Ok(Watched::End(WatchEnd::TimedOut));
+                }
+                _ = &mut stop => return Ok(Watched::End(WatchEnd::Stopped)),
+                _ = &mut lost => return Ok(Watched::Lost),
             }
-            _ = refresh.tick(), if output == Output::Explain => {
-                // Blockers and the window's countdown change without an
-                // event (a node announces, SWIM hears it): shown as they do.
-                printer.state(&live.gate, live.gate.clock().now()).await;
+        }
+    }
+}
+
+/// `watch` as one of several replicas (`[state] etcd`, SPEC §12): follows
+/// until it leads, prints the events of each term it leads (recording
+/// term n into `FILE` for the first, `FILE.n` after), and follows again
+/// when it steps down. A signal resigns (the lease revoked: another
+/// replica leads at once).
+async fn watch_replica(
+    config: &Config,
+    watching: &Watching<'_>,
+    record: Option<&Path>,
+    mut limit: std::pin::Pin<&mut tokio::time::Sleep>,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+) -> Result<WatchEnd, LiveError> {
+    let mut replica = super::replica::Replica::start(config)?;
+    loop {
+        let term = replica.terms() + 1;
+        let term_record = record.map(|path| match term {
+            1 => path.to_path_buf(),
+            n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
+        });
+        let recording = recording(term_record.as_deref())?;
+        let live = tokio::select! {
+            live = replica.lead(recording) => {
+                let live = live?;
+                eprintln!("poolgate: this replica ({}) leads (term {term})", replica.me().replica);
+                live
+            }
+            _ = &mut stop => {
+                replica.resign();
+                return Ok(WatchEnd::Stopped);
             }
             _ = &mut limit => {
-                if until_ready {
-                    not_ready_within(&live.gate, timeout).await;
-                }
+                replica.resign();
                 return Ok(WatchEnd::TimedOut);
             }
-            _ = &mut stop => return Ok(WatchEnd::Stopped),
+        };
+        let lost = {
+            let fence_check = &replica;
+            async move { fence_check.lost().await }
+        };
+        let watched = watching
+            .events(&live, limit.as_mut(), stop.as_mut(), lost)
+            .await;
+        live.shutdown();
+        match watched {
+            Ok(Watched::Lost) => {
+                eprintln!("poolgate: this replica stopped leading; following the new leader");
+            }
+            Ok(Watched::End(end)) => {
+                replica.resign();
+                return Ok(end);
+            }
+            Err(e) => {
+                replica.resign();
+                return Err(e);
+            }
         }
     }
 }
@@ -303,13 +413,39 @@ pub async fn run(
             .into(),
         );
     }
-    warn_without_state(config);
-    let live = Orchestrator::start_recording(config, recording(record)?).await?;
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
+    // Among replicas (`[state] etcd`), `run` is a replica that leads (it
+    // follows until it does); its run is stored in etcd, so whichever
+    // replica leads next guards it (SPEC §12).
+    let mut replica = match config.state.etcd.is_empty() {
+        true => None,
+        false => Some(super::replica::Replica::start(config)?),
+    };
+    let live = match replica.as_mut() {
+        Some(replica) => tokio::select! {
+            live = replica.lead(recording(record)?) => {
+                let live = live?;
+                eprintln!("poolgate: this replica ({}) leads", replica.me().replica);
+                live
+            }
+            signal = &mut stop => return Ok(128 + signal),
+        },
+        None => {
+            warn_without_state(config);
+            Orchestrator::start_recording(config, recording(record)?).await?
+        }
+    };
+    let lost = async {
+        match &replica {
+            Some(replica) => replica.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
     let gate = live.gate.clone();
     let mut events = gate.subscribe();
     let mut printer = Printer::new(output);
-    let stop = stop_signal()?;
-    tokio::pin!(stop);
 
     let run = match &request.resume {
         Some(run) => {
@@ -388,9 +524,22 @@ pub async fn run(
                 return Ok(128 + signal);
             }
             _ = hangup.recv() => reload_keys(&live, path),
+            _ = &mut lost => {
+                // This replica may no longer act, so it can no longer
+                // guard: the command stops; the run stays committed in
+                // etcd, guarded by the next leader.
+                child.stop().await;
+                live.shutdown();
+                eprintln!("poolgate run: this replica stopped leading: the command was stopped; run {run} stays committed and is guarded by the new leader");
+                return Ok(EXIT_LOST_LEADERSHIP);
+            }
         }
     }
 }
+
+/// `poolgate run`'s exit code when its replica stopped leading while
+/// guarding (SPEC §12).
+pub const EXIT_LOST_LEADERSHIP: i32 = 5;
 
 /// Plans and commits `run` over `required` on a ready pool; readiness
 /// lost on the way means waiting for the next `PoolReady` (the planning

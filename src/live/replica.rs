@@ -319,6 +319,9 @@ impl Elector {
         tracing::error!(why = %why, "stepped down: no longer the leader");
         self.tx.send_replace(Role::Following(None));
         let _ = self.etcd.revoke(term.lease);
+        // Not at once a candidate again: the orchestrator of the term
+        // that ended must see it end first.
+        self.pause(POLL * 2);
         None
     }
 }
@@ -360,6 +363,9 @@ pub struct Replica {
     /// less was wiped or rolled back, and is refused.
     seen_epoch: u64,
     terms: u64,
+    /// The term the running orchestrator belongs to (the leader key's
+    /// create revision).
+    term: Option<i64>,
 }
 
 /// How long one etcd call of the store may take.
@@ -416,6 +422,7 @@ impl Replica {
             me,
             seen_epoch: held.last_epoch,
             terms: 0,
+            term: None,
         })
     }
 
@@ -447,21 +454,22 @@ impl Replica {
         record: Option<poolgate_actors::Recording>,
     ) -> Result<Orchestrator, LiveError> {
         loop {
-            let following = follow(&self.config, self.campaign.role())?;
+            let mut following = Following(follow(&self.config, self.campaign.role())?);
             let mut role = self.campaign.role();
             while !matches!(*role.borrow_and_update(), Role::Leading(_)) || !self.leads() {
                 if role.changed().await.is_err() {
-                    following.abort();
                     return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
                 }
             }
-            following.abort();
-            let _ = following.await;
+            following.0.abort();
+            let _ = (&mut following.0).await;
+            self.term = self.fence.current().map(|t| t.created);
             let store = Arc::clone(&self.store);
             let read = tokio::task::spawn_blocking(move || store.read())
                 .await
                 .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
             let (restored, _) = read?;
+            self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
             if restored.last_epoch < self.seen_epoch {
                 return Err(LiveError::State(crate::state::StateError {
                     file: format!("etcd {}", self.etcd.endpoints()),
@@ -509,10 +517,12 @@ impl Replica {
         }
     }
 
-    /// Resolves when this replica may no longer act (checked every 20 ms
-    /// against the renew deadline, whatever the campaign's thread is doing).
+    /// Resolves when the term [`Replica::lead`] began is over: this
+    /// replica may no longer act (checked every 20 ms against the renew
+    /// deadline, whatever the campaign's thread is doing).
     pub async fn lost(&self) {
-        while self.leads() {
+        // A term lost and a new one won between two looks is lost too.
+        while self.term.is_some() && self.fence.current().map(|t| t.created) == self.term {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -548,6 +558,15 @@ fn advertised_agents(config: &crate::Config) -> String {
             format!("{host}:{}", listen.port())
         }
         _ => listen.to_string(),
+    }
+}
+
+/// The follower listener, stopped when dropped (a `lead` given up).
+struct Following(tokio::task::JoinHandle<()>);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -75,6 +75,8 @@ pub struct EtcdStore {
     prefix: String,
     cluster: Value,
     fence: Arc<Fence>,
+    /// The highest epoch this store wrote.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl EtcdStore {
@@ -86,7 +88,14 @@ impl EtcdStore {
             prefix: prefix.to_string(),
             cluster: serde_json::json!({ "label": label, "pool": pool }),
             fence,
+            written: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The highest last epoch this store has written: what etcd must hold
+    /// at least, unless its data was wiped or rolled back.
+    pub fn written_epoch(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The key of `name` under the prefix.
@@ -206,7 +215,10 @@ impl EtcdStore {
 impl StateStore for EtcdStore {
     fn save(&self, state: &Durable) -> Result<(), StoreError> {
         let record = encode_state(state).map_err(StoreError)?;
-        self.put("state", &record)
+        self.put("state", &record)?;
+        self.written
+            .fetch_max(state.last_epoch, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -1,0 +1,131 @@
+//! A real etcd server for a test: on 127.0.0.1 with free ports, or inside
+//! a rig host; its data in a folder of its own; SIGKILLed and removed on
+//! drop. Where the `etcd` binary is missing, tests say so in one line and
+//! do nothing (under `CI` they fail instead: `.ci/run` installs it).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why etcd cannot run here, if it cannot.
+pub fn missing() -> Option<String> {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return None;
+    }
+    let why = "the `etcd` binary is not installed (Debian: etcd-server)".to_string();
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "under CI the etcd tests must run: {why}"
+    );
+    Some(why)
+}
+
+/// Skips the calling test with one line if etcd is missing.
+#[macro_export]
+macro_rules! need_etcd {
+    () => {
+        if let Some(why) = $crate::etcd::missing() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One etcd member on 127.0.0.1.
+pub struct Etcd {
+    child: Option<Child>,
+    dir: PathBuf,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+}
+
+impl Etcd {
+    /// Starts a one-member cluster and waits until it answers.
+    pub fn start(name: &str) -> Etcd {
+        let dir = std::env::temp_dir().join(format!("poolgate-etcd-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("etcd folder");
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
+        let child = Command::new("etcd")
+            .args(["--name", "e0", "--data-dir"])
+            .arg(dir.join("data"))
+            .args([
+                "--listen-client-urls",
+                &endpoint,
+                "--advertise-client-urls",
+                &endpoint,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args(["--initial-cluster", &format!("e0={peer_url}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("etcd starts");
+        let etcd = Etcd {
+            child: Some(child),
+            dir,
+            endpoint,
+        };
+        let client = poolgate::etcd::Etcd::new(
+            std::slice::from_ref(&etcd.endpoint),
+            Duration::from_millis(500),
+        )
+        .expect("endpoint");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while client.get(b"probe").is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not start: {}",
+                etcd.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        etcd
+    }
+
+    /// A client of it.
+    pub fn client(&self) -> poolgate::etcd::Etcd {
+        poolgate::etcd::Etcd::new(std::slice::from_ref(&self.endpoint), Duration::from_secs(2))
+            .expect("endpoint")
+    }
+
+    /// Its log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

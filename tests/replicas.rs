@@ -1,0 +1,212 @@
+//! Orchestrator replicas on a real etcd (SPEC §12), in one process: one
+//! leader at a time, writes fenced by leadership, epochs continued across
+//! a change of leader, and bad etcd input refused by name. Each test
+//! starts its own etcd on 127.0.0.1 (free ports) and is bounded in time;
+//! without the `etcd` binary each says so in one line.
+
+mod common;
+#[path = "common/etcd.rs"]
+#[macro_use]
+mod etcd;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolgate::core::{Durable, Event};
+use poolgate::live::replica::Replica;
+use poolgate::state::etcd::{EtcdStore, Fence, Term};
+use poolgate::{Config, StateStore};
+
+use common::live::{live_for, ready};
+use common::make_ready;
+
+fn config(endpoint: &str, extra: &str) -> Config {
+    Config::parse(
+        &format!(
+            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"replicas\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\n{extra}"
+        ),
+        "config.toml",
+    )
+    .expect("config")
+}
+
+/// Leads with whichever of `a` and `b` wins; which one it was.
+async fn first_leader(a: &mut Replica, b: &mut Replica) -> (bool, poolgate::live::Orchestrator) {
+    tokio::select! {
+        live = a.lead(None) => (true, live.expect("a leads")),
+        live = b.lead(None) => (false, live.expect("b leads")),
+    }
+}
+
+#[test]
+fn one_replica_leads_a_deposed_write_changes_nothing_and_epochs_continue() {
+    need_etcd!();
+    let server = etcd::Etcd::start("leads");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let mut b = Replica::start(&config).unwrap();
+        let (a_leads, live) = first_leader(&mut a, &mut b).await;
+        assert_ne!(a.leads(), b.leads(), "exactly one replica leads");
+        assert_eq!(a.leads(), a_leads);
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let first = ready(&mut events).await;
+
+        // A write from a term that is over (another create revision of the
+        // leader key) is refused by etcd and changes nothing.
+        let deposed = Arc::new(Fence::default());
+        deposed.set(Term {
+            created: 1,
+            until: std::time::Instant::now() + Duration::from_secs(60),
+        });
+        let stale = EtcdStore::new(
+            Arc::new(server.client()),
+            "/poolgate/replicas/pool-a/",
+            "replicas",
+            "pool-a",
+            deposed,
+        );
+        let refused = stale.save(&Durable {
+            last_epoch: 1_000,
+            run: None,
+        });
+        assert!(refused.is_err(), "a deposed leader's write went through");
+        let (held, _) = stale.read().unwrap();
+        assert_eq!(
+            held.last_epoch, first.0,
+            "the refused write changed the state"
+        );
+
+        // The leader resigns: the other leads at once, above every epoch.
+        live.shutdown();
+        let (mut leader, other) = if a_leads { (b, a) } else { (a, b) };
+        other.resign();
+        let live = tokio::time::timeout(Duration::from_secs(5), leader.lead(None))
+            .await
+            .expect("the other replica leads within the lease")
+            .unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let second = ready(&mut events).await;
+        assert!(
+            second > first,
+            "epoch {second:?} after {first:?}: issued twice"
+        );
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+#[test]
+fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
+    need_etcd!();
+    let server = etcd::Etcd::start("wiped");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let epoch = ready(&mut events).await;
+        assert!(epoch.0 >= 1);
+        // etcd's data wiped under the running leader.
+        let deleted = server
+            .client()
+            .delete_prefix(b"/poolgate/replicas/pool-a/")
+            .unwrap();
+        assert!(deleted >= 2);
+        tokio::time::timeout(Duration::from_secs(3), replica.lost())
+            .await
+            .expect("the leader stops acting once its key is gone");
+        live.shutdown();
+        assert!(
+            live_stopped(&mut events).await,
+            "events after stepping down"
+        );
+        // It leads again, but will not issue epoch 1 again.
+        let error = tokio::time::timeout(Duration::from_secs(10), replica.lead(None))
+            .await
+            .expect("an answer")
+            .err()
+            .expect("wiped state refused");
+        let text = error.to_string();
+        assert!(
+            text.contains("wiped") && text.contains(&server.endpoint),
+            "{text}"
+        );
+        replica.resign();
+    });
+}
+
+/// Whether the stream ended with nothing more published.
+async fn live_stopped(events: &mut poolgate::EventStream) -> bool {
+    loop {
+        match events.recv().await {
+            None => return true,
+            Some(Event::PoolReady { .. }) => return false,
+            Some(_) => continue,
+        }
+    }
+}
+
+#[test]
+fn bad_etcd_input_at_start_is_an_error_naming_the_endpoint_or_key() {
+    need_etcd!();
+    // Unreachable endpoints.
+    let port = etcd::free_port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let error = Replica::start(&config(&dead, "")).unwrap_err().to_string();
+    assert!(
+        error.contains(&dead) && error.contains("unreachable"),
+        "{error}"
+    );
+
+    let server = etcd::Etcd::start("bad");
+    let client = server.client();
+    // A newer format under the prefix.
+    client.put(b"/newer/format", b"99").unwrap();
+    let error = Replica::start(&config(&server.endpoint, "prefix = \"/newer/\""))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("/newer/format") && error.contains("newer"),
+        "{error}"
+    );
+    // Another cluster's prefix.
+    client.put(b"/theirs/format", b"2").unwrap();
+    client
+        .put(b"/theirs/cluster", br#"{"label":"other","pool":"pool-z"}"#)
+        .unwrap();
+    let error = Replica::start(&config(&server.endpoint, "prefix = \"/theirs/\""))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("/theirs/cluster") && error.contains("another cluster"),
+        "{error}"
+    );
+    // A damaged record.
+    client.put(b"/damaged/format", b"2").unwrap();
+    client
+        .put(
+            b"/damaged/cluster",
+            br#"{"label":"replicas","pool":"pool-a"}"#,
+        )
+        .unwrap();
+    client
+        .put(b"/damaged/state", br#"{"last_epoch":7,"run":null}"#)
+        .unwrap();
+    client
+        .put(b"/damaged/state.sha256", b"not the sum")
+        .unwrap();
+    let error = Replica::start(&config(&server.endpoint, "prefix = \"/damaged/\""))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("/damaged/state") && error.contains("checksum"),
+        "{error}"
+    );
+}
