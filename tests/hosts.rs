@@ -7,6 +7,8 @@
 
 #[path = "common/deploy.rs"]
 mod deploy;
+#[path = "common/etcd.rs"]
+mod etcd;
 #[path = "common/procs.rs"]
 mod procs;
 #[path = "common/rig.rs"]
@@ -550,4 +552,153 @@ fn a_sigkilled_run_on_its_host_leaves_no_command_and_the_next_run_names_its_run(
     assert_eq!(code, Some(4), "{said}");
     let name = committed["run"].as_str().unwrap_or_default();
     assert!(said.contains(&format!("--end {name}")), "{said}");
+}
+
+/// Starts a one-member etcd on rig host `host`, listening on its address;
+/// its endpoint.
+fn etcd_on(rig: &Rig, host: usize) -> (Process, String) {
+    let addr = rig.hosts[host].addr;
+    let endpoint = format!("http://{addr}:2379");
+    let peer = format!("http://{addr}:2380");
+    let data = rig.host_dir(host).join("etcd");
+    let data = data.display().to_string();
+    let server = rig.spawn(
+        host,
+        "etcd",
+        &[
+            "etcd",
+            "--name",
+            "e0",
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &format!("e0={peer}"),
+        ],
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.stderr().contains("ready to serve client requests") {
+        assert!(
+            Instant::now() < deadline,
+            "etcd did not start: {}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, endpoint)
+}
+
+/// Waits until `process`'s stderr holds `text`; when it was seen.
+fn stderr_line(process: &Process, text: &str, limit: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if process.stderr().contains(text) {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+#[test]
+fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
+    // SPEC §12, issue 22: `run` leads and commits; SIGKILL of it hands the
+    // committed run to the `watch` replica on another host, which guards
+    // it from etcd: the takeover faults nobody, a required node killed
+    // afterwards faults the run there.
+    if let Some(why) = etcd::missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(rig) = Rig::new(4) else { return };
+    let (_etcd, endpoint) = etcd_on(&rig, 0);
+    let options = Options {
+        window: Some(Duration::from_millis(1000)),
+        orchestrator_extra: format!(
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
+        ),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
+    let mut leader = deployment.orchestrator(&rig, 1, &["run", "--json", "--", "sleep", "600"]);
+    stderr_line(&leader, "leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("run did not lead: {}", leader.stderr()));
+    let mut follower = deployment.orchestrator(&rig, 2, &["watch", "--json"]);
+    let _nodes = deployment.start_nodes(&rig);
+    let committed = leader
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("no run_committed; stderr:\n{}", leader.stderr()));
+    let run = committed["run"].as_str().expect("a run id").to_string();
+    // The follower says who leads.
+    let config = deployment
+        .orchestrator_config(&rig, 2)
+        .display()
+        .to_string();
+    let binary = deploy::binary();
+    let status = rig
+        .exec(2, &[binary.as_str(), "status", "--config", config.as_str()])
+        .unwrap_or_else(|e| e);
+    assert!(
+        status.contains("follows") && status.contains("leader:"),
+        "{status}"
+    );
+    assert!(
+        !follower.stderr().contains("leads"),
+        "two leaders: {}",
+        follower.stderr()
+    );
+
+    let killed = Instant::now();
+    leader.kill();
+    let leads = stderr_line(&follower, "leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no takeover: {}", follower.stderr()));
+    let takeover = leads - killed;
+    let ready = follower
+        .wait_event(Duration::from_secs(20), "pool_ready", &[])
+        .unwrap_or_else(|| {
+            panic!(
+                "the new leader never saw the pool ready: {}",
+                follower.stderr()
+            )
+        });
+    let first_event = killed.elapsed();
+    eprintln!("failover: leads after {takeover:?}, first event (pool_ready, epoch {}) after {first_event:?}", ready["epoch"]);
+    assert!(
+        takeover <= Duration::from_millis(3500),
+        "took {takeover:?} (lease 2 s + 1 s)"
+    );
+    // Past the restore grace, nothing faulted by the takeover itself.
+    follower.wait_for(Duration::from_secs(16), |_| None::<()>);
+    assert!(
+        !follower.seen().iter().any(|l| l.contains("run_faulted")),
+        "the takeover faulted the run: {:?}",
+        follower.seen()
+    );
+    // A required node lost now faults the run on the new leader.
+    kill_first_node(&rig, &deployment);
+    let faulted = follower
+        .wait_event(
+            Duration::from_secs(10),
+            "run_faulted",
+            &[("run", &format!("\"{run}\""))],
+        )
+        .unwrap_or_else(|| panic!("no run_faulted on the new leader: {:?}", follower.seen()));
+    assert_eq!(faulted["reason"], "unavailable");
+}
+
+/// SIGKILLs every `poolgate node` process of the deployment's first node.
+fn kill_first_node(rig: &Rig, deployment: &Deployment) {
+    let pattern = deployment.nodes[0].config.display().to_string();
+    let _ = rig.exec(
+        deployment.nodes[0].host,
+        &["pkill", "-KILL", "-f", pattern.as_str()],
+    );
 }
