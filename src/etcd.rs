@@ -125,6 +125,14 @@ impl Etcd {
         Ok(int(&answer["deleted"]).unsigned_abs())
     }
 
+    /// Whether the member this client reaches first is the raft leader of
+    /// its cluster.
+    pub fn member_is_leader(&self) -> Result<bool, EtcdError> {
+        let answer = self.call("/v3/maintenance/status", &json!({}))?;
+        let me = int(&answer["header"]["member_id"]);
+        Ok(me != 0 && int(&answer["leader"]) == me)
+    }
+
     /// A transaction: `success` if every comparison holds, else `failure`.
     /// Whether it succeeded, and the responses of the branch taken.
     pub fn txn(
@@ -157,6 +165,10 @@ impl Etcd {
     /// Renews lease `id`: the TTL it has again, `None` if it is gone.
     pub fn keep_alive(&self, id: i64) -> Result<Option<Duration>, EtcdError> {
         let answer = self.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        // A streamed call reports a failure inside the stream, with 200.
+        if answer.get("result").is_none() {
+            return Err(self.refused("/v3/lease/keepalive", &answer));
+        }
         let ttl = int(&answer["result"]["TTL"]);
         Ok((ttl > 0).then(|| Duration::from_secs(ttl.unsigned_abs())))
     }

@@ -21,6 +21,11 @@ use common::live::{live_for, ready};
 use common::make_ready;
 
 fn config(endpoint: &str, extra: &str) -> Config {
+    config_of(&[endpoint.to_string()], extra)
+}
+
+fn config_of(endpoints: &[String], extra: &str) -> Config {
+    let endpoint = endpoints.join("\", \"");
     Config::parse(
         &format!(
             "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
@@ -209,4 +214,70 @@ fn bad_etcd_input_at_start_is_an_error_naming_the_endpoint_or_key() {
         error.contains("/damaged/state") && error.contains("checksum"),
         "{error}"
     );
+}
+
+#[test]
+fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyone_until_it_returns(
+) {
+    need_etcd!();
+    let mut cluster = etcd::Cluster::start("quorum", 3);
+    let endpoints = cluster.endpoints();
+    let config = config_of(&endpoints, "");
+    // A member that is not etcd's raft leader (losing the raft leader
+    // costs an election of about a second, which a 2 s lease may not
+    // ride out: README).
+    let follower = (0..3)
+        .find(|i| {
+            let one =
+                poolgate::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_secs(2)).unwrap();
+            !one.member_is_leader().unwrap()
+        })
+        .expect("a follower member");
+    live_for(Duration::from_secs(120), async {
+        let mut a = Replica::start(&config).unwrap();
+        let mut b = Replica::start(&config).unwrap();
+        let (a_leads, live) = first_leader(&mut a, &mut b).await;
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let first = ready(&mut events).await;
+        let (leader, other) = if a_leads {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+
+        cluster.kill(follower);
+        let kept = tokio::time::timeout(Duration::from_secs(4), leader.lost()).await;
+        assert!(
+            kept.is_err(),
+            "losing one of three members deposed the leader"
+        );
+        assert!(leader.leads() && !other.leads());
+
+        // A second member gone: no quorum. The leader steps down within
+        // its renew deadline, and nobody leads.
+        let second = (0..3).find(|i| *i != follower).expect("another member");
+        cluster.kill(second);
+        tokio::time::timeout(Duration::from_secs(3), leader.lost())
+            .await
+            .expect("without quorum the leader stops acting");
+        live.shutdown();
+        let nobody =
+            tokio::time::timeout(Duration::from_secs(4), first_leader(leader, other)).await;
+        assert!(nobody.is_err(), "a replica led without quorum");
+
+        // Quorum back: leadership resumes, epochs above the first.
+        cluster.restart(follower);
+        cluster.restart(second);
+        let (_, live) = tokio::time::timeout(Duration::from_secs(30), first_leader(&mut a, &mut b))
+            .await
+            .expect("leadership resumes once quorum returns");
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let again = ready(&mut events).await;
+        assert!(again > first, "epoch {again:?} after {first:?}");
+        live.shutdown();
+        a.resign();
+        b.resign();
+    });
 }

@@ -74,6 +74,7 @@ impl std::fmt::Display for SteppedDown {
 #[derive(Debug)]
 pub struct Campaign {
     stop: Arc<AtomicBool>,
+    abandoned: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     role: watch::Receiver<Role>,
 }
@@ -94,14 +95,20 @@ impl Campaign {
     pub fn start(etcd: Arc<Etcd>, settings: CampaignSettings, fence: Arc<Fence>) -> Campaign {
         let (tx, role) = watch::channel(Role::Following(None));
         let stop = Arc::new(AtomicBool::new(false));
+        let abandoned = Arc::new(AtomicBool::new(false));
         let thread = {
-            let stop = Arc::clone(&stop);
+            let (stop, abandoned) = (Arc::clone(&stop), Arc::clone(&abandoned));
             std::thread::Builder::new()
                 .name("poolgate-leadership".into())
-                .spawn(move || Elector::new(etcd, settings, fence, tx, stop).run())
+                .spawn(move || Elector::new(etcd, settings, fence, tx, stop).run(&abandoned))
                 .ok()
         };
-        Campaign { stop, thread, role }
+        Campaign {
+            stop,
+            abandoned,
+            thread,
+            role,
+        }
     }
 
     /// The role, as it changes.
@@ -112,6 +119,13 @@ impl Campaign {
     /// Stops campaigning; a leader revokes its lease so another replica
     /// leads at once.
     pub fn resign(mut self) {
+        self.end();
+    }
+
+    /// Stops campaigning without revoking the lease, as a crashed process
+    /// would: another replica leads once the lease expires.
+    pub fn abandon(mut self) {
+        self.abandoned.store(true, Ordering::Relaxed);
         self.end();
     }
 
@@ -173,7 +187,7 @@ impl Elector {
         }
     }
 
-    fn run(mut self) {
+    fn run(mut self, abandoned: &AtomicBool) {
         let mut held: Option<Held> = None;
         while !self.stop.load(Ordering::Relaxed) {
             held = match held {
@@ -187,8 +201,8 @@ impl Elector {
                 Some(term) => self.lead(term),
             };
         }
-        if let Some(term) = held {
-            self.fence.clear();
+        self.fence.clear();
+        if let (Some(term), false) = (held, abandoned.load(Ordering::Relaxed)) {
             // Hand over at once rather than at the lease's expiry.
             let _ = self.etcd.revoke(term.lease);
             tracing::info!("resigned the leadership (lease revoked)");
@@ -536,6 +550,13 @@ impl Replica {
     pub fn resign(self) {
         self.fence.clear();
         self.campaign.resign();
+    }
+
+    /// Stops campaigning as a crashed process would (the lease left to
+    /// expire); for tests of takeovers, and an embedder's own crash drills.
+    pub fn abandon(self) {
+        self.fence.clear();
+        self.campaign.abandon();
     }
 }
 

@@ -129,3 +129,116 @@ impl Drop for Etcd {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A cluster of etcd members on 127.0.0.1, each restartable on its data.
+pub struct Cluster {
+    members: Vec<Member>,
+    dir: PathBuf,
+    initial: String,
+}
+
+struct Member {
+    name: String,
+    client: String,
+    peer: String,
+    child: Option<Child>,
+}
+
+impl Cluster {
+    /// Starts `n` members and waits until the cluster answers.
+    pub fn start(name: &str, n: usize) -> Cluster {
+        let dir =
+            std::env::temp_dir().join(format!("poolgate-etcds-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("etcd folder");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("e{i}"),
+                client: format!("http://127.0.0.1:{}", free_port()),
+                peer: format!("http://127.0.0.1:{}", free_port()),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            members,
+            dir,
+            initial,
+        };
+        for i in 0..n {
+            cluster.restart(i);
+        }
+        let client = cluster.client(Duration::from_millis(500));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while client.get(b"probe").is_err() {
+            assert!(Instant::now() < deadline, "the etcd cluster did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// Every member's client endpoint.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client.clone()).collect()
+    }
+
+    /// A client of the whole cluster.
+    pub fn client(&self, timeout: Duration) -> poolgate::etcd::Etcd {
+        poolgate::etcd::Etcd::new(&self.endpoints(), timeout).expect("endpoints")
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` (again) on its data.
+    pub fn restart(&mut self, i: usize) {
+        let member = &self.members[i];
+        let log =
+            std::fs::File::create(self.dir.join(format!("{}.log", member.name))).expect("log");
+        let child = Command::new("etcd")
+            .args(["--name", &member.name, "--data-dir"])
+            .arg(self.dir.join(&member.name))
+            .args([
+                "--listen-client-urls",
+                &member.client,
+                "--advertise-client-urls",
+                &member.client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &member.peer,
+                "--initial-advertise-peer-urls",
+                &member.peer,
+            ])
+            .args([
+                "--initial-cluster",
+                &self.initial,
+                "--initial-cluster-state",
+                "new",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("etcd starts");
+        self.members[i].child = Some(child);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

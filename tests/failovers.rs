@@ -1,0 +1,335 @@
+//! A hundred forced failovers among three replicas on a real etcd (SPEC
+//! §12, issue 22), in random order: a clean stop (the lease revoked), a
+//! crash (the lease left to expire) and restart, and isolation from etcd
+//! (every connection to it refused until healed). A run committed in the
+//! first term is guarded in every term after. Checked from what each term
+//! did: terms never overlap (a leader stops acting before the next one
+//! starts), every epoch is issued once and above every earlier one, the run
+//! is restored and never faulted by a takeover, and the gap between terms
+//! stays within the lease plus a second. One etcd on 127.0.0.1; each
+//! replica reaches it through a proxy of its own that the test can cut.
+
+mod common;
+#[path = "common/etcd.rs"]
+#[macro_use]
+mod etcd;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poolgate::core::{Event, NodeId, RunId};
+use poolgate::live::replica::Replica;
+use poolgate::Config;
+use rand::{RngExt, SeedableRng};
+
+use common::live::live_for;
+use common::make_ready;
+
+/// A TCP proxy to etcd that refuses everything while cut.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let cutting = Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if cutting.load(Ordering::Relaxed) {
+                    drop(client);
+                    continue;
+                }
+                let cut = Arc::clone(&cutting);
+                std::thread::spawn(move || pipe(client, to, &cut));
+            }
+        });
+        Proxy { port, cut }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::Relaxed);
+    }
+}
+
+/// Copies both ways until either side closes, or the proxy is cut.
+fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+        return;
+    };
+    let copy = |mut from: TcpStream, mut into: TcpStream, cut: &AtomicBool| {
+        let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            if cut.load(Ordering::Relaxed) {
+                let _ = into.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            match from.read(&mut buf) {
+                Ok(0) => {
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                    return;
+                }
+                Ok(n) => {
+                    if into.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| copy(client, s2, cut));
+        scope.spawn(|| copy(server, c2, cut));
+    });
+}
+
+fn config(endpoint: &str) -> Config {
+    Config::parse(
+        &format!(
+            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"failovers\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"10s\"\n"
+        ),
+        "config.toml",
+    )
+    .expect("config")
+}
+
+/// What one term did.
+struct TermSeen {
+    replica: usize,
+    /// When its campaign won (from then on it may act).
+    won: Instant,
+    /// When its orchestrator ran (the run guarded again from here).
+    started: Instant,
+    /// When it stopped acting (its orchestrator shut down).
+    ended: Instant,
+    epochs: Vec<u64>,
+    faulted: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Force {
+    Stop,
+    Crash,
+    Isolate,
+}
+
+const FAILOVERS: usize = 100;
+
+#[test]
+fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarded() {
+    need_etcd!();
+    let server = etcd::Etcd::start("failovers");
+    let etcd_port: u16 = server
+        .endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start(etcd_port)).collect();
+    let configs: Vec<Config> = proxies.iter().map(|p| config(&p.endpoint())).collect();
+    let seed = std::env::var("POOLGATE_FAILOVER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(22);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut terms: Vec<TermSeen> = Vec::new();
+    let mut forces = Vec::new();
+    let run = RunId::new("run-guarded").unwrap();
+    let node = NodeId::new("node-1").unwrap();
+
+    live_for(Duration::from_secs(900), async {
+        let mut replicas: Vec<Option<Replica>> = configs
+            .iter()
+            .map(|c| Some(Replica::start(c).expect("replica")))
+            .collect();
+        let mut isolated: Option<usize> = None;
+        for k in 0..=FAILOVERS {
+            // Whoever leads next.
+            let (i, live) = {
+                let [a, b, c] = &mut replicas[..] else {
+                    unreachable!("three replicas")
+                };
+                let (a, b, c) = (
+                    a.as_mut().expect("replica 0"),
+                    b.as_mut().expect("replica 1"),
+                    c.as_mut().expect("replica 2"),
+                );
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    tokio::select! {
+                        live = a.lead(None) => (0, live),
+                        live = b.lead(None) => (1, live),
+                        live = c.lead(None) => (2, live),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("failover {k}: nobody led within 10 s"))
+            };
+            let started = Instant::now();
+            let live = live.unwrap_or_else(|e| panic!("failover {k}: replica {i}: {e}"));
+            let won = match &*replicas[i].as_ref().expect("the leader").role().borrow() {
+                poolgate::live::replica::Role::Leading(since) => *since,
+                other => panic!("failover {k}: replica {i} started an orchestrator as {other:?}"),
+            };
+            assert_ne!(Some(i), isolated, "an isolated replica led");
+            // The isolated replica is healed once another leads.
+            if let Some(j) = isolated.take() {
+                proxies[j].set_cut(false);
+            }
+            let mut events = live.gate.subscribe();
+            make_ready(&live.gate, "node-1").await;
+            let mut epochs = Vec::new();
+            let mut faulted = false;
+            // The pool is ready in this term (an epoch stored and told).
+            loop {
+                match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
+                    Ok(Some(Event::PoolReady { epoch, .. })) => {
+                        epochs.push(epoch.0);
+                        break;
+                    }
+                    Ok(Some(Event::RunFaulted { .. })) => faulted = true,
+                    Ok(Some(_)) => {}
+                    other => panic!("failover {k}: no pool_ready in the term ({other:?})"),
+                }
+            }
+            let report = live.gate.report().await.unwrap();
+            if k == 0 {
+                let epoch = poolgate::core::Epoch(epochs[0]);
+                live.gate
+                    .begin_planning(run.clone(), Some(epoch))
+                    .await
+                    .unwrap();
+                live.gate
+                    .commit_plan(run.clone(), vec![node.clone()], Some(epoch))
+                    .await
+                    .unwrap();
+            } else {
+                assert_eq!(
+                    report.run.as_ref(),
+                    Some(&run),
+                    "failover {k}: the run was not restored"
+                );
+            }
+            if k == FAILOVERS {
+                terms.push(TermSeen {
+                    replica: i,
+                    won,
+                    started,
+                    ended: Instant::now(),
+                    epochs,
+                    faulted,
+                });
+                live.shutdown();
+                break;
+            }
+            let force = match rng.random_range(0..3) {
+                0 => Force::Stop,
+                1 => Force::Crash,
+                _ => Force::Isolate,
+            };
+            forces.push(force);
+            let ended = match force {
+                Force::Stop | Force::Crash => {
+                    let ended = Instant::now();
+                    live.shutdown();
+                    let replica = replicas[i].take().expect("the leader");
+                    if matches!(force, Force::Stop) {
+                        replica.resign();
+                    } else {
+                        replica.abandon();
+                    }
+                    replicas[i] = Some(Replica::start(&configs[i]).expect("restart"));
+                    ended
+                }
+                Force::Isolate => {
+                    proxies[i].set_cut(true);
+                    isolated = Some(i);
+                    let leader = replicas[i].as_ref().expect("the leader");
+                    tokio::time::timeout(Duration::from_secs(3), leader.lost())
+                        .await
+                        .unwrap_or_else(|_| panic!("failover {k}: an isolated leader kept acting"));
+                    let ended = Instant::now();
+                    live.shutdown();
+                    ended
+                }
+            };
+            // Whatever else the term published before it ended.
+            while let Ok(event) = events.try_recv() {
+                if let Event::RunFaulted { .. } = event {
+                    faulted = true;
+                }
+            }
+            terms.push(TermSeen {
+                replica: i,
+                won,
+                started,
+                ended,
+                epochs,
+                faulted,
+            });
+        }
+        for replica in replicas.into_iter().flatten() {
+            replica.resign();
+        }
+    });
+
+    // Terms never overlap, and the gap between them is bounded.
+    let mut gaps = Vec::new();
+    for (k, pair) in terms.windows(2).enumerate() {
+        assert!(
+            pair[1].won > pair[0].ended,
+            "failover {k} ({:?}): replica {} won {:?} before replica {} stopped acting",
+            forces[k],
+            pair[1].replica,
+            pair[0].ended - pair[1].won,
+            pair[0].replica
+        );
+        gaps.push(pair[1].started - pair[0].ended);
+    }
+    // Every epoch once, each term's above every earlier one.
+    let epochs: Vec<u64> = terms.iter().flat_map(|t| t.epochs.clone()).collect();
+    assert!(
+        epochs.windows(2).all(|w| w[1] > w[0]),
+        "epochs issued twice or backwards: {epochs:?}"
+    );
+    assert!(
+        terms.iter().all(|t| !t.faulted),
+        "a takeover faulted the run"
+    );
+    gaps.sort();
+    let max = *gaps.last().expect("gaps");
+    eprintln!(
+        "{} failovers (seed {seed}; {} stops, {} crashes, {} isolations): terms never overlapped; guard gap p50 {:?}, max {:?}",
+        gaps.len(),
+        forces.iter().filter(|f| matches!(f, Force::Stop)).count(),
+        forces.iter().filter(|f| matches!(f, Force::Crash)).count(),
+        forces.iter().filter(|f| matches!(f, Force::Isolate)).count(),
+        gaps[gaps.len() / 2],
+        max
+    );
+    assert!(
+        max <= Duration::from_secs(4),
+        "a run went unguarded {max:?}"
+    );
+}
