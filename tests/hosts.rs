@@ -702,3 +702,156 @@ fn kill_first_node(rig: &Rig, deployment: &Deployment) {
         &["pkill", "-KILL", "-f", pattern.as_str()],
     );
 }
+
+/// Starts `poolgate <args…> --config <host's config>` on `host`, logging
+/// JSON at info level (timestamps to compare across replicas).
+fn replica_on(rig: &Rig, deployment: &Deployment, host: usize, args: &[&str]) -> Process {
+    let config = deployment
+        .orchestrator_config(rig, host)
+        .display()
+        .to_string();
+    let binary = deploy::binary();
+    let mut argv = vec![
+        binary.as_str(),
+        "--log-format",
+        "json",
+        args[0],
+        "--config",
+        config.as_str(),
+    ];
+    argv.extend_from_slice(&args[1..]);
+    rig.spawn(
+        host,
+        &format!("replica-{host}"),
+        &argv,
+        &[("RUST_LOG", "poolgate=info")],
+    )
+}
+
+/// When (wall clock) each JSON log line of `process` with `message` was
+/// written.
+fn logged_at(process: &Process, message: &str) -> Vec<std::time::SystemTime> {
+    process
+        .stderr()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v["fields"]["message"].as_str() == Some(message))
+        .filter_map(|v| humantime::parse_rfc3339(v["timestamp"].as_str()?).ok())
+        .collect()
+}
+
+/// Epochs of the `pool_ready` lines `process` printed.
+fn epochs_printed(process: &Process) -> Vec<u64> {
+    process
+        .seen()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "pool_ready")
+        .filter_map(|v| v["epoch"].as_u64())
+        .collect()
+}
+
+#[test]
+fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
+    // SPEC §12, issue 22: the leader's host cut off from etcd and the
+    // nodes; it steps down before its lease can expire, the other replica
+    // leads only after, from both replicas' own timestamped logs; no
+    // epoch is issued twice; healed, the old leader follows.
+    if let Some(why) = etcd::missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(rig) = Rig::new(4) else { return };
+    let (_etcd, endpoint) = etcd_on(&rig, 0);
+    let options = Options {
+        window: Some(Duration::from_millis(1000)),
+        orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\n"),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
+    let mut first = replica_on(&rig, &deployment, 1, &["watch", "--json"]);
+    stderr_line(&first, "leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no leader: {}", first.stderr()));
+    let mut second = replica_on(&rig, &deployment, 2, &["watch", "--json"]);
+    let _nodes = deployment.start_nodes(&rig);
+    first
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready: {}", first.stderr()));
+
+    rig.isolate(1);
+    stderr_line(&second, "leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no takeover: {}", second.stderr()));
+    second
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready on the new leader: {}", second.stderr()));
+    stderr_line(
+        &first,
+        "this replica stopped leading",
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "the isolated leader never said it stopped: {}",
+            first.stderr()
+        )
+    });
+    let stepped = logged_at(
+        &first,
+        "this replica stopped leading; following the new leader",
+    );
+    let won = logged_at(&second, "leading");
+    assert_eq!(
+        (stepped.len(), won.len()),
+        (1, 1),
+        "first:\n{}\nsecond:\n{}",
+        first.stderr(),
+        second.stderr()
+    );
+    let margin = won[0].duration_since(stepped[0]).unwrap_or_else(|e| {
+        panic!(
+            "the new leader led {:?} before the old one stopped",
+            e.duration()
+        )
+    });
+    eprintln!("isolated leader stepped down {margin:?} before the other led");
+    assert!(
+        margin >= Duration::from_millis(100),
+        "only {margin:?} apart"
+    );
+    first.drain();
+    second.drain();
+    let (a, b) = (epochs_printed(&first), epochs_printed(&second));
+    assert!(!a.is_empty() && !b.is_empty());
+    assert!(
+        b.iter().all(|e| a.iter().all(|old| e > old)),
+        "epochs {a:?} then {b:?}"
+    );
+
+    // Healed: the old leader follows (it refuses nodes, and never leads
+    // beside the new one).
+    rig.heal(1);
+    let config = deployment
+        .orchestrator_config(&rig, 1)
+        .display()
+        .to_string();
+    let binary = deploy::binary();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = rig
+            .exec(1, &[binary.as_str(), "status", "--config", config.as_str()])
+            .unwrap_or_else(|e| e);
+        if status.contains("follows") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the healed replica does not follow: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        logged_at(&first, "leading").len(),
+        1,
+        "it led again beside the new leader"
+    );
+}

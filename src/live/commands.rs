@@ -297,7 +297,7 @@ async fn watch_replica(
         let live = tokio::select! {
             live = replica.lead(recording) => {
                 let live = live?;
-                eprintln!("poolgate: this replica ({}) leads (term {term})", replica.me().replica);
+                tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
                 live
             }
             _ = &mut stop => {
@@ -316,10 +316,15 @@ async fn watch_replica(
         let watched = watching
             .events(&live, limit.as_mut(), stop.as_mut(), lost)
             .await;
-        live.shutdown();
+        live.stop().await;
         match watched {
             Ok(Watched::Lost) => {
-                eprintln!("poolgate: this replica stopped leading; following the new leader");
+                // Said once the orchestrator has stopped: acting ended
+                // before this line's timestamp.
+                tracing::warn!(
+                    replica = %replica.me().replica,
+                    "this replica stopped leading; following the new leader"
+                );
             }
             Ok(Watched::End(end)) => {
                 replica.resign();
@@ -426,7 +431,7 @@ pub async fn run(
         Some(replica) => tokio::select! {
             live = replica.lead(recording(record)?) => {
                 let live = live?;
-                eprintln!("poolgate: this replica ({}) leads", replica.me().replica);
+                tracing::warn!(replica = %replica.me().replica, "this replica leads");
                 live
             }
             signal = &mut stop => return Ok(128 + signal),

@@ -193,16 +193,20 @@ impl Orchestrator {
             Some(path) => GenerationFile::beside(path).next(unix_ms())?,
             None => boot_generation(),
         };
-        let (swim, swim_addr) = SwimMember::start(
-            "orchestrator",
-            config.swim.bind,
-            config.swim.advertise.as_ref(),
-            generation,
-            config.swim.timings.foca_config(cluster_size),
-            StdRng::seed_from_u64(rand::random()),
-            Some(sink),
-            keyring,
-        )?;
+        let foca_config = config.swim.timings.foca_config(cluster_size);
+        let (swim, swim_addr) = until_free(|| {
+            SwimMember::start(
+                "orchestrator",
+                config.swim.bind,
+                config.swim.advertise.as_ref(),
+                generation,
+                foca_config.clone(),
+                StdRng::seed_from_u64(rand::random()),
+                Some(sink.clone()),
+                keyring.clone(),
+            )
+        })
+        .await?;
         // Address conflicts decided by what nodes signed.
         swim.do_send(super::swim::member::UseSigned(Arc::clone(
             &lock(&nodes).signed_view,
@@ -223,7 +227,7 @@ impl Orchestrator {
             addr: config.agents.listen,
             source,
         };
-        let listener = listen(config.agents.listen).map_err(bound)?;
+        let listener = until_free(|| listen(config.agents.listen).map_err(bound)).await?;
         let agents_addr = listener.local_addr().map_err(bound)?;
         let accept = Listener {
             gate: gate.clone(),
@@ -270,6 +274,43 @@ impl Orchestrator {
             task.abort();
         }
         self.swim.do_send(super::swim::member::Crash);
+    }
+
+    /// As [`Orchestrator::shutdown`], returning once its sockets are
+    /// closed (the listener's task ended, the SWIM member stopped), so the
+    /// same addresses can be bound again at once (a replica's next term).
+    pub async fn stop(self) {
+        self.gate.stop();
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.swim.do_send(super::swim::member::Crash);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        while self.swim.connected() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// `bind` again while its address is still held (for up to 2 s): the
+/// sockets of a replica's previous term close as their tasks end.
+pub(crate) async fn until_free<T>(
+    mut bind: impl FnMut() -> Result<T, LiveError>,
+) -> Result<T, LiveError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match bind() {
+            Err(LiveError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
     }
 }
 

@@ -468,7 +468,7 @@ impl Replica {
         record: Option<poolgate_actors::Recording>,
     ) -> Result<Orchestrator, LiveError> {
         loop {
-            let mut following = Following(follow(&self.config, self.campaign.role())?);
+            let mut following = Following(follow(&self.config, self.campaign.role()).await?);
             let mut role = self.campaign.role();
             while !matches!(*role.borrow_and_update(), Role::Leading(_)) || !self.leads() {
                 if role.changed().await.is_err() {
@@ -596,7 +596,7 @@ pub const FOLLOWER_CONNECTIONS: usize = 256;
 
 /// A follower's agent listener: every node is refused with `not_leader`
 /// and a pointer to the leader; `poolgate status` is told who leads.
-fn follow(
+async fn follow(
     config: &crate::Config,
     role: watch::Receiver<Role>,
 ) -> Result<tokio::task::JoinHandle<()>, LiveError> {
@@ -606,7 +606,9 @@ fn follow(
         addr,
         source,
     };
-    let listener = super::orchestrator::listen(addr).map_err(bound)?;
+    let listener =
+        super::orchestrator::until_free(|| super::orchestrator::listen(addr).map_err(bound))
+            .await?;
     let pool = config.pool.id().to_string();
     let slots = Arc::new(tokio::sync::Semaphore::new(FOLLOWER_CONNECTIONS));
     Ok(actix::spawn(async move {
