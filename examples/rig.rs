@@ -18,6 +18,12 @@
 //! - `rig_heartbeat_cost` (with `--only heartbeat`): bytes a second per
 //!   node on the agent port and on SWIM's, and the orchestrator's CPU,
 //!   over 30 s with a run guarded over every node
+//! - `rig_failover_*_ms` (with `--only failover`, `--failovers N`): two
+//!   `watch` replicas on etcd (one member on a host of its own, the
+//!   shipped lease), the leader SIGKILLed N times: → the other leads
+//!   (`leads`), accepts its first agent frame (`first_frame`), publishes
+//!   its first event (`first_event`, `pool_ready`); `guard_gap`: → its
+//!   orchestrator guards the run again. Needs `etcd` (etcd-server).
 //! - `rig_loss_false_faults` (with `--only loss`): runs faulted over `--minutes` of `--loss`%
 //!   UDP loss on every host (a new run after each), and with `--serf`, the
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
@@ -39,6 +45,7 @@ struct Args {
     crashes: usize,
     isolations: usize,
     moves: usize,
+    failovers: usize,
     loss: Vec<u32>,
     minutes: f64,
     serf: bool,
@@ -54,6 +61,7 @@ fn args() -> Result<Args, String> {
         crashes: 20,
         isolations: 20,
         moves: 3,
+        failovers: 20,
         loss: vec![10],
         minutes: 10.0,
         serf: false,
@@ -74,6 +82,9 @@ fn args() -> Result<Args, String> {
                 args.isolations = value()?.parse().map_err(|e| format!("--isolations: {e}"))?
             }
             "--moves" => args.moves = value()?.parse().map_err(|e| format!("--moves: {e}"))?,
+            "--failovers" => {
+                args.failovers = value()?.parse().map_err(|e| format!("--failovers: {e}"))?
+            }
             "--loss" => {
                 args.loss = value()?
                     .split(',')
@@ -107,6 +118,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.only.as_deref() == Some("failover") {
+        failovers(&args);
+        return;
+    }
     // Two orchestrator hosts (host-1, host-2), then the node hosts.
     let Some(rig) = Rig::new(2 + args.hosts) else {
         std::process::exit(1);
@@ -458,4 +473,75 @@ fn serf_failed(agent: &mut Process) -> usize {
     let mut text = agent.stderr();
     text.push_str(&agent.seen().join("\n"));
     text.matches("EventMemberFailed").count()
+}
+
+/// Replicas on etcd: the leading `watch` SIGKILLed `args.failovers` times,
+/// each time restarted as the new follower.
+fn failovers(args: &Args) {
+    // host-1: etcd; host-2, host-3: replicas; then the node hosts.
+    let Some(rig) = Rig::new(3 + args.hosts) else {
+        std::process::exit(1);
+    };
+    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
+    let node_hosts: Vec<usize> = (0..args.nodes).map(|i| 3 + i % args.hosts).collect();
+    let deployment = Deployment::write(
+        &rig,
+        &[1, 2],
+        &node_hosts,
+        Options {
+            window: Some(Duration::from_secs(1)),
+            orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\n"),
+            ..Options::default()
+        },
+    );
+    let _nodes = deployment.start_nodes(&rig);
+    let mut hosts = (1, 2);
+    let mut leader = deployment.replica(&rig, hosts.0, &["watch", "--json"]);
+    if deploy::stderr_line(&leader, "this replica leads", READY).is_none() {
+        panic!("no leader: {}", leader.stderr());
+    }
+    let mut follower = deployment.replica(&rig, hosts.1, &["watch", "--json"]);
+    if leader.wait_event(READY, "pool_ready", &[]).is_none() {
+        panic!("no pool_ready: {}", leader.stderr());
+    }
+    let (mut leads, mut frames, mut events, mut gaps) = (vec![], vec![], vec![], vec![]);
+    let since = |at: std::time::SystemTime, from: std::time::SystemTime| {
+        at.duration_since(from).unwrap_or_default().as_secs_f64() * 1000.0
+    };
+    for k in 0..args.failovers {
+        if deploy::stderr_line(&follower, "replica started: campaigning", READY).is_none() {
+            panic!("the follower did not start: {}", follower.stderr());
+        }
+        let killed_at = std::time::SystemTime::now();
+        let killed = Instant::now();
+        leader.kill();
+        match follower.wait_event(READY, "pool_ready", &[]) {
+            Some(_) => events.push(killed.elapsed().as_secs_f64() * 1000.0),
+            None => eprintln!("failover {k}: no pool_ready within {READY:?}"),
+        }
+        let first = |message: &str| {
+            deploy::logged_at(&follower, message)
+                .into_iter()
+                .find(|at| *at > killed_at)
+                .map(|at| since(at, killed_at))
+        };
+        leads.extend(first("leading"));
+        gaps.extend(first("leading: the orchestrator started"));
+        frames.extend(first("agent connected: first frame accepted"));
+        eprintln!(
+            "failover {}/{}: leads {:?} ms, first frame {:?} ms, first event {:?} ms",
+            k + 1,
+            args.failovers,
+            leads.last(),
+            frames.last(),
+            events.last()
+        );
+        hosts = (hosts.1, hosts.0);
+        leader = follower;
+        follower = deployment.replica(&rig, hosts.1, &["watch", "--json"]);
+    }
+    report(args, "rig_failover_leads_ms", &leads);
+    report(args, "rig_failover_first_frame_ms", &frames);
+    report(args, "rig_failover_first_event_ms", &events);
+    report(args, "rig_failover_guard_gap_ms", &gaps);
 }

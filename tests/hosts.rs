@@ -16,7 +16,7 @@ mod rig;
 
 use std::time::{Duration, Instant};
 
-use deploy::{Deployment, Options};
+use deploy::{logged_at, stderr_line, Deployment, Options};
 use procs::until_sleeping;
 use rig::{Process, Rig};
 
@@ -554,60 +554,6 @@ fn a_sigkilled_run_on_its_host_leaves_no_command_and_the_next_run_names_its_run(
     assert!(said.contains(&format!("--end {name}")), "{said}");
 }
 
-/// Starts a one-member etcd on rig host `host`, listening on its address;
-/// its endpoint.
-fn etcd_on(rig: &Rig, host: usize) -> (Process, String) {
-    let addr = rig.hosts[host].addr;
-    let endpoint = format!("http://{addr}:2379");
-    let peer = format!("http://{addr}:2380");
-    let data = rig.host_dir(host).join("etcd");
-    let data = data.display().to_string();
-    let server = rig.spawn(
-        host,
-        "etcd",
-        &[
-            "etcd",
-            "--name",
-            "e0",
-            "--data-dir",
-            &data,
-            "--listen-client-urls",
-            &endpoint,
-            "--advertise-client-urls",
-            &endpoint,
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-            "--initial-cluster",
-            &format!("e0={peer}"),
-        ],
-        &[],
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !server.stderr().contains("ready to serve client requests") {
-        assert!(
-            Instant::now() < deadline,
-            "etcd did not start: {}",
-            server.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (server, endpoint)
-}
-
-/// Waits until `process`'s stderr holds `text`; when it was seen.
-fn stderr_line(process: &Process, text: &str, limit: Duration) -> Option<Instant> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if process.stderr().contains(text) {
-            return Some(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
 #[test]
 fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
     // SPEC §12, issue 22: `run` leads and commits; SIGKILL of it hands the
@@ -619,7 +565,7 @@ fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
         return;
     }
     let Some(rig) = Rig::new(4) else { return };
-    let (_etcd, endpoint) = etcd_on(&rig, 0);
+    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
     let options = Options {
         window: Some(Duration::from_millis(1000)),
         orchestrator_extra: format!(
@@ -703,43 +649,6 @@ fn kill_first_node(rig: &Rig, deployment: &Deployment) {
     );
 }
 
-/// Starts `poolgate <args…> --config <host's config>` on `host`, logging
-/// JSON at info level (timestamps to compare across replicas).
-fn replica_on(rig: &Rig, deployment: &Deployment, host: usize, args: &[&str]) -> Process {
-    let config = deployment
-        .orchestrator_config(rig, host)
-        .display()
-        .to_string();
-    let binary = deploy::binary();
-    let mut argv = vec![
-        binary.as_str(),
-        "--log-format",
-        "json",
-        args[0],
-        "--config",
-        config.as_str(),
-    ];
-    argv.extend_from_slice(&args[1..]);
-    rig.spawn(
-        host,
-        &format!("replica-{host}"),
-        &argv,
-        &[("RUST_LOG", "poolgate=info")],
-    )
-}
-
-/// When (wall clock) each JSON log line of `process` with `message` was
-/// written.
-fn logged_at(process: &Process, message: &str) -> Vec<std::time::SystemTime> {
-    process
-        .stderr()
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|v| v["fields"]["message"].as_str() == Some(message))
-        .filter_map(|v| humantime::parse_rfc3339(v["timestamp"].as_str()?).ok())
-        .collect()
-}
-
 /// Epochs of the `pool_ready` lines `process` printed.
 fn epochs_printed(process: &Process) -> Vec<u64> {
     process
@@ -762,17 +671,17 @@ fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
         return;
     }
     let Some(rig) = Rig::new(4) else { return };
-    let (_etcd, endpoint) = etcd_on(&rig, 0);
+    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
     let options = Options {
         window: Some(Duration::from_millis(1000)),
         orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\n"),
         ..Options::default()
     };
     let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
-    let mut first = replica_on(&rig, &deployment, 1, &["watch", "--json"]);
+    let mut first = deployment.replica(&rig, 1, &["watch", "--json"]);
     stderr_line(&first, "leads", Duration::from_secs(10))
         .unwrap_or_else(|| panic!("no leader: {}", first.stderr()));
-    let mut second = replica_on(&rig, &deployment, 2, &["watch", "--json"]);
+    let mut second = deployment.replica(&rig, 2, &["watch", "--json"]);
     let _nodes = deployment.start_nodes(&rig);
     first
         .wait_event(READY, "pool_ready", &[])

@@ -796,6 +796,9 @@ impl Listener {
             if let Some(previous) = previous.filter(|p| *p != id) {
                 lock(&self.admission).supersede(previous);
             }
+            if first {
+                tracing::info!(%node, %peer, "agent connected: first frame accepted");
+            }
             first = false;
             deadline = match announcement.heartbeat_ms {
                 Some(ms) => (std::time::Duration::from_millis(ms)

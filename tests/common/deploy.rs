@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::rig::{Process, Rig};
 
@@ -240,6 +240,96 @@ impl Deployment {
             &env,
         )
     }
+}
+
+impl Deployment {
+    /// Starts `poolgate <args…> --config <host's config>` on `host`,
+    /// logging JSON at info level (timestamps to compare across replicas).
+    pub fn replica(&self, rig: &Rig, host: usize, args: &[&str]) -> Process {
+        let config = self.orchestrator_config(rig, host).display().to_string();
+        let binary = binary();
+        let mut argv = vec![
+            binary.as_str(),
+            "--log-format",
+            "json",
+            args[0],
+            "--config",
+            config.as_str(),
+        ];
+        argv.extend_from_slice(&args[1..]);
+        rig.spawn(
+            host,
+            &format!("replica-{host}-{}", unique()),
+            &argv,
+            &[("RUST_LOG", "poolgate=info")],
+        )
+    }
+}
+
+/// Starts a one-member etcd on rig host `host`, listening on its address;
+/// its endpoint.
+pub fn etcd_on(rig: &Rig, host: usize) -> (Process, String) {
+    let addr = rig.hosts[host].addr;
+    let endpoint = format!("http://{addr}:2379");
+    let peer = format!("http://{addr}:2380");
+    let data = rig.host_dir(host).join("etcd");
+    let data = data.display().to_string();
+    let server = rig.spawn(
+        host,
+        "etcd",
+        &[
+            "etcd",
+            "--name",
+            "e0",
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &endpoint,
+            "--advertise-client-urls",
+            &endpoint,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &format!("e0={peer}"),
+        ],
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server.stderr().contains("ready to serve client requests") {
+        assert!(
+            Instant::now() < deadline,
+            "etcd did not start: {}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, endpoint)
+}
+
+/// Waits until `process`'s stderr holds `text`; when it was seen.
+pub fn stderr_line(process: &Process, text: &str, limit: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if process.stderr().contains(text) {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// When (wall clock) each JSON log line of `process` with `message` was
+/// written.
+pub fn logged_at(process: &Process, message: &str) -> Vec<std::time::SystemTime> {
+    process
+        .stderr()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v["fields"]["message"].as_str() == Some(message))
+        .filter_map(|v| humantime::parse_rfc3339(v["timestamp"].as_str()?).ok())
+        .collect()
 }
 
 fn unique() -> u32 {
