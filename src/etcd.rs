@@ -116,6 +116,12 @@ impl Etcd {
         .map(drop)
     }
 
+    /// Deletes `key`.
+    pub fn delete(&self, key: &[u8]) -> Result<(), EtcdError> {
+        self.call("/v3/kv/deleterange", &json!({ "key": b64(key) }))
+            .map(drop)
+    }
+
     /// Deletes every key under `prefix`; how many there were.
     pub fn delete_prefix(&self, prefix: &[u8]) -> Result<u64, EtcdError> {
         let answer = self.call(

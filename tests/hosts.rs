@@ -764,3 +764,80 @@ fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
         "it led again beside the new leader"
     );
 }
+
+#[test]
+fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() {
+    // SPEC §12: `run` started while a `watch` replica leads has the leader
+    // plan and commit for it; the command runs; when that leader dies,
+    // the run's own replica (the only other) takes over and guards the
+    // run from etcd; a required node lost then faults it and `run` stops
+    // its command (exit 3).
+    if let Some(why) = etcd::missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(rig) = Rig::new(4) else { return };
+    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
+    let options = Options {
+        window: Some(Duration::from_millis(1000)),
+        orchestrator_extra: format!(
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
+        ),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
+    let mut watch = deployment.replica(&rig, 1, &["watch", "--json"]);
+    stderr_line(&watch, "this replica leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));
+    let _nodes = deployment.start_nodes(&rig);
+    watch
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready: {}", watch.stderr()));
+    let mut run = deployment.replica(
+        &rig,
+        2,
+        &["run", "--json", "--timeout", "30s", "--", "sleep", "613"],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("run was not committed: {}", run.stderr()));
+    let id = committed["run"].as_str().expect("a run").to_string();
+    // The leader committed it: the same event on the leader's stdout.
+    watch
+        .wait_event(
+            Duration::from_secs(5),
+            "run_committed",
+            &[("run", &format!("\"{id}\""))],
+        )
+        .expect("the leader published the commit");
+    assert!(
+        !run.stderr().contains("this replica leads"),
+        "run led beside watch"
+    );
+    until_sleeping("613", 1, Duration::from_secs(5));
+
+    watch.kill();
+    stderr_line(&run, "this replica leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("run's replica did not take over: {}", run.stderr()));
+    // Guarded through the restore grace: no fault from the takeover.
+    run.wait_for(Duration::from_secs(16), |_| None::<()>);
+    assert!(
+        !run.seen().iter().any(|l| l.contains("run_faulted")),
+        "the takeover faulted the run: {:?}",
+        run.seen()
+    );
+    assert!(run.pid().is_some() && until_sleeping("613", 1, Duration::from_secs(1)) == 1);
+    kill_first_node(&rig, &deployment);
+    run.wait_event(
+        Duration::from_secs(10),
+        "run_faulted",
+        &[("run", &format!("\"{id}\""))],
+    )
+    .unwrap_or_else(|| panic!("no run_faulted: {:?}\n{}", run.seen(), run.stderr()));
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+    assert_eq!(
+        until_sleeping("613", 0, Duration::from_secs(5)),
+        0,
+        "the command outlived its run"
+    );
+}

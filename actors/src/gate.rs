@@ -230,6 +230,13 @@ impl Gate {
         self.publisher.subscribe()
     }
 
+    /// Every event published from now on only: unlike [`Gate::subscribe`],
+    /// never the events of the gate's start (for a helper beside the
+    /// embedder's own subscriber, which keeps them).
+    pub fn subscribe_from_now(&self) -> EventStream {
+        self.publisher.subscribe_from_now()
+    }
+
     /// Feeds a SWIM membership fact.
     pub async fn membership(&self, update: MembershipUpdate) -> Result<Outcome, GateError> {
         let (node, observation) = update.into_observation();

@@ -93,6 +93,17 @@ impl Printer {
         }
     }
 
+    /// An event another process published (the leader, through etcd);
+    /// `--explain` prints it as `human` does.
+    fn print_told(&mut self, event: Option<Event>) {
+        let Some(event) = event else { return };
+        let event = ReplayEvent::Gate(event);
+        match self.output {
+            Output::Json => self.out.line(render::json_line(&event)),
+            Output::Human | Output::Explain => self.out.line(render::human_line(&event)),
+        }
+    }
+
     async fn state(&mut self, gate: &Gate, at: poolgate_actors::core::Time) {
         if let Ok(report) = gate.report().await {
             if let Some(line) = self.explainer.after_input(at, &report) {
@@ -420,34 +431,11 @@ pub async fn run(
     }
     let stop = stop_signal()?;
     tokio::pin!(stop);
-    // Among replicas (`[state] etcd`), `run` is a replica that leads (it
-    // follows until it does); its run is stored in etcd, so whichever
-    // replica leads next guards it (SPEC §12).
-    let mut replica = match config.state.etcd.is_empty() {
-        true => None,
-        false => Some(super::replica::Replica::start(config)?),
-    };
-    let live = match replica.as_mut() {
-        Some(replica) => tokio::select! {
-            live = replica.lead(recording(record)?) => {
-                let live = live?;
-                tracing::warn!(replica = %replica.me().replica, "this replica leads");
-                live
-            }
-            signal = &mut stop => return Ok(128 + signal),
-        },
-        None => {
-            warn_without_state(config);
-            Orchestrator::start_recording(config, recording(record)?).await?
-        }
-    };
-    let lost = async {
-        match &replica {
-            Some(replica) => replica.lost().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(lost);
+    if !config.state.etcd.is_empty() {
+        return run_replicated(config, &request, output, command, record, &required, stop).await;
+    }
+    warn_without_state(config);
+    let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let gate = live.gate.clone();
     let mut events = gate.subscribe();
     let mut printer = Printer::new(output);
@@ -529,22 +517,152 @@ pub async fn run(
                 return Ok(128 + signal);
             }
             _ = hangup.recv() => reload_keys(&live, path),
-            _ = &mut lost => {
-                // This replica may no longer act, so it can no longer
-                // guard: the command stops; the run stays committed in
-                // etcd, guarded by the next leader.
+        }
+    }
+}
+
+/// `poolgate run` among replicas (`[state] etcd`, SPEC §12): the run is
+/// asked of whichever replica leads, through etcd, and this process is a
+/// replica too (it leads when it can, and then serves every request, its
+/// own included). Once the leader committed it, the command runs; a
+/// `run_faulted` from any leader stops it (exit 3); when it ends, the
+/// leader is asked to end the run. A takeover changes nothing here: the
+/// next leader guards the run from etcd and answers through the same keys.
+async fn run_replicated(
+    config: &Config,
+    request: &RunRequest,
+    output: Output,
+    command: &[String],
+    record: Option<&Path>,
+    required: &[NodeId],
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+) -> Result<i32, LiveError> {
+    if request.resume.is_some() {
+        return Err(LiveError::Setting {
+            key: "state.etcd",
+            message: "--resume: among replicas a committed run stays guarded by the leader; end it with --end".into(),
+        });
+    }
+    let mut replica = super::replica::Replica::start(config)?;
+    let requests = replica.requests();
+    let record = record.map(Path::to_path_buf);
+    let leading = actix::spawn(async move {
+        loop {
+            let term = replica.terms() + 1;
+            let file = record.as_ref().map(|path| match term {
+                1 => path.clone(),
+                n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
+            });
+            let recording = match recording(file.as_deref()) {
+                Ok(recording) => recording,
+                Err(e) => return tracing::error!(error = %e, "--record"),
+            };
+            match replica.lead(recording).await {
+                Ok(live) => {
+                    tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
+                    replica.lost().await;
+                    live.stop().await;
+                    tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
+                }
+                Err(e) => return tracing::error!(error = %e, "this replica cannot lead"),
+            }
+        }
+    });
+    let _leading = AbortOnDrop(leading);
+    let failed =
+        |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
+    let mut printer = Printer::new(output);
+    let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
+    requests.ask(&run, required).await.map_err(failed)?;
+    let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(limit);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
+                match requests.outcome(&run).await.map_err(failed)? {
+                    Some(outcome) if outcome.status == "committed" => {
+                        printer.print_told(outcome.event);
+                        break;
+                    }
+                    Some(outcome) => {
+                        printer.print_told(outcome.event);
+                        return Ok(3);
+                    }
+                    None => {}
+                }
+            }
+            _ = &mut limit => {
+                let _ = requests.withdraw(&run).await;
+                eprintln!("poolgate: run {run} was not committed within {}", humantime::format_duration(request.timeout.unwrap_or_default()));
+                return Ok(1);
+            }
+            signal = &mut stop => {
+                let _ = requests.withdraw(&run).await;
+                return Ok(128 + signal);
+            }
+        }
+    }
+    let ended = |requests: super::requests::Requests, run: RunId, mut printer: Printer| async move {
+        if let Err(e) = requests.finish(&run).await {
+            tracing::warn!(%run, error = %e, "the end of the run not asked of the leader");
+            return;
+        }
+        // Told once the leader ended it (bounded: a leaderless moment
+        // leaves the request for the next leader).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(outcome)) = requests.outcome(&run).await {
+                if outcome.status != "committed" {
+                    return printer.print_told(outcome.event);
+                }
+            }
+            tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        }
+    };
+    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            ended(requests, run, printer).await;
+            return Err(LiveError::Io(std::io::Error::other(format!(
+                "{}: {e}",
+                command[0]
+            ))));
+        }
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status?;
+                ended(requests, run, printer).await;
+                return Ok(super::guard::code(status));
+            }
+            _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
+                if let Ok(Some(outcome)) = requests.outcome(&run).await {
+                    if outcome.status == "faulted" {
+                        printer.print_told(outcome.event);
+                        child.stop().await;
+                        return Ok(3);
+                    }
+                }
+            }
+            signal = &mut stop => {
                 child.stop().await;
-                live.shutdown();
-                eprintln!("poolgate run: this replica stopped leading: the command was stopped; run {run} stays committed and is guarded by the new leader");
-                return Ok(EXIT_LOST_LEADERSHIP);
+                ended(requests, run, printer).await;
+                return Ok(128 + signal);
             }
         }
     }
 }
 
-/// `poolgate run`'s exit code when its replica stopped leading while
-/// guarding (SPEC §12).
-pub const EXIT_LOST_LEADERSHIP: i32 = 5;
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Plans and commits `run` over `required` on a ready pool; readiness
 /// lost on the way means waiting for the next `PoolReady` (the planning

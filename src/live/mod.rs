@@ -26,6 +26,7 @@ pub mod keys;
 pub(crate) mod nodes;
 pub mod orchestrator;
 pub mod replica;
+pub mod requests;
 pub mod status;
 pub mod swim;
 pub mod throttle;

@@ -276,6 +276,11 @@ impl Orchestrator {
         self.swim.do_send(super::swim::member::Crash);
     }
 
+    /// Keeps `task` running for as long as the orchestrator does.
+    pub(crate) fn attach(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.push(task);
+    }
+
     /// As [`Orchestrator::shutdown`], returning once its sockets are
     /// closed (the listener's task ended, the SWIM member stopped), so the
     /// same addresses can be bound again at once (a replica's next term).

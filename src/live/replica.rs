@@ -455,6 +455,11 @@ impl Replica {
         self.fence.current().is_some()
     }
 
+    /// Runs asked of whichever replica leads, through this replica's etcd.
+    pub fn requests(&self) -> super::requests::Requests {
+        super::requests::Requests::new(Arc::clone(&self.store))
+    }
+
     /// How many terms this replica has led.
     pub fn terms(&self) -> u64 {
         self.terms
@@ -516,7 +521,11 @@ impl Replica {
             )
             .await
             {
-                Ok(live) => {
+                Ok(mut live) => {
+                    live.attach(actix::spawn(super::requests::serve(
+                        live.gate.clone(),
+                        Arc::clone(&self.store),
+                    )));
                     self.terms += 1;
                     tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");
                     return Ok(live);

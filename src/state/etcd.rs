@@ -180,6 +180,65 @@ impl EtcdStore {
         Ok((state, sequences))
     }
 
+    /// What `name` holds under the prefix, unchecked (the run requests).
+    pub fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.etcd
+            .get(&self.key(name))
+            .map(|kv| kv.map(|kv| kv.value))
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Every `(name, value)` under `dir` (a name ending in `/`).
+    pub fn list_raw(&self, dir: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let kvs = self
+            .etcd
+            .get_prefix(&self.key(dir))
+            .map_err(|e| StoreError(e.to_string()))?;
+        let full = format!("{}{dir}", self.prefix);
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8(kv.key).ok()?;
+                Some((key.strip_prefix(&full)?.to_string(), kv.value))
+            })
+            .collect())
+    }
+
+    /// Puts `value` under `name`, unconditioned (a request any replica or
+    /// `run` may make).
+    pub fn put_raw(&self, name: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.etcd
+            .put(&self.key(name), value)
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Deletes `name`.
+    pub fn delete_raw(&self, name: &str) -> Result<(), StoreError> {
+        self.etcd
+            .delete(&self.key(name))
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Puts `value` under `name` if this replica still leads.
+    pub fn put_fenced(&self, name: &str, value: &[u8]) -> Result<(), StoreError> {
+        let Some(term) = self.fence.current() else {
+            return Err(StoreError("not the leader: nothing written".into()));
+        };
+        let (succeeded, _) = self
+            .etcd
+            .txn(
+                vec![etcd::created_at(&self.key("leader"), term.created)],
+                vec![etcd::put(&self.key(name), value, 0)],
+                vec![],
+            )
+            .map_err(|e| StoreError(e.to_string()))?;
+        if !succeeded {
+            self.fence.clear();
+            return Err(StoreError("leadership lost: nothing written".into()));
+        }
+        Ok(())
+    }
+
     /// Puts `name`'s `record` (with its checksum, the format and the
     /// cluster) if this replica still leads; nothing otherwise.
     fn put(&self, name: &str, record: &[u8]) -> Result<(), StoreError> {
