@@ -70,3 +70,52 @@ fn settings_built_in_code_that_the_config_file_would_refuse_are_errors_not_panic
         });
     }
 }
+
+#[test]
+fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
+    // A replica frozen past its lease (SIGSTOP) wakes with its gate's
+    // timers due and frames in its sockets: nothing may be published or
+    // taken before its own leadership check notices.
+    use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, SwimState};
+    use std::sync::atomic::AtomicBool;
+    let config = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n",
+        "inline",
+    )
+    .unwrap();
+    actix::System::new().block_on(async move {
+        let gate = poolgate::Gate::try_start(config.gate_settings()).unwrap();
+        let leads = Arc::new(AtomicBool::new(true));
+        let fence = Arc::clone(&leads);
+        gate.fence_with(move || fence.load(Ordering::SeqCst));
+        let mut events = gate.subscribe();
+        let node = NodeId::new("node-1").unwrap();
+        gate.registry(RegistryFact::Known { node: node.clone() })
+            .await
+            .unwrap();
+        gate.membership(MembershipUpdate {
+            node: node.clone(),
+            state: SwimState::Alive,
+            incarnation: 1,
+        })
+        .await
+        .unwrap();
+        gate.agent(AgentReport::Available { node: node.clone() })
+            .await
+            .unwrap();
+        gate.identity(node.clone(), b"key".to_vec()).await.unwrap();
+        // The window is running; the leadership ends before it is over.
+        leads.store(false, Ordering::SeqCst);
+        // The window's end would publish pool_ready: the stream ends instead.
+        assert!(
+            events.recv().await.is_none(),
+            "published after the fence said no"
+        );
+        assert!(gate.is_stopped());
+        let refused = gate.agent(AgentReport::Unavailable { node }).await;
+        assert!(
+            matches!(refused, Err(poolgate::GateError::Stopped)),
+            "{refused:?}"
+        );
+    });
+}

@@ -211,9 +211,24 @@ impl Gate {
         }
     }
 
+    /// Stops the gate acting the moment `fence` says no (checked before
+    /// every event is published and every input or command is taken):
+    /// a replica's leadership, so that a process frozen past its lease
+    /// (SIGSTOP, a stalled VM) publishes nothing when it wakes, even before
+    /// it notices. Set once.
+    pub fn fence_with(&self, fence: impl Fn() -> bool + Send + Sync + 'static) {
+        self.publisher.fence_with(Arc::new(fence));
+    }
+
     /// Whether [`Gate::stop`] was called (on this gate or a clone).
     pub fn is_stopped(&self) -> bool {
-        self.publisher.is_closed()
+        let stopped = self.publisher.is_closed();
+        if stopped {
+            if let Some(recording) = &self.recording {
+                recording.close();
+            }
+        }
+        stopped
     }
 
     /// The gate's timeline (time since it started).

@@ -23,9 +23,23 @@ pub const EVENT_QUEUE: usize = 1024;
 /// for the first subscriber if none is there yet, so they reach an
 /// embedder that subscribes after an `.await`. A dropped subscription is
 /// removed at the next publish.
-#[derive(Clone, Default, Debug)]
+#[derive(Clone, Default)]
 pub struct Publisher {
     inner: Arc<Mutex<Subscribers>>,
+    /// While it says no, nothing is published (and the publisher closes).
+    fence: Arc<std::sync::OnceLock<Fence>>,
+}
+
+/// Whether the gate may still act (a replica's leadership, SPEC §12).
+pub type Fence = Arc<dyn Fn() -> bool + Send + Sync>;
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("inner", &self.inner)
+            .field("fenced", &self.fence.get().is_some())
+            .finish()
+    }
 }
 
 #[derive(Default, Debug)]
@@ -118,14 +132,30 @@ impl Publisher {
         inner.before_first = None;
     }
 
-    /// Whether [`Publisher::close`] was called.
+    /// Publishes only while `fence` says yes; the first time it says no,
+    /// the publisher closes. Set once.
+    pub fn fence_with(&self, fence: Fence) {
+        let _ = self.fence.set(fence);
+    }
+
+    /// Whether [`Publisher::close`] was called, or the fence said no.
     pub fn is_closed(&self) -> bool {
-        self.lock().closed
+        if self.lock().closed {
+            return true;
+        }
+        if self.fence.get().is_some_and(|fence| !fence()) {
+            self.close();
+            return true;
+        }
+        false
     }
 
     fn publish_kept(&self, events: &mut Vec<Event>, keep: bool) {
         if events.is_empty() {
             return;
+        }
+        if self.fence.get().is_some_and(|fence| !fence()) {
+            self.close();
         }
         let mut inner = self.lock();
         if inner.closed {

@@ -522,6 +522,9 @@ impl Replica {
             .await
             {
                 Ok(mut live) => {
+                    let (fence, term) = (Arc::clone(&self.fence), self.term);
+                    live.gate
+                        .fence_with(move || fence.current().map(|t| t.created) == term);
                     live.attach(actix::spawn(super::requests::serve(
                         live.gate.clone(),
                         Arc::clone(&self.store),
