@@ -281,3 +281,91 @@ fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyo
         b.resign();
     });
 }
+
+/// A recording's bytes, shared with the test.
+#[derive(Clone, Default)]
+struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Buffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_term_after_a_takeover_replays_from_its_recording_event_for_event() {
+    // Issue 22: each replica records what it applied while it led; the
+    // term after a takeover starts from a restored state (an epoch, a
+    // committed run), which its recording carries, so it replays alone.
+    use poolgate::replay::{self, render::json_line, ReplayEvent};
+    need_etcd!();
+    let server = etcd::Etcd::start("replayed");
+    let config = config(&server.endpoint, "restore_grace = \"5s\"\n");
+    let buffer = Buffer::default();
+    let mut live_lines = Vec::new();
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let epoch = ready(&mut events).await;
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![node.clone()], Some(epoch))
+            .await
+            .unwrap();
+        live.shutdown();
+        a.resign();
+
+        let mut b = Replica::start(&config).unwrap();
+        let recording = poolgate::Recording::new(Box::new(buffer.clone()));
+        let live = b.lead(Some(recording)).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        loop {
+            let event = events.recv().await.expect("the term's events");
+            let (ready, faulted) = (
+                matches!(event, Event::PoolReady { .. }),
+                matches!(event, Event::RunFaulted { .. }),
+            );
+            live_lines.push(json_line(&ReplayEvent::Gate(event)));
+            if ready {
+                let lost = poolgate::core::AgentReport::Unavailable { node: node.clone() };
+                live.gate.agent(lost).await.unwrap();
+            }
+            if faulted {
+                break;
+            }
+        }
+        live.shutdown();
+        b.resign();
+    });
+    let recorded = buffer.0.lock().unwrap().clone();
+    let text = String::from_utf8(recorded.clone()).unwrap();
+    assert!(
+        text.lines().nth(1).unwrap().contains("\"restored\""),
+        "{text}"
+    );
+    let mut replayed = Vec::new();
+    replay::run(&config, &recorded[..], |event| {
+        replayed.push(json_line(event));
+        Ok(())
+    })
+    .unwrap();
+    assert!(
+        live_lines
+            .iter()
+            .any(|l| l.contains("pool_ready") && !l.contains("\"epoch\":1,")),
+        "{live_lines:#?}"
+    );
+    assert_eq!(live_lines, replayed);
+}

@@ -155,6 +155,10 @@ impl PoolActor {
             let restored = settings.durable.as_ref().and_then(|durable| {
                 core.restore(&durable.restored, durable.restore_grace, now, &mut out)
             });
+            let restored_from = settings
+                .durable
+                .as_ref()
+                .map(|durable| (durable.restored.clone(), durable.restore_grace));
             let mut actor = PoolActor {
                 core,
                 clock,
@@ -174,7 +178,12 @@ impl PoolActor {
                 recording: settings.record,
             };
             if let Some(recording) = &actor.recording {
-                recording.start(settings.window, settings.policy, &settings.definition);
+                recording.start(
+                    settings.window,
+                    settings.policy,
+                    &settings.definition,
+                    restored_from.as_ref().map(|(d, grace)| (d, *grace)),
+                );
             }
             if let Some(guard) = restored {
                 actor.run = Some(RunActor::new(guard, actor.publisher.clone()).start());

@@ -54,12 +54,15 @@ impl Recording {
         }
     }
 
-    /// The opening records: the settings, then the first pool.
+    /// The opening records: the settings, what the gate restored (if it
+    /// restored anything: a `restored` record, so the recording replays
+    /// from the same state), then the first pool.
     pub(crate) fn start(
         &self,
         window: std::time::Duration,
         policy: PlanningPolicy,
         pool: &PoolDefinition,
+        restored: Option<(&poolgate_core::Durable, std::time::Duration)>,
     ) {
         let policy_name = match policy.on_readiness_lost {
             OnReadinessLost::Wait => "wait",
@@ -72,6 +75,16 @@ impl Recording {
             "on_readiness_lost": policy_name,
             "wait_timeout_ms": policy.wait_timeout.map(|t| t.as_millis() as u64),
         }));
+        if let Some((durable, grace)) = restored {
+            if *durable != poolgate_core::Durable::default() {
+                self.write(&json!({
+                    "at_ms": 0,
+                    "type": "restored",
+                    "durable": durable,
+                    "restore_grace_ms": grace.as_millis() as u64,
+                }));
+            }
+        }
         self.command(Time::ZERO, &Command::DefinePool(pool.clone()));
     }
 

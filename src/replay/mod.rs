@@ -15,7 +15,7 @@ use std::io;
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use poolgate_actors::core::{Event, Time};
+use poolgate_actors::core::{Command, Event, Input, Time};
 use serde::Serialize;
 
 use poolgate_actors::GateError;
@@ -30,7 +30,7 @@ pub mod timeline;
 
 use explain::Explainer;
 use scenario::BadLine;
-use scenario::{parse_record, parse_settings, ScenarioReader};
+use scenario::{parse_record, parse_restored, parse_settings, ScenarioReader};
 use timeline::Timeline;
 
 const MILLISECOND: Duration = Duration::from_millis(1);
@@ -190,11 +190,54 @@ where
             first = None;
         }
     }
+    // Then what the live gate restored, if it restored anything.
+    let mut restored = None;
+    if first.is_none() {
+        first = reader.next_line();
+        if let Some(Ok((number, text))) = &first {
+            restored = parse_restored(text).map_err(|message| BadLine {
+                line: *number,
+                message,
+            })?;
+            if restored.is_some() {
+                if options.state.is_some() {
+                    return Err(BadLine {
+                        line: *number,
+                        message:
+                            "a recording that starts from a restored state replays without --state"
+                                .into(),
+                    }
+                    .into());
+                }
+                // The live gate started on the recording's first pool and
+                // then restored; replayed as such (a `define_pool` after
+                // the restore of a committed run would be refused).
+                first = reader.next_line();
+                if let Some(Ok((_, text))) = &first {
+                    if let Ok(scenario::Record {
+                        input: Ok(Input::Command(Command::DefinePool(definition))),
+                        ..
+                    }) = parse_record(text)
+                    {
+                        config.pool = definition;
+                        first = None;
+                    }
+                }
+            }
+        }
+    }
     // Only `--state` (SPEC §9): a replay of a configuration that names a
     // state file for its live gate must not continue that gate's epochs.
     let mut config = config.clone();
     config.state.path = None;
-    let settings = config.gate_settings_with_state(options.state.as_deref())?;
+    let mut settings = config.gate_settings_with_state(options.state.as_deref())?;
+    if let Some((durable, grace)) = restored {
+        settings.durable = Some(poolgate_actors::DurableSettings {
+            store: std::sync::Arc::new(crate::state::MemoryStore::default()),
+            restored: durable,
+            restore_grace: grace,
+        });
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)

@@ -306,6 +306,9 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
     };
     match object.get("type") {
         None => return Err("missing field `type`".into()),
+        Some(Value::String(kind)) if kind == "restored" => {
+            return Err("a `restored` record comes right after `settings`, once".into())
+        }
         Some(Value::String(kind)) if !RECORD_TYPES.contains(&kind.as_str()) => {
             return Err(format!("unknown record type `{kind}`"))
         }
@@ -366,6 +369,31 @@ pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, Plannin
         wait_timeout: wait_timeout_ms.map(std::time::Duration::from_millis),
     };
     Ok(Some((std::time::Duration::from_millis(window_ms), policy)))
+}
+
+/// What a recording's gate restored (`{"at_ms":0,"type":"restored",
+/// "durable":{…},"restore_grace_ms":…}`, right after `settings`): the
+/// state and the restore grace; `Ok(None)` for any other record.
+pub fn parse_restored(
+    text: &str,
+) -> Result<Option<(poolgate_actors::core::Durable, std::time::Duration)>, String> {
+    let Ok(Value::Object(object)) = serde_json::from_str::<Value>(text) else {
+        return Ok(None);
+    };
+    if object.get("type").and_then(Value::as_str) != Some("restored") {
+        return Ok(None);
+    }
+    let durable = object
+        .get("durable")
+        .ok_or("missing field `durable`")
+        .and_then(|d| {
+            serde_json::from_value(d.clone()).map_err(|_| "field `durable` is not a restored state")
+        })?;
+    let grace = object
+        .get("restore_grace_ms")
+        .and_then(Value::as_u64)
+        .ok_or("field `restore_grace_ms` must be a whole number ≥ 0")?;
+    Ok(Some((durable, std::time::Duration::from_millis(grace))))
 }
 
 /// Names the field of a mistyped value (serde's own message does not).

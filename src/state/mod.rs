@@ -47,5 +47,30 @@ pub trait OrchestratorStore: StateStore {
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError>;
 }
 
+/// A store in memory: what was written last (a replay from a recording's
+/// restored state; an embedder's tests).
+#[derive(Debug, Default)]
+pub struct MemoryStore(std::sync::Mutex<Durable>);
+
+impl MemoryStore {
+    /// What was written last.
+    pub fn held(&self) -> Durable {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn save(&self, state: &Durable) -> Result<(), StoreError> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = state.clone();
+        Ok(())
+    }
+}
+
 /// The store `[state]` names, opened, with what it held.
 pub type Opened = (Arc<dyn OrchestratorStore>, Durable);
