@@ -369,3 +369,65 @@ fn the_term_after_a_takeover_replays_from_its_recording_event_for_event() {
     );
     assert_eq!(live_lines, replayed);
 }
+
+#[test]
+fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
+    // SPEC §12: `run` among replicas has the leader plan and commit for
+    // it; the leader writes what became of it; an end asked for is done.
+    need_etcd!();
+    let server = etcd::Etcd::start("requests");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let run = poolgate::core::RunId::new("asked").unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        requests
+            .ask(&run, std::slice::from_ref(&node))
+            .await
+            .unwrap();
+        // Not ready yet: asked, not committed.
+        let outcome = |status: &'static str| {
+            let requests = requests.clone();
+            let run = run.clone();
+            async move {
+                loop {
+                    if let Some(o) = requests.outcome(&run).await.unwrap() {
+                        if o.status == status {
+                            return o;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        assert!(requests.outcome(&run).await.unwrap().is_none());
+        make_ready(&live.gate, "node-1").await;
+        let committed = tokio::time::timeout(Duration::from_secs(5), outcome("committed"))
+            .await
+            .expect("the leader committed the requested run");
+        assert!(matches!(committed.event, Some(Event::RunCommitted { .. })));
+        assert_eq!(live.gate.report().await.unwrap().run, Some(run.clone()));
+        requests.finish(&run).await.unwrap();
+        let finished = tokio::time::timeout(Duration::from_secs(5), outcome("finished"))
+            .await
+            .expect("the leader ended the run");
+        assert!(matches!(finished.event, Some(Event::RunFinished { .. })));
+        assert_eq!(live.gate.report().await.unwrap().run, None);
+        // An end asked for a run the leader does not hold is taken up and
+        // dropped.
+        let stranger = poolgate::core::RunId::new("stranger").unwrap();
+        requests.finish(&stranger).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while requests.finish_pending(&stranger).await.unwrap() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the leader took up the end");
+        assert!(requests.outcome(&stranger).await.unwrap().is_none());
+        live.shutdown();
+        leader.resign();
+    });
+}

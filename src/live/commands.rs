@@ -655,6 +655,40 @@ async fn run_replicated(
     }
 }
 
+/// How long `run --end` waits for a leader among replicas.
+pub const END_WAIT: Duration = Duration::from_secs(10);
+
+/// `run --end RUN` among replicas: asks the leader to end the run, and
+/// says whether it did (exit 0), had no such active run (exit 4), or no
+/// leader answered within [`END_WAIT`] (exit 1).
+async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
+    let failed =
+        |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
+    let requests = super::replica::requests_of(config)?;
+    requests.finish(run).await.map_err(failed)?;
+    let deadline = tokio::time::Instant::now() + END_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        let outcome = requests.outcome(run).await.map_err(failed)?;
+        if outcome.as_ref().is_some_and(|o| o.status == "finished") {
+            eprintln!("poolgate run: run {run} ended");
+            return Ok(0);
+        }
+        if !requests.finish_pending(run).await.map_err(failed)? {
+            // Taken up, and the run was not the leader's active run.
+            let outcome = requests.outcome(run).await.map_err(failed)?;
+            if outcome.as_ref().is_some_and(|o| o.status == "finished") {
+                eprintln!("poolgate run: run {run} ended");
+                return Ok(0);
+            }
+            eprintln!("poolgate run: --end {run}: not the active run of the leader");
+            return Ok(EXIT_OTHER_RUN);
+        }
+    }
+    eprintln!("poolgate run: --end {run}: no leader took it up within {END_WAIT:?} (asked; the next leader will)");
+    Ok(1)
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -748,6 +782,9 @@ fn in_the_way(other: &RunId) {
 /// guard is gone. Exit 0 once it is ended (and stored so), 4 when RUN is
 /// not the active run.
 pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
+    if !config.state.etcd.is_empty() {
+        return end_replicated_run(config, run).await;
+    }
     let live = Orchestrator::start_recording(config, None).await?;
     match live.gate.finish_run(run.clone()).await {
         Ok(()) => {

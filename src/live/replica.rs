@@ -395,19 +395,7 @@ impl Replica {
             key: "state.etcd",
             message,
         };
-        let etcd = Arc::new(Etcd::new(&config.state.etcd, STORE_CALL).map_err(bad)?);
-        let prefix = config.state.prefix.clone().unwrap_or_else(|| {
-            crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
-        });
-        let fence = Arc::new(Fence::default());
-        let store = Arc::new(EtcdStore::new(
-            Arc::clone(&etcd),
-            &prefix,
-            &config.swim.label,
-            config.pool.id().as_str(),
-            Arc::clone(&fence),
-        ));
-        let (held, _) = store.read()?;
+        let (etcd, prefix, fence, store, held) = open_store(config)?;
         let me = Leader {
             replica: replica_name(config),
             agents: advertised_agents(config),
@@ -570,6 +558,48 @@ impl Replica {
         self.fence.clear();
         self.campaign.abandon();
     }
+}
+
+/// `[state] etcd`'s store, checked (another cluster's prefix, a newer
+/// format, a damaged record, no endpoint: an error naming it), with a
+/// fence of its own and what it holds.
+fn open_store(
+    config: &crate::Config,
+) -> Result<
+    (
+        Arc<Etcd>,
+        String,
+        Arc<Fence>,
+        Arc<EtcdStore>,
+        crate::core::Durable,
+    ),
+    LiveError,
+> {
+    let bad = |message: String| LiveError::Setting {
+        key: "state.etcd",
+        message,
+    };
+    let etcd = Arc::new(Etcd::new(&config.state.etcd, STORE_CALL).map_err(bad)?);
+    let prefix = config.state.prefix.clone().unwrap_or_else(|| {
+        crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
+    });
+    let fence = Arc::new(Fence::default());
+    let store = Arc::new(EtcdStore::new(
+        Arc::clone(&etcd),
+        &prefix,
+        &config.swim.label,
+        config.pool.id().as_str(),
+        Arc::clone(&fence),
+    ));
+    let (held, _) = store.read()?;
+    Ok((etcd, prefix, fence, store, held))
+}
+
+/// Runs asked of whichever replica leads, by a process that is not a
+/// replica itself (`poolgate run --end`).
+pub fn requests_of(config: &crate::Config) -> Result<super::requests::Requests, LiveError> {
+    let (_, _, _, store, _) = open_store(config)?;
+    Ok(super::requests::Requests::new(store))
 }
 
 /// The replica's name: `[swim] advertise`, else the agent listener.

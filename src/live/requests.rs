@@ -81,6 +81,12 @@ impl Requests {
         blocking(move || store.put_raw(&name, b"{}")).await
     }
 
+    /// Whether the leader has yet to take up the end of `run`.
+    pub async fn finish_pending(&self, run: &RunId) -> Result<bool, StoreError> {
+        let (store, name) = (Arc::clone(&self.store), format!("finish/{run}"));
+        Ok(blocking(move || store.get_raw(&name)).await?.is_some())
+    }
+
     /// What became of `run`, if anything yet.
     pub async fn outcome(&self, run: &RunId) -> Result<Option<Outcome>, StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("runs/{run}"));
@@ -141,7 +147,8 @@ async fn write_outcome(
     let (store, run) = (Arc::clone(store), run.clone());
     blocking(move || {
         store.put_fenced(&format!("runs/{run}"), &body)?;
-        store.delete_raw(&format!("requests/{run}"))
+        store.delete_raw(&format!("requests/{run}"))?;
+        store.delete_raw(&format!("finish/{run}"))
     })
     .await
 }
@@ -157,9 +164,10 @@ async fn look(gate: &Gate, store: &Arc<EtcdStore>) -> Result<(), StoreError> {
     for (run, _) in finishes {
         let Ok(id) = RunId::new(&run) else { continue };
         if report.run.as_ref() == Some(&id) {
-            // `run_finished` is written by `settle`.
-            if let Err(e) = gate.finish_run(id).await {
-                tracing::warn!(%run, error = %e, "requested end of run refused");
+            match gate.finish_run(id).await {
+                // `settle` writes `run_finished` and takes the request.
+                Ok(()) => continue,
+                Err(e) => tracing::warn!(%run, error = %e, "requested end of run refused"),
             }
         }
         let (store, name) = (Arc::clone(store), format!("finish/{run}"));
