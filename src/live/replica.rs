@@ -560,21 +560,20 @@ impl Replica {
     }
 }
 
+/// What [`open_store`] gives: the client, the prefix, the store's fence,
+/// the store and what it held.
+type OpenStore = (
+    Arc<Etcd>,
+    String,
+    Arc<Fence>,
+    Arc<EtcdStore>,
+    crate::core::Durable,
+);
+
 /// `[state] etcd`'s store, checked (another cluster's prefix, a newer
 /// format, a damaged record, no endpoint: an error naming it), with a
 /// fence of its own and what it holds.
-fn open_store(
-    config: &crate::Config,
-) -> Result<
-    (
-        Arc<Etcd>,
-        String,
-        Arc<Fence>,
-        Arc<EtcdStore>,
-        crate::core::Durable,
-    ),
-    LiveError,
-> {
+fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
     let bad = |message: String| LiveError::Setting {
         key: "state.etcd",
         message,
