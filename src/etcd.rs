@@ -359,7 +359,9 @@ fn parse_response(response: &[u8]) -> std::io::Result<(u16, Value)> {
     let value = if first.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(first).map_err(|_| bad("a body that is not JSON"))?
+        serde_json::from_slice(first).map_err(|_| {
+            bad("an answer that is not etcd's (not JSON): is this an etcd v3 client URL?")
+        })?
     };
     Ok((status, value))
 }

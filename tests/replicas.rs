@@ -21,17 +21,17 @@ use common::live::{live_for, ready};
 use common::make_ready;
 
 fn config(endpoint: &str, extra: &str) -> Config {
-    config_of(&[endpoint.to_string()], extra)
+    config_of(&[endpoint.to_string()], extra, "2s")
 }
 
-fn config_of(endpoints: &[String], extra: &str) -> Config {
+fn config_of(endpoints: &[String], extra: &str, lease: &str) -> Config {
     let endpoint = endpoints.join("\", \"");
     Config::parse(
         &format!(
             "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
              [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"replicas\"\n\
              [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\n{extra}"
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\n{extra}"
         ),
         "config.toml",
     )
@@ -114,6 +114,8 @@ fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&config).unwrap();
         let live = replica.lead(None).await.unwrap();
+        // A follower that started before any epoch was issued.
+        let mut follower = Replica::start(&config).unwrap();
         let mut events = live.gate.subscribe();
         make_ready(&live.gate, "node-1").await;
         let epoch = ready(&mut events).await;
@@ -132,18 +134,41 @@ fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
             live_stopped(&mut events).await,
             "events after stepping down"
         );
-        // It leads again, but will not issue epoch 1 again.
-        let error = tokio::time::timeout(Duration::from_secs(10), replica.lead(None))
+        // Whichever leads next (the old leader, or the follower that never
+        // led) will not issue epoch 1 again; nor the other, once the first
+        // has resigned.
+        let refused =
+            |who: &str, led: Result<poolgate::live::Orchestrator, poolgate::live::LiveError>| {
+                let text = match led {
+                    Ok(_) => panic!("{who} led on wiped data"),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    text.contains("wiped") && text.contains(&server.endpoint),
+                    "{who}: {text}"
+                );
+            };
+        let first = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::select! {
+                led = replica.lead(None) => (true, led),
+                led = follower.lead(None) => (false, led),
+            }
+        })
+        .await
+        .expect("an answer");
+        let (mut other, done) = if first.0 {
+            refused("the old leader", first.1);
+            (follower, replica)
+        } else {
+            refused("the follower", first.1);
+            (replica, follower)
+        };
+        done.resign();
+        let second = tokio::time::timeout(Duration::from_secs(10), other.lead(None))
             .await
-            .expect("an answer")
-            .err()
-            .expect("wiped state refused");
-        let text = error.to_string();
-        assert!(
-            text.contains("wiped") && text.contains(&server.endpoint),
-            "{text}"
-        );
-        replica.resign();
+            .expect("an answer");
+        refused("the other replica", second);
+        other.resign();
     });
 }
 
@@ -222,7 +247,9 @@ fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyo
     need_etcd!();
     let mut cluster = etcd::Cluster::start("quorum", 3);
     let endpoints = cluster.endpoints();
-    let config = config_of(&endpoints, "");
+    // A 4 s lease: etcd on this test's loaded machine answers a renewal
+    // within the deadline (2/3 of it) even while a member is gone.
+    let config = config_of(&endpoints, "", "4s");
     // A member that is not etcd's raft leader (losing the raft leader
     // costs an election of about a second, which a 2 s lease may not
     // ride out: README).
@@ -258,7 +285,7 @@ fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyo
         // its renew deadline, and nobody leads.
         let second = (0..3).find(|i| *i != follower).expect("another member");
         cluster.kill(second);
-        tokio::time::timeout(Duration::from_secs(3), leader.lost())
+        tokio::time::timeout(Duration::from_secs(5), leader.lost())
             .await
             .expect("without quorum the leader stops acting");
         live.shutdown();
@@ -383,8 +410,8 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         let requests = poolgate::live::replica::requests_of(&config).unwrap();
         let run = poolgate::core::RunId::new("asked").unwrap();
         let node = poolgate::core::NodeId::new("node-1").unwrap();
-        requests
-            .ask(&run, std::slice::from_ref(&node))
+        let session = requests
+            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(2))
             .await
             .unwrap();
         // Not ready yet: asked, not committed.
@@ -427,6 +454,53 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         .await
         .expect("the leader took up the end");
         assert!(requests.outcome(&stranger).await.unwrap().is_none());
+        drop(session);
+
+        // A committed run whose requester is gone (its session revoked or
+        // expired) is ended: it does not hold the pool for good.
+        let ghost = poolgate::core::RunId::new("ghost").unwrap();
+        let session = requests
+            .ask(&ghost, std::slice::from_ref(&node), Duration::from_secs(2))
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while live.gate.report().await.unwrap().run.as_ref() != Some(&ghost) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("committed");
+        drop(session);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while live.gate.report().await.unwrap().run.is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the leader ended the run of a requester that is gone");
+        // A plan that can never be committed is refused, not left planning.
+        let stray = poolgate::core::RunId::new("stray").unwrap();
+        let _session = requests
+            .ask(
+                &stray,
+                &[poolgate::core::NodeId::new("node-9").unwrap()],
+                Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        let refused = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(o) = requests.outcome(&stray).await.unwrap() {
+                    return o;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("an answer");
+        assert_eq!(refused.status, "refused");
+        assert!(refused.reason.unwrap().contains("node-9"));
+        assert_eq!(live.gate.report().await.unwrap().run, None);
         live.shutdown();
         leader.resign();
     });

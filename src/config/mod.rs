@@ -340,6 +340,13 @@ impl Config {
                 if lease < Duration::from_secs(1) || lease > Duration::from_secs(3600) {
                     return Err(doc.error(span, "state.lease", "must be from 1s to 1h"));
                 }
+                if lease.subsec_nanos() != 0 {
+                    return Err(doc.error(
+                        span,
+                        "state.lease",
+                        "must be whole seconds (etcd's leases are)",
+                    ));
+                }
                 state.lease = lease;
             }
             if let Some(value) = table.get("prefix") {
@@ -663,5 +670,28 @@ wait_timeout = "30s"
         let text = GOOD.split("[planning]").next().unwrap();
         let config = Config::parse(text, "c").unwrap();
         assert_eq!(config.planning.wait_timeout, None);
+    }
+
+    #[test]
+    fn state_etcd_keys_are_checked_by_name() {
+        let base = "[pool]\nid = \"p\"\nmembers = [\"a\"]\n[readiness]\nconvergence_window = \"1s\"\n[state]\n";
+        let (_, key, message) = error_of(&format!(
+            "{base}etcd = [\"http://127.0.0.1:2379\"]\nlease = \"2500ms\"\n"
+        ));
+        assert_eq!(key, "state.lease");
+        assert!(message.contains("whole seconds"), "{message}");
+        let (_, key, message) = error_of(&format!("{base}etcd = [\"https://e:2379\"]\n"));
+        assert_eq!(key, "state.etcd");
+        assert!(message.contains("https"), "{message}");
+        let (_, key, _) = error_of(&format!(
+            "{base}path = \"s.db\"\netcd = [\"http://127.0.0.1:2379\"]\n"
+        ));
+        assert_eq!(key, "state.etcd");
+        let config = Config::parse(
+            &format!("{base}etcd = [\"http://127.0.0.1:2379\"]\nlease = \"3s\"\n"),
+            "config.toml",
+        )
+        .unwrap();
+        assert_eq!(config.state.lease, Duration::from_secs(3));
     }
 }

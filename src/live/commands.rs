@@ -316,6 +316,13 @@ async fn watch_replica(
                 return Ok(WatchEnd::Stopped);
             }
             _ = &mut limit => {
+                if watching.until_ready {
+                    let leader = match &*replica.role().borrow() {
+                        super::replica::Role::Following(Some(l)) => format!("{} at {}", l.replica, l.agents),
+                        _ => "none right now".to_string(),
+                    };
+                    eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {leader}; ask it with poolgate status)", humantime::format_duration(watching.timeout.unwrap_or_default()));
+                }
                 replica.resign();
                 return Ok(WatchEnd::TimedOut);
             }
@@ -564,7 +571,9 @@ async fn run_replicated(
                     live.stop().await;
                     tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
                 }
-                Err(e) => return tracing::error!(error = %e, "this replica cannot lead"),
+                Err(e) => {
+                    return tracing::warn!(error = %e, "this run cannot lead (another replica on this host holds its sockets?): it only asks the leader")
+                }
             }
         }
     });
@@ -572,28 +581,59 @@ async fn run_replicated(
     let failed =
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
     let mut printer = Printer::new(output);
-    let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
-    requests.ask(&run, required).await.map_err(failed)?;
+    // Unique across hosts and containers, where pids repeat.
+    let run = RunId::new(&format!(
+        "run-{}-{:06x}",
+        std::process::id(),
+        rand::random::<u32>() & 0xff_ffff
+    ))
+    .map_err(GateError::from)?;
+    // The request and its outcome live on this process's etcd session:
+    // if it goes (exit, crash, cut off for a lease), the leader withdraws
+    // the request or ends the run, and nothing is left in the pool's way.
+    let session = requests
+        .ask(&run, required, config.state.lease)
+        .await
+        .map_err(failed)?;
+    let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
     let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
-                match requests.outcome(&run).await.map_err(failed)? {
-                    Some(outcome) if outcome.status == "committed" => {
+                match requests.outcome(&run).await {
+                    Ok(Some(outcome)) if outcome.status == "committed" => {
                         printer.print_told(outcome.event);
                         break;
                     }
-                    Some(outcome) => {
+                    Ok(Some(outcome)) if outcome.status == "refused" => {
+                        eprintln!("poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
+                        return Ok(2);
+                    }
+                    Ok(Some(outcome)) => {
                         printer.print_told(outcome.event);
+                        let _ = requests.forget(&run).await;
                         return Ok(3);
                     }
-                    None => {}
+                    Ok(None) => {}
+                    // etcd away for a moment: asked again.
+                    Err(e) => {
+                        if let Some(held) = said.allow(std::time::Instant::now()) {
+                            tracing::warn!(%run, error = %e, held, "what became of the run: not read (tried again)");
+                        }
+                    }
                 }
             }
             _ = &mut limit => {
                 let _ = requests.withdraw(&run).await;
-                eprintln!("poolgate: run {run} was not committed within {}", humantime::format_duration(request.timeout.unwrap_or_default()));
+                drop(session);
+                let within = humantime::format_duration(request.timeout.unwrap_or_default());
+                match requests.active_run().await {
+                    Ok(Some(other)) if other != run => eprintln!(
+                        "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
+                    ),
+                    _ => eprintln!("poolgate: run {run} was not committed within {within} (the pool was not ready, or no replica led)"),
+                }
                 return Ok(1);
             }
             signal = &mut stop => {
@@ -604,20 +644,22 @@ async fn run_replicated(
     }
     let ended = |requests: super::requests::Requests, run: RunId, mut printer: Printer| async move {
         if let Err(e) = requests.finish(&run).await {
-            tracing::warn!(%run, error = %e, "the end of the run not asked of the leader");
+            tracing::warn!(%run, error = %e, "the end of the run not asked of the leader (it ends with this process's etcd session)");
             return;
         }
         // Told once the leader ended it (bounded: a leaderless moment
-        // leaves the request for the next leader).
+        // leaves the end to the session's expiry).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::time::Instant::now() < deadline {
             if let Ok(Some(outcome)) = requests.outcome(&run).await {
                 if outcome.status != "committed" {
-                    return printer.print_told(outcome.event);
+                    printer.print_told(outcome.event);
+                    break;
                 }
             }
             tokio::time::sleep(super::requests::LOOK_EVERY).await;
         }
+        let _ = requests.forget(&run).await;
     };
     let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
     let mut child = match spawned {
@@ -630,29 +672,32 @@ async fn run_replicated(
             ))));
         }
     };
-    loop {
+    let code = loop {
         tokio::select! {
             status = child.wait() => {
                 let status = status?;
                 ended(requests, run, printer).await;
-                return Ok(super::guard::code(status));
+                break super::guard::code(status);
             }
             _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
                 if let Ok(Some(outcome)) = requests.outcome(&run).await {
                     if outcome.status == "faulted" {
                         printer.print_told(outcome.event);
                         child.stop().await;
-                        return Ok(3);
+                        let _ = requests.forget(&run).await;
+                        break 3;
                     }
                 }
             }
             signal = &mut stop => {
                 child.stop().await;
                 ended(requests, run, printer).await;
-                return Ok(128 + signal);
+                break 128 + signal;
             }
         }
-    }
+    };
+    drop(session);
+    Ok(code)
 }
 
 /// How long `run --end` waits for a leader among replicas.

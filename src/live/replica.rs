@@ -156,7 +156,12 @@ struct Elector {
     tx: watch::Sender<Role>,
     stop: Arc<AtomicBool>,
     said: super::throttle::Throttle,
+    /// The last renewal failed: the next comes sooner.
+    failed_renewal: bool,
 }
+
+/// How soon a failed renewal is tried again.
+pub const RENEW_RETRY: Duration = Duration::from_millis(100);
 
 /// A term being held: the lease, the key's create revision, the TTL.
 #[derive(Clone, Copy)]
@@ -184,6 +189,7 @@ impl Elector {
             tx,
             stop,
             said: super::throttle::Throttle::new(super::throttle::LOG_EVERY),
+            failed_renewal: false,
         }
     }
 
@@ -290,7 +296,14 @@ impl Elector {
 
     /// Renews a held term once, stepping down if it cannot.
     fn lead(&mut self, term: Held) -> Option<Held> {
-        let next = Instant::now() + term.ttl / 4;
+        // Renewed every quarter of the TTL; a renewal that failed is tried
+        // again soon, so one slow answer does not cost the term.
+        let every = if self.failed_renewal {
+            RENEW_RETRY
+        } else {
+            term.ttl / 4
+        };
+        let next = Instant::now() + every;
         while Instant::now() < next.min(term.until) {
             if self.stop.load(Ordering::Relaxed) {
                 return Some(term);
@@ -313,16 +326,21 @@ impl Elector {
                         created: renewed.created,
                         until: renewed.until,
                     });
+                    self.failed_renewal = false;
                     Some(renewed)
                 }
                 Ok(_) => self.step_down(term, SteppedDown::KeyTaken),
-                Err(_) => Some(term),
+                Err(_) => {
+                    self.failed_renewal = true;
+                    Some(term)
+                }
             },
             Ok(None) => self.step_down(term, SteppedDown::LeaseGone),
             Err(e) => {
                 if let Some(held) = self.said.allow(Instant::now()) {
                     tracing::warn!(error = %e, held, "leadership: the lease not renewed; acting until the renew deadline");
                 }
+                self.failed_renewal = true;
                 Some(term)
             }
         }
@@ -330,6 +348,7 @@ impl Elector {
 
     fn step_down(&mut self, term: Held, why: SteppedDown) -> Option<Held> {
         self.fence.clear();
+        self.failed_renewal = false;
         tracing::error!(why = %why, "stepped down: no longer the leader");
         self.tx.send_replace(Role::Following(None));
         let _ = self.etcd.revoke(term.lease);
@@ -376,11 +395,17 @@ pub struct Replica {
     /// The highest epoch this replica has seen stored: a store holding
     /// less was wiped or rolled back, and is refused.
     seen_epoch: u64,
+    /// Whether this replica has seen the prefix written (a format
+    /// record): finding it empty later means etcd's data was wiped.
+    seen_written: bool,
     terms: u64,
     /// The term the running orchestrator belongs to (the leader key's
     /// create revision).
     term: Option<i64>,
 }
+
+/// How often a follower looks at what is stored.
+pub const FOLLOWER_LOOK: Duration = Duration::from_secs(1);
 
 /// How long one etcd call of the store may take.
 pub const STORE_CALL: Duration = Duration::from_secs(2);
@@ -422,7 +447,8 @@ impl Replica {
             fence,
             campaign,
             me,
-            seen_epoch: held.last_epoch,
+            seen_epoch: held.as_ref().map_or(0, |(d, _)| d.last_epoch),
+            seen_written: held.is_some(),
             terms: 0,
             term: None,
         })
@@ -463,20 +489,45 @@ impl Replica {
         loop {
             let mut following = Following(follow(&self.config, self.campaign.role()).await?);
             let mut role = self.campaign.role();
+            // While following, what is stored is looked at every second:
+            // the epochs issued meanwhile, and whether the prefix is
+            // written, are known at takeover.
+            let mut look = tokio::time::interval(FOLLOWER_LOOK);
             while !matches!(*role.borrow_and_update(), Role::Leading(_)) || !self.leads() {
-                if role.changed().await.is_err() {
-                    return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
+                tokio::select! {
+                    changed = role.changed() => if changed.is_err() {
+                        return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
+                    },
+                    _ = look.tick() => {
+                        let store = Arc::clone(&self.store);
+                        if let Ok(Ok(Some((held, _)))) =
+                            tokio::task::spawn_blocking(move || store.read_records()).await
+                        {
+                            self.seen_written = true;
+                            self.seen_epoch = self.seen_epoch.max(held.last_epoch);
+                        }
+                    }
                 }
             }
             following.0.abort();
             let _ = (&mut following.0).await;
             self.term = self.fence.current().map(|t| t.created);
             let store = Arc::clone(&self.store);
-            let read = tokio::task::spawn_blocking(move || store.read())
+            let read = tokio::task::spawn_blocking(move || store.read_records())
                 .await
                 .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
-            let (restored, _) = read?;
+            let held = read?;
             self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
+            if held.is_none() && (self.seen_written || self.store.written_epoch() > 0) {
+                return Err(LiveError::State(crate::state::StateError {
+                    file: format!("etcd {}", self.etcd.endpoints()),
+                    what: format!(
+                        "{}: empty, though this replica saw it written: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)",
+                        String::from_utf8_lossy(&self.store.key(""))
+                    ),
+                }));
+            }
+            let restored = held.map(|(d, _)| d).unwrap_or_default();
             if restored.last_epoch < self.seen_epoch {
                 return Err(LiveError::State(crate::state::StateError {
                     file: format!("etcd {}", self.etcd.endpoints()),
@@ -516,6 +567,7 @@ impl Replica {
                     live.attach(actix::spawn(super::requests::serve(
                         live.gate.clone(),
                         Arc::clone(&self.store),
+                        self.config.pool.members().to_vec(),
                     )));
                     self.terms += 1;
                     tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");
@@ -567,7 +619,10 @@ type OpenStore = (
     String,
     Arc<Fence>,
     Arc<EtcdStore>,
-    crate::core::Durable,
+    Option<(
+        crate::core::Durable,
+        std::collections::BTreeMap<String, u64>,
+    )>,
 );
 
 /// `[state] etcd`'s store, checked (another cluster's prefix, a newer
@@ -590,7 +645,7 @@ fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
         config.pool.id().as_str(),
         Arc::clone(&fence),
     ));
-    let (held, _) = store.read()?;
+    let held = store.read_records()?;
     Ok((etcd, prefix, fence, store, held))
 }
 

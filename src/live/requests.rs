@@ -3,11 +3,18 @@
 //! on a ready pool and writes what became of it; a takeover changes
 //! nothing for the requester, since the next leader reads the same keys.
 //!
-//! Keys under the state prefix: `requests/<run>` (the required nodes,
-//! written by the requester), `runs/<run>` (what became of it, each the
-//! event the leader published, written by the leader under its fence),
-//! `finish/<run>` (the requester's command ended: the leader ends the run).
+//! Keys under the state prefix:
+//! - `requests/<run>`: the required nodes and the requester's lease,
+//!   written by the requester on that lease;
+//! - `alive/<run>`: the requester is there (on its lease): a run whose
+//!   requester is gone (exited, crashed, cut off for a lease) is withdrawn
+//!   if waiting and ended if committed, never left occupying the pool;
+//! - `requested/<run>`: the leader committed it for a requester (fenced);
+//! - `runs/<run>`: what became of it, the event the leader published
+//!   (fenced, on the requester's lease: it goes with the requester);
+//! - `finish/<run>`: the requester's command ended: the leader ends it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,16 +33,23 @@ pub const LOOK_EVERY: Duration = Duration::from_millis(100);
 pub struct Request {
     /// The nodes it requires.
     pub required: Vec<NodeId>,
+    /// The requester's lease (what became of the run is kept on it).
+    #[serde(default)]
+    pub lease: i64,
 }
 
 /// What became of a requested run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
-    /// `committed`, `faulted` or `finished`.
+    /// `committed`, `faulted`, `finished`, or `refused` (it can never be
+    /// committed: `reason` says why).
     pub status: String,
     /// The event the leader published for it (none when a leader found
     /// the run committed by its predecessor, whose event went unwritten).
     pub event: Option<Event>,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Runs an etcd call off the actors' thread.
@@ -53,20 +67,62 @@ pub struct Requests {
     store: Arc<EtcdStore>,
 }
 
+/// A requester's presence: a lease kept alive on a thread of its own for
+/// as long as this lives; revoked when dropped (its request, presence and
+/// outcome go with it).
+#[derive(Debug)]
+pub struct Session {
+    lease: i64,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Session {
+    /// The lease.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl Requests {
     /// Requests through `store`'s prefix.
     pub fn new(store: Arc<EtcdStore>) -> Self {
         Requests { store }
     }
 
-    /// Asks for `run` over `required`.
-    pub async fn ask(&self, run: &RunId, required: &[NodeId]) -> Result<(), StoreError> {
+    /// Asks for `run` over `required`, present for as long as the returned
+    /// session lives (a lease of `ttl`).
+    pub async fn ask(
+        &self,
+        run: &RunId,
+        required: &[NodeId],
+        ttl: Duration,
+    ) -> Result<Session, StoreError> {
+        let etcd = Arc::clone(self.store.etcd());
+        let (lease, granted) =
+            blocking(move || etcd.grant(ttl).map_err(|e| StoreError(e.to_string()))).await?;
+        let session = keep(Arc::clone(self.store.etcd()), lease, granted);
         let body = serde_json::to_vec(&Request {
             required: required.to_vec(),
+            lease,
         })
         .map_err(|e| StoreError(e.to_string()))?;
-        let (store, name) = (Arc::clone(&self.store), format!("requests/{run}"));
-        blocking(move || store.put_raw(&name, &body)).await
+        let (store, run) = (Arc::clone(&self.store), run.clone());
+        blocking(move || {
+            store.put_raw(&format!("alive/{run}"), b"{}", lease)?;
+            store.put_raw(&format!("requests/{run}"), &body, lease)
+        })
+        .await?;
+        Ok(session)
     }
 
     /// Withdraws a request not yet served.
@@ -78,7 +134,7 @@ impl Requests {
     /// Asks the leader to end `run` (its command ended).
     pub async fn finish(&self, run: &RunId) -> Result<(), StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("finish/{run}"));
-        blocking(move || store.put_raw(&name, b"{}")).await
+        blocking(move || store.put_raw(&name, b"{}", 0)).await
     }
 
     /// Whether the leader has yet to take up the end of `run`.
@@ -97,22 +153,86 @@ impl Requests {
         })
         .transpose()
     }
+
+    /// Forgets what became of `run` (read to its end by its requester).
+    pub async fn forget(&self, run: &RunId) -> Result<(), StoreError> {
+        let (store, run) = (Arc::clone(&self.store), run.clone());
+        blocking(move || {
+            store.delete_raw(&format!("runs/{run}"))?;
+            store.delete_raw(&format!("alive/{run}"))
+        })
+        .await
+    }
+
+    /// The run the stored state holds active, if any (what is in the way).
+    pub async fn active_run(&self) -> Result<Option<RunId>, StoreError> {
+        let store = Arc::clone(&self.store);
+        let (durable, _) =
+            blocking(move || store.read().map_err(|e| StoreError(e.to_string()))).await?;
+        Ok(durable.run.map(|run| run.run))
+    }
+}
+
+/// Keeps `lease` alive (every third of its TTL) until the session drops.
+fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("poolgate-run-session".into())
+        .spawn(move || {
+            let every = ttl / 3;
+            let mut next = std::time::Instant::now() + every;
+            while !stopping.load(Ordering::Relaxed) {
+                if std::time::Instant::now() >= next {
+                    let renewed = etcd.keep_alive(lease);
+                    next = std::time::Instant::now()
+                        + match renewed {
+                            Ok(Some(_)) => every,
+                            Ok(None) => {
+                                tracing::warn!(
+                                    "the run's etcd session expired: the leader will end the run"
+                                );
+                                return;
+                            }
+                            Err(_) => Duration::from_millis(100),
+                        };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = etcd.revoke(lease);
+        })
+        .ok();
+    Session {
+        lease,
+        stop,
+        thread,
+    }
 }
 
 /// The leader's side, for one term: serves the requests on `gate` until
 /// the task is aborted (the term ends).
-pub async fn serve(gate: Gate, store: Arc<EtcdStore>) {
+pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
     let mut events = gate.subscribe_from_now();
     let mut tick = tokio::time::interval(LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+    let mut said_waiting = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+    // Outcomes not written yet (etcd slow, or unreachable for a moment):
+    // written at the next look, in order, never dropped.
+    let mut unsettled: std::collections::VecDeque<Event> = Default::default();
     loop {
         let result = tokio::select! {
             event = events.recv() => match event {
-                Some(event) => settle(&store, event).await,
+                Some(event) => {
+                    unsettled.push_back(event);
+                    settle_all(&store, &mut unsettled).await
+                }
                 None => return,
             },
-            _ = tick.tick() => look(&gate, &store).await,
+            _ = tick.tick() => match settle_all(&store, &mut unsettled).await {
+                Ok(()) => look(&gate, &store, &members, &mut said_waiting).await,
+                Err(e) => Err(e),
+            },
         };
         if let Err(e) = result {
             if let Some(held) = said.allow(std::time::Instant::now()) {
@@ -120,6 +240,18 @@ pub async fn serve(gate: Gate, store: Arc<EtcdStore>) {
             }
         }
     }
+}
+
+/// Writes the outcomes waiting, oldest first; stops at the first failure.
+async fn settle_all(
+    store: &Arc<EtcdStore>,
+    unsettled: &mut std::collections::VecDeque<Event>,
+) -> Result<(), StoreError> {
+    while let Some(event) = unsettled.front() {
+        settle(store, event.clone()).await?;
+        unsettled.pop_front();
+    }
+    Ok(())
 }
 
 /// Writes what became of a requested run.
@@ -130,37 +262,75 @@ async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), StoreError> 
         Event::RunFinished { run, .. } => (run.clone(), "finished"),
         _ => return Ok(()),
     };
-    write_outcome(store, &run, status, Some(event)).await
+    write_outcome(store, &run, status, Some(event), None).await
 }
 
+/// Writes `runs/<run>` on its requester's lease (read from its request, or
+/// its presence), then takes the request (and an end asked for).
 async fn write_outcome(
     store: &Arc<EtcdStore>,
     run: &RunId,
     status: &str,
     event: Option<Event>,
+    reason: Option<String>,
 ) -> Result<(), StoreError> {
     let outcome = Outcome {
         status: status.to_string(),
         event,
+        reason,
     };
     let body = serde_json::to_vec(&outcome).map_err(|e| StoreError(e.to_string()))?;
-    let (store, run) = (Arc::clone(store), run.clone());
+    let (store, run, status) = (Arc::clone(store), run.clone(), status.to_string());
     blocking(move || {
-        store.put_fenced(&format!("runs/{run}"), &body)?;
+        let request = store.get_raw(&format!("requests/{run}"))?;
+        let requested = store.get_raw(&format!("requested/{run}"))?;
+        let present = store.get_raw(&format!("alive/{run}"))?.is_some();
+        // Only runs asked for through etcd have an outcome to write.
+        let lease = match (&request, &requested) {
+            (Some(bytes), _) | (None, Some(bytes)) => serde_json::from_slice::<Request>(bytes)
+                .map(|r| r.lease)
+                .unwrap_or(0),
+            (None, None) => return Ok(()),
+        };
+        if status == "committed" {
+            if let Some(bytes) = &request {
+                store.put_fenced(&format!("requested/{run}"), bytes, 0)?;
+            }
+        }
+        // A requester that is gone reads nothing (and its lease is gone).
+        if present {
+            store.put_fenced(&format!("runs/{run}"), &body, lease)?;
+        }
+        if status != "committed" {
+            store.delete_raw(&format!("requested/{run}"))?;
+        }
         store.delete_raw(&format!("requests/{run}"))?;
         store.delete_raw(&format!("finish/{run}"))
     })
     .await
 }
 
-/// One look at the requests: ends the runs asked to end, plans and
-/// commits the first run asked for once the pool is ready and no run is
-/// active.
-async fn look(gate: &Gate, store: &Arc<EtcdStore>) -> Result<(), StoreError> {
+/// One look at the requests: ends the runs asked to end and the requested
+/// runs whose requester is gone, then plans and commits the first run
+/// asked for once the pool is ready and no run is active.
+async fn look(
+    gate: &Gate,
+    store: &Arc<EtcdStore>,
+    members: &[NodeId],
+    said_waiting: &mut super::throttle::Throttle,
+) -> Result<(), StoreError> {
     let listed = Arc::clone(store);
-    let (finishes, requests) =
-        blocking(move || Ok((listed.list_raw("finish/")?, listed.list_raw("requests/")?))).await?;
+    let (finishes, requests, alive, requested) = blocking(move || {
+        Ok((
+            listed.list_raw("finish/")?,
+            listed.list_raw("requests/")?,
+            listed.list_raw("alive/")?,
+            listed.list_raw("requested/")?,
+        ))
+    })
+    .await?;
     let report = gate.report().await.map_err(|e| StoreError(e.to_string()))?;
+    let present = |run: &str| alive.iter().any(|(name, _)| name == run);
     for (run, _) in finishes {
         let Ok(id) = RunId::new(&run) else { continue };
         if report.run.as_ref() == Some(&id) {
@@ -173,6 +343,23 @@ async fn look(gate: &Gate, store: &Arc<EtcdStore>) -> Result<(), StoreError> {
         let (store, name) = (Arc::clone(store), format!("finish/{run}"));
         blocking(move || store.delete_raw(&name)).await?;
     }
+    // A committed run whose requester is gone is over: nobody runs its
+    // command any more.
+    for (run, _) in &requested {
+        if present(run) {
+            continue;
+        }
+        let Ok(id) = RunId::new(run) else { continue };
+        if report.run.as_ref() == Some(&id) {
+            tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run is ended");
+            if let Err(e) = gate.finish_run(id).await {
+                tracing::warn!(%run, error = %e, "run not ended");
+            }
+        } else {
+            let (store, name) = (Arc::clone(store), format!("requested/{run}"));
+            blocking(move || store.delete_raw(&name)).await?;
+        }
+    }
     let PoolPhase::Ready { epoch } = report.phase else {
         return Ok(());
     };
@@ -183,23 +370,30 @@ async fn look(gate: &Gate, store: &Arc<EtcdStore>) -> Result<(), StoreError> {
         Some(active) => requests
             .into_iter()
             .find(|(run, _)| run.as_str() == active.as_str()),
-        None => requests.into_iter().next(),
+        None => requests.into_iter().find(|(run, _)| present(run)),
     };
     let Some((run, body)) = pick else {
         return Ok(());
     };
-    let Ok(id) = RunId::new(&run) else {
+    let request = RunId::new(&run)
+        .ok()
+        .zip(serde_json::from_slice::<Request>(&body).ok());
+    let Some((id, request)) = request else {
+        tracing::warn!(%run, "a run request that does not parse: dropped");
         let (store, name) = (Arc::clone(store), format!("requests/{run}"));
         return blocking(move || store.delete_raw(&name)).await;
     };
-    let request: Request = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            tracing::warn!(%run, error = %e, "a run request that does not parse: dropped");
-            let (store, name) = (Arc::clone(store), format!("requests/{run}"));
-            return blocking(move || store.delete_raw(&name)).await;
-        }
-    };
+    // A plan that can never be committed is refused at once, before it
+    // holds the pool in planning.
+    let stranger = request.required.iter().find(|n| !members.contains(n));
+    if request.required.is_empty() || stranger.is_some() {
+        let reason = match stranger {
+            Some(node) => format!("{node} is not a member of the leader's pool"),
+            None => "no required node".to_string(),
+        };
+        tracing::warn!(%run, %reason, "requested run refused");
+        return write_outcome(store, &id, "refused", None, Some(reason)).await;
+    }
     let planned = match &report.run {
         Some(_) => Ok(epoch),
         None => gate.begin_planning(id.clone(), Some(epoch)).await,
@@ -215,9 +409,11 @@ async fn look(gate: &Gate, store: &Arc<EtcdStore>) -> Result<(), StoreError> {
         Ok(()) => Ok(()),
         Err(poolgate_actors::GateError::Refused(poolgate_actors::core::Refusal::RunCommitted(
             other,
-        ))) if other == id => write_outcome(store, &id, "committed", None).await,
+        ))) if other == id => write_outcome(store, &id, "committed", None, None).await,
         Err(e) => {
-            tracing::info!(%run, error = %e, "requested run not committed yet (tried again)");
+            if let Some(held) = said_waiting.allow(std::time::Instant::now()) {
+                tracing::info!(%run, error = %e, held, "requested run not committed yet (tried again)");
+            }
             Ok(())
         }
     }

@@ -68,6 +68,9 @@ pub fn default_prefix(label: &str, pool: &str) -> String {
     format!("/poolgate/{label}/{pool}/")
 }
 
+/// What the prefix holds: the gate's state and the agent sequences.
+pub type Held = (Durable, BTreeMap<String, u64>);
+
 /// The durable state in etcd.
 #[derive(Debug)]
 pub struct EtcdStore {
@@ -110,17 +113,38 @@ impl EtcdStore {
     /// Reads what the prefix holds (a fresh prefix holds nothing: the
     /// default state). Another cluster's prefix, a newer format or a
     /// damaged record is an error naming the key.
-    pub fn read(&self) -> Result<(Durable, BTreeMap<String, u64>), StateError> {
+    pub fn read(&self) -> Result<Held, StateError> {
+        self.read_records().map(Option::unwrap_or_default)
+    }
+
+    /// As [`EtcdStore::read`]; `None` for a prefix never written (no
+    /// format record): a replica that saw it written and then finds it so
+    /// knows etcd's data was wiped.
+    pub fn read_records(&self) -> Result<Option<Held>, StateError> {
         let error = |what: String| StateError {
             file: self.where_(),
             what,
         };
-        let kvs = self
+        // The records' keys only, in one read (the prefix also holds the
+        // run requests, however many).
+        let names = [
+            "format",
+            "cluster",
+            "state",
+            "state.sha256",
+            "sequences",
+            "sequences.sha256",
+        ];
+        let ranges = names.iter().map(|n| etcd::range(&self.key(n))).collect();
+        let (_, answer) = self
             .etcd
-            .get_prefix(self.prefix.as_bytes())
+            .txn(vec![], ranges, vec![])
             .map_err(|e| error(e.to_string()))?;
-        let held: BTreeMap<String, Vec<u8>> = kvs
+        let held: BTreeMap<String, Vec<u8>> = answer["responses"]
+            .as_array()
             .into_iter()
+            .flatten()
+            .flat_map(|r| etcd::kvs(&r["response_range"]))
             .filter_map(|kv| {
                 let key = String::from_utf8(kv.key).ok()?;
                 Some((key.strip_prefix(&self.prefix)?.to_string(), kv.value))
@@ -128,7 +152,7 @@ impl EtcdStore {
             .collect();
         let named = |name: &str| format!("{}{name}", self.prefix);
         let format = match held.get("format") {
-            None if !held.contains_key("state") => return Ok(Default::default()),
+            None if !held.contains_key("state") => return Ok(None),
             None => return Err(error(format!("{}: missing", named("format")))),
             Some(bytes) => std::str::from_utf8(bytes)
                 .ok()
@@ -177,7 +201,7 @@ impl EtcdStore {
                 .map_err(|e| error(format!("{}: {e}", named("sequences"))))?,
             None => BTreeMap::new(),
         };
-        Ok((state, sequences))
+        Ok(Some((state, sequences)))
     }
 
     /// What `name` holds under the prefix, unchecked (the run requests).
@@ -205,11 +229,21 @@ impl EtcdStore {
     }
 
     /// Puts `value` under `name`, unconditioned (a request any replica or
-    /// `run` may make).
-    pub fn put_raw(&self, name: &str, value: &[u8]) -> Result<(), StoreError> {
+    /// `run` may make), on `lease` (0: none).
+    pub fn put_raw(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
         self.etcd
-            .put(&self.key(name), value)
+            .txn(
+                vec![],
+                vec![etcd::put(&self.key(name), value, lease)],
+                vec![],
+            )
+            .map(drop)
             .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// The etcd client.
+    pub fn etcd(&self) -> &Arc<Etcd> {
+        &self.etcd
     }
 
     /// Deletes `name`.
@@ -219,8 +253,9 @@ impl EtcdStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
-    /// Puts `value` under `name` if this replica still leads.
-    pub fn put_fenced(&self, name: &str, value: &[u8]) -> Result<(), StoreError> {
+    /// Puts `value` under `name` (on `lease`, 0: none) if this replica
+    /// still leads.
+    pub fn put_fenced(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
         let Some(term) = self.fence.current() else {
             return Err(StoreError("not the leader: nothing written".into()));
         };
@@ -228,7 +263,7 @@ impl EtcdStore {
             .etcd
             .txn(
                 vec![etcd::created_at(&self.key("leader"), term.created)],
-                vec![etcd::put(&self.key(name), value, 0)],
+                vec![etcd::put(&self.key(name), value, lease)],
                 vec![],
             )
             .map_err(|e| StoreError(e.to_string()))?;
