@@ -1,6 +1,6 @@
 //! `commit_plan` latency over each state store, in one run: memory (no
-//! store), the redb file, and etcd (a one-member server this example
-//! starts on 127.0.0.1; `etcd` must be installed). Each round plans,
+//! store), the redb file, and etcd (a one-member and a three-member
+//! cluster this example starts on 127.0.0.1; `etcd` must be installed). Each round plans,
 //! commits and finishes one run on a ready pool; the commit is durable
 //! before it returns.
 //!
@@ -75,57 +75,72 @@ fn summary(name: &str, mut took: Vec<Duration>) -> serde_json::Value {
     serde_json::json!({ "store": name, "rounds": took.len(), "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": at(1.0) })
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let json = args.iter().any(|a| a == "--json");
-    let rounds = args
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// Starts an etcd cluster of `n` members on 127.0.0.1 under `dir`: its
+/// processes and client endpoints.
+fn start_etcd(dir: &std::path::Path, n: usize) -> (Vec<std::process::Child>, Vec<String>) {
+    let urls: Vec<(String, String)> = (0..n)
+        .map(|_| {
+            (
+                format!("http://127.0.0.1:{}", free_port()),
+                format!("http://127.0.0.1:{}", free_port()),
+            )
+        })
+        .collect();
+    let initial = urls
         .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(200);
-    let dir = std::env::temp_dir().join(format!("poolgate-store-latency-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch");
-    let port = |_: ()| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port")
-    };
-    let (client, peer) = (port(()), port(()));
-    let endpoint = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let mut etcd = std::process::Command::new("etcd")
-        .args(["--name", "e0", "--data-dir"])
-        .arg(dir.join("etcd"))
-        .args([
-            "--listen-client-urls",
-            &endpoint,
-            "--advertise-client-urls",
-            &endpoint,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
-        .args(["--initial-cluster", &format!("e0={peer_url}")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("etcd (Debian: etcd-server) starts");
-    let api = Arc::new(
-        poolgate::etcd::Etcd::new(std::slice::from_ref(&endpoint), Duration::from_secs(2))
-            .expect("endpoint"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
+        .enumerate()
+        .map(|(i, (_, peer))| format!("e{i}={peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let children = urls
+        .iter()
+        .enumerate()
+        .map(|(i, (client, peer))| {
+            std::process::Command::new("etcd")
+                .args(["--name", &format!("e{i}"), "--data-dir"])
+                .arg(dir.join(format!("e{i}")))
+                .args([
+                    "--listen-client-urls",
+                    client,
+                    "--advertise-client-urls",
+                    client,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                ])
+                .args(["--initial-cluster", &initial])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("etcd (Debian: etcd-server) starts")
+        })
+        .collect();
+    (
+        children,
+        urls.into_iter().map(|(client, _)| client).collect(),
+    )
+}
+
+/// A store on the etcd at `endpoints`, fenced by a leader key this
+/// process makes (it leads for the whole run).
+fn etcd_store(endpoints: &[String]) -> Arc<dyn StateStore> {
+    let api =
+        Arc::new(poolgate::etcd::Etcd::new(endpoints, Duration::from_secs(2)).expect("endpoint"));
+    let deadline = Instant::now() + Duration::from_secs(30);
     while api.get(b"probe").is_err() {
         assert!(Instant::now() < deadline, "etcd did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // This process leads: the leader key it made fences the writes.
     let prefix = "/poolgate/bench/pool-a/";
     api.put(format!("{prefix}leader").as_bytes(), b"{}")
         .expect("leader key");
@@ -139,13 +154,25 @@ fn main() {
         created,
         until: Instant::now() + Duration::from_secs(3600),
     });
-    let etcd_store: Arc<dyn StateStore> = Arc::new(EtcdStore::new(
-        Arc::clone(&api),
-        prefix,
-        "bench",
-        "pool-a",
-        fence,
-    ));
+    Arc::new(EtcdStore::new(api, prefix, "bench", "pool-a", fence))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--json");
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200);
+    let dir = std::env::temp_dir().join(format!("poolgate-store-latency-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let (mut one, one_endpoints) = start_etcd(&dir.join("one"), 1);
+    let (mut three, three_endpoints) = start_etcd(&dir.join("three"), 3);
+    let one_store = etcd_store(&one_endpoints);
+    let three_store = etcd_store(&three_endpoints);
     let (redb_store, _) = poolgate::state::RedbStore::open(&dir.join("state.db")).expect("redb");
     let redb_store: Arc<dyn StateStore> = redb_store;
 
@@ -155,12 +182,18 @@ fn main() {
             summary("redb", measure(Some(redb_store), rounds).await),
             summary(
                 "etcd (1 member, loopback)",
-                measure(Some(etcd_store), rounds).await,
+                measure(Some(one_store), rounds).await,
+            ),
+            summary(
+                "etcd (3 members, loopback)",
+                measure(Some(three_store), rounds).await,
             ),
         ]
     });
-    let _ = etcd.kill();
-    let _ = etcd.wait();
+    for child in one.iter_mut().chain(three.iter_mut()) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let _ = std::fs::remove_dir_all(&dir);
     for r in &results {
         if json {

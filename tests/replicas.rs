@@ -457,7 +457,9 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         drop(session);
 
         // A committed run whose requester is gone (its session revoked or
-        // expired) is ended: it does not hold the pool for good.
+        // expired) stays guarded (SPEC §12: guarded by whichever replica
+        // leads); a requester that withdraws after a commit it did not see
+        // (its timeout raced the leader) has the run ended.
         let ghost = poolgate::core::RunId::new("ghost").unwrap();
         let session = requests
             .ask(&ghost, std::slice::from_ref(&node), Duration::from_secs(2))
@@ -471,13 +473,31 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         .await
         .expect("committed");
         drop(session);
+        let store = EtcdStore::new(
+            Arc::new(server.client()),
+            "/poolgate/replicas/pool-a/",
+            "replicas",
+            "pool-a",
+            Arc::new(Fence::default()),
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store.get_raw("alive/ghost").unwrap().is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the requester's presence goes with its session");
+        // Ten looks of the leader's later, the run is still guarded.
+        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
+        assert_eq!(live.gate.report().await.unwrap().run, Some(ghost.clone()));
+        requests.withdraw(&ghost).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), async {
             while live.gate.report().await.unwrap().run.is_some() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
         .await
-        .expect("the leader ended the run of a requester that is gone");
+        .expect("the leader ended the run withdrawn after its commit");
         // A plan that can never be committed is refused, not left planning.
         let stray = poolgate::core::RunId::new("stray").unwrap();
         let _session = requests

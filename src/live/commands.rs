@@ -589,8 +589,9 @@ async fn run_replicated(
     ))
     .map_err(GateError::from)?;
     // The request and its outcome live on this process's etcd session:
-    // if it goes (exit, crash, cut off for a lease), the leader withdraws
-    // the request or ends the run, and nothing is left in the pool's way.
+    // if it goes before a commit (crash, cut off for a lease), the request
+    // goes with it; a run committed stays guarded by whichever replica
+    // leads (SPEC §12) until it faults or is ended.
     let session = requests
         .ask(&run, required, config.state.lease)
         .await

@@ -7,8 +7,9 @@
 //! - `requests/<run>`: the required nodes and the requester's lease,
 //!   written by the requester on that lease;
 //! - `alive/<run>`: the requester is there (on its lease): a run whose
-//!   requester is gone (exited, crashed, cut off for a lease) is withdrawn
-//!   if waiting and ended if committed, never left occupying the pool;
+//!   requester is gone (crashed, cut off for a lease) is withdrawn if
+//!   waiting; committed, it stays guarded (its nodes may still run it)
+//!   until it faults or is ended (`poolgate run --end`);
 //! - `requested/<run>`: the leader committed it for a requester (fenced);
 //! - `runs/<run>`: what became of it, the event the leader published
 //!   (fenced, on the requester's lease: it goes with the requester);
@@ -125,10 +126,17 @@ impl Requests {
         Ok(session)
     }
 
-    /// Withdraws a request not yet served.
+    /// Withdraws a request: not served yet, it is dropped; committed in
+    /// the meantime (a race with the leader), the run is ended.
     pub async fn withdraw(&self, run: &RunId) -> Result<(), StoreError> {
-        let (store, name) = (Arc::clone(&self.store), format!("requests/{run}"));
-        blocking(move || store.delete_raw(&name)).await
+        let (store, run) = (Arc::clone(&self.store), run.clone());
+        // The request goes first: a leader that sees the end sees no
+        // request to commit.
+        blocking(move || {
+            store.delete_raw(&format!("requests/{run}"))?;
+            store.put_raw(&format!("finish/{run}"), b"{}", 0)
+        })
+        .await
     }
 
     /// Asks the leader to end `run` (its command ended).
@@ -217,6 +225,8 @@ pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
     let mut said_waiting = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+    // Committed runs whose requester is gone, said once each.
+    let mut orphans = std::collections::BTreeSet::new();
     // Outcomes not written yet (etcd slow, or unreachable for a moment):
     // written at the next look, in order, never dropped.
     let mut unsettled: std::collections::VecDeque<Event> = Default::default();
@@ -230,7 +240,7 @@ pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
                 None => return,
             },
             _ = tick.tick() => match settle_all(&store, &mut unsettled).await {
-                Ok(()) => look(&gate, &store, &members, &mut said_waiting).await,
+                Ok(()) => look(&gate, &store, &members, &mut said_waiting, &mut orphans).await,
                 Err(e) => Err(e),
             },
         };
@@ -310,14 +320,14 @@ async fn write_outcome(
     .await
 }
 
-/// One look at the requests: ends the runs asked to end and the requested
-/// runs whose requester is gone, then plans and commits the first run
+/// One look at the requests: ends the runs asked to end, then plans and commits the first run
 /// asked for once the pool is ready and no run is active.
 async fn look(
     gate: &Gate,
     store: &Arc<EtcdStore>,
     members: &[NodeId],
     said_waiting: &mut super::throttle::Throttle,
+    orphans: &mut std::collections::BTreeSet<RunId>,
 ) -> Result<(), StoreError> {
     let listed = Arc::clone(store);
     let (finishes, requests, alive, requested) = blocking(move || {
@@ -343,17 +353,16 @@ async fn look(
         let (store, name) = (Arc::clone(store), format!("finish/{run}"));
         blocking(move || store.delete_raw(&name)).await?;
     }
-    // A committed run whose requester is gone is over: nobody runs its
-    // command any more.
+    // A committed run whose requester is gone (crashed, or cut off for a
+    // lease) stays guarded: its nodes may still run it, and a required
+    // node lost faults it (SPEC §12). It is said once a term; an operator
+    // ends it with `poolgate run --end`. Requested runs no longer active
+    // are forgotten.
     for (run, _) in &requested {
-        if present(run) {
-            continue;
-        }
         let Ok(id) = RunId::new(run) else { continue };
         if report.run.as_ref() == Some(&id) {
-            tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run is ended");
-            if let Err(e) = gate.finish_run(id).await {
-                tracing::warn!(%run, error = %e, "run not ended");
+            if !present(run) && orphans.insert(id) {
+                tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run stays guarded; end it with poolgate run --end {run}");
             }
         } else {
             let (store, name) = (Arc::clone(store), format!("requested/{run}"));
