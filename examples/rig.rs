@@ -23,7 +23,9 @@
 //!   shipped lease), the leader SIGKILLed N times: → the other leads
 //!   (`leads`), accepts its first agent frame (`first_frame`), publishes
 //!   its first event (`first_event`, `pool_ready`); `guard_gap`: → its
-//!   orchestrator guards the run again. Needs `etcd` (etcd-server).
+//!   orchestrator guards the run again. `--window` sets the convergence
+//!   window (default 1 s; the shipped one is 5 s). Needs `etcd`
+//!   (etcd-server).
 //! - `rig_loss_false_faults` (with `--only loss`): runs faulted over `--minutes` of `--loss`%
 //!   UDP loss on every host (a new run after each), and with `--serf`, the
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
@@ -52,6 +54,9 @@ struct Args {
     json: bool,
     only: Option<String>,
     indirect_probes: Option<u32>,
+    /// The convergence window of the failover runs (the shipped 5 s, or
+    /// 1 s by default to keep the run short).
+    window: Duration,
 }
 
 fn args() -> Result<Args, String> {
@@ -68,6 +73,7 @@ fn args() -> Result<Args, String> {
         json: false,
         only: None,
         indirect_probes: None,
+        window: Duration::from_secs(1),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -96,6 +102,10 @@ fn args() -> Result<Args, String> {
             }
             "--serf" => args.serf = true,
             "--json" => args.json = true,
+            "--window" => {
+                args.window =
+                    humantime::parse_duration(&value()?).map_err(|e| format!("--window: {e}"))?
+            }
             "--only" => args.only = Some(value()?),
             "--indirect-probes" => {
                 args.indirect_probes = Some(
@@ -489,7 +499,7 @@ fn failovers(args: &Args) {
         &[1, 2],
         &node_hosts,
         Options {
-            window: Some(Duration::from_secs(1)),
+            window: Some(args.window),
             orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\n"),
             ..Options::default()
         },

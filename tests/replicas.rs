@@ -20,6 +20,15 @@ use poolgate::{Config, StateStore};
 use common::live::{live_for, ready};
 use common::make_ready;
 
+/// The tests here run one at a time: each drives etcd members and lease
+/// deadlines of a few seconds, which two at once on a 2-core machine can
+/// starve (a renewal answered late deposes a leader the test keeps).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn config(endpoint: &str, extra: &str) -> Config {
     config_of(&[endpoint.to_string()], extra, "2s")
 }
@@ -49,6 +58,7 @@ async fn first_leader(a: &mut Replica, b: &mut Replica) -> (bool, poolgate::live
 #[test]
 fn one_replica_leads_a_deposed_write_changes_nothing_and_epochs_continue() {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("leads");
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
@@ -109,6 +119,7 @@ fn one_replica_leads_a_deposed_write_changes_nothing_and_epochs_continue() {
 #[test]
 fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("wiped");
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
@@ -186,6 +197,7 @@ async fn live_stopped(events: &mut poolgate::EventStream) -> bool {
 #[test]
 fn bad_etcd_input_at_start_is_an_error_naming_the_endpoint_or_key() {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     // Unreachable endpoints.
     let port = etcd::free_port();
     let dead = format!("http://127.0.0.1:{port}");
@@ -245,6 +257,7 @@ fn bad_etcd_input_at_start_is_an_error_naming_the_endpoint_or_key() {
 fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyone_until_it_returns(
 ) {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let mut cluster = etcd::Cluster::start("quorum", 3);
     let endpoints = cluster.endpoints();
     // A 4 s lease: etcd on this test's loaded machine answers a renewal
@@ -330,6 +343,7 @@ fn the_term_after_a_takeover_replays_from_its_recording_event_for_event() {
     // committed run), which its recording carries, so it replays alone.
     use poolgate::replay::{self, render::json_line, ReplayEvent};
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("replayed");
     let config = config(&server.endpoint, "restore_grace = \"5s\"\n");
     let buffer = Buffer::default();
@@ -402,6 +416,7 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
     // SPEC §12: `run` among replicas has the leader plan and commit for
     // it; the leader writes what became of it; an end asked for is done.
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("requests");
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
@@ -523,5 +538,90 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         assert_eq!(live.gate.report().await.unwrap().run, None);
         live.shutdown();
         leader.resign();
+    });
+}
+
+#[test]
+fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
+    // Issue 22: followers stay warm, a SWIM member of the cluster with its
+    // view while following (here it joins through the leader's member, its
+    // only seed), and the term after a takeover runs on that member and
+    // starts from its view: the pool is ready again on it.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("warm");
+    live_for(Duration::from_secs(60), async {
+        let mut plan = common::live::plan(
+            "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
+             [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
+            1,
+        );
+        plan.external_orchestrator = true;
+        let mut cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
+            .await
+            .unwrap();
+        let mut first = cluster.config.clone();
+        first.state.etcd = vec![server.endpoint.clone()];
+        first.state.lease = Duration::from_secs(2);
+        let mut second = first.clone();
+        let free = |_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        second.swim.bind = free(());
+        second.agents.listen = free(());
+        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
+        // The node reaches either replica's listener; its SWIM seed is the
+        // first leader's member alone.
+        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+        let listed = format!("agents = \"{}\"", first.agents.listen);
+        assert!(node_toml.contains(&listed), "{node_toml}");
+        let both = format!(
+            "agents = [\"{}\", \"{}\"]",
+            first.agents.listen, second.agents.listen
+        );
+        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        let warm = b.swim_addr().expect("the follower's member is up");
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        // The follower's member learns of node-1 from the leader's.
+        let count = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if b.swim_members().await.unwrap_or(0) >= 2 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            count.is_ok(),
+            "the follower's member never learnt the cluster"
+        );
+        // The leader goes, its member with it.
+        live.stop().await;
+        a.resign();
+        let next = tokio::time::timeout(Duration::from_secs(5), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        assert_eq!(next.swim_addr, warm, "the term uses the warm member");
+        let mut events = next.gate.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), ready(&mut events))
+            .await
+            .expect("the new term's pool is ready, from the warm member's view");
+        next.stop().await;
+        // The member outlives the term: a follower's again.
+        assert_eq!(b.swim_addr(), Some(warm));
+        b.resign();
+        cluster.kill(0);
     });
 }

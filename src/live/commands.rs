@@ -253,7 +253,7 @@ impl Watching<'_> {
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                _ = hangup.recv() => reload_keys(live, self.path),
+                _ = hangup.recv() => reload_keys(|swim| live.reload_cluster_keys(swim), self.path),
                 event = events.recv() => {
                     let Some(event) = event else {
                         if live.gate.is_stopped() {
@@ -298,6 +298,20 @@ async fn watch_replica(
     mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
 ) -> Result<WatchEnd, LiveError> {
     let mut replica = super::replica::Replica::start(config)?;
+    replica.warm_up().await?;
+    // SIGHUP reloads the warm member's keys while following too: a
+    // rotation missed there would leave the next term's SWIM deaf.
+    let _reloading = replica.swim_keys().map(|keys| {
+        let path = watching.path.to_path_buf();
+        AbortOnDrop(actix::spawn(async move {
+            let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+                return;
+            };
+            while hangup.recv().await.is_some() {
+                reload_keys(|swim| keys.reload(swim), &path);
+            }
+        }))
+    });
     loop {
         let term = replica.terms() + 1;
         let term_record = record.map(|path| match term {
@@ -523,7 +537,7 @@ pub async fn run(
                 drain(&gate, &mut events, &mut printer).await;
                 return Ok(128 + signal);
             }
-            _ = hangup.recv() => reload_keys(&live, path),
+            _ = hangup.recv() => reload_keys(|swim| live.reload_cluster_keys(swim), path),
         }
     }
 }
@@ -847,10 +861,10 @@ pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
 
 /// SIGHUP: the cluster keys of `[swim]`, read again from the config file
 /// (key rotation).
-fn reload_keys(live: &Orchestrator, path: &Path) {
+fn reload_keys(reload: impl Fn(&crate::config::SwimConfig) -> Result<(), LiveError>, path: &Path) {
     let reloaded = Config::load(path)
         .map_err(LiveError::from)
-        .and_then(|config| live.reload_cluster_keys(&config.swim));
+        .and_then(|config| reload(&config.swim));
     match reloaded {
         Ok(()) => tracing::info!("cluster keys read again"),
         Err(e) => tracing::warn!(error = %e, "cluster keys not read again; keeping the old ones"),

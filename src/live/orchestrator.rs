@@ -89,6 +89,9 @@ pub struct Orchestrator {
     /// The orchestrator's SWIM member (an actix address: not part of the
     /// API).
     swim: Addr<SwimMember>,
+    /// Whether the SWIM member goes with the orchestrator (a replica's
+    /// warm member outlives its terms: it is only detached).
+    owns_swim: bool,
     /// The UDP address the SWIM member answers on (the nodes' seed).
     pub swim_addr: SocketAddr,
     /// The TCP address the agent listener accepts on.
@@ -136,7 +139,7 @@ impl Orchestrator {
             });
         }
         let (settings, store) = config.gate_settings_with_store(None)?;
-        Orchestrator::start_with(config, settings, store, record, Arc::from(LEADER)).await
+        Orchestrator::start_with(config, settings, store, record, Arc::from(LEADER), None).await
     }
 
     /// Starts from gate settings already holding the store (`store`, which
@@ -147,8 +150,10 @@ impl Orchestrator {
         store: Option<Arc<dyn crate::state::OrchestratorStore>>,
         record: Option<poolgate_actors::Recording>,
         leader: Arc<str>,
+        warm: Option<&WarmSwim>,
     ) -> Result<Orchestrator, LiveError> {
-        let keyring = keyring(&config.swim)?;
+        // Checked before anything starts (the member may be warm already).
+        keyring(&config.swim)?;
         settings.record = record;
         check_live(config)?;
         let gate = Gate::try_start(settings)?;
@@ -177,7 +182,7 @@ impl Orchestrator {
                 registry,
             )));
         }
-        let sink = {
+        let sink: super::swim::member::MembershipSink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
             Box::new(move |observed: Observed| {
                 let update = lock(&nodes).observe(observed);
@@ -186,42 +191,31 @@ impl Orchestrator {
                 }
             })
         };
-        let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
-        // With a state file, the orchestrator's SWIM generation rises
-        // across restarts whatever the clock does, as a node's does.
-        let generation = match &config.state.path {
-            Some(path) => GenerationFile::beside(path).next(unix_ms())?,
-            None => boot_generation(),
-        };
-        let foca_config = config.swim.timings.foca_config(cluster_size);
-        let (swim, swim_addr) = until_free(|| {
-            SwimMember::start(
-                "orchestrator",
-                config.swim.bind,
-                config.swim.advertise.as_ref(),
-                generation,
-                foca_config.clone(),
-                StdRng::seed_from_u64(rand::random()),
-                Some(sink.clone()),
-                keyring.clone(),
-            )
-        })
-        .await?;
-        // Address conflicts decided by what nodes signed.
-        swim.do_send(super::swim::member::UseSigned(Arc::clone(
-            &lock(&nodes).signed_view,
-        )));
-        // Facts about names outside the registry could never count: not kept.
-        swim.do_send(super::swim::member::OnlyMembers(
-            config.registry.keys().map(|n| n.to_string()).collect(),
-        ));
-        if !config.swim.seeds.is_empty() {
-            let (seeds, failed) = lookup_all(&config.swim.seeds).await;
-            if !failed.is_empty() {
-                tracing::warn!(?failed, "swim.seeds: not resolved");
+        let (swim, swim_addr, owns_swim) = match warm {
+            // A replica's member, warm since it followed: address
+            // conflicts by this term's signed view, then this term's gate
+            // fed from the whole view it already holds.
+            Some(warm) => {
+                let member = warm.member.clone();
+                member.do_send(super::swim::member::UseSigned(Arc::clone(
+                    &lock(&nodes).signed_view,
+                )));
+                member
+                    .send(super::swim::member::SetSink(Some(sink)))
+                    .await
+                    .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+                if !config.swim.seeds.is_empty() {
+                    let (seeds, _) = lookup_all(&config.swim.seeds).await;
+                    member.do_send(Join { seeds });
+                }
+                (member, warm.addr, false)
             }
-            swim.do_send(Join { seeds });
-        }
+            None => {
+                let signed = Arc::clone(&lock(&nodes).signed_view);
+                let (member, addr) = start_member(config, Some((sink, signed))).await?;
+                (member, addr, true)
+            }
+        };
         let bound = |source| LiveError::Bind {
             socket: "agent listener (TCP)",
             addr: config.agents.listen,
@@ -248,6 +242,7 @@ impl Orchestrator {
         Ok(Orchestrator {
             gate,
             swim,
+            owns_swim,
             swim_addr,
             agents_addr,
             tasks,
@@ -258,10 +253,7 @@ impl Orchestrator {
     /// (rotation: add the new key to every ring, make it first, remove the
     /// old one).
     pub fn reload_cluster_keys(&self, swim: &SwimConfig) -> Result<(), LiveError> {
-        self.swim.do_send(SetKeyring {
-            keyring: keyring(swim)?,
-        });
-        Ok(())
+        SwimKeys(self.swim.clone()).reload(swim)
     }
 
     /// Stops everything the orchestrator started: the listener (closing
@@ -273,7 +265,16 @@ impl Orchestrator {
         for task in &self.tasks {
             task.abort();
         }
-        self.swim.do_send(super::swim::member::Crash);
+        self.release_swim();
+    }
+
+    /// Stops the SWIM member, or detaches a warm one from this gate.
+    fn release_swim(&self) {
+        if self.owns_swim {
+            self.swim.do_send(super::swim::member::Crash);
+        } else {
+            self.swim.do_send(super::swim::member::SetSink(None));
+        }
     }
 
     /// Keeps `task` running for as long as the orchestrator does.
@@ -289,15 +290,137 @@ impl Orchestrator {
         for task in &self.tasks {
             task.abort();
         }
-        self.swim.do_send(super::swim::member::Crash);
+        self.release_swim();
         for task in self.tasks {
             let _ = task.await;
+        }
+        if !self.owns_swim {
+            return;
         }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         while self.swim.connected() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
+}
+
+/// A SWIM member started from `[swim]` ahead of any gate: a replica's,
+/// kept warm while it follows and handed to each term's orchestrator.
+/// It stops when dropped.
+pub(crate) struct WarmSwim {
+    member: Addr<SwimMember>,
+    addr: SocketAddr,
+}
+
+impl WarmSwim {
+    /// Starts `[swim]`'s member, reporting to nobody until a term's
+    /// orchestrator takes it.
+    pub(crate) async fn start(config: &Config) -> Result<WarmSwim, LiveError> {
+        let (member, addr) = start_member(config, None).await?;
+        Ok(WarmSwim { member, addr })
+    }
+
+    /// The UDP address it answers on.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many other members it knows (none if it stopped).
+    pub(crate) async fn members(&self) -> Option<usize> {
+        self.member
+            .send(super::swim::member::MemberCount)
+            .await
+            .ok()
+    }
+
+    /// What reloads its gossip keyring.
+    pub(crate) fn keys(&self) -> SwimKeys {
+        SwimKeys(self.member.clone())
+    }
+}
+
+/// Reloads a running SWIM member's gossip keyring (SIGHUP).
+#[derive(Clone)]
+pub struct SwimKeys(Addr<SwimMember>);
+
+impl SwimKeys {
+    /// Replaces the keyring with `[swim]`'s keys as they are now.
+    pub fn reload(&self, swim: &SwimConfig) -> Result<(), LiveError> {
+        self.0.do_send(SetKeyring {
+            keyring: keyring(swim)?,
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for SwimKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SwimKeys")
+    }
+}
+
+impl std::fmt::Debug for WarmSwim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmSwim")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Drop for WarmSwim {
+    fn drop(&mut self) {
+        self.member.do_send(super::swim::member::Crash);
+    }
+}
+
+/// Starts `[swim]`'s member (its keys, timings, generation; only the
+/// registry's names kept; joined to the seeds), reporting into `feed`'s
+/// sink, address conflicts decided by its signed view.
+async fn start_member(
+    config: &Config,
+    feed: Option<(
+        super::swim::member::MembershipSink,
+        super::swim::identity::SignedView,
+    )>,
+) -> Result<(Addr<SwimMember>, SocketAddr), LiveError> {
+    let keyring = keyring(&config.swim)?;
+    let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
+    // With a state file, the orchestrator's SWIM generation rises
+    // across restarts whatever the clock does, as a node's does.
+    let generation = match &config.state.path {
+        Some(path) => GenerationFile::beside(path).next(unix_ms())?,
+        None => boot_generation(),
+    };
+    let foca_config = config.swim.timings.foca_config(cluster_size);
+    let (member, addr) = until_free(|| {
+        SwimMember::start(
+            "orchestrator",
+            config.swim.bind,
+            config.swim.advertise.as_ref(),
+            generation,
+            foca_config.clone(),
+            StdRng::seed_from_u64(rand::random()),
+            None,
+            keyring.clone(),
+        )
+    })
+    .await?;
+    // Facts about names outside the registry could never count: not kept.
+    member.do_send(super::swim::member::OnlyMembers(
+        config.registry.keys().map(|n| n.to_string()).collect(),
+    ));
+    if let Some((sink, signed)) = feed {
+        member.do_send(super::swim::member::UseSigned(signed));
+        member.do_send(super::swim::member::SetSink(Some(sink)));
+    }
+    if !config.swim.seeds.is_empty() {
+        let (seeds, failed) = lookup_all(&config.swim.seeds).await;
+        if !failed.is_empty() {
+            tracing::warn!(?failed, "swim.seeds: not resolved");
+        }
+        member.do_send(Join { seeds });
+    }
+    Ok((member, addr))
 }
 
 /// `bind` again while its address is still held (for up to 2 s): the

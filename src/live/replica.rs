@@ -402,6 +402,13 @@ pub struct Replica {
     /// The term the running orchestrator belongs to (the leader key's
     /// create revision).
     term: Option<i64>,
+    /// The SWIM member, kept warm while following (a member of the
+    /// cluster with its view) and handed to each term's orchestrator;
+    /// none if its socket was taken (another replica on this host): then
+    /// each term starts its own.
+    warm: Option<super::orchestrator::WarmSwim>,
+    /// Whether starting the warm member was tried.
+    warmed: bool,
 }
 
 /// How often a follower looks at what is stored.
@@ -451,6 +458,8 @@ impl Replica {
             seen_written: held.is_some(),
             terms: 0,
             term: None,
+            warm: None,
+            warmed: false,
         })
     }
 
@@ -486,6 +495,7 @@ impl Replica {
         &mut self,
         record: Option<poolgate_actors::Recording>,
     ) -> Result<Orchestrator, LiveError> {
+        self.warm_up().await?;
         loop {
             let mut following = Following(follow(&self.config, self.campaign.role()).await?);
             let mut role = self.campaign.role();
@@ -557,6 +567,7 @@ impl Replica {
                 Some(store),
                 record.clone(),
                 leader,
+                self.warm.as_ref(),
             )
             .await
             {
@@ -591,6 +602,53 @@ impl Replica {
         while self.term.is_some() && self.fence.current().map(|t| t.created) == self.term {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Starts the SWIM member kept warm while following (once; also
+    /// done by the first [`Replica::lead`]). A socket another process on
+    /// this host holds is no error: each term then starts its own member.
+    /// Must be called inside a running actix `System`.
+    pub async fn warm_up(&mut self) -> Result<(), LiveError> {
+        if self.warmed {
+            return Ok(());
+        }
+        let started = super::orchestrator::WarmSwim::start(&self.config).await;
+        self.warmed = true;
+        match started {
+            Ok(warm) => {
+                tracing::info!(swim = %warm.addr(), "SWIM member started: kept warm while following");
+                self.warm = Some(warm);
+                Ok(())
+            }
+            Err(LiveError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                tracing::info!("SWIM socket held by another process on this host: this replica starts its member when it leads");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where the warm SWIM member answers (none before
+    /// [`Replica::warm_up`], or when each term starts its own).
+    pub fn swim_addr(&self) -> Option<std::net::SocketAddr> {
+        self.warm.as_ref().map(super::orchestrator::WarmSwim::addr)
+    }
+
+    /// How many other members the warm SWIM member knows (none without
+    /// one).
+    pub async fn swim_members(&self) -> Option<usize> {
+        match &self.warm {
+            Some(warm) => warm.members().await,
+            None => None,
+        }
+    }
+
+    /// What reloads the warm SWIM member's gossip keyring (SIGHUP, while
+    /// following or leading: each term's orchestrator uses that member).
+    pub fn swim_keys(&self) -> Option<super::orchestrator::SwimKeys> {
+        self.warm.as_ref().map(super::orchestrator::WarmSwim::keys)
     }
 
     /// The highest epoch stored that this replica knows of.

@@ -78,7 +78,7 @@ pub fn advertised(
 }
 
 /// Where membership changes go (the orchestrator's checks, then the gate).
-pub type MembershipSink = Box<dyn FnMut(Observed)>;
+pub type MembershipSink = Box<dyn FnMut(Observed) + Send>;
 
 /// Members asked to probe a silent member before it is suspected. foca's
 /// default is 3; with 3, 1% packet loss made a false suspicion about once
@@ -659,6 +659,25 @@ impl Handler<OnlyMembers> for SwimMember {
 
     fn handle(&mut self, msg: OnlyMembers, _ctx: &mut Context<Self>) {
         self.tracker.only(msg.0);
+    }
+}
+
+/// Hands the member's reports to `0` (none: it keeps them to itself),
+/// starting with its whole current view: a replica's member, kept warm
+/// while it follows, feeds each term's gate from what it already knows.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetSink(pub Option<MembershipSink>);
+
+impl Handler<SetSink> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetSink, _ctx: &mut Context<Self>) {
+        self.sink = msg.0;
+        if self.sink.is_some() {
+            self.tracker.forget_reported();
+            self.reconcile();
+        }
     }
 }
 

@@ -83,6 +83,12 @@ impl MembershipTracker {
         self.only = Some(names);
     }
 
+    /// Forgets what was reported: the next [`MembershipTracker::changed`]
+    /// reports every member again (a new sink starts from the whole view).
+    pub fn forget_reported(&mut self) {
+        self.reported.clear();
+    }
+
     fn wanted(&self, node: &str) -> bool {
         self.only.as_ref().is_none_or(|names| names.contains(node))
     }
