@@ -1,14 +1,62 @@
 //! poolgate's actor subsystem: the gate as three kinds of actor around the
-//! pure core, behind one handle.
+//! pure core, behind one handle, [`Gate`].
 //!
-//! An embedder (and the `poolgate` binary) uses [`Gate`], [`GateSettings`],
-//! [`GateError`] and the core's types (re-exported as [`core`]): inputs,
-//! events, ids and the readiness report. Actors and messages stay inside.
-//! The handle lives here, not in the root crate, because it is the only
-//! door to the actors: it needs their messages and addresses, and nothing
-//! outside needs them.
+//! # Start here
 //!
-//! # Layout
+//! Start a gate inside an actix `System` from [`GateSettings`] (the pool,
+//! the convergence window, the planning policy), feed it what your
+//! membership source and node agents say, and plan on the proof that the
+//! pool is ready; subscribe for the events:
+//!
+//! ```
+//! use std::time::Duration;
+//! use poolgate_actors::core::{
+//!     AgentReport, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition,
+//!     PoolId, RegistryFact, RunId, SwimState,
+//! };
+//! use poolgate_actors::{Gate, GateSettings};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let node = NodeId::new("node-1")?;
+//! let settings = GateSettings {
+//!     definition: PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?,
+//!     window: Duration::from_millis(20),
+//!     policy: PlanningPolicy { on_readiness_lost: OnReadinessLost::Abort, wait_timeout: None },
+//!     durable: None,
+//!     record: None,
+//! };
+//! actix::System::new().block_on(async move {
+//!     let gate = Gate::try_start(settings)?; // an error outside a System, or on bad settings
+//!     gate.registry(RegistryFact::Known { node: node.clone() }).await?;
+//!     gate.membership(MembershipUpdate { node: node.clone(), state: SwimState::Alive, incarnation: 1 })
+//!         .await?;
+//!     gate.agent(AgentReport::Available { node: node.clone() }).await?;
+//!     gate.identity(node.clone(), b"data-plane key".to_vec()).await?;
+//!     let ready = gate.wait_ready().await?;
+//!     let run = RunId::new("run-1")?;
+//!     gate.begin_planning(run.clone(), Some(ready.epoch)).await?;
+//!     gate.commit_plan(run.clone(), vec![node], Some(ready.epoch)).await?;
+//!     gate.finish_run(run).await?;
+//!     gate.stop();
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
+//!
+//! A membership source other than SWIM feeds [`Gate::membership`] with
+//! incarnations that rise with every refutation (see
+//! [`core::Membership::admits`]); a durable store goes in
+//! [`GateSettings::durable`] ([`StateStore`]). The `poolgate` crate adds
+//! the live cluster (SWIM, signed node agents, `Orchestrator`) on top.
+//!
+//! The types an embedder uses are [`Gate`], [`GateSettings`],
+//! [`GateError`], [`EventStream`] and the core's (re-exported as
+//! [`core`]): inputs, events, ids and the readiness report. Actors and
+//! messages stay inside. The handle lives here, not in the root crate,
+//! because it is the only door to the actors: it needs their messages and
+//! addresses, and nothing outside needs them.
+//!
+//! # How it is built
 //!
 //! - [`gate`]: the handle: start, feed, subscribe, report, plan.
 //! - `node_actor`: `NodeActor`, one per candidate; holds the node's facts
