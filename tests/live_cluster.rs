@@ -489,3 +489,79 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn registry_entries_added_and_removed_at_runtime_take_effect_without_a_restart() {
+    // Issue 21: an orchestrator started without node-2 in its registry
+    // refuses node-2's frames; registered at runtime, node-2 counts and the
+    // pool is ready; unregistered, it is forgotten (a committed run
+    // requiring it faults) and blocked as unknown again.
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = cluster.config.clone();
+        let node2 = node("node-2");
+        let key = config.registry.remove(&node2).expect("node-2's key");
+        // Keys from bytes: the cluster key given in code, not as a file.
+        let file = config.swim.cluster_keys.remove(0);
+        config.swim.cluster_key_material =
+            vec![poolgate::live::keys::ClusterKey::load(&file).unwrap()];
+        let live = poolgate::live::Orchestrator::start(&config).await.unwrap();
+        let mut events = live.gate.subscribe();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        // node-1 is ready; node-2 is refused (never known).
+        let blocked = |report: &poolgate::core::PoolReport| {
+            report
+                .candidates
+                .iter()
+                .find(|c| c.node == node2)
+                .map(|c| c.blockers_in_words())
+                .unwrap_or_default()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let report = live.gate.report().await.unwrap();
+            let node1_ready = report
+                .candidates
+                .iter()
+                .any(|c| c.node == node("node-1") && c.verdict.is_ready());
+            if node1_ready {
+                assert!(blocked(&report).contains("unknown"), "{}", blocked(&report));
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "node-1 never ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!live.registered().contains_key(&node2));
+
+        live.register(node2.clone(), key).await.unwrap();
+        assert_eq!(live.registered().get(&node2), Some(&key));
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("needs-node-2").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![node2.clone()], Some(epoch))
+            .await
+            .unwrap();
+
+        live.unregister(&node2).await.unwrap();
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { run: r, node, .. } if *r == run => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted, node2);
+        let report = live.gate.report().await.unwrap();
+        assert!(blocked(&report).contains("unknown"), "{}", blocked(&report));
+        // Forgetting again changes nothing.
+        live.unregister(&node2).await.unwrap();
+        assert!(!live.registered().contains_key(&node2));
+        live.shutdown();
+    });
+}

@@ -134,6 +134,10 @@ pub struct SwimConfig {
     /// `cluster_keys`: key files of the gossip keyring; the first seals,
     /// all open (relative paths are from the config file's folder).
     pub cluster_keys: Vec<PathBuf>,
+    /// Cluster keys given in code rather than files (from an embedder's
+    /// secret store, say; never read from TOML): they come first in the
+    /// keyring, before `cluster_keys`' files, so the first of them seals.
+    pub cluster_key_material: Vec<crate::live::keys::ClusterKey>,
     /// `insecure`: run with no cluster keys (gossip in the clear).
     pub insecure: bool,
     /// `label`: the cluster's label, sealed into every datagram and signed
@@ -149,6 +153,7 @@ impl Default for SwimConfig {
             seeds: Vec::new(),
             timings: SwimSettings::default(),
             cluster_keys: Vec::new(),
+            cluster_key_material: Vec::new(),
             insecure: false,
             label: "poolgate".to_string(),
         }

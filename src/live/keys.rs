@@ -75,6 +75,11 @@ impl NodeKey {
         NodeKey(SigningKey::from_bytes(&rand::random::<[u8; 32]>()))
     }
 
+    /// A key from its 32 secret bytes (an embedder's secret store).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        NodeKey(SigningKey::from_bytes(&bytes))
+    }
+
     /// Reads a key file written by `poolgate keygen`.
     pub fn load(path: &Path) -> Result<Self, KeyError> {
         Ok(NodeKey(SigningKey::from_bytes(&read_key(
@@ -117,6 +122,19 @@ impl PublicKey {
         VerifyingKey::from_bytes(&bytes)
             .map(PublicKey)
             .map_err(|_| bad())
+    }
+
+    /// A public key from its 32 bytes; refused if they are not a point
+    /// of the curve.
+    pub fn from_bytes(bytes: [u8; 32]) -> Result<Self, KeyError> {
+        VerifyingKey::from_bytes(&bytes)
+            .map(PublicKey)
+            .map_err(|_| KeyError::BadPublicKey(format!("ed25519:{}", B64.encode(bytes))))
+    }
+
+    /// Its 32 bytes.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0.to_bytes()
     }
 
     /// A short name for the key (the first 8 bytes of its SHA-256, hex):

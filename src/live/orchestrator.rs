@@ -99,23 +99,38 @@ pub struct Orchestrator {
     /// The listener (its connections end with it), the sequence writer
     /// and the readiness gauge: stopped by [`Orchestrator::shutdown`].
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The nodes known and their pinned keys (`[registry]`, then
+    /// [`Orchestrator::register`] and [`Orchestrator::unregister`]).
+    registry: Registry,
+}
+
+/// The registry as the listener and the sequence writer read it, and
+/// [`Orchestrator::register`] changes it: node → pinned key.
+type Registry = Arc<std::sync::RwLock<std::collections::BTreeMap<NodeId, PublicKey>>>;
+
+/// The key `registry` pins for `node`, if any.
+fn pinned(registry: &Registry, node: &NodeId) -> Option<PublicKey> {
+    registry
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(node)
+        .copied()
 }
 
 /// Loads the gossip keyring of `[swim]`: its keys, or none when
 /// `insecure = true`; with neither, refuses to start (SPEC §8).
 pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
-    if swim.cluster_keys.is_empty() {
+    if swim.cluster_keys.is_empty() && swim.cluster_key_material.is_empty() {
         if !swim.insecure {
             return Err(LiveError::NoClusterKeys);
         }
         tracing::warn!("insecure = true: SWIM gossip is neither sealed nor authenticated");
         return Ok(Keyring::new(&[], &swim.label));
     }
-    let keys = swim
-        .cluster_keys
-        .iter()
-        .map(|path| ClusterKey::load(path))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut keys = swim.cluster_key_material.clone();
+    for path in &swim.cluster_keys {
+        keys.push(ClusterKey::load(path)?);
+    }
     Ok(Keyring::new(&keys, &swim.label))
 }
 
@@ -167,6 +182,7 @@ impl Orchestrator {
                 .await?;
         }
         let nodes = Arc::new(Mutex::new(Nodes::default()));
+        let registry: Registry = Arc::new(std::sync::RwLock::new(config.registry.clone()));
         let mut tasks = Vec::new();
         if let Some(store) = store {
             // Replay protection across restarts: the last sequence accepted
@@ -175,11 +191,10 @@ impl Orchestrator {
                 .sequences()
                 .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
             lock(&nodes).last_seq = restore_sequences(stored, &config.registry);
-            let registry = Arc::new(config.registry.clone());
             tasks.push(actix::spawn(keep_sequences(
                 store,
                 Arc::clone(&nodes),
-                registry,
+                Arc::clone(&registry),
             )));
         }
         let sink: super::swim::member::MembershipSink = {
@@ -226,7 +241,7 @@ impl Orchestrator {
         let accept = Listener {
             gate: gate.clone(),
             swim: swim.clone(),
-            registry: Arc::new(config.registry.clone()),
+            registry: Arc::clone(&registry),
             label: config.swim.label.clone(),
             nodes,
             admission: Arc::new(Mutex::new(Admission::new(config.agents.max_connections))),
@@ -246,6 +261,7 @@ impl Orchestrator {
             swim_addr,
             agents_addr,
             tasks,
+            registry,
         })
     }
 
@@ -275,6 +291,58 @@ impl Orchestrator {
         } else {
             self.swim.do_send(super::swim::member::SetSink(None));
         }
+    }
+
+    /// Pins `key` for `node` from now on, as a `[registry]` entry would:
+    /// a node added (the gate is told it is `known`, its frames are
+    /// checked against `key`, SWIM facts about it are kept), or a node's
+    /// key replaced (its frame sequences start over with the new key).
+    pub async fn register(&self, node: NodeId, key: PublicKey) -> Result<(), LiveError> {
+        let names = {
+            let mut registry = self
+                .registry
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            registry.insert(node.clone(), key);
+            registry.keys().map(|n| n.to_string()).collect()
+        };
+        self.swim.do_send(super::swim::member::OnlyMembers(names));
+        self.gate
+            .registry(poolgate_actors::core::RegistryFact::Known { node })
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets `node`, as removing its `[registry]` entry and restarting
+    /// would, without the restart: the gate is told it is `forgotten` (a
+    /// committed run requiring it faults), its frames are refused from
+    /// its next one on (closing its connection), SWIM facts about it are
+    /// no longer kept. Forgetting a node not registered changes nothing.
+    pub async fn unregister(&self, node: &NodeId) -> Result<(), LiveError> {
+        let (was, names) = {
+            let mut registry = self
+                .registry
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let was = registry.remove(node).is_some();
+            (was, registry.keys().map(|n| n.to_string()).collect())
+        };
+        if !was {
+            return Ok(());
+        }
+        self.swim.do_send(super::swim::member::OnlyMembers(names));
+        self.gate
+            .registry(poolgate_actors::core::RegistryFact::Forgotten { node: node.clone() })
+            .await?;
+        Ok(())
+    }
+
+    /// The nodes registered now and their pinned keys.
+    pub fn registered(&self) -> std::collections::BTreeMap<NodeId, PublicKey> {
+        self.registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Keeps `task` running for as long as the orchestrator does.
@@ -463,7 +531,7 @@ pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_milli
 async fn keep_sequences(
     store: Arc<dyn crate::state::OrchestratorStore>,
     nodes: Arc<Mutex<Nodes>>,
-    registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
+    registry: Registry,
 ) {
     let mut written = HashMap::new();
     let mut said = super::throttle::Throttle::new(LOG_EVERY);
@@ -475,7 +543,7 @@ async fn keep_sequences(
         }
         let sequences = current
             .iter()
-            .map(|(node, seq)| (sequence_key(node, registry.get(node)), *seq))
+            .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
             .collect();
         // Off the actors' thread (a write ends with an fsync, every 100 ms
         // while nodes send frames), one at a time, in order.
@@ -735,7 +803,7 @@ impl Admission {
 struct Listener {
     gate: Gate,
     swim: Addr<SwimMember>,
-    registry: Arc<std::collections::BTreeMap<NodeId, PublicKey>>,
+    registry: Registry,
     label: String,
     nodes: Arc<Mutex<Nodes>>,
     admission: Arc<Mutex<Admission>>,
@@ -874,14 +942,14 @@ impl Listener {
                     return last_body;
                 }
             };
-            let Some(key) = self.registry.get(&node) else {
+            let Some(key) = pinned(&self.registry, &node) else {
                 self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
                     .await;
                 return last_body;
             };
             // The signature first: what the orchestrator knows of a node
             // (its last sequence) is said only to the node itself.
-            let announcement = match frame.open(key, &self.label) {
+            let announcement = match frame.open(&key, &self.label) {
                 Ok(announcement) => announcement,
                 Err(refused) => {
                     self.refuse(&mut stream, peer, Some(&node), &refused).await;
