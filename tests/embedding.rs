@@ -119,3 +119,63 @@ fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
         );
     });
 }
+
+#[test]
+fn a_membership_source_without_incarnations_refutes_a_suspicion_through_plain_membership() {
+    // Issue 21: a non-SWIM source saying alive, suspect, alive. Fed as is
+    // (the same incarnation each time) the gate keeps the node suspect
+    // (SWIM's precedence); through PlainMembership the pool is ready again.
+    use poolgate::core::{
+        AgentReport, Event, MembershipUpdate, NodeId, PlainMembership, RegistryFact, SwimState,
+    };
+    let config = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n",
+        "inline",
+    )
+    .unwrap();
+    actix::System::new().block_on(async move {
+        let node = NodeId::new("node-1").unwrap();
+        let blocked_by_suspicion = |naive: bool| {
+            let settings = config.gate_settings();
+            let node = node.clone();
+            async move {
+                let gate = poolgate::Gate::try_start(settings).unwrap();
+                let mut source = PlainMembership::default();
+                let mut say = |state| match naive {
+                    true => Some(MembershipUpdate {
+                        node: node.clone(),
+                        state,
+                        incarnation: 1,
+                    }),
+                    false => source.update(node.clone(), state),
+                };
+                gate.registry(RegistryFact::Known { node: node.clone() })
+                    .await
+                    .unwrap();
+                gate.agent(AgentReport::Available { node: node.clone() })
+                    .await
+                    .unwrap();
+                gate.identity(node.clone(), b"key".to_vec()).await.unwrap();
+                let mut events = gate.subscribe();
+                for state in [SwimState::Alive, SwimState::Suspect, SwimState::Alive] {
+                    if let Some(update) = say(state) {
+                        gate.membership(update).await.unwrap();
+                    }
+                }
+                let report = gate.report().await.unwrap();
+                let suspect = report.candidates[0].blockers_in_words().contains("suspect");
+                if !suspect {
+                    // Ready again: a pool_ready follows the window.
+                    while !matches!(events.recv().await, Some(Event::PoolReady { .. })) {}
+                }
+                gate.stop();
+                suspect
+            }
+        };
+        assert!(
+            blocked_by_suspicion(true).await,
+            "the naive feed was expected to stay suspect (SWIM's precedence)"
+        );
+        assert!(!blocked_by_suspicion(false).await);
+    });
+}

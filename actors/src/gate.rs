@@ -252,7 +252,11 @@ impl Gate {
         self.publisher.subscribe_from_now()
     }
 
-    /// Feeds a SWIM membership fact.
+    /// Feeds a SWIM membership fact, admitted by SWIM's precedence (SPEC
+    /// §1): only `alive` at a higher incarnation refutes a suspicion. A
+    /// source that keeps no incarnations (heartbeats, a cloud API) goes
+    /// through [`core::PlainMembership`](crate::core::PlainMembership),
+    /// which gives each change the incarnation the gate admits.
     pub async fn membership(&self, update: MembershipUpdate) -> Result<Outcome, GateError> {
         let (node, observation) = update.into_observation();
         self.route(self.clock.now(), node, observation).await

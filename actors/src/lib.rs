@@ -43,9 +43,10 @@
 //! # }
 //! ```
 //!
-//! A membership source other than SWIM feeds [`Gate::membership`] with
-//! incarnations that rise with every refutation (see
-//! [`core::Membership::admits`]); a durable store goes in
+//! A membership source other than SWIM feeds [`Gate::membership`]
+//! through [`core::PlainMembership`], which gives each change the
+//! incarnation SWIM's precedence admits ([`core::Membership::admits`]);
+//! a durable store goes in
 //! [`GateSettings::durable`] ([`StateStore`]). The `poolgate` crate adds
 //! the live cluster (SWIM, signed node agents, `Orchestrator`) on top.
 //!

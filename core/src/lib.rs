@@ -56,6 +56,7 @@ pub mod identity;
 pub mod ids;
 pub mod input;
 pub mod node;
+pub mod plain;
 pub mod pool;
 pub mod run;
 pub mod time;
@@ -69,6 +70,7 @@ pub use node::{
     Applied, Blocker, FaultReason, Membership, NodeChange, NodeFacts, Observation, Reason,
     SwimState, Verdict, MAX_REASON_BYTES,
 };
+pub use plain::PlainMembership;
 pub use pool::{
     CandidateSummary, DefinitionError, LastChange, NodeDetail, PoolDefinition, PoolPhase,
     PoolReadiness, Redefinition, SlotKey,

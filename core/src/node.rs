@@ -42,7 +42,8 @@ impl SwimState {
         }
     }
 
-    fn is_down(self) -> bool {
+    /// Dead or left.
+    pub fn is_down(self) -> bool {
         matches!(self, SwimState::Dead | SwimState::Left)
     }
 }
