@@ -48,6 +48,10 @@
 //! - `poolgate_actors` (the `actors/` crate): the three actors around the
 //!   core, behind one handle, [`Gate`].
 //! - [`config`]: `config.toml`, checked, with errors that name key and line.
+//! - [`keys`]: key files, cluster keys and pinned public keys (from files
+//!   or bytes).
+//! - [`state`], [`etcd`]: the durable state (redb, etcd) and the etcd
+//!   client.
 //! - [`replay`]: the gate on a recorded scenario and a virtual clock, with
 //!   its format ([`replay::scenario`]) and its renderers
 //!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
@@ -74,6 +78,7 @@
 
 pub mod config;
 pub mod etcd;
+pub mod keys;
 pub mod live;
 #[cfg(feature = "replay")]
 pub mod replay;

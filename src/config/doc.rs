@@ -12,8 +12,8 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::{label_problem, AgentsConfig, ConfigError, DemoConfig, SwimConfig};
+use crate::keys::PublicKey;
 use crate::live::endpoint::Endpoint;
-use crate::live::keys::PublicKey;
 
 pub(super) type Table<'i> = DeTable<'i>;
 pub(super) type Value<'i> = Spanned<DeValue<'i>>;

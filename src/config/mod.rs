@@ -10,8 +10,8 @@ use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinit
 use poolgate_actors::GateSettings;
 use toml::de::DeTable;
 
+use crate::keys::PublicKey;
 use crate::live::endpoint::Endpoint;
-use crate::live::keys::PublicKey;
 use crate::live::swim::SwimSettings;
 
 mod doc;
@@ -137,7 +137,7 @@ pub struct SwimConfig {
     /// Cluster keys given in code rather than files (from an embedder's
     /// secret store, say; never read from TOML): they come first in the
     /// keyring, before `cluster_keys`' files, so the first of them seals.
-    pub cluster_key_material: Vec<crate::live::keys::ClusterKey>,
+    pub cluster_key_material: Vec<crate::keys::ClusterKey>,
     /// `insecure`: run with no cluster keys (gossip in the clear).
     pub insecure: bool,
     /// `label`: the cluster's label, sealed into every datagram and signed

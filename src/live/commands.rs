@@ -332,7 +332,7 @@ async fn watch_replica(
             _ = &mut limit => {
                 if watching.until_ready {
                     let leader = match &*replica.role().borrow() {
-                        super::replica::Role::Following(Some(l)) => format!("{} at {}", l.replica, l.agents),
+                        super::replica::Role::Following(Some(l)) => l.to_string(),
                         _ => "none right now".to_string(),
                     };
                     eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {leader}; ask it with poolgate status)", humantime::format_duration(watching.timeout.unwrap_or_default()));

@@ -4,7 +4,8 @@
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
 //! - `agent`: `poolgate node`, the daemon on every candidate node.
 //! - [`swim`]: foca over UDP, turned into the gate's membership input.
-//! - [`keys`]: signing keys, cluster keys, pinned public keys.
+//! - [`keys`]: signing keys, cluster keys, pinned public keys (the crate's
+//!   [`crate::keys`], here too).
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
 //! - `nodes`: what the orchestrator remembers per node (sequences, signed
 //!   SWIM address, leaving).
@@ -22,7 +23,7 @@ pub mod endpoint;
 pub mod generation;
 #[cfg(feature = "cli")]
 pub mod guard;
-pub mod keys;
+pub use crate::keys;
 pub(crate) mod nodes;
 pub mod orchestrator;
 pub mod replica;

@@ -34,6 +34,13 @@ pub struct Leader {
     pub agents: String,
 }
 
+impl std::fmt::Display for Leader {
+    /// `<replica> at <agents>`, as refusals and status say it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.replica, self.agents)
+    }
+}
+
 /// This replica's role.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -557,10 +564,7 @@ impl Replica {
                 restored,
                 restore_grace: self.config.state.restore_grace,
             });
-            let leader: Arc<str> = Arc::from(format!(
-                "{} at {} (this replica)",
-                self.me.replica, self.me.agents
-            ));
+            let leader: Arc<str> = Arc::from(format!("{} (this replica)", self.me));
             match Orchestrator::start_with(
                 &self.config,
                 settings,
@@ -799,7 +803,10 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role
     .await;
     let Ok(Ok(Some(bytes))) = first else { return };
     if super::status::is_status_query(&bytes) {
-        let answer = super::status::follower_answer(pool, leader.as_ref());
+        let answer = super::status::follower_answer(
+            pool,
+            leader.as_ref().map(|l| l as &dyn std::fmt::Display),
+        );
         let _ = tokio::time::timeout(
             super::orchestrator::FIRST_FRAME,
             super::status::write_answer(stream, &answer),
@@ -808,10 +815,7 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role
         return;
     }
     let detail = match &leader {
-        Some(leader) => format!(
-            "not the leader; the leader is {} at {}",
-            leader.replica, leader.agents
-        ),
+        Some(leader) => format!("not the leader; the leader is {leader}"),
         None => "not the leader; no replica leads right now".to_string(),
     };
     let reply = super::wire::encode_reply(&super::wire::Reply::Refused {

@@ -85,9 +85,9 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
 }
 
 /// A follower replica's answer: who leads (SPEC §12).
-pub fn follower_answer(pool: &str, leader: Option<&super::replica::Leader>) -> Value {
+pub fn follower_answer(pool: &str, leader: Option<&dyn std::fmt::Display>) -> Value {
     let leader = match leader {
-        Some(l) => format!("{} at {}", l.replica, l.agents),
+        Some(l) => l.to_string(),
         None => "none right now".to_string(),
     };
     json!({
