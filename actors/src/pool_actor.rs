@@ -32,8 +32,8 @@ use crate::run_actor::RunActor;
 use crate::store::{DurableSettings, StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
-    Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy, PoolDefinition,
-    PoolGate, Reason, Refusal, RunId, SlotKey, Time, Verdict,
+    AdmittedCommit, Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy,
+    PoolDefinition, PoolGate, Reason, Refusal, RunId, SlotKey, Time, Verdict,
 };
 
 /// What the gate needs to start: the first pool, its window and the
@@ -705,26 +705,24 @@ impl Handler<CommitPlan> for PoolActor {
 
     fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
         let at = self.applied_at(msg.at);
-        let admitted =
-            self.core
-                .admit_commit(&msg.run, &msg.required, msg.epoch, at, &mut self.out);
-        let epoch = match admitted {
-            Ok(epoch) => epoch,
+        let admitted = self
+            .core
+            .admit_commit(&msg.run, msg.required, msg.epoch, at, &mut self.out);
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
             Err(refused) => {
                 self.flush(ctx);
                 return AtomicResponse::new(Box::pin(fut::ready(Err(refused))));
             }
         };
         let Some(store) = self.store.clone() else {
-            let committed = self.commit_admitted(msg, at, ctx);
+            let committed = self.commit_admitted(admitted, at, ctx);
             return AtomicResponse::new(Box::pin(fut::ready(committed)));
         };
         // Durable before `run_committed` is told (SPEC §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
         // thread; the pool handles nothing else until it is done.
-        let state = self
-            .core
-            .durable_with_commit(&msg.run, &msg.required, epoch);
+        let state = self.core.durable_with(&admitted);
         let written = state.clone();
         let write = tokio::task::spawn_blocking(move || store.save(&written));
         AtomicResponse::new(Box::pin(write.into_actor(self).map(
@@ -732,11 +730,11 @@ impl Handler<CommitPlan> for PoolActor {
                 let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
                 act.saved(&state, &result);
                 if let Err(e) = result {
-                    tracing::error!(error = %e, run = %msg.run, "commit not made durable; refused");
+                    tracing::error!(error = %e, run = %admitted.run(), "commit not made durable; refused");
                     act.flush(ctx);
                     return Err(Refusal::NotDurable(e.to_string()));
                 }
-                act.commit_admitted(msg, at, ctx)
+                act.commit_admitted(admitted, at, ctx)
             },
         )))
     }
@@ -747,18 +745,12 @@ impl PoolActor {
     /// is stored), and starts the run's actor.
     fn commit_admitted(
         &mut self,
-        msg: CommitPlan,
+        admitted: AdmittedCommit,
         at: Time,
         ctx: &mut Context<Self>,
     ) -> Result<(), Refusal> {
-        let recorded = self.recording.as_ref().map(|_| Command::CommitPlan {
-            run: msg.run.clone(),
-            required: msg.required.clone(),
-            epoch: msg.epoch,
-        });
-        let result = self
-            .core
-            .commit(&msg.run, msg.required, msg.epoch, at, &mut self.out);
+        let recorded = self.recording.as_ref().map(|_| admitted.command());
+        let result = self.core.commit_admitted(admitted, at, &mut self.out);
         if let (Ok(_), Some(recording), Some(command)) = (&result, &self.recording, &recorded) {
             recording.command(at, command);
         }

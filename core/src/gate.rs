@@ -71,6 +71,41 @@ pub struct DurableRun {
     pub required: Vec<(NodeId, Option<crate::identity::Fingerprint>)>,
 }
 
+/// A commit [`PoolGate::admit_commit`] admitted: what
+/// [`PoolGate::commit_admitted`] commits and [`PoolGate::durable_with`]
+/// stores, computed once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdmittedCommit {
+    /// The required nodes as the plan gave them.
+    required: Vec<NodeId>,
+    /// The epoch the caller gave, if any.
+    asked: Option<Epoch>,
+    /// The run as it will be stored: its epoch, its required set sorted,
+    /// each with the fingerprint it is committed with.
+    stored: DurableRun,
+}
+
+impl AdmittedCommit {
+    /// The run.
+    pub fn run(&self) -> &RunId {
+        &self.stored.run
+    }
+
+    /// The epoch it commits on.
+    pub fn epoch(&self) -> Epoch {
+        self.stored.epoch
+    }
+
+    /// The command as it was asked (for a recording).
+    pub fn command(&self) -> crate::input::Command {
+        crate::input::Command::CommitPlan {
+            run: self.stored.run.clone(),
+            required: self.required.clone(),
+            epoch: self.asked,
+        }
+    }
+}
+
 /// Where the pool stands, and why (SPEC §6's readiness report).
 #[derive(Clone, Debug)]
 pub struct PoolReport {
@@ -269,56 +304,24 @@ impl PoolGate {
         at: Time,
         out: &mut Vec<Event>,
     ) -> Result<RunGuard, Refusal> {
-        let current = self.admit_commit(run, &required, epoch, at, out)?;
-        let ActiveRun::Planning(guard) = &mut self.run else {
-            return Err(Refusal::NotPlanning {
-                run: run.clone(),
-                state: "committed",
-            });
-        };
-        guard.commit(at, required, current, out)?;
-        let ActiveRun::Planning(guard) = std::mem::replace(&mut self.run, ActiveRun::None) else {
-            unreachable!("the run was planning a line above");
-        };
-        let candidates = self.readiness.candidates();
-        let fingerprint_of = |node: &NodeId| {
-            candidates
-                .iter()
-                .find(|c| &c.node == node)
-                .and_then(|c| c.fingerprint)
-        };
-        self.committed = Some(DurableRun {
-            run: run.clone(),
-            epoch: current,
-            committed: true,
-            required: guard
-                .required_sorted()
-                .into_iter()
-                .map(|n| {
-                    let fingerprint = fingerprint_of(&n);
-                    (n, fingerprint)
-                })
-                .collect(),
-        });
-        self.run = ActiveRun::Committed {
-            run: run.clone(),
-            required: guard.required().cloned().collect(),
-            confirm_by: None,
-        };
-        Ok(guard)
+        let admitted = self.admit_commit(run, required, epoch, at, out)?;
+        self.commit_admitted(admitted, at, out)
     }
 
-    /// Whether `commit` would accept this plan now (settling first); the
-    /// epoch it would commit on. Nothing changes: a caller that must make
-    /// the commit durable first asks this, writes, then commits.
+    /// Whether [`PoolGate::commit`] would accept this plan now (settling
+    /// first, checked in its order), and if so what it would commit and
+    /// store. Nothing changes: a caller that must make the commit durable
+    /// first admits, stores [`PoolGate::durable_with`], then commits
+    /// with [`PoolGate::commit_admitted`], giving the pool nothing else
+    /// in between.
     pub fn admit_commit(
         &mut self,
         run: &RunId,
-        required: &[NodeId],
+        required: Vec<NodeId>,
         epoch: Option<Epoch>,
         at: Time,
         out: &mut Vec<Event>,
-    ) -> Result<Epoch, Refusal> {
+    ) -> Result<AdmittedCommit, Refusal> {
         self.settle_before(at, out);
         if required.is_empty() {
             return Err(Refusal::InvalidPlan(run.clone()));
@@ -332,17 +335,84 @@ impl PoolGate {
         }
         match &self.run {
             ActiveRun::Planning(guard) => match guard.phase() {
-                crate::run::RunPhase::Planning { .. } => Ok(current),
-                other => Err(Refusal::NotPlanning {
-                    run: run.clone(),
-                    state: other.name(),
-                }),
+                crate::run::RunPhase::Planning { .. } => {}
+                other => {
+                    return Err(Refusal::NotPlanning {
+                        run: run.clone(),
+                        state: other.name(),
+                    })
+                }
             },
-            _ => Err(Refusal::NotPlanning {
-                run: run.clone(),
-                state: "committed",
-            }),
+            _ => {
+                return Err(Refusal::NotPlanning {
+                    run: run.clone(),
+                    state: "committed",
+                })
+            }
         }
+        let candidates = self.readiness.candidates();
+        let mut sorted = required.clone();
+        sorted.sort();
+        sorted.dedup();
+        let stored = DurableRun {
+            run: run.clone(),
+            epoch: current,
+            committed: true,
+            required: sorted
+                .into_iter()
+                .map(|n| {
+                    let fingerprint = candidates
+                        .iter()
+                        .find(|c| c.node == n)
+                        .and_then(|c| c.fingerprint);
+                    (n, fingerprint)
+                })
+                .collect(),
+        };
+        Ok(AdmittedCommit {
+            required,
+            asked: epoch,
+            stored,
+        })
+    }
+
+    /// What to store for `admitted` before it is committed (SPEC §9: a
+    /// commit is durable before `run_committed` is told).
+    pub fn durable_with(&self, admitted: &AdmittedCommit) -> Durable {
+        Durable {
+            last_epoch: self.readiness.last_epoch(),
+            run: Some(admitted.stored.clone()),
+        }
+    }
+
+    /// Commits what [`PoolGate::admit_commit`] admitted, at the same `at`
+    /// with nothing applied in between.
+    pub fn commit_admitted(
+        &mut self,
+        admitted: AdmittedCommit,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<RunGuard, Refusal> {
+        let AdmittedCommit {
+            required, stored, ..
+        } = admitted;
+        let ActiveRun::Planning(guard) = &mut self.run else {
+            return Err(Refusal::NotPlanning {
+                run: stored.run,
+                state: "committed",
+            });
+        };
+        guard.commit(at, required, stored.epoch, out)?;
+        let ActiveRun::Planning(guard) = std::mem::replace(&mut self.run, ActiveRun::None) else {
+            unreachable!("the run was planning a line above");
+        };
+        self.run = ActiveRun::Committed {
+            run: stored.run.clone(),
+            required: guard.required().cloned().collect(),
+            confirm_by: None,
+        };
+        self.committed = Some(stored);
+        Ok(guard)
     }
 
     /// Whether `run` may be finished by its guard: it must be the active
@@ -467,34 +537,6 @@ impl PoolGate {
             self.policy,
             confirm_by,
         ))
-    }
-
-    /// What to store if `run` were committed now over `required` at
-    /// `epoch` (to make a commit durable before it happens).
-    pub fn durable_with_commit(&self, run: &RunId, required: &[NodeId], epoch: Epoch) -> Durable {
-        let candidates = self.readiness.candidates();
-        let mut required: Vec<NodeId> = required.to_vec();
-        required.sort();
-        required.dedup();
-        let required = required
-            .into_iter()
-            .map(|n| {
-                let fingerprint = candidates
-                    .iter()
-                    .find(|c| c.node == n)
-                    .and_then(|c| c.fingerprint);
-                (n, fingerprint)
-            })
-            .collect();
-        Durable {
-            last_epoch: self.readiness.last_epoch(),
-            run: Some(DurableRun {
-                run: run.clone(),
-                epoch,
-                committed: true,
-                required,
-            }),
-        }
     }
 
     /// What to store of the active run now.

@@ -62,7 +62,7 @@ pub mod run;
 pub mod time;
 
 pub use event::{AbortReason, Event};
-pub use gate::{Durable, DurableRun, PoolGate, PoolReport};
+pub use gate::{AdmittedCommit, Durable, DurableRun, PoolGate, PoolReport};
 pub use identity::{Fingerprint, IdentityMaterial, InvalidIdentity, MAX_IDENTITY_BYTES};
 pub use ids::{Epoch, InvalidId, NodeId, PoolId, RunId, MAX_ID_BYTES};
 pub use input::{AgentReport, Command, Input, MembershipUpdate, RegistryFact};
