@@ -205,7 +205,10 @@ impl PoolActor {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let state = self.core.durable();
+        let state = self
+            .core
+            .take_durable_change()
+            .unwrap_or_else(|| self.core.durable());
         let result = store.save(&state);
         self.saved(&state, &result);
         result
@@ -220,7 +223,11 @@ impl PoolActor {
         ctx: &mut Context<Self>,
         then: impl FnOnce(&mut Self, &mut Context<Self>, Result<(), StoreError>) + 'static,
     ) {
-        let state = self.core.durable();
+        // Written whether or not it changed (a retry after a failed write).
+        let state = self
+            .core
+            .take_durable_change()
+            .unwrap_or_else(|| self.core.durable());
         self.write_then(ctx, state, then);
     }
 
@@ -354,25 +361,18 @@ impl PoolActor {
                 _ => {}
             }
         }
-        let durable_change = self.out.iter().any(|e| {
-            matches!(
-                e,
-                Event::PoolReady { .. }
-                    | Event::PlanningStarted { .. }
-                    | Event::PlanningAborted { .. }
-                    | Event::PlanningResumed { .. }
-            )
-        });
-        if durable_change && self.store.is_some() {
-            // Epochs and planning runs are stored before they are told; a
-            // failed write is logged and counted, and a new epoch waits
-            // for the next write that succeeds.
-            let held = std::mem::take(&mut self.out);
-            self.save_then(ctx, move |act, ctx, _| {
-                act.out.splice(0..0, held);
-                act.publish_out(ctx);
-            });
-            return;
+        // What the core says must be stored is, before its events are
+        // told; a failed write is logged and counted, and a new epoch
+        // waits for the next write that succeeds.
+        if self.store.is_some() {
+            if let Some(state) = self.core.take_durable_change() {
+                let held = std::mem::take(&mut self.out);
+                self.write_then(ctx, state, move |act, ctx, _| {
+                    act.out.splice(0..0, held);
+                    act.publish_out(ctx);
+                });
+                return;
+            }
         }
         self.publish_out(ctx);
     }

@@ -135,6 +135,24 @@ pub struct PoolGate {
     /// The committed run as stored (kept while it is active).
     committed: Option<DurableRun>,
     confirm_due: Option<(RunId, Time)>,
+    /// What of the durable state was last handed out to be stored (see
+    /// [`PoolGate::take_durable_change`]).
+    handed_out: DurableMark,
+}
+
+/// What tells one durable state from another, without copying it: the
+/// last epoch, and the active run's id, epoch and whether it is
+/// committed (a committed run's required set is fixed at its commit).
+type DurableMark = (u64, Option<(RunId, Epoch, bool)>);
+
+fn mark_of(durable: &Durable) -> DurableMark {
+    (
+        durable.last_epoch,
+        durable
+            .run
+            .as_ref()
+            .map(|r| (r.run.clone(), r.epoch, r.committed)),
+    )
 }
 
 impl PoolGate {
@@ -153,6 +171,7 @@ impl PoolGate {
             run: ActiveRun::None,
             committed: None,
             confirm_due: None,
+            handed_out: (0, None),
         };
         (gate, added)
     }
@@ -377,11 +396,53 @@ impl PoolGate {
     }
 
     /// What to store for `admitted` before it is committed (SPEC §9: a
-    /// commit is durable before `run_committed` is told).
-    pub fn durable_with(&self, admitted: &AdmittedCommit) -> Durable {
-        Durable {
+    /// commit is durable before `run_committed` is told); handed out, as
+    /// [`PoolGate::take_durable_change`] hands out.
+    pub fn durable_with(&mut self, admitted: &AdmittedCommit) -> Durable {
+        let durable = Durable {
             last_epoch: self.readiness.last_epoch(),
             run: Some(admitted.stored.clone()),
+        };
+        self.handed_out = mark_of(&durable);
+        durable
+    }
+
+    /// The durable state, if it changed since it was last handed out: to
+    /// be stored before the events produced meanwhile are told (SPEC §9:
+    /// an epoch is never told before it is stored; a planning run's start,
+    /// abort and resumption, a commit and a run's end are stored too).
+    /// The pool's shell stores what this gives, as raft-rs's `Ready`
+    /// carries what to persist; it never guesses from the events.
+    pub fn take_durable_change(&mut self) -> Option<Durable> {
+        // Told apart by their marks first: a committed run's required set
+        // is not copied on every input.
+        let run = match &self.run {
+            ActiveRun::None => None,
+            ActiveRun::Planning(guard) => Some((guard.run(), self.planning_epoch(guard), false)),
+            ActiveRun::Committed { .. } => self.committed.as_ref().map(|r| (&r.run, r.epoch, true)),
+        };
+        let (last, held) = &self.handed_out;
+        let same = *last == self.readiness.last_epoch()
+            && match (run, held) {
+                (None, None) => true,
+                (Some((run, epoch, committed)), Some((r, e, c))) => {
+                    run == r && epoch == *e && committed == *c
+                }
+                _ => false,
+            };
+        if same {
+            return None;
+        }
+        let now = self.durable();
+        self.handed_out = mark_of(&now);
+        Some(now)
+    }
+
+    /// The epoch a planning run is stored with.
+    fn planning_epoch(&self, guard: &RunGuard) -> Epoch {
+        match guard.phase() {
+            crate::run::RunPhase::Planning { epoch } => *epoch,
+            _ => Epoch(self.readiness.last_epoch()),
         }
     }
 
@@ -513,6 +574,8 @@ impl PoolGate {
         out: &mut Vec<Event>,
     ) -> Option<RunGuard> {
         self.readiness.resume_epochs_after(durable.last_epoch);
+        // The store holds it: only what changes from it is stored again.
+        self.handed_out = mark_of(durable);
         let stored = durable.run.as_ref()?;
         if !stored.committed {
             out.push(Event::PlanningAborted {
@@ -545,10 +608,7 @@ impl PoolGate {
             ActiveRun::None => None,
             ActiveRun::Planning(guard) => Some(DurableRun {
                 run: guard.run().clone(),
-                epoch: match guard.phase() {
-                    crate::run::RunPhase::Planning { epoch } => *epoch,
-                    _ => Epoch(self.readiness.last_epoch()),
-                },
+                epoch: self.planning_epoch(guard),
                 committed: false,
                 required: Vec::new(),
             }),
@@ -683,6 +743,49 @@ mod tests {
             h.gate.begin(run("s"), None, t(102), &mut h.out),
             Err(Refusal::RunInProgress(run("r")))
         );
+    }
+
+    #[test]
+    fn the_core_hands_out_each_durable_change_once_and_nothing_else() {
+        // What must be stored before events are told comes from the core:
+        // a new epoch, a planning run's start, a commit made durable first,
+        // a run's end; readiness lost or a repeat changes nothing stored.
+        let mut h = Harness::new(None);
+        assert_eq!(h.gate.take_durable_change(), None, "nothing yet");
+        h.make_ready(0, "a", 1);
+        h.make_ready(0, "b", 1);
+        assert_eq!(h.gate.take_durable_change(), None, "no epoch yet");
+        h.gate.on_deadline(t(100), &mut h.out);
+        let first = h.gate.take_durable_change().expect("epoch 1 to store");
+        assert_eq!(first.last_epoch, 1);
+        assert_eq!(h.gate.take_durable_change(), None, "handed out once");
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        let planning = h.gate.take_durable_change().expect("the planning run");
+        assert!(planning.run.as_ref().is_some_and(|r| !r.committed));
+        let admitted = h
+            .gate
+            .admit_commit(&run("r"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        let stored = h.gate.durable_with(&admitted);
+        h.gate.commit_admitted(admitted, t(102), &mut h.out).unwrap();
+        assert_eq!(h.gate.durable(), stored);
+        assert_eq!(
+            h.gate.take_durable_change(),
+            None,
+            "stored before the commit: not again after it"
+        );
+        // Node b goes: readiness lost, nothing to store.
+        h.observe(103, "b", Observation::Unavailable);
+        assert_eq!(h.gate.take_durable_change(), None);
+        h.gate.run_ended(&run("r"));
+        let ended = h.gate.take_durable_change().expect("the run's end");
+        assert_eq!(ended.run, None);
+        // A restored state is stored already.
+        let mut again = Harness::new(None);
+        again
+            .gate
+            .restore(&stored, Duration::from_secs(30), t(0), &mut again.out);
+        assert_eq!(again.gate.take_durable_change(), None);
     }
 
     #[test]
