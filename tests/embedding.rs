@@ -179,3 +179,41 @@ fn a_membership_source_without_incarnations_refutes_a_suspicion_through_plain_me
         assert!(!blocked_by_suspicion(false).await);
     });
 }
+
+#[test]
+fn one_agent_frame_is_one_input_applied_in_order() {
+    // Issue 21: what one frame says goes to the node's actor in one trip,
+    // applied in order at one instant: here the four facts of readiness,
+    // then the same again (all duplicates), then to a non-candidate.
+    use poolgate::core::{Fingerprint, NodeId, Observation, SwimState};
+    use poolgate::Outcome;
+    let config = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n",
+        "inline",
+    )
+    .unwrap();
+    actix::System::new().block_on(async move {
+        let gate = poolgate::Gate::try_start(config.gate_settings()).unwrap();
+        let node = NodeId::new("node-1").unwrap();
+        let frame = vec![
+            Observation::Known,
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 1,
+            },
+            Observation::Available,
+            Observation::Identity(Fingerprint::of(b"key")),
+        ];
+        let outcomes = gate.observe_all(node.clone(), frame.clone()).await.unwrap();
+        assert_eq!(outcomes, vec![Outcome::Changed; 4]);
+        let report = gate.report().await.unwrap();
+        assert!(report.candidates[0].verdict.is_ready());
+        let again = gate.observe_all(node, frame.clone()).await.unwrap();
+        assert_eq!(again, vec![Outcome::Duplicate; 4]);
+        let stranger = NodeId::new("node-9").unwrap();
+        let ignored = gate.observe_all(stranger, frame).await.unwrap();
+        assert_eq!(ignored, vec![Outcome::NotCandidate; 4]);
+        gate.wait_ready().await.unwrap();
+        gate.stop();
+    });
+}

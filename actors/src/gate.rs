@@ -26,7 +26,8 @@ use actix::Addr;
 
 use crate::clock::Clock;
 use crate::messages::{
-    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, Observe, Outcome, PendingDeadline,
+    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, Observe, ObserveAll, Outcome,
+    PendingDeadline,
 };
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
@@ -275,6 +276,34 @@ impl Gate {
         match AgentReport::identity(node, bytes) {
             Ok(report) => self.agent(report).await,
             Err(invalid) => Err(Self::counted(invalid.into())),
+        }
+    }
+
+    /// Feeds several observations of one node as one input: applied in
+    /// order, at one instant, in one trip to the node's actor (what one
+    /// agent frame says: its SWIM identity, its identity material, its
+    /// fault, its availability). One outcome each; the node not a
+    /// candidate: none applied, each `NotCandidate`.
+    pub async fn observe_all(
+        &self,
+        node: NodeId,
+        observations: Vec<Observation>,
+    ) -> Result<Vec<Outcome>, GateError> {
+        if self.is_stopped() {
+            return Err(GateError::Stopped);
+        }
+        let at = self.clock.now();
+        let count = observations.len();
+        let Some(addr) = self.router.route(&node) else {
+            self.not_candidate(&node);
+            return Ok(vec![Outcome::NotCandidate; count]);
+        };
+        match addr.send(ObserveAll { at, observations }).await {
+            Ok(outcomes) => Ok(outcomes),
+            Err(_) => {
+                IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                Ok(vec![Outcome::NotCandidate; count])
+            }
         }
     }
 

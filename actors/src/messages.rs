@@ -43,6 +43,17 @@ pub struct Observe {
     pub observation: Observation,
 }
 
+/// Handle → `NodeActor`: apply several observations of the node in order,
+/// at one instant (what one agent frame says), in one trip.
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<Outcome>")]
+pub struct ObserveAll {
+    /// The instant they entered the gate.
+    pub at: Time,
+    /// What was observed, in the order it is applied.
+    pub observations: Vec<Observation>,
+}
+
 /// `PoolActor` → `NodeActor`: re-send the node's verdict to a restarted
 /// pool actor.
 #[derive(Message, Debug)]

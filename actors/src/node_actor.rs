@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
-use crate::messages::{FromNode, NodeActorStopped, NodeChanged, Observe, Outcome, Resync};
+use crate::messages::{
+    FromNode, NodeActorStopped, NodeChanged, Observe, ObserveAll, Outcome, Resync,
+};
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
 
@@ -121,7 +123,35 @@ impl Handler<Observe> for NodeActor {
     type Result = Outcome;
 
     fn handle(&mut self, msg: Observe, ctx: &mut Context<Self>) -> Outcome {
-        let observation = msg.observation;
+        self.apply(ctx, msg.at, msg.observation)
+    }
+}
+
+impl Handler<ObserveAll> for NodeActor {
+    type Result = Vec<Outcome>;
+
+    fn handle(&mut self, msg: ObserveAll, ctx: &mut Context<Self>) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(msg.observations.len());
+        for observation in msg.observations {
+            let outcome = self.apply(ctx, msg.at, observation);
+            outcomes.push(outcome);
+            if outcome == Outcome::Failed {
+                // The actor is stopping; what follows is not applied.
+                break;
+            }
+        }
+        outcomes
+    }
+}
+
+impl NodeActor {
+    /// Applies one observation; tells the pool if the view changed.
+    fn apply(
+        &mut self,
+        ctx: &mut Context<Self>,
+        at: poolgate_core::Time,
+        observation: poolgate_core::Observation,
+    ) -> Outcome {
         let Some(applied) = self.guarded(ctx, |facts| facts.observe(&observation)) else {
             return Outcome::Failed;
         };
@@ -130,7 +160,7 @@ impl Handler<Observe> for NodeActor {
                 self.pool.do_send(FromNode::Changed(NodeChanged {
                     key: self.key,
                     node: self.node.clone(),
-                    at: msg.at,
+                    at,
                     change,
                     detail: self.detail(),
                     observation: Some(observation),

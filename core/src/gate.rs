@@ -767,7 +767,9 @@ mod tests {
             .admit_commit(&run("r"), vec![node("a")], None, t(102), &mut h.out)
             .unwrap();
         let stored = h.gate.durable_with(&admitted);
-        h.gate.commit_admitted(admitted, t(102), &mut h.out).unwrap();
+        h.gate
+            .commit_admitted(admitted, t(102), &mut h.out)
+            .unwrap();
         assert_eq!(h.gate.durable(), stored);
         assert_eq!(
             h.gate.take_durable_change(),

@@ -23,7 +23,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use actix::Addr;
-use poolgate_actors::core::{AgentReport, MembershipUpdate, NodeId, SwimState};
+use poolgate_actors::core::{
+    AgentReport, FaultReason, IdentityMaterial, NodeId, Observation, SwimState,
+};
 use poolgate_actors::Gate;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -1085,51 +1087,49 @@ impl Listener {
             };
             (bound, leaving)
         };
+        // One frame, one input: what it says is applied in this order, at
+        // one instant, in one trip to the node's actor.
+        let mut observations = Vec::new();
         if let Some((addr, latest)) = bound {
             // A node this member may not know (it restarted, or this
             // orchestrator did): ask it to join us.
             self.swim.do_send(Join { seeds: vec![addr] });
-            for update in latest {
-                self.gate.membership(update).await?;
-            }
+            observations.extend(latest.into_iter().map(|u| u.into_observation().1));
         }
         if let Some(incarnation) = leaving_incarnation {
             // The node's own word: it leaves, it did not crash.
-            self.gate
-                .membership(MembershipUpdate {
-                    node: node.clone(),
-                    state: SwimState::Left,
-                    incarnation,
-                })
-                .await?;
+            observations.push(Observation::Swim {
+                state: SwimState::Left,
+                incarnation,
+            });
         }
         if let Some(material) = wire::identity_bytes(&state) {
-            match material {
-                Ok(bytes) => match self.gate.identity(node.clone(), bytes).await {
-                    Ok(_) => {}
-                    Err(poolgate_actors::GateError::InvalidIdentity(e)) => {
-                        tracing::warn!(%node, error = %e, "announced identity refused")
-                    }
-                    Err(e) => return Err(e),
-                },
+            match material.map(IdentityMaterial::new) {
+                Ok(Ok(material)) => {
+                    observations.push(Observation::Identity(material.fingerprint()))
+                }
+                Ok(Err(e)) => {
+                    // Counted as the gate counts any invalid material.
+                    poolgate_actors::telemetry::rejected(
+                        poolgate_actors::GateError::from(e.clone()).code(),
+                    );
+                    tracing::warn!(%node, error = %e, "announced identity refused");
+                }
                 Err(()) => tracing::warn!(%node, "announced identity is not base64; refused"),
             }
         }
-        let node = node.clone();
-        let fault = match state.fault {
-            Some(reason) => AgentReport::Faulted {
-                node: node.clone(),
-                reason,
+        observations.push(match state.fault {
+            Some(reason) => Observation::Faulted {
+                reason: FaultReason::new(&reason),
             },
-            None => AgentReport::Recovered { node: node.clone() },
-        };
-        self.gate.agent(fault).await?;
-        let availability = if state.available && !state.leaving {
-            AgentReport::Available { node }
+            None => Observation::Recovered,
+        });
+        observations.push(if state.available && !state.leaving {
+            Observation::Available
         } else {
-            AgentReport::Unavailable { node }
-        };
-        self.gate.agent(availability).await?;
+            Observation::Unavailable
+        });
+        self.gate.observe_all(node.clone(), observations).await?;
         Ok(())
     }
 }
