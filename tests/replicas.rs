@@ -625,3 +625,164 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
         cluster.kill(0);
     });
 }
+
+/// The first line of the file at `path` that holds `needle`, once it is
+/// there (bounded by `within`).
+fn line_in(path: &std::path::Path, needle: &str, within: Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains(needle)) {
+            return Some(line.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn sighup_reloads_the_keys_of_run_among_replicas_and_does_not_end_it() {
+    // Adversary finding: `pkill -HUP poolgate` (the README's key rotation)
+    // ended `poolgate run` among replicas by the signal's default action,
+    // its command with it, leaving its committed run guarded for good.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("hangup");
+    let dir = std::env::temp_dir().join(format!("poolgate-hangup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"hangup\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"2s\"\n",
+            server.endpoint
+        ),
+    )
+    .unwrap();
+    let log = dir.join("run.log");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--timeout", "30s", "--", "true"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let led = line_in(&log, "this replica leads", Duration::from_secs(10));
+    let pid = nix::unistd::Pid::from_raw(run.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let reloaded = line_in(&log, "cluster keys read again", Duration::from_secs(10));
+    let still = run.try_wait().unwrap();
+    let _ = run.kill();
+    let _ = run.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(led.is_some(), "run never led: {text}");
+    assert!(reloaded.is_some(), "SIGHUP not taken as a reload: {text}");
+    assert!(still.is_none(), "run ended by SIGHUP ({still:?}): {text}");
+}
+
+#[test]
+fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
+    // Adversary finding: the run of a requester that is gone has no outcome
+    // to read, so `run --end` ended it and said it had not (exit 4).
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("ghost-end");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        make_ready(&live.gate, "node-1").await;
+        let ghost = poolgate::core::RunId::new("ghost").unwrap();
+        let session = requests
+            .ask(&ghost, std::slice::from_ref(&node), Duration::from_secs(2))
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while live.gate.report().await.unwrap().run.as_ref() != Some(&ghost) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("committed");
+        drop(session);
+        let code = poolgate::live::commands::end_run(&config, &ghost)
+            .await
+            .unwrap();
+        assert_eq!(live.gate.report().await.unwrap().run, None, "ended");
+        assert_eq!(code, 0, "run --end said it failed though it ended the run");
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+#[test]
+fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_member() {
+    // Adversary finding: term 1 unregisters node-1 on the replica's warm
+    // member; term 2 starts from [registry] (node-1 known again), but the
+    // member still dropped node-1's SWIM facts: never ready. Each term's
+    // attachment now brings its registry's names.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("warm-registry");
+    live_for(Duration::from_secs(90), async {
+        let mut plan = common::live::plan(
+            "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
+             [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
+            1,
+        );
+        plan.external_orchestrator = true;
+        let mut cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
+            .await
+            .unwrap();
+        let mut config = cluster.config.clone();
+        config.state.etcd = vec![server.endpoint.clone()];
+        config.state.lease = Duration::from_secs(2);
+        let node1 = common::node("node-1");
+        let mut b = Replica::start(&config).unwrap();
+        let live = b.lead(None).await.unwrap();
+        assert_eq!(
+            Some(live.swim_addr),
+            b.swim_addr(),
+            "term 1 on the warm member"
+        );
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        live.unregister(&node1).await.unwrap();
+        // The term ends (its leader key gone, as when its lease lapses).
+        server
+            .client()
+            .delete_prefix(b"/poolgate/warm/pool-w/leader")
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), b.lost())
+            .await
+            .expect("term lost");
+        live.stop().await;
+        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+            .await
+            .expect("b leads again")
+            .unwrap();
+        assert_eq!(
+            Some(next.swim_addr),
+            b.swim_addr(),
+            "term 2 on the warm member"
+        );
+        assert!(next.registered().contains_key(&node1));
+        let mut events = next.gate.subscribe();
+        let got = tokio::time::timeout(Duration::from_secs(15), ready(&mut events)).await;
+        let words = next.gate.report().await.unwrap().candidates[0].blockers_in_words();
+        next.stop().await;
+        b.resign();
+        cluster.kill(0);
+        assert!(got.is_ok(), "term 2 never ready: {words}");
+    });
+}

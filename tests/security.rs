@@ -885,3 +885,152 @@ fn a_hundred_thousand_invented_members_at_one_address_leave_the_orchestrators_me
         drop(lines);
     });
 }
+
+/// What the orchestrator answers one frame: `None` when accepted.
+async fn answer_to(agents: SocketAddr, frame: &[u8]) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
+    stream.write_all(frame).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+    match reply {
+        Ok(Ok(Some(wire::Reply::Accepted { .. }))) => None,
+        other => Some(format!("{other:?}")),
+    }
+}
+
+fn announcing(name: &str) -> Announcement {
+    Announcement {
+        available: true,
+        identity: Some(wire::identity_text(name.as_bytes())),
+        swim: None,
+        generation: None,
+        fault: None,
+        leaving: false,
+        heartbeat_ms: None,
+    }
+}
+
+#[test]
+fn a_stolen_keys_last_sequence_does_not_lock_out_the_key_registered_in_its_place() {
+    // Adversary finding: a thief with n1's old key sends sequence 2^64 − 1;
+    // the operator registers a new key at runtime. The new key's frames
+    // were refused as replayed, and after a restart too (the sequence was
+    // stored under the new key's id). A key replaced starts its sequences
+    // over, in this life and the next.
+    let dir = std::env::temp_dir().join(format!("poolgate-stolen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (stolen, fresh) = (NodeKey::generate(), NodeKey::generate());
+    let mut config = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"n1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
+         [swim]\ninsecure = true\nbind = \"127.0.0.1:0\"\n[agents]\nlisten = \"127.0.0.1:0\"\n",
+        "test",
+    )
+    .unwrap();
+    config.registry.insert(node("n1"), stolen.public());
+    config.state.path = Some(dir.join("state.db"));
+    let first = config.clone();
+    let (thief, new) = (stolen.clone(), fresh.clone());
+    live_for(Duration::from_secs(30), async move {
+        let live = Orchestrator::start(&first).await.unwrap();
+        let label = first.swim.label.clone();
+        let stolen_frame = wire::encode(&thief, &label, "n1", u64::MAX, &announcing("n1"));
+        assert_eq!(
+            answer_to(live.agents_addr, &stolen_frame).await,
+            None,
+            "the thief's frame"
+        );
+        live.register(node("n1"), new.public()).await.unwrap();
+        let legit = wire::encode(&new, &label, "n1", 1000, &announcing("n1"));
+        assert_eq!(
+            answer_to(live.agents_addr, &legit).await,
+            None,
+            "the new key's first frame refused"
+        );
+        // The old key's frames are refused from now on.
+        let again = wire::encode(&thief, &label, "n1", 5, &announcing("n1"));
+        assert!(answer_to(live.agents_addr, &again).await.is_some());
+        // Written (every 100 ms) before the stop.
+        tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
+        live.stop().await;
+    });
+    // Restarted with the new key pinned: its next frame counts.
+    config.registry.insert(node("n1"), fresh.public());
+    live_for(Duration::from_secs(30), async move {
+        let live = Orchestrator::start(&config).await.unwrap();
+        let label = config.swim.label.clone();
+        let replayed = wire::encode(&fresh, &label, "n1", 1000, &announcing("n1"));
+        assert!(
+            answer_to(live.agents_addr, &replayed).await.is_some(),
+            "the new key's own sequences hold across the restart"
+        );
+        let legit = wire::encode(&fresh, &label, "n1", 1001, &announcing("n1"));
+        assert_eq!(
+            answer_to(live.agents_addr, &legit).await,
+            None,
+            "after the restart"
+        );
+        live.stop().await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
+    // Adversary finding: a term's orchestrator stopped after the next term
+    // attached to the same warm member detached the next term's gate (no
+    // more SWIM facts). A detach now names its attachment.
+    use poolgate::live::swim::member::{Attach, Detach};
+    use std::sync::{Arc, Mutex};
+    live_for(Duration::from_secs(30), async {
+        let config = Config::parse(BASE, "test").unwrap();
+        let timings = config.swim.timings.foca_config(4);
+        let keyring = || Keyring::new(&[], "poolgate");
+        let start = |name: &str, seed: u64| {
+            SwimMember::start(
+                name,
+                "127.0.0.1:0".parse().unwrap(),
+                None,
+                boot_generation(),
+                timings.clone(),
+                StdRng::seed_from_u64(seed),
+                None,
+                keyring(),
+            )
+            .unwrap()
+        };
+        let (warm, warm_addr) = start("orchestrator", 1);
+        let heard: [Arc<Mutex<Vec<String>>>; 2] = Default::default();
+        for (token, seen) in heard.iter().enumerate() {
+            let seen = Arc::clone(seen);
+            warm.send(Attach {
+                token: token as u64 + 1,
+                sink: Box::new(move |o| seen.lock().unwrap().push(o.update.node.to_string())),
+                signed: Default::default(),
+                only: ["node-1".to_string()].into_iter().collect(),
+            })
+            .await
+            .unwrap();
+        }
+        // The first term stops late: its detach leaves the second attached.
+        warm.send(Detach(1)).await.unwrap();
+        let (node1, _) = start("node-1", 2);
+        node1.do_send(Join {
+            seeds: vec![warm_addr],
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while heard[1].lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            heard[1].lock().unwrap().first().map(String::as_str),
+            Some("node-1")
+        );
+        assert!(
+            heard[0].lock().unwrap().is_empty(),
+            "the replaced attachment heard it"
+        );
+        warm.send(Detach(2)).await.unwrap();
+        node1.do_send(poolgate::live::swim::member::Crash);
+        warm.do_send(poolgate::live::swim::member::Crash);
+    });
+}

@@ -301,17 +301,11 @@ async fn watch_replica(
     replica.warm_up().await?;
     // SIGHUP reloads the warm member's keys while following too: a
     // rotation missed there would leave the next term's SWIM deaf.
-    let _reloading = replica.swim_keys().map(|keys| {
-        let path = watching.path.to_path_buf();
-        AbortOnDrop(actix::spawn(async move {
-            let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-                return;
-            };
-            while hangup.recv().await.is_some() {
-                reload_keys(|swim| keys.reload(swim), &path);
-            }
-        }))
-    });
+    let _reloading = reload_on_hangup(
+        replica.swim_keys(),
+        watching.path,
+        signal(SignalKind::hangup())?,
+    );
     loop {
         let term = replica.terms() + 1;
         let term_record = record.map(|path| match term {
@@ -452,9 +446,19 @@ pub async fn run(
     }
     let stop = stop_signal()?;
     tokio::pin!(stop);
+    // From the start: a SIGHUP (a key rotation's `pkill -HUP poolgate`)
+    // while waiting must not end `run` by the signal's default action.
+    let hangup = signal(SignalKind::hangup())?;
     if !config.state.etcd.is_empty() {
-        return run_replicated(config, &request, output, command, record, &required, stop).await;
+        let asked = Asked {
+            path,
+            command,
+            record,
+            required: &required,
+        };
+        return run_replicated(config, &request, output, asked, hangup, stop).await;
     }
+    let mut hangup = hangup;
     warn_without_state(config);
     let live = Orchestrator::start_recording(config, recording(record)?).await?;
     let gate = live.gate.clone();
@@ -493,7 +497,6 @@ pub async fn run(
     };
     drain(&gate, &mut events, &mut printer).await;
 
-    let mut hangup = signal(SignalKind::hangup())?;
     let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
     let mut child = match spawned {
         Ok(child) => child,
@@ -549,15 +552,28 @@ pub async fn run(
 /// `run_faulted` from any leader stops it (exit 3); when it ends, the
 /// leader is asked to end the run. A takeover changes nothing here: the
 /// next leader guards the run from etcd and answers through the same keys.
+/// What `run` among replicas runs, and where its config is.
+struct Asked<'a> {
+    path: &'a Path,
+    command: &'a [String],
+    record: Option<&'a Path>,
+    required: &'a [NodeId],
+}
+
 async fn run_replicated(
     config: &Config,
     request: &RunRequest,
     output: Output,
-    command: &[String],
-    record: Option<&Path>,
-    required: &[NodeId],
+    asked: Asked<'_>,
+    hangup: tokio::signal::unix::Signal,
     mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
 ) -> Result<i32, LiveError> {
+    let Asked {
+        path,
+        command,
+        record,
+        required,
+    } = asked;
     if request.resume.is_some() {
         return Err(LiveError::Setting {
             key: "state.etcd",
@@ -565,6 +581,8 @@ async fn run_replicated(
         });
     }
     let mut replica = super::replica::Replica::start(config)?;
+    replica.warm_up().await?;
+    let _reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
     let requests = replica.requests();
     let record = record.map(Path::to_path_buf);
     let leading = actix::spawn(async move {
@@ -658,13 +676,22 @@ async fn run_replicated(
         }
     }
     let ended = |requests: super::requests::Requests, run: RunId, mut printer: Printer| async move {
-        if let Err(e) = requests.finish(&run).await {
-            tracing::warn!(%run, error = %e, "the end of the run not asked of the leader (it ends with this process's etcd session)");
-            return;
+        // Asked until it is written (an etcd blip), for up to END_WAIT:
+        // a run whose end is never asked stays guarded.
+        let deadline = tokio::time::Instant::now() + END_WAIT;
+        loop {
+            match requests.finish(&run).await {
+                Ok(()) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
+                    return;
+                }
+                Err(_) => tokio::time::sleep(super::requests::LOOK_EVERY).await,
+            }
         }
         // Told once the leader ended it (bounded: a leaderless moment
-        // leaves the end to the session's expiry).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        // leaves the end to the next leader, which reads the same key).
+        let deadline = tokio::time::Instant::now() + END_WAIT;
         while tokio::time::Instant::now() < deadline {
             if let Ok(Some(outcome)) = requests.outcome(&run).await {
                 if outcome.status != "committed" {
@@ -725,25 +752,31 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
     let failed =
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
     let requests = super::replica::requests_of(config)?;
+    // A run whose requester is gone has no outcome to read: what is
+    // stored says whether it ended.
+    let active = |requests: super::requests::Requests| async move {
+        requests.active_run().await.map_err(failed)
+    };
+    let was_active = active(requests.clone()).await?.as_ref() == Some(run);
     requests.finish(run).await.map_err(failed)?;
     let deadline = tokio::time::Instant::now() + END_WAIT;
+    let mut taken = false;
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(super::requests::LOOK_EVERY).await;
         let outcome = requests.outcome(run).await.map_err(failed)?;
-        if outcome.as_ref().is_some_and(|o| o.status == "finished") {
+        let finished = outcome.as_ref().is_some_and(|o| o.status == "finished");
+        if finished || (was_active && active(requests.clone()).await?.as_ref() != Some(run)) {
             eprintln!("poolgate run: run {run} ended");
             return Ok(0);
         }
-        if !requests.finish_pending(run).await.map_err(failed)? {
-            // Taken up, and the run was not the leader's active run.
-            let outcome = requests.outcome(run).await.map_err(failed)?;
-            if outcome.as_ref().is_some_and(|o| o.status == "finished") {
-                eprintln!("poolgate run: run {run} ended");
-                return Ok(0);
-            }
-            eprintln!("poolgate run: --end {run}: not the active run of the leader");
-            return Ok(EXIT_OTHER_RUN);
+        taken = !requests.finish_pending(run).await.map_err(failed)?;
+        if taken && !was_active {
+            break;
         }
+    }
+    if taken {
+        eprintln!("poolgate run: --end {run}: not the active run of the leader");
+        return Ok(EXIT_OTHER_RUN);
     }
     eprintln!("poolgate run: --end {run}: no leader took it up within {END_WAIT:?} (asked; the next leader will)");
     Ok(1)
@@ -857,6 +890,25 @@ pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Reloads the keys of `keys`' SWIM member from `path` at each SIGHUP
+/// (`hangup`), for as long as the returned guard lives; without a member
+/// (a replica whose term starts its own) the signal is only taken.
+fn reload_on_hangup(
+    keys: Option<super::orchestrator::SwimKeys>,
+    path: &Path,
+    mut hangup: tokio::signal::unix::Signal,
+) -> AbortOnDrop {
+    let path = path.to_path_buf();
+    AbortOnDrop(actix::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match &keys {
+                Some(keys) => reload_keys(|swim| keys.reload(swim), &path),
+                None => tracing::warn!("SIGHUP: this replica runs no SWIM member between terms; its next term reads the keys it started with"),
+            }
+        }
+    }))
 }
 
 /// SIGHUP: the cluster keys of `[swim]`, read again from the config file

@@ -104,6 +104,11 @@ pub struct Orchestrator {
     /// The nodes known and their pinned keys (`[registry]`, then
     /// [`Orchestrator::register`] and [`Orchestrator::unregister`]).
     registry: Registry,
+    /// What the listener keeps per node (sequences, signed identities).
+    nodes: Arc<Mutex<Nodes>>,
+    /// This orchestrator's attachment to its SWIM member (a warm one is
+    /// detached only by the term that attached it).
+    attachment: u64,
 }
 
 /// The registry as the listener and the sequence writer read it, and
@@ -208,17 +213,22 @@ impl Orchestrator {
                 }
             })
         };
+        // This term's gate fed by the member, with what it wants of it:
+        // its registry's names, its nodes' signed identities.
+        let attachment = ATTACHMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let attach = super::swim::member::Attach {
+            token: attachment,
+            sink,
+            signed: Arc::clone(&lock(&nodes).signed_view),
+            only: registry_names(&registry),
+        };
         let (swim, swim_addr, owns_swim) = match warm {
-            // A replica's member, warm since it followed: address
-            // conflicts by this term's signed view, then this term's gate
-            // fed from the whole view it already holds.
+            // A replica's member, warm since it followed: fed to this
+            // term's gate from the whole view it already holds.
             Some(warm) => {
                 let member = warm.member.clone();
-                member.do_send(super::swim::member::UseSigned(Arc::clone(
-                    &lock(&nodes).signed_view,
-                )));
                 member
-                    .send(super::swim::member::SetSink(Some(sink)))
+                    .send(attach)
                     .await
                     .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
                 if !config.swim.seeds.is_empty() {
@@ -228,10 +238,16 @@ impl Orchestrator {
                 (member, warm.addr, false)
             }
             None => {
-                let signed = Arc::clone(&lock(&nodes).signed_view);
-                let (member, addr) = start_member(config, Some((sink, signed))).await?;
+                let (member, addr) = start_member(config, Some(attach)).await?;
                 (member, addr, true)
             }
+        };
+        // A start that fails from here on lets the member go (its own) or
+        // detaches this gate from it (a warm one).
+        let mut unwind = Unwind {
+            member: Some(swim.clone()),
+            owned: owns_swim,
+            attachment,
         };
         let bound = |source| LiveError::Bind {
             socket: "agent listener (TCP)",
@@ -245,7 +261,7 @@ impl Orchestrator {
             swim: swim.clone(),
             registry: Arc::clone(&registry),
             label: config.swim.label.clone(),
-            nodes,
+            nodes: Arc::clone(&nodes),
             admission: Arc::new(Mutex::new(Admission::new(config.agents.max_connections))),
             idle: config.agents.idle_timeout,
             said: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
@@ -256,6 +272,7 @@ impl Orchestrator {
         tasks.push(actix::spawn(accept.serve(listener)));
         tasks.push(actix::spawn(keep_readiness_gauge(gate.clone())));
         tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
+        unwind.member = None;
         Ok(Orchestrator {
             gate,
             swim,
@@ -264,6 +281,8 @@ impl Orchestrator {
             agents_addr,
             tasks,
             registry,
+            nodes,
+            attachment,
         })
     }
 
@@ -291,7 +310,8 @@ impl Orchestrator {
         if self.owns_swim {
             self.swim.do_send(super::swim::member::Crash);
         } else {
-            self.swim.do_send(super::swim::member::SetSink(None));
+            self.swim
+                .do_send(super::swim::member::Detach(self.attachment));
         }
     }
 
@@ -300,12 +320,22 @@ impl Orchestrator {
     /// checked against `key`, SWIM facts about it are kept), or a node's
     /// key replaced (its frame sequences start over with the new key).
     pub async fn register(&self, node: NodeId, key: PublicKey) -> Result<(), LiveError> {
+        if self.gate.is_stopped() {
+            return Err(poolgate_actors::GateError::Stopped.into());
+        }
         let names = {
+            // Under the nodes' lock, as the listener accepts a frame: a
+            // frame of the old key is accepted before the swap or refused
+            // after it, and the old key's sequences go with it (a thief's
+            // 2^64 − 1 does not lock the new key out).
+            let mut nodes = lock(&self.nodes);
             let mut registry = self
                 .registry
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            registry.insert(node.clone(), key);
+            if registry.insert(node.clone(), key) != Some(key) {
+                nodes.last_seq.remove(&node);
+            }
             registry.keys().map(|n| n.to_string()).collect()
         };
         self.swim.do_send(super::swim::member::OnlyMembers(names));
@@ -321,12 +351,19 @@ impl Orchestrator {
     /// its next one on (closing its connection), SWIM facts about it are
     /// no longer kept. Forgetting a node not registered changes nothing.
     pub async fn unregister(&self, node: &NodeId) -> Result<(), LiveError> {
+        if self.gate.is_stopped() {
+            return Err(poolgate_actors::GateError::Stopped.into());
+        }
         let (was, names) = {
+            let mut nodes = lock(&self.nodes);
             let mut registry = self
                 .registry
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let was = registry.remove(node).is_some();
+            if was {
+                nodes.last_seq.remove(node);
+            }
             (was, registry.keys().map(|n| n.to_string()).collect())
         };
         if !was {
@@ -370,6 +407,36 @@ impl Orchestrator {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         while self.swim.connected() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Names each orchestrator's attachment to its SWIM member.
+static ATTACHMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The names of `registry`'s nodes (what a SWIM member keeps).
+fn registry_names(registry: &Registry) -> std::collections::HashSet<String> {
+    registry
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .keys()
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// Undoes a start that failed after the SWIM member was attached.
+struct Unwind {
+    member: Option<Addr<SwimMember>>,
+    owned: bool,
+    attachment: u64,
+}
+
+impl Drop for Unwind {
+    fn drop(&mut self) {
+        match (self.member.take(), self.owned) {
+            (Some(member), true) => member.do_send(super::swim::member::Crash),
+            (Some(member), false) => member.do_send(super::swim::member::Detach(self.attachment)),
+            (None, _) => {}
         }
     }
 }
@@ -444,14 +511,10 @@ impl Drop for WarmSwim {
 }
 
 /// Starts `[swim]`'s member (its keys, timings, generation; only the
-/// registry's names kept; joined to the seeds), reporting into `feed`'s
-/// sink, address conflicts decided by its signed view.
+/// registry's names kept; joined to the seeds), feeding `attach`'s gate.
 async fn start_member(
     config: &Config,
-    feed: Option<(
-        super::swim::member::MembershipSink,
-        super::swim::identity::SignedView,
-    )>,
+    attach: Option<super::swim::member::Attach>,
 ) -> Result<(Addr<SwimMember>, SocketAddr), LiveError> {
     let keyring = keyring(&config.swim)?;
     let cluster_size = u32::try_from(config.registry.len() + 1).unwrap_or(u32::MAX);
@@ -479,9 +542,8 @@ async fn start_member(
     member.do_send(super::swim::member::OnlyMembers(
         config.registry.keys().map(|n| n.to_string()).collect(),
     ));
-    if let Some((sink, signed)) = feed {
-        member.do_send(super::swim::member::UseSigned(signed));
-        member.do_send(super::swim::member::SetSink(Some(sink)));
+    if let Some(attach) = attach {
+        member.do_send(attach);
     }
     if !config.swim.seeds.is_empty() {
         let (seeds, failed) = lookup_all(&config.swim.seeds).await;
@@ -539,14 +601,21 @@ async fn keep_sequences(
     let mut said = super::throttle::Throttle::new(LOG_EVERY);
     loop {
         tokio::time::sleep(SEQUENCES_EVERY).await;
-        let current = lock(&nodes).last_seq.clone();
-        if current == written {
-            continue;
-        }
-        let sequences = current
-            .iter()
-            .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
-            .collect();
+        // Labelled with their keys under the nodes' lock, where a key is
+        // replaced: a sequence is never stored under a key that did not
+        // sign it.
+        let (current, sequences) = {
+            let held = lock(&nodes);
+            if held.last_seq == written {
+                continue;
+            }
+            let sequences: std::collections::BTreeMap<String, u64> = held
+                .last_seq
+                .iter()
+                .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
+                .collect();
+            (held.last_seq.clone(), sequences)
+        };
         // Off the actors' thread (a write ends with an fsync, every 100 ms
         // while nodes send frames), one at a time, in order.
         let writer = Arc::clone(&store);
@@ -969,6 +1038,14 @@ impl Listener {
             }
             {
                 let mut known = lock(&self.nodes);
+                if pinned(&self.registry, &node) != Some(key) {
+                    // The key was replaced (or the node forgotten) since
+                    // this frame was opened.
+                    drop(known);
+                    self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
+                        .await;
+                    return last_body;
+                }
                 let last = known.last_seq.entry(node.clone()).or_default();
                 if frame.seq <= *last {
                     // Another connection of the node got there first.

@@ -198,7 +198,7 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
                             Ok(Some(_)) => every,
                             Ok(None) => {
                                 tracing::warn!(
-                                    "the run's etcd session expired: the leader will end the run"
+                                    "the run's etcd session expired: a committed run stays guarded by the leader until it faults or is ended (poolgate run --end)"
                                 );
                                 return;
                             }

@@ -260,6 +260,8 @@ pub struct SwimMember {
     /// Rejoins are logged at most this often (a storm of them means
     /// another member claims this one's address).
     rejoins: crate::live::throttle::Throttle,
+    /// The attachment whose gate the sink feeds (see [`Attach`]).
+    attached: Option<u64>,
 }
 
 impl SwimMember {
@@ -314,6 +316,7 @@ impl SwimMember {
             own_generation: None,
             signed: None,
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
+            attached: None,
         };
         Ok((member.start(), addr))
     }
@@ -662,21 +665,53 @@ impl Handler<OnlyMembers> for SwimMember {
     }
 }
 
-/// Hands the member's reports to `0` (none: it keeps them to itself),
-/// starting with its whole current view: a replica's member, kept warm
-/// while it follows, feeds each term's gate from what it already knows.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SetSink(pub Option<MembershipSink>);
+/// Hands the member's reports to a gate's `sink` from now on, starting
+/// with its whole current view, under `token`: a replica's member, kept
+/// warm while it follows, feeds each term's gate from what it already
+/// knows. The attachment brings what the gate wants of the member: only
+/// the names of its registry kept, address conflicts decided by the
+/// identities its nodes signed.
+pub struct Attach {
+    /// Names this attachment, for [`Detach`].
+    pub token: u64,
+    /// Where the reports go.
+    pub sink: MembershipSink,
+    /// The identities the gate's nodes signed.
+    pub signed: super::identity::SignedView,
+    /// The registry's names.
+    pub only: std::collections::HashSet<String>,
+}
 
-impl Handler<SetSink> for SwimMember {
+impl Message for Attach {
+    type Result = ();
+}
+
+impl Handler<Attach> for SwimMember {
     type Result = ();
 
-    fn handle(&mut self, msg: SetSink, _ctx: &mut Context<Self>) {
-        self.sink = msg.0;
-        if self.sink.is_some() {
-            self.tracker.forget_reported();
-            self.reconcile();
+    fn handle(&mut self, msg: Attach, _ctx: &mut Context<Self>) {
+        self.signed = Some(msg.signed);
+        self.tracker.only(msg.only);
+        self.sink = Some(msg.sink);
+        self.attached = Some(msg.token);
+        self.tracker.forget_reported();
+        self.reconcile();
+    }
+}
+
+/// Stops reporting to the gate of attachment `0`; a later attachment's
+/// gate is not touched (a term stopped late does not deafen the next).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct Detach(pub u64);
+
+impl Handler<Detach> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Detach, _ctx: &mut Context<Self>) {
+        if self.attached == Some(msg.0) {
+            self.sink = None;
+            self.attached = None;
         }
     }
 }
