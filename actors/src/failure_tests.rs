@@ -9,7 +9,8 @@ use actix::Addr;
 
 use crate::clock::Clock;
 use crate::messages::{
-    BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Observe, Outcome, TimerDue,
+    ApplyObservation, BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Outcome,
+    TimerDue,
 };
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
@@ -70,7 +71,7 @@ fn start(members: &[&str]) -> Subsystem {
 impl Subsystem {
     async fn observe(&self, name: &str, observation: Observation) -> Outcome {
         let addr = self.router.route(&node(name)).expect("a candidate");
-        addr.send(Observe {
+        addr.send(ApplyObservation {
             at: self.clock.now(),
             observation,
         })

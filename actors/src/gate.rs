@@ -26,8 +26,8 @@ use actix::Addr;
 
 use crate::clock::Clock;
 use crate::messages::{
-    BeginPlanning, CommitPlan, DefinePool, FinishRun, GetReport, Observe, ObserveAll, Outcome,
-    PendingDeadline,
+    ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, FinishRun,
+    GetReport, Outcome, PendingDeadline,
 };
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
@@ -298,7 +298,7 @@ impl Gate {
             self.not_candidate(&node);
             return Ok(vec![Outcome::NotCandidate; count]);
         };
-        match addr.send(ObserveAll { at, observations }).await {
+        match addr.send(ApplyObservations { at, observations }).await {
             Ok(outcomes) => Ok(outcomes),
             Err(_) => {
                 IgnoredCounts::bump(&self.router.ignored.non_candidate);
@@ -324,7 +324,7 @@ impl Gate {
         }
         let (node, observation) = update.into_observation();
         match self.router.route(&node) {
-            Some(addr) => addr.do_send(Observe { at, observation }),
+            Some(addr) => addr.do_send(ApplyObservation { at, observation }),
             None => self.not_candidate(&node),
         }
     }
@@ -465,7 +465,7 @@ impl Gate {
             self.not_candidate(&node);
             return Ok(Outcome::NotCandidate);
         };
-        match addr.send(Observe { at, observation }).await {
+        match addr.send(ApplyObservation { at, observation }).await {
             Ok(outcome) => Ok(outcome),
             // The node left the pool while the observation was in flight.
             Err(_) => {

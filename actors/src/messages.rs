@@ -1,7 +1,7 @@
 //! Every message between the gate's handle and its three actors, in one
 //! place, so the actor files import the core and these, not each other.
 //!
-//! The way of one observation: [`Observe`] (handle → `NodeActor`); only a
+//! The way of one observation: [`ApplyObservation`] (handle → `NodeActor`); only a
 //! change goes on as [`NodeChanged`] (`NodeActor` → `PoolActor`, in a
 //! [`FromNode`]); a change
 //! of a node that a committed run requires goes on as
@@ -36,7 +36,7 @@ pub enum Outcome {
 /// it entered the gate.
 #[derive(Message, Debug)]
 #[rtype(result = "Outcome")]
-pub struct Observe {
+pub struct ApplyObservation {
     /// The instant the observation entered the gate.
     pub at: Time,
     /// What was observed about the actor's node.
@@ -47,7 +47,7 @@ pub struct Observe {
 /// at one instant (what one agent frame says), in one trip.
 #[derive(Message, Debug)]
 #[rtype(result = "Vec<Outcome>")]
-pub struct ObserveAll {
+pub struct ApplyObservations {
     /// The instant they entered the gate.
     pub at: Time,
     /// What was observed, in the order it is applied.

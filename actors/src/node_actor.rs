@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
 use crate::messages::{
-    FromNode, NodeActorStopped, NodeChanged, Observe, ObserveAll, Outcome, Resync,
+    ApplyObservation, ApplyObservations, FromNode, NodeActorStopped, NodeChanged, Outcome, Resync,
 };
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
@@ -119,18 +119,18 @@ impl Handler<Resync> for NodeActor {
     }
 }
 
-impl Handler<Observe> for NodeActor {
+impl Handler<ApplyObservation> for NodeActor {
     type Result = Outcome;
 
-    fn handle(&mut self, msg: Observe, ctx: &mut Context<Self>) -> Outcome {
+    fn handle(&mut self, msg: ApplyObservation, ctx: &mut Context<Self>) -> Outcome {
         self.apply(ctx, msg.at, msg.observation)
     }
 }
 
-impl Handler<ObserveAll> for NodeActor {
+impl Handler<ApplyObservations> for NodeActor {
     type Result = Vec<Outcome>;
 
-    fn handle(&mut self, msg: ObserveAll, ctx: &mut Context<Self>) -> Vec<Outcome> {
+    fn handle(&mut self, msg: ApplyObservations, ctx: &mut Context<Self>) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(msg.observations.len());
         for observation in msg.observations {
             let outcome = self.apply(ctx, msg.at, observation);

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 use poolgate_actors::core::{MembershipUpdate, NodeId, SwimState};
 
-use super::swim::tracker::Observed;
+use super::swim::tracker::SwimFact;
 
 /// What the orchestrator remembers of each node between frames.
 #[derive(Debug, Default)]
@@ -104,7 +104,7 @@ impl Nodes {
 
     /// Keeps a SWIM fact; returns it for the gate if it is about the
     /// identity the node signed.
-    pub(crate) fn observe(&mut self, observed: Observed) -> Option<MembershipUpdate> {
+    pub(crate) fn observe(&mut self, observed: SwimFact) -> Option<MembershipUpdate> {
         let node = observed.update.node.clone();
         let generation = generation_of(&observed.update);
         let key = (observed.addr, generation);
@@ -229,10 +229,10 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::swim::tracker::Observed;
+    use crate::live::swim::tracker::SwimFact;
 
-    fn observed(state: SwimState, incarnation: u64) -> Observed {
-        Observed {
+    fn observed(state: SwimState, incarnation: u64) -> SwimFact {
+        SwimFact {
             update: MembershipUpdate {
                 node: NodeId::new("node-4").unwrap(),
                 state,
@@ -264,7 +264,7 @@ mod tests {
             .is_none());
     }
 
-    fn at(state: SwimState, generation: u64, incarnation: u64) -> Observed {
+    fn at(state: SwimState, generation: u64, incarnation: u64) -> SwimFact {
         observed(state, (generation << 16) | incarnation)
     }
 

@@ -38,7 +38,7 @@ use super::keys::{ClusterKey, PublicKey};
 use super::nodes::Nodes;
 use super::status;
 use super::swim::member::{boot_generation, Join, SetKeyring};
-use super::swim::tracker::Observed;
+use super::swim::tracker::SwimFact;
 use super::swim::SwimMember;
 use super::throttle::{Throttles, LOG_EVERY};
 use super::wire::{self, Announcement, Keyring, ReadError, Refused, Reply};
@@ -206,7 +206,7 @@ impl Orchestrator {
         }
         let sink: super::swim::member::MembershipSink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
-            Box::new(move |observed: Observed| {
+            Box::new(move |observed: SwimFact| {
                 let update = lock(&nodes).observe(observed);
                 if let Some(update) = update {
                     gate.membership_nowait(update);

@@ -4,7 +4,7 @@
 //!
 //! Member 0 is the orchestrator's: its view goes through the real adapter
 //! (the watching codec and the [`MembershipTracker`]) and comes out as
-//! [`Observed`] facts, stamped with the virtual instant. Members 1..=N are
+//! [`SwimFact`] facts, stamped with the virtual instant. Members 1..=N are
 //! the nodes `n1`…`nN`.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::live::swim::member::SwimFoca;
-use crate::live::swim::tracker::{MembershipTracker, Observed};
+use crate::live::swim::tracker::{MembershipTracker, SwimFact};
 use crate::live::swim::watch::{Changes, WatchingCodec};
 use crate::live::swim::SwimIdentity;
 
@@ -257,7 +257,7 @@ pub struct Network {
     config: foca::Config,
     tracker: MembershipTracker,
     changes: Changes,
-    observed: Vec<Observed>,
+    observed: Vec<SwimFact>,
     stats: NetStats,
     /// Real nanoseconds of each member-0 tracker call, in order.
     call_ns: Vec<u32>,
@@ -534,7 +534,7 @@ impl Network {
     }
 
     /// The facts member 0's tracker reported since the last call.
-    pub fn take_observed(&mut self) -> Vec<Observed> {
+    pub fn take_observed(&mut self) -> Vec<SwimFact> {
         std::mem::take(&mut self.observed)
     }
 

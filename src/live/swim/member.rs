@@ -26,7 +26,7 @@ use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
 use super::identity::{with_signed, SwimIdentity};
-use super::tracker::{MembershipTracker, Observed, GENERATION_LIMIT};
+use super::tracker::{MembershipTracker, SwimFact, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
 use crate::live::endpoint::Endpoint;
 use crate::live::wire::Keyring;
@@ -78,7 +78,7 @@ pub fn advertised(
 }
 
 /// Where membership changes go (the orchestrator's checks, then the gate).
-pub type MembershipSink = Box<dyn FnMut(Observed) + Send>;
+pub type MembershipSink = Box<dyn FnMut(SwimFact) + Send>;
 
 /// Members asked to probe a silent member before it is suspected. foca's
 /// default is 3; with 3, 1% packet loss made a false suspicion about once
@@ -361,7 +361,7 @@ impl SwimMember {
     }
 
     /// Hands the tracker's updates to the sink.
-    fn emit(&mut self, changed: Vec<Observed>) {
+    fn emit(&mut self, changed: Vec<SwimFact>) {
         if let Some(sink) = self.sink.as_mut() {
             for observed in changed {
                 let update = &observed.update;

@@ -34,7 +34,7 @@ pub const GENERATION_LIMIT: u64 = 1 << 48;
 /// the SWIM address of the member it is about (facts about node N count
 /// only from the address N signed; the orchestrator checks that).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observed {
+pub struct SwimFact {
     /// The membership fact.
     pub update: MembershipUpdate,
     /// Where the member that says so answers.
@@ -106,7 +106,7 @@ impl MembershipTracker {
         &mut self,
         states: impl IntoIterator<Item = Member<SwimIdentity>>,
         replaced: impl IntoIterator<Item = (SwimIdentity, SwimIdentity)>,
-    ) -> Vec<Observed> {
+    ) -> Vec<SwimFact> {
         let states: Vec<Member<SwimIdentity>> = states.into_iter().collect();
         let mut done = Done::new(states.len());
         let mut updates = Vec::new();
@@ -156,7 +156,7 @@ impl MembershipTracker {
         addr: SocketAddr,
         now: (SwimState, u64),
         replaced: bool,
-        updates: &mut Vec<Observed>,
+        updates: &mut Vec<SwimFact>,
     ) {
         let at = self.reported.entry(addr).or_default();
         match at.get_mut(node) {
@@ -175,7 +175,7 @@ impl MembershipTracker {
             return;
         };
         let (state, incarnation) = now;
-        updates.push(Observed {
+        updates.push(SwimFact {
             update: MembershipUpdate {
                 node: node_id,
                 state,
