@@ -15,7 +15,6 @@
 //! at or before its instant. When `PoolReady` and a wait timeout fall due
 //! at the same instant, `PoolReady` wins (SPEC §3).
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::event::Event;
@@ -37,11 +36,12 @@ enum ActiveRun {
     /// Planning or suspended; the pool holds its guard. Left by commit
     /// (to `Committed`) or by an abort (to `None`).
     Planning(RunGuard),
-    /// Committed: its guard lives with the run's actor. Left when the run
-    /// ends (faulted or finished).
+    /// Committed: its guard lives with the run's actor; the pool keeps
+    /// the run as stored (its epoch, its required set sorted, their
+    /// fingerprints), the one record of it here. Left when the run ends
+    /// (faulted or finished).
     Committed {
-        run: RunId,
-        required: HashSet<NodeId>,
+        stored: DurableRun,
         /// A restored run's confirmation deadline (SPEC §9).
         confirm_by: Option<Time>,
     },
@@ -132,8 +132,6 @@ pub struct PoolGate {
     readiness: PoolReadiness,
     policy: PlanningPolicy,
     run: ActiveRun,
-    /// The committed run as stored (kept while it is active).
-    committed: Option<DurableRun>,
     confirm_due: Option<(RunId, Time)>,
     /// What of the durable state was last handed out to be stored (see
     /// [`PoolGate::take_durable_change`]).
@@ -169,7 +167,6 @@ impl PoolGate {
             readiness,
             policy,
             run: ActiveRun::None,
-            committed: None,
             confirm_due: None,
             handed_out: (0, None),
         };
@@ -200,7 +197,7 @@ impl PoolGate {
         match &self.run {
             ActiveRun::None => None,
             ActiveRun::Planning(guard) => Some(guard.run()),
-            ActiveRun::Committed { run, .. } => Some(run),
+            ActiveRun::Committed { stored, .. } => Some(&stored.run),
         }
     }
 
@@ -208,7 +205,11 @@ impl PoolGate {
     /// changes go to that run's guard.
     pub fn committed_run_requiring(&self, node: &NodeId) -> Option<&RunId> {
         match &self.run {
-            ActiveRun::Committed { run, required, .. } if required.contains(node) => Some(run),
+            ActiveRun::Committed { stored, .. } => stored
+                .required
+                .binary_search_by(|(n, _)| n.cmp(node))
+                .ok()
+                .map(|_| &stored.run),
             _ => None,
         }
     }
@@ -271,8 +272,8 @@ impl PoolGate {
         out: &mut Vec<Event>,
     ) -> Result<Redefinition, Refusal> {
         let at = self.settle_before(at, out);
-        if let ActiveRun::Committed { run, .. } = &self.run {
-            return Err(Refusal::RunCommitted(run.clone()));
+        if let ActiveRun::Committed { stored, .. } = &self.run {
+            return Err(Refusal::RunCommitted(stored.run.clone()));
         }
         let start = out.len();
         let change = self.readiness.redefine(definition, at, out);
@@ -419,7 +420,7 @@ impl PoolGate {
         let run = match &self.run {
             ActiveRun::None => None,
             ActiveRun::Planning(guard) => Some((guard.run(), self.planning_epoch(guard), false)),
-            ActiveRun::Committed { .. } => self.committed.as_ref().map(|r| (&r.run, r.epoch, true)),
+            ActiveRun::Committed { stored, .. } => Some((&stored.run, stored.epoch, true)),
         };
         let (last, held) = &self.handed_out;
         let same = *last == self.readiness.last_epoch()
@@ -468,11 +469,9 @@ impl PoolGate {
             unreachable!("the run was planning a line above");
         };
         self.run = ActiveRun::Committed {
-            run: stored.run.clone(),
-            required: guard.required().cloned().collect(),
+            stored,
             confirm_by: None,
         };
-        self.committed = Some(stored);
         Ok(guard)
     }
 
@@ -486,7 +485,7 @@ impl PoolGate {
     ) -> Result<(), Refusal> {
         self.settle_before(at, out);
         match &self.run {
-            ActiveRun::Committed { run: active, .. } if active == run => Ok(()),
+            ActiveRun::Committed { stored, .. } if &stored.run == run => Ok(()),
             ActiveRun::Planning(guard) if guard.run() == run => Err(Refusal::NotCommitted {
                 run: run.clone(),
                 state: guard.phase().name(),
@@ -498,9 +497,8 @@ impl PoolGate {
     /// The committed run `run` ended (faulted or finished): the pool is
     /// free for the next run.
     pub fn run_ended(&mut self, run: &RunId) {
-        if matches!(&self.run, ActiveRun::Committed { run: active, .. } if active == run) {
+        if matches!(&self.run, ActiveRun::Committed { stored, .. } if &stored.run == run) {
             self.run = ActiveRun::None;
-            self.committed = None;
         }
     }
 
@@ -542,12 +540,10 @@ impl PoolGate {
                         guard.on_deadline(timeout, out);
                         self.drop_ended_run();
                     }
-                    ActiveRun::Committed {
-                        run, confirm_by, ..
-                    } => {
+                    ActiveRun::Committed { stored, confirm_by } => {
                         // The run's guard decides; its actor is told.
                         *confirm_by = None;
-                        self.confirm_due = Some((run.clone(), timeout));
+                        self.confirm_due = Some((stored.run.clone(), timeout));
                     }
                     ActiveRun::None => {}
                 },
@@ -586,20 +582,23 @@ impl PoolGate {
             return None;
         }
         let confirm_by = at + grace;
-        // Kept as stored: the next durable write (an epoch) must keep it.
-        self.committed = Some(stored.clone());
-        self.run = ActiveRun::Committed {
-            run: stored.run.clone(),
-            required: stored.required.iter().map(|(n, _)| n.clone()).collect(),
-            confirm_by: Some(confirm_by),
-        };
-        Some(RunGuard::restored(
-            stored.run.clone(),
-            stored.epoch,
-            stored.required.clone(),
+        // Kept as stored (its required set in order, as a commit keeps
+        // it): the next durable write (an epoch) must keep it.
+        let mut kept = stored.clone();
+        kept.required.sort_by(|a, b| a.0.cmp(&b.0));
+        kept.required.dedup_by(|a, b| a.0 == b.0);
+        let guard = RunGuard::restored(
+            kept.run.clone(),
+            kept.epoch,
+            kept.required.clone(),
             self.policy,
             confirm_by,
-        ))
+        );
+        self.run = ActiveRun::Committed {
+            stored: kept,
+            confirm_by: Some(confirm_by),
+        };
+        Some(guard)
     }
 
     /// What to store of the active run now.
@@ -612,7 +611,7 @@ impl PoolGate {
                 committed: false,
                 required: Vec::new(),
             }),
-            ActiveRun::Committed { .. } => self.committed.clone(),
+            ActiveRun::Committed { stored, .. } => Some(stored.clone()),
         };
         Durable {
             last_epoch: self.readiness.last_epoch(),
