@@ -629,3 +629,224 @@ fn state_writes_run_off_the_actors_thread() {
         }
     });
 }
+
+#[test]
+fn an_epoch_held_back_is_told_once_a_commits_write_stores_it() {
+    // PoolReady(2)/PlanningResumed(2) held back by a failed write; the
+    // commit's own write then stores epoch 2 (and clears save_failing).
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
+            swim(&gate, "a", poolgate::core::SwimState::Alive, 2).await;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            let before = drain(&mut events);
+            assert!(
+                !before.iter().any(|e| matches!(
+                    e,
+                    Event::PoolReady {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )),
+                "{before:?}"
+            );
+            *store.failing.lock().unwrap() = false;
+            gate.commit_plan(run.clone(), vec![node("a")], None)
+                .await
+                .unwrap();
+            advance_to(&gate, now_ms(&gate) + 5000).await;
+            let got = drain(&mut events);
+            let committed = got
+                .iter()
+                .position(|e| matches!(e, Event::RunCommitted { .. }));
+            let ready = got.iter().position(|e| {
+                matches!(
+                    e,
+                    Event::PoolReady {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )
+            });
+            assert!(committed.is_some(), "{got:?}");
+            assert!(
+                ready.is_some(),
+                "epoch 2 is stored, yet pool_ready(2) is never told: {got:?}"
+            );
+            assert!(
+                ready < committed,
+                "pool_ready(2) before run_committed on epoch 2: {got:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn an_epoch_held_back_is_told_once_a_runs_end_stores_it() {
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            // b is not required: readiness lost at 1, back at 2 (write fails).
+            swim(&gate, "b", poolgate::core::SwimState::Suspect, 1).await;
+            swim(&gate, "b", poolgate::core::SwimState::Alive, 2).await;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            let before = drain(&mut events);
+            assert!(
+                !before.iter().any(|e| matches!(
+                    e,
+                    Event::PoolReady {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )),
+                "{before:?}"
+            );
+            *store.failing.lock().unwrap() = false;
+            gate.finish_run(run.clone()).await.unwrap();
+            advance_to(&gate, now_ms(&gate) + 5000).await;
+            let got = drain(&mut events);
+            assert!(
+                got.iter().any(|e| matches!(
+                    e,
+                    Event::PoolReady {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )),
+                "epoch 2 is stored, yet pool_ready(2) is never told: {got:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn an_epoch_held_back_is_never_told_after_it_ended() {
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            swim(&gate, "b", poolgate::core::SwimState::Suspect, 1).await;
+            swim(&gate, "b", poolgate::core::SwimState::Alive, 2).await;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            *store.failing.lock().unwrap() = false;
+            gate.finish_run(run.clone()).await.unwrap();
+            advance_to(&gate, now_ms(&gate) + 3000).await;
+            let _ = drain(&mut events);
+            // Epoch 2 ends (told), then epoch 3's write fails, then succeeds.
+            swim(&gate, "b", poolgate::core::SwimState::Suspect, 2).await;
+            *store.failing.lock().unwrap() = true;
+            swim(&gate, "b", poolgate::core::SwimState::Alive, 3).await;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, now_ms(&gate) + 3000).await;
+            let got = drain(&mut events);
+            let told: Vec<String> = got
+                .iter()
+                .map(|e| match e {
+                    Event::PoolReady { epoch, at, .. } => {
+                        format!("pool_ready({}) at {}", epoch.0, at.as_millis())
+                    }
+                    Event::ReadinessLost { epoch, at, .. } => {
+                        format!("readiness_lost({}) at {}", epoch.0, at.as_millis())
+                    }
+                    other => other.name().to_string(),
+                })
+                .collect();
+            let lost2 = got.iter().position(|e| {
+                matches!(
+                    e,
+                    Event::ReadinessLost {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )
+            });
+            let ready2 = got.iter().position(|e| {
+                matches!(
+                    e,
+                    Event::PoolReady {
+                        epoch: Epoch(2),
+                        ..
+                    }
+                )
+            });
+            assert!(
+                !(lost2.is_some() && ready2 > lost2),
+                "pool_ready(2) told after readiness_lost(2): {told:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn inputs_that_change_nothing_stored_write_nothing() {
+    use poolgate::core::AgentReport;
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            make_ready(&gate, "a").await;
+            make_ready(&gate, "b").await;
+            let proof = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            let before = store.saved.lock().unwrap().len();
+            for _ in 0..20 {
+                gate.agent(AgentReport::Unavailable { node: node("b") })
+                    .await
+                    .unwrap();
+                gate.agent(AgentReport::Available { node: node("b") })
+                    .await
+                    .unwrap();
+                let _ = gate.report().await.unwrap();
+            }
+            let after = store.saved.lock().unwrap().len();
+            assert!(after - before <= 1);
+        }
+    });
+}

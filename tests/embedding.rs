@@ -217,3 +217,56 @@ fn one_agent_frame_is_one_input_applied_in_order() {
         gate.stop();
     });
 }
+
+#[test]
+fn a_batch_about_a_stranger_is_counted_as_its_observations_are() {
+    use poolgate::core::{MembershipUpdate, NodeId, Observation, SwimState};
+    let config = Config::parse(
+        "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n",
+        "test",
+    )
+    .unwrap();
+    let system = actix::System::new();
+    system.block_on(async move {
+        let gate = poolgate::Gate::start(config.gate_settings());
+        let stranger = NodeId::new("node-9").unwrap();
+        let frame = vec![
+            Observation::Swim {
+                state: SwimState::Alive,
+                incarnation: 1,
+            },
+            Observation::Recovered,
+            Observation::Available,
+        ];
+        gate.observe_all(stranger.clone(), frame).await.unwrap();
+        let batched = gate.report().await.unwrap().ignored_non_candidate;
+        // The same three, one at a time.
+        gate.membership(MembershipUpdate {
+            node: stranger.clone(),
+            state: SwimState::Alive,
+            incarnation: 1,
+        })
+        .await
+        .unwrap();
+        gate.agent(poolgate::core::AgentReport::Recovered {
+            node: stranger.clone(),
+        })
+        .await
+        .unwrap();
+        gate.agent(poolgate::core::AgentReport::Available {
+            node: stranger.clone(),
+        })
+        .await
+        .unwrap();
+        let sequential = gate.report().await.unwrap().ignored_non_candidate - batched;
+        let empty = gate.observe_all(stranger, Vec::new()).await.unwrap();
+        assert!(empty.is_empty());
+        let after_empty = gate.report().await.unwrap().ignored_non_candidate - batched - sequential;
+        gate.stop();
+        assert_eq!(
+            batched, sequential,
+            "three ignored observations, counted as three"
+        );
+        assert_eq!(after_empty, 0, "an empty batch ignores nothing");
+    });
+}

@@ -95,7 +95,10 @@ fn random_inputs(rng: &mut StdRng, nodes: &[&str]) -> Vec<Input> {
 
 /// One live run: two feeders with random pauses; returns the published
 /// events (JSON lines) and the recording.
-fn live_run(seed: u64) -> (Vec<String>, Vec<u8>) {
+/// A live run fed `random_inputs` from two tasks; with `batched`, the
+/// facts of one node that come together go as one input (`observe_all`,
+/// as an agent frame does).
+fn live_run(seed: u64, batched: bool) -> (Vec<String>, Vec<u8>) {
     let recorded = Shared::default();
     let mut settings = config(&NODES, 40, OnReadinessLost::Wait, Some(90)).gate_settings();
     settings.record = Some(Recording::new(Box::new(recorded.clone())));
@@ -111,7 +114,28 @@ fn live_run(seed: u64) -> (Vec<String>, Vec<u8>) {
                     rng.random_range(30..80u64)
                 };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
-                for input in random_inputs(&mut rng, nodes) {
+                let inputs = random_inputs(&mut rng, nodes);
+                if batched && inputs.len() > 1 {
+                    let mut node = None;
+                    let observations = inputs
+                        .into_iter()
+                        .filter_map(|input| match input {
+                            Input::Observation {
+                                node: n,
+                                observation,
+                            } => {
+                                node = Some(n);
+                                Some(observation)
+                            }
+                            Input::Command(_) => None,
+                        })
+                        .collect();
+                    if let Some(node) = node {
+                        let _ = gate.observe_all(node, observations).await;
+                    }
+                    continue;
+                }
+                for input in inputs {
                     // Refusals are part of the story; they change nothing.
                     let _ = gate.submit(gate.clock().now(), input).await;
                 }
@@ -140,8 +164,10 @@ fn random_live_runs_replay_from_their_recordings_event_for_event() {
     let config = config(&NODES, 40, OnReadinessLost::Wait, Some(90));
     let mut compared = 0;
     let mut ready = 0;
-    for seed in 0..8 {
-        let (live, recording) = live_run(seed);
+    // Half the runs send the facts that come together as one input, as an
+    // agent frame does (`Gate::observe_all`).
+    for (seed, batched) in (0..12).map(|seed| (seed, seed % 2 == 1)) {
+        let (live, recording) = live_run(seed, batched);
         let mut replayed = Vec::new();
         replay::run(&config, &recording[..], |event| {
             replayed.push(json_line(event));

@@ -282,8 +282,10 @@ impl Gate {
     /// Feeds several observations of one node as one input: applied in
     /// order, at one instant, in one trip to the node's actor (what one
     /// agent frame says: its SWIM identity, its identity material, its
-    /// fault, its availability). One outcome each; the node not a
-    /// candidate: none applied, each `NotCandidate`.
+    /// fault, its availability). One outcome each: the node not a
+    /// candidate, none applied, each `NotCandidate` (and counted, as one
+    /// at a time would be); its actor failing part way, the rest
+    /// `Failed`.
     pub async fn observe_all(
         &self,
         node: NodeId,
@@ -294,14 +296,26 @@ impl Gate {
         }
         let at = self.clock.now();
         let count = observations.len();
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // Ignored observations are counted each, as one at a time would be.
         let Some(addr) = self.router.route(&node) else {
-            self.not_candidate(&node);
+            for _ in 0..count {
+                self.not_candidate(&node);
+            }
             return Ok(vec![Outcome::NotCandidate; count]);
         };
         match addr.send(ApplyObservations { at, observations }).await {
-            Ok(outcomes) => Ok(outcomes),
+            Ok(mut outcomes) => {
+                // The actor failed part way: the rest was not applied.
+                outcomes.resize(count, Outcome::Failed);
+                Ok(outcomes)
+            }
             Err(_) => {
-                IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                for _ in 0..count {
+                    IgnoredCounts::bump(&self.router.ignored.non_candidate);
+                }
                 Ok(vec![Outcome::NotCandidate; count])
             }
         }

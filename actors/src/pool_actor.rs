@@ -246,7 +246,13 @@ impl PoolActor {
         ctx.wait(write.into_actor(self).map(move |joined, act, ctx| {
             let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
             act.saved(&state, &result);
+            let stored = result.is_ok();
             then(act, ctx, result);
+            if stored && act.has_released() {
+                // Epochs held back for an earlier failed write are stored
+                // now: told at once, not at the next input.
+                act.flush(ctx);
+            }
         }));
     }
 
@@ -298,20 +304,36 @@ impl PoolActor {
         self.out = told;
     }
 
-    /// After a write succeeded again: the events held back for it go out.
-    fn release_untold(&mut self, ctx: &mut Context<Self>) {
-        if self.untold.is_empty() {
+    /// Whether events held back are now stored (a later write, whatever
+    /// made it, stored their epoch).
+    fn has_released(&self) -> bool {
+        let stored = self.stored_epoch.unwrap_or(0);
+        self.untold
+            .iter()
+            .any(|e| untold_epoch(e).is_some_and(|epoch| epoch.0 <= stored))
+    }
+
+    /// Puts the events held back whose epoch is stored now ahead of what
+    /// goes out (they happened first); a `pool_ready` is ready for
+    /// planning from now on, not from when it was held.
+    fn release_stored(&mut self) {
+        let Some(stored) = self.stored_epoch else {
+            return;
+        };
+        if !self.has_released() {
             return;
         }
         let now = self.clock.now();
-        for mut event in std::mem::take(&mut self.untold) {
-            if let Event::PoolReady { at, .. } = &mut event {
-                // Ready for planning from now on, not before.
+        let (mut due, held): (Vec<Event>, Vec<Event>) = std::mem::take(&mut self.untold)
+            .into_iter()
+            .partition(|e| untold_epoch(e).is_some_and(|epoch| epoch.0 <= stored));
+        self.untold = held;
+        for event in &mut due {
+            if let Event::PoolReady { at, .. } = event {
                 *at = now;
             }
-            self.out.push(event);
         }
-        self.flush(ctx);
+        self.out.splice(0..0, due);
     }
 
     fn start_node(&mut self, ctx: &mut Context<Self>, node: NodeId, key: SlotKey) {
@@ -379,6 +401,7 @@ impl PoolActor {
 
     /// The rest of [`PoolActor::flush`], once what must be stored is.
     fn publish_out(&mut self, ctx: &mut Context<Self>) {
+        self.release_stored();
         self.hold_untold();
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
@@ -480,11 +503,8 @@ impl Actor for PoolActor {
         if self.store.is_some() {
             ctx.run_interval(SAVE_RETRY, |act, ctx| {
                 if act.save_failing {
-                    act.save_then(ctx, |act, ctx, saved| {
-                        if saved.is_ok() {
-                            act.release_untold(ctx);
-                        }
-                    });
+                    // A write that succeeds releases what it stored.
+                    act.save_then(ctx, |_, _, _| {});
                 }
             });
         }

@@ -73,8 +73,8 @@ pub struct DurableRun {
 
 /// A commit [`PoolGate::admit_commit`] admitted: what
 /// [`PoolGate::commit_admitted`] commits and [`PoolGate::durable_with`]
-/// stores, computed once.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// stores, computed once. Not `Clone`: one admission, one commit.
+#[derive(Debug, PartialEq, Eq)]
 pub struct AdmittedCommit {
     /// The required nodes as the plan gave them.
     required: Vec<NodeId>,
@@ -458,12 +458,24 @@ impl PoolGate {
         let AdmittedCommit {
             required, stored, ..
         } = admitted;
+        // Admitted by this gate for its run on its current epoch, or not
+        // at all (an admission kept past its moment, or another gate's).
+        let current = self.readiness.ready_epoch();
         let ActiveRun::Planning(guard) = &mut self.run else {
             return Err(Refusal::NotPlanning {
                 run: stored.run,
                 state: "committed",
             });
         };
+        if guard.run() != &stored.run {
+            return Err(Refusal::UnknownRun(stored.run));
+        }
+        if current != Some(stored.epoch) {
+            return Err(Refusal::StaleEpoch {
+                given: stored.epoch,
+                current,
+            });
+        }
         guard.commit(at, required, stored.epoch, out)?;
         let ActiveRun::Planning(guard) = std::mem::replace(&mut self.run, ActiveRun::None) else {
             unreachable!("the run was planning a line above");
@@ -903,5 +915,116 @@ mod tests {
             ]
         );
         assert_eq!(h.gate.active_run(), None);
+    }
+
+    #[test]
+    fn an_admission_kept_past_its_run_does_not_commit_the_next_run() {
+        // Adversary finding: an admission of r1 kept while r1 was committed
+        // (by another admission) and finished, then used once r2 planned on
+        // the same epoch, committed r2 under r1's stored record.
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r1"), None, t(101), &mut h.out).unwrap();
+        let kept = h
+            .gate
+            .admit_commit(&run("r1"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        let admitted = h
+            .gate
+            .admit_commit(&run("r1"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        h.gate
+            .commit_admitted(admitted, t(102), &mut h.out)
+            .unwrap();
+        h.gate.run_ended(&run("r1"));
+        h.gate.begin(run("r2"), None, t(103), &mut h.out).unwrap();
+        h.out.clear();
+        let result = h.gate.commit_admitted(kept, t(104), &mut h.out);
+        assert_eq!(result.err(), Some(Refusal::UnknownRun(run("r1"))));
+        assert!(h.out.is_empty(), "nothing told: {:?}", h.out);
+        assert_eq!(h.gate.active_run(), Some(&run("r2")));
+    }
+
+    #[test]
+    fn an_admission_from_another_gate_does_not_commit_this_gates_run() {
+        let mut g1 = Harness::ready_at_100(None);
+        g1.gate.begin(run("r1"), None, t(101), &mut g1.out).unwrap();
+        let foreign = g1
+            .gate
+            .admit_commit(&run("r1"), vec![node("a")], None, t(102), &mut g1.out)
+            .unwrap();
+        let mut g2 = Harness::ready_at_100(None);
+        g2.gate
+            .begin(run("other"), None, t(101), &mut g2.out)
+            .unwrap();
+        g2.out.clear();
+        let result = g2.gate.commit_admitted(foreign, t(102), &mut g2.out);
+        assert!(
+            result.is_err(),
+            "g1's admission of r1 must not commit g2's run 'other'"
+        );
+    }
+
+    #[test]
+    fn an_admission_from_before_readiness_came_back_at_a_new_epoch_is_refused() {
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r1"), None, t(101), &mut h.out).unwrap();
+        let admitted = h
+            .gate
+            .admit_commit(&run("r1"), vec![node("a")], None, t(102), &mut h.out)
+            .unwrap();
+        // a's identity rotates: readiness lost, suspended, ready again at 2.
+        let material = IdentityMaterial::new(b"rotated".to_vec()).unwrap();
+        h.observe(103, "a", Observation::Identity(material.fingerprint()));
+        h.gate.on_deadline(t(203), &mut h.out);
+        assert_eq!(h.gate.readiness().ready_epoch(), Some(Epoch(2)));
+        let result = h.gate.commit_admitted(admitted, t(204), &mut h.out);
+        assert!(result.is_err(), "{:?}", result.map(|g| g.run().clone()));
+    }
+
+    #[test]
+    fn the_stored_commit_matches_the_guard_and_the_epochs_fingerprints() {
+        let mut h = Harness::new(None);
+        h.make_ready(0, "a", 1);
+        h.make_ready(0, "b", 1);
+        h.gate.on_deadline(t(100), &mut h.out);
+        let fps = h
+            .out
+            .iter()
+            .find_map(|e| match e {
+                Event::PoolReady { fingerprints, .. } => Some(fingerprints.clone()),
+                _ => None,
+            })
+            .unwrap();
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        let admitted = h
+            .gate
+            .admit_commit(
+                &run("r"),
+                vec![node("b"), node("a"), node("b")],
+                None,
+                t(102),
+                &mut h.out,
+            )
+            .unwrap();
+        let stored = h.gate.durable_with(&admitted).run.unwrap();
+        h.out.clear();
+        let guard = h
+            .gate
+            .commit_admitted(admitted, t(102), &mut h.out)
+            .unwrap();
+        let told = h
+            .out
+            .iter()
+            .find_map(|e| match e {
+                Event::RunCommitted { required, .. } => Some(required.clone()),
+                _ => None,
+            })
+            .unwrap();
+        let stored_nodes: Vec<NodeId> = stored.required.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(stored_nodes, guard.required_sorted());
+        assert_eq!(stored_nodes, told);
+        for (n, fp) in &stored.required {
+            assert_eq!(fps.get(n).copied(), *fp, "{n}");
+        }
     }
 }
