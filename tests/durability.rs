@@ -259,13 +259,7 @@ fn a_commit_is_durable_before_it_is_told_and_survives_a_crash_right_after() {
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, proof) = planning_r1(&gate).await;
             // A failed write refuses the commit; the run is still planning.
             *store.failing.lock().unwrap() = true;
             let refused = gate
@@ -558,13 +552,7 @@ fn a_runs_end_whose_write_failed_is_written_once_the_store_is_back() {
         let store = Arc::clone(&store);
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, proof) = planning_r1(&gate).await;
             gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await
                 .unwrap();
@@ -608,13 +596,7 @@ fn state_writes_run_off_the_actors_thread() {
                 restore_grace: std::time::Duration::from_secs(5),
             });
             let gate = Gate::start(settings);
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, proof) = planning_r1(&gate).await;
             gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await
                 .unwrap();
@@ -640,13 +622,7 @@ fn an_epoch_held_back_is_told_once_a_commits_write_stores_it() {
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, _) = planning_r1(&gate).await;
             *store.failing.lock().unwrap() = true;
             swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
             swim(&gate, "a", poolgate::core::SwimState::Alive, 2).await;
@@ -694,20 +670,14 @@ fn an_epoch_held_back_is_told_once_a_commits_write_stores_it() {
 }
 
 #[test]
-fn an_epoch_held_back_is_told_once_a_runs_end_stores_it() {
+fn an_epoch_held_back_is_told_once_a_runs_end_stores_it_and_never_after_it_ended() {
     let store = Arc::new(Recorder::default());
     on_virtual_time({
         let store = Arc::clone(&store);
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, proof) = planning_r1(&gate).await;
             gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await
                 .unwrap();
@@ -741,36 +711,6 @@ fn an_epoch_held_back_is_told_once_a_runs_end_stores_it() {
                 )),
                 "epoch 2 is stored, yet pool_ready(2) is never told: {got:?}"
             );
-        }
-    });
-}
-
-#[test]
-fn an_epoch_held_back_is_never_told_after_it_ended() {
-    let store = Arc::new(Recorder::default());
-    on_virtual_time({
-        let store = Arc::clone(&store);
-        async move {
-            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
-            let mut events = gate.subscribe();
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
-            *store.failing.lock().unwrap() = true;
-            swim(&gate, "b", poolgate::core::SwimState::Suspect, 1).await;
-            swim(&gate, "b", poolgate::core::SwimState::Alive, 2).await;
-            advance_to(&gate, now_ms(&gate) + 1100).await;
-            *store.failing.lock().unwrap() = false;
-            gate.finish_run(run.clone()).await.unwrap();
-            advance_to(&gate, now_ms(&gate) + 3000).await;
-            let _ = drain(&mut events);
             // Epoch 2 ends (told), then epoch 3's write fails, then succeeds.
             swim(&gate, "b", poolgate::core::SwimState::Suspect, 2).await;
             *store.failing.lock().unwrap() = true;
@@ -813,6 +753,10 @@ fn an_epoch_held_back_is_never_told_after_it_ended() {
                 !(lost2.is_some() && ready2 > lost2),
                 "pool_ready(2) told after readiness_lost(2): {told:?}"
             );
+            assert!(
+                told.iter().any(|t| t.starts_with("pool_ready(3)")),
+                "epoch 3 told once stored: {told:?}"
+            );
         }
     });
 }
@@ -825,13 +769,7 @@ fn inputs_that_change_nothing_stored_write_nothing() {
         let store = Arc::clone(&store);
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
-            make_ready(&gate, "a").await;
-            make_ready(&gate, "b").await;
-            let proof = gate.wait_ready().await.unwrap();
-            let run = RunId::new("r1").unwrap();
-            gate.begin_planning(run.clone(), Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, proof) = planning_r1(&gate).await;
             gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await
                 .unwrap();
@@ -849,4 +787,16 @@ fn inputs_that_change_nothing_stored_write_nothing() {
             assert!(after - before <= 1);
         }
     });
+}
+
+/// Makes `a` and `b` ready and plans `r1` on the first epoch.
+async fn planning_r1(gate: &Gate) -> (RunId, poolgate::ReadyProof) {
+    make_ready(gate, "a").await;
+    make_ready(gate, "b").await;
+    let proof = gate.wait_ready().await.unwrap();
+    let run = RunId::new("r1").unwrap();
+    gate.begin_planning(run.clone(), Some(proof.epoch))
+        .await
+        .unwrap();
+    (run, proof)
 }
