@@ -623,22 +623,7 @@ fn an_epoch_held_back_is_told_once_a_commits_write_stores_it() {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
             let (run, _) = planning_r1(&gate).await;
-            *store.failing.lock().unwrap() = true;
-            swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
-            swim(&gate, "a", poolgate::core::SwimState::Alive, 2).await;
-            advance_to(&gate, now_ms(&gate) + 1100).await;
-            let before = drain(&mut events);
-            assert!(
-                !before.iter().any(|e| matches!(
-                    e,
-                    Event::PoolReady {
-                        epoch: Epoch(2),
-                        ..
-                    }
-                )),
-                "{before:?}"
-            );
-            *store.failing.lock().unwrap() = false;
+            hold_back_epoch_2(&gate, &store, &mut events, "a").await;
             gate.commit_plan(run.clone(), vec![node("a")], None)
                 .await
                 .unwrap();
@@ -681,23 +666,7 @@ fn an_epoch_held_back_is_told_once_a_runs_end_stores_it_and_never_after_it_ended
             gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await
                 .unwrap();
-            *store.failing.lock().unwrap() = true;
-            // b is not required: readiness lost at 1, back at 2 (write fails).
-            swim(&gate, "b", poolgate::core::SwimState::Suspect, 1).await;
-            swim(&gate, "b", poolgate::core::SwimState::Alive, 2).await;
-            advance_to(&gate, now_ms(&gate) + 1100).await;
-            let before = drain(&mut events);
-            assert!(
-                !before.iter().any(|e| matches!(
-                    e,
-                    Event::PoolReady {
-                        epoch: Epoch(2),
-                        ..
-                    }
-                )),
-                "{before:?}"
-            );
-            *store.failing.lock().unwrap() = false;
+            hold_back_epoch_2(&gate, &store, &mut events, "b").await;
             gate.finish_run(run.clone()).await.unwrap();
             advance_to(&gate, now_ms(&gate) + 5000).await;
             let got = drain(&mut events);
@@ -799,4 +768,30 @@ async fn planning_r1(gate: &Gate) -> (RunId, poolgate::ReadyProof) {
         .await
         .unwrap();
     (run, proof)
+}
+
+/// Node `node` suspected then alive again while every write fails: epoch
+/// 2 is held back, not told; then the store works again.
+async fn hold_back_epoch_2(
+    gate: &Gate,
+    store: &Recorder,
+    events: &mut poolgate::EventStream,
+    node: &str,
+) {
+    *store.failing.lock().unwrap() = true;
+    swim(gate, node, poolgate::core::SwimState::Suspect, 1).await;
+    swim(gate, node, poolgate::core::SwimState::Alive, 2).await;
+    advance_to(gate, now_ms(gate) + 1100).await;
+    let before = drain(events);
+    assert!(
+        !before.iter().any(|e| matches!(
+            e,
+            Event::PoolReady {
+                epoch: Epoch(2),
+                ..
+            }
+        )),
+        "told before stored: {before:?}"
+    );
+    *store.failing.lock().unwrap() = false;
 }

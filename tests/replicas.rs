@@ -551,18 +551,7 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("warm");
     live_for(Duration::from_secs(60), async {
-        let mut plan = common::live::plan(
-            "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
-             [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
-            1,
-        );
-        plan.external_orchestrator = true;
-        let mut cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
-            .await
-            .unwrap();
-        let mut first = cluster.config.clone();
-        first.state.etcd = vec![server.endpoint.clone()];
-        first.state.lease = Duration::from_secs(2);
+        let (mut cluster, first) = one_node_cluster_on(&server).await;
         let mut second = first.clone();
         let free = |_| {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -624,6 +613,26 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
         b.resign();
         cluster.kill(0);
     });
+}
+
+/// One real node process's files on 127.0.0.1 (not started yet) and a
+/// replica config for it on `server` (the 2 s lease).
+async fn one_node_cluster_on(
+    server: &etcd::Etcd,
+) -> (poolgate::live::cluster::LocalCluster, Config) {
+    let mut plan = common::live::plan(
+        "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
+         [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
+        1,
+    );
+    plan.external_orchestrator = true;
+    let cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
+        .await
+        .unwrap();
+    let mut config = cluster.config.clone();
+    config.state.etcd = vec![server.endpoint.clone()];
+    config.state.lease = Duration::from_secs(2);
+    (cluster, config)
 }
 
 /// The first line of the file at `path` that holds `needle`, once it is
@@ -734,18 +743,7 @@ fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_me
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("warm-registry");
     live_for(Duration::from_secs(90), async {
-        let mut plan = common::live::plan(
-            "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
-             [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
-            1,
-        );
-        plan.external_orchestrator = true;
-        let mut cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
-            .await
-            .unwrap();
-        let mut config = cluster.config.clone();
-        config.state.etcd = vec![server.endpoint.clone()];
-        config.state.lease = Duration::from_secs(2);
+        let (mut cluster, config) = one_node_cluster_on(&server).await;
         let node1 = common::node("node-1");
         let mut b = Replica::start(&config).unwrap();
         let live = b.lead(None).await.unwrap();
