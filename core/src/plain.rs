@@ -44,7 +44,8 @@ impl PlainMembership {
     /// incarnation it admits; `None` when there is nothing to tell: the
     /// state it last said, or a suspicion of a node never seen alive or
     /// said down (the gate would ignore it: the node is not ready either
-    /// way).
+    /// way). The state counts as said once this returns: an update the
+    /// gate did not take (it had stopped) is not handed out again.
     pub fn update(&mut self, node: NodeId, state: SwimState) -> Option<MembershipUpdate> {
         let incarnation = match self.said.get(&node).copied() {
             None => match state {
