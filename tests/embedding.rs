@@ -1,6 +1,8 @@
 //! The library as an embedder meets it (issue 21): what it does around
 //! the edges of an actix `System`.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -76,7 +78,7 @@ fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
     // A replica frozen past its lease (SIGSTOP) wakes with its gate's
     // timers due and frames in its sockets: nothing may be published or
     // taken before its own leadership check notices.
-    use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, SwimState};
+    use poolgate::core::{AgentReport, NodeId};
     use std::sync::atomic::AtomicBool;
     let config = Config::parse(
         "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n",
@@ -90,20 +92,7 @@ fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
         gate.fence_with(move || fence.load(Ordering::SeqCst));
         let mut events = gate.subscribe();
         let node = NodeId::new("node-1").unwrap();
-        gate.registry(RegistryFact::Known { node: node.clone() })
-            .await
-            .unwrap();
-        gate.membership(MembershipUpdate {
-            node: node.clone(),
-            state: SwimState::Alive,
-            incarnation: 1,
-        })
-        .await
-        .unwrap();
-        gate.agent(AgentReport::Available { node: node.clone() })
-            .await
-            .unwrap();
-        gate.identity(node.clone(), b"key".to_vec()).await.unwrap();
+        common::make_ready(&gate, "node-1").await;
         // The window is running; the leadership ends before it is over.
         leads.store(false, Ordering::SeqCst);
         // The window's end would publish pool_ready: the stream ends instead.

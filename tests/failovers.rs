@@ -103,16 +103,13 @@ fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
 }
 
 fn config(endpoint: &str) -> Config {
-    Config::parse(
-        &format!(
-            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"failovers\"\n\
-             [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"10s\"\n"
-        ),
-        "config.toml",
+    etcd::replica_config(
+        &[endpoint.to_string()],
+        "failovers",
+        "20ms",
+        "2s",
+        "restore_grace = \"10s\"\n",
     )
-    .expect("config")
 }
 
 /// What one term did.

@@ -34,17 +34,7 @@ fn config(endpoint: &str, extra: &str) -> Config {
 }
 
 fn config_of(endpoints: &[String], extra: &str, lease: &str) -> Config {
-    let endpoint = endpoints.join("\", \"");
-    Config::parse(
-        &format!(
-            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"replicas\"\n\
-             [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\n{extra}"
-        ),
-        "config.toml",
-    )
-    .expect("config")
+    etcd::replica_config(endpoints, "replicas", "50ms", lease, extra)
 }
 
 /// Leads with whichever of `a` and `b` wins; which one it was.

@@ -202,13 +202,10 @@ impl PoolActor {
 
     /// Writes the durable state (epochs, active run), if there is a store.
     fn save(&mut self) -> Result<(), StoreError> {
-        let Some(store) = &self.store else {
+        let Some(store) = self.store.clone() else {
             return Ok(());
         };
-        let state = self
-            .core
-            .take_durable_change()
-            .unwrap_or_else(|| self.core.durable());
+        let state = self.state_to_write();
         let result = store.save(&state);
         self.saved(&state, &result);
         result
@@ -223,12 +220,16 @@ impl PoolActor {
         ctx: &mut Context<Self>,
         then: impl FnOnce(&mut Self, &mut Context<Self>, Result<(), StoreError>) + 'static,
     ) {
-        // Written whether or not it changed (a retry after a failed write).
-        let state = self
-            .core
-            .take_durable_change()
-            .unwrap_or_else(|| self.core.durable());
+        let state = self.state_to_write();
         self.write_then(ctx, state, then);
+    }
+
+    /// The durable state to write now, whether or not it changed (a retry
+    /// after a failed write), handed out as the core's change.
+    fn state_to_write(&mut self) -> Durable {
+        self.core
+            .take_durable_change()
+            .unwrap_or_else(|| self.core.durable())
     }
 
     /// As [`PoolActor::save_then`], writing `state`.
@@ -307,26 +308,26 @@ impl PoolActor {
     /// Whether events held back are now stored (a later write, whatever
     /// made it, stored their epoch).
     fn has_released(&self) -> bool {
+        self.untold.iter().any(|e| self.is_stored(e))
+    }
+
+    /// Whether the epoch `event` tells is in the store.
+    fn is_stored(&self, event: &Event) -> bool {
         let stored = self.stored_epoch.unwrap_or(0);
-        self.untold
-            .iter()
-            .any(|e| untold_epoch(e).is_some_and(|epoch| epoch.0 <= stored))
+        untold_epoch(event).is_some_and(|epoch| epoch.0 <= stored)
     }
 
     /// Puts the events held back whose epoch is stored now ahead of what
     /// goes out (they happened first); a `pool_ready` is ready for
     /// planning from now on, not from when it was held.
     fn release_stored(&mut self) {
-        let Some(stored) = self.stored_epoch else {
-            return;
-        };
         if !self.has_released() {
             return;
         }
         let now = self.clock.now();
         let (mut due, held): (Vec<Event>, Vec<Event>) = std::mem::take(&mut self.untold)
             .into_iter()
-            .partition(|e| untold_epoch(e).is_some_and(|epoch| epoch.0 <= stored));
+            .partition(|e| self.is_stored(e));
         self.untold = held;
         for event in &mut due {
             if let Event::PoolReady { at, .. } = event {

@@ -28,6 +28,9 @@ pub struct Publisher {
     inner: Arc<Mutex<Subscribers>>,
     /// While it says no, nothing is published (and the publisher closes).
     fence: Arc<std::sync::OnceLock<Fence>>,
+    /// Closed ([`Publisher::close`]): nothing is published any more. An
+    /// atomic, read on every input without taking the subscribers' lock.
+    closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Whether the gate may still act (a replica's leadership, SPEC §12).
@@ -38,6 +41,10 @@ impl std::fmt::Debug for Publisher {
         f.debug_struct("Publisher")
             .field("inner", &self.inner)
             .field("fenced", &self.fence.get().is_some())
+            .field(
+                "closed",
+                &self.closed.load(std::sync::atomic::Ordering::Acquire),
+            )
             .finish()
     }
 }
@@ -48,8 +55,6 @@ struct Subscribers {
     /// Until the first subscription: what it will start with.
     before_first: Option<Vec<Event>>,
     subscribed: bool,
-    /// Closed ([`Publisher::close`]): nothing is published any more.
-    closed: bool,
 }
 
 #[derive(Debug)]
@@ -100,7 +105,9 @@ impl Publisher {
         for event in backlog {
             subscriber.offer(event);
         }
-        inner.add(subscriber);
+        if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            inner.add(subscriber);
+        }
         stream
     }
 
@@ -108,7 +115,10 @@ impl Publisher {
     /// own waits, which must not take the first subscriber's backlog).
     pub(crate) fn subscribe_from_now(&self) -> EventStream {
         let (stream, subscriber) = channel();
-        self.lock().add(subscriber);
+        let mut inner = self.lock();
+        if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            inner.add(subscriber);
+        }
         stream
     }
 
@@ -126,8 +136,11 @@ impl Publisher {
     /// Publishes nothing from now on and ends every subscription (their
     /// `recv` gives `None` once drained): the gate stopped acting.
     pub fn close(&self) {
+        // Set before the lock is taken: a subscription made under the lock
+        // after this sees it and is not kept.
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
         let mut inner = self.lock();
-        inner.closed = true;
         inner.live.clear();
         inner.before_first = None;
     }
@@ -140,7 +153,7 @@ impl Publisher {
 
     /// Whether [`Publisher::close`] was called, or the fence said no.
     pub fn is_closed(&self) -> bool {
-        if self.lock().closed {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return true;
         }
         if self.fence.get().is_some_and(|fence| !fence()) {
@@ -154,14 +167,11 @@ impl Publisher {
         if events.is_empty() {
             return;
         }
-        if self.fence.get().is_some_and(|fence| !fence()) {
-            self.close();
-        }
-        let mut inner = self.lock();
-        if inner.closed {
+        if self.is_closed() {
             events.clear();
             return;
         }
+        let mut inner = self.lock();
         for event in events.drain(..) {
             log_decision(&event);
             if keep && !inner.subscribed {
@@ -191,9 +201,7 @@ impl Subscribers {
     /// pile up.
     fn add(&mut self, subscriber: Subscriber) {
         self.live.retain(|s| !s.tx.is_closed());
-        if !self.closed {
-            self.live.push(subscriber);
-        }
+        self.live.push(subscriber);
     }
 }
 

@@ -320,29 +320,11 @@ impl Orchestrator {
     /// checked against `key`, SWIM facts about it are kept), or a node's
     /// key replaced (its frame sequences start over with the new key).
     pub async fn register(&self, node: NodeId, key: PublicKey) -> Result<(), LiveError> {
-        if self.gate.is_stopped() {
-            return Err(poolgate_actors::GateError::Stopped.into());
-        }
-        let names = {
-            // Under the nodes' lock, as the listener accepts a frame: a
-            // frame of the old key is accepted before the swap or refused
-            // after it, and the old key's sequences go with it (a thief's
-            // 2^64 − 1 does not lock the new key out).
-            let mut nodes = lock(&self.nodes);
-            let mut registry = self
-                .registry
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if registry.insert(node.clone(), key) != Some(key) {
-                nodes.last_seq.remove(&node);
-            }
-            registry.keys().map(|n| n.to_string()).collect()
-        };
-        self.swim.do_send(super::swim::member::OnlyMembers(names));
-        self.gate
-            .registry(poolgate_actors::core::RegistryFact::Known { node })
-            .await?;
-        Ok(())
+        let fact = poolgate_actors::core::RegistryFact::Known { node: node.clone() };
+        self.change_registry(fact, |registry| {
+            registry.insert(node.clone(), key) != Some(key)
+        })
+        .await
     }
 
     /// Forgets `node`, as removing its `[registry]` entry and restarting
@@ -351,28 +333,48 @@ impl Orchestrator {
     /// its next one on (closing its connection), SWIM facts about it are
     /// no longer kept. Forgetting a node not registered changes nothing.
     pub async fn unregister(&self, node: &NodeId) -> Result<(), LiveError> {
+        let fact = poolgate_actors::core::RegistryFact::Forgotten { node: node.clone() };
+        self.change_registry(fact, |registry| registry.remove(node).is_some())
+            .await
+    }
+
+    /// Applies `change` to the registry; if it changed the node's key
+    /// (`true`), drops the node's sequences, keeps SWIM facts of the
+    /// registry's names only and tells the gate `fact`. Under the nodes'
+    /// lock, as the listener accepts a frame: a frame of the old key is
+    /// accepted before the change or refused after it, and the old key's
+    /// sequences go with it (a thief's 2^64 − 1 does not lock a new key
+    /// out).
+    async fn change_registry(
+        &self,
+        fact: poolgate_actors::core::RegistryFact,
+        change: impl FnOnce(&mut std::collections::BTreeMap<NodeId, PublicKey>) -> bool,
+    ) -> Result<(), LiveError> {
         if self.gate.is_stopped() {
             return Err(poolgate_actors::GateError::Stopped.into());
         }
-        let (was, names) = {
+        let node = match &fact {
+            poolgate_actors::core::RegistryFact::Known { node }
+            | poolgate_actors::core::RegistryFact::Forgotten { node } => node.clone(),
+        };
+        let names = {
             let mut nodes = lock(&self.nodes);
             let mut registry = self
                 .registry
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let was = registry.remove(node).is_some();
-            if was {
-                nodes.last_seq.remove(node);
+            if !change(&mut registry) {
+                None
+            } else {
+                nodes.last_seq.remove(&node);
+                Some(registry.keys().map(|n| n.to_string()).collect())
             }
-            (was, registry.keys().map(|n| n.to_string()).collect())
         };
-        if !was {
+        let Some(names) = names else {
             return Ok(());
-        }
+        };
         self.swim.do_send(super::swim::member::OnlyMembers(names));
-        self.gate
-            .registry(poolgate_actors::core::RegistryFact::Forgotten { node: node.clone() })
-            .await?;
+        self.gate.registry(fact).await?;
         Ok(())
     }
 

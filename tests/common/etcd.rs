@@ -242,3 +242,26 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A replica's config over `endpoints`: pool `pool-a` of `node-1`, SWIM
+/// and the agent listener on free loopback ports, cluster `label`, then
+/// `extra` TOML after `[state]`'s etcd and lease.
+pub fn replica_config(
+    endpoints: &[String],
+    label: &str,
+    window: &str,
+    lease: &str,
+    extra: &str,
+) -> poolgate::Config {
+    let endpoint = endpoints.join("\", \"");
+    poolgate::Config::parse(
+        &format!(
+            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"{window}\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\n{extra}"
+        ),
+        "config.toml",
+    )
+    .expect("config")
+}
