@@ -560,20 +560,9 @@ fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
     // committed run to the `watch` replica on another host, which guards
     // it from etcd: the takeover faults nobody, a required node killed
     // afterwards faults the run there.
-    if let Some(why) = etcd::missing() {
-        eprintln!("skipped: {why}");
+    let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
         return;
-    }
-    let Some(rig) = Rig::new(4) else { return };
-    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
-    let options = Options {
-        window: Some(Duration::from_millis(1000)),
-        orchestrator_extra: format!(
-            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
-        ),
-        ..Options::default()
     };
-    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
     let mut leader = deployment.orchestrator(&rig, 1, &["run", "--json", "--", "sleep", "600"]);
     stderr_line(&leader, "leads", Duration::from_secs(10))
         .unwrap_or_else(|| panic!("run did not lead: {}", leader.stderr()));
@@ -638,6 +627,27 @@ fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
         )
         .unwrap_or_else(|| panic!("no run_faulted on the new leader: {:?}", follower.seen()));
     assert_eq!(faulted["reason"], "unavailable");
+}
+
+/// Four hosts: etcd on host-0, two replicas (host-1, host-2, the shipped
+/// 2 s lease, a 15 s restore grace, a 1 s window) and two nodes on host-3;
+/// none skipped without etcd or the rig (one line says why).
+fn replicas_on_the_rig() -> Option<(Rig, Process, Deployment)> {
+    if let Some(why) = etcd::missing() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let rig = Rig::new(4)?;
+    let (etcd, endpoint) = deploy::etcd_on(&rig, 0);
+    let options = Options {
+        window: Some(Duration::from_millis(1000)),
+        orchestrator_extra: format!(
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
+        ),
+        ..Options::default()
+    };
+    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
+    Some((rig, etcd, deployment))
 }
 
 /// SIGKILLs every `poolgate node` process of the deployment's first node.
@@ -772,20 +782,9 @@ fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() 
     // the run's own replica (the only other) takes over and guards the
     // run from etcd; a required node lost then faults it and `run` stops
     // its command (exit 3).
-    if let Some(why) = etcd::missing() {
-        eprintln!("skipped: {why}");
+    let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
         return;
-    }
-    let Some(rig) = Rig::new(4) else { return };
-    let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
-    let options = Options {
-        window: Some(Duration::from_millis(1000)),
-        orchestrator_extra: format!(
-            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
-        ),
-        ..Options::default()
     };
-    let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
     let mut watch = deployment.replica(&rig, 1, &["watch", "--json"]);
     stderr_line(&watch, "this replica leads", Duration::from_secs(10))
         .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));

@@ -308,10 +308,7 @@ async fn watch_replica(
     );
     loop {
         let term = replica.terms() + 1;
-        let term_record = record.map(|path| match term {
-            1 => path.to_path_buf(),
-            n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
-        });
+        let term_record = record.map(|path| term_record_path(path, term));
         let recording = recording(term_record.as_deref())?;
         let live = tokio::select! {
             live = replica.lead(recording) => {
@@ -361,6 +358,15 @@ async fn watch_replica(
                 return Err(e);
             }
         }
+    }
+}
+
+/// Where a replica records its `term`-th term (SPEC §12): `FILE` for the
+/// first, `FILE.n` after.
+fn term_record_path(path: &Path, term: u64) -> std::path::PathBuf {
+    match term {
+        1 => path.to_path_buf(),
+        n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
     }
 }
 
@@ -588,10 +594,7 @@ async fn run_replicated(
     let leading = actix::spawn(async move {
         loop {
             let term = replica.terms() + 1;
-            let file = record.as_ref().map(|path| match term {
-                1 => path.clone(),
-                n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
-            });
+            let file = record.as_deref().map(|path| term_record_path(path, term));
             let recording = match recording(file.as_deref()) {
                 Ok(recording) => recording,
                 Err(e) => return tracing::error!(error = %e, "--record"),

@@ -536,25 +536,19 @@ impl Replica {
             let held = read?;
             self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
             if held.is_none() && (self.seen_written || self.store.written_epoch() > 0) {
-                return Err(LiveError::State(crate::state::StateError {
-                    file: format!("etcd {}", self.etcd.endpoints()),
-                    what: format!(
-                        "{}: empty, though this replica saw it written: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)",
-                        String::from_utf8_lossy(&self.store.key(""))
-                    ),
-                }));
+                return Err(self.wiped(format!(
+                    "{}: empty, though this replica saw it written",
+                    String::from_utf8_lossy(&self.store.key(""))
+                )));
             }
             let restored = held.map(|(d, _)| d).unwrap_or_default();
             if restored.last_epoch < self.seen_epoch {
-                return Err(LiveError::State(crate::state::StateError {
-                    file: format!("etcd {}", self.etcd.endpoints()),
-                    what: format!(
-                        "{}state: holds epoch {} but this replica saw epoch {} stored: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)",
-                        self.store.key("").iter().map(|b| *b as char).collect::<String>(),
-                        restored.last_epoch,
-                        self.seen_epoch
-                    ),
-                }));
+                return Err(self.wiped(format!(
+                    "{}state: holds epoch {} but this replica saw epoch {} stored",
+                    String::from_utf8_lossy(&self.store.key("")),
+                    restored.last_epoch,
+                    self.seen_epoch
+                )));
             }
             self.seen_epoch = restored.last_epoch;
             let mut settings = self.config.gate_settings();
@@ -596,6 +590,15 @@ impl Replica {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The error for a prefix holding less than this replica saw stored:
+    /// `what` was found.
+    fn wiped(&self, what: String) -> LiveError {
+        LiveError::State(crate::state::StateError {
+            file: format!("etcd {}", self.etcd.endpoints()),
+            what: format!("{what}: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)"),
+        })
     }
 
     /// Resolves when the term [`Replica::lead`] began is over: this
