@@ -314,15 +314,19 @@ impl Actor for BareNode {
 impl Actor for BareSink {
     type Context = Context<Self>;
 }
-#[derive(Message)]
-#[rtype(result = "()")]
 struct Ping {
     _at: Time,
     _observation: Observation,
 }
-#[derive(Message)]
-#[rtype(result = "u64")]
+
+impl Message for Ping {
+    type Result = ();
+}
 struct Count;
+
+impl Message for Count {
+    type Result = u64;
+}
 impl Handler<Ping> for BareNode {
     type Result = ();
     fn handle(&mut self, msg: Ping, _ctx: &mut Context<Self>) {

@@ -4,9 +4,10 @@
 //! # Start here
 //!
 //! Depend on it without the command line (`poolgate = { version = "0.1",
-//! default-features = false }`), load a configuration, start the gate
-//! inside an actix `System`, feed it what membership, the registry and the
-//! node agents say, and plan only on the proof it gives:
+//! default-features = false }`; [features](#features) below), load a
+//! configuration, start the gate inside an actix `System`, feed it what
+//! membership, the registry and the node agents say, and plan only on the
+//! proof it gives:
 //!
 //! ```
 //! use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, RunId, SwimState};
@@ -47,38 +48,55 @@
 //!   events; the readiness report.
 //! - `poolgate_actors` (the `actors/` crate): the three actors around the
 //!   core, behind one handle, [`Gate`].
-//! - [`config`]: `config.toml`, checked, with errors that name key and line.
-//! - [`keys`]: key files, cluster keys and pinned public keys (from files
-//!   or bytes).
+//! - [`config`]: `config.toml`, checked, with errors that name key and
+//!   line; the live cluster's sections in `config::cluster` (feature
+//!   `live`).
+//! - [`keys`] (feature `live`): key files, cluster keys and pinned
+//!   public keys (from files or bytes).
 //! - [`state`], [`etcd`]: the durable state (redb, etcd) and the etcd
 //!   client.
 //! - [`replay`]: the gate on a recorded scenario and a virtual clock, with
 //!   its format ([`replay::scenario`]) and its renderers
 //!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
-//! - [`live`]: the live cluster: the SWIM adapter ([`live::swim`]) and the
-//!   demo (`live::demo`).
+//! - [`live`] (feature `live`): the live cluster: the SWIM adapter
+//!   ([`live::swim`]) and the demo (`live::demo`).
 //! - `sim`: thousands of SWIM members in virtual time feeding the real
 //!   gate (`examples/swim_sim.rs`, `tests/simulation.rs`).
 //! - `src/main.rs`: the `poolgate` command line, thin.
 //!
 //! # Features
 //!
-//! - `cli` (default): the `poolgate` binary and what only it needs: the node
-//!   agent (`live::agent`), `watch`/`run` (`live::commands`) and the
-//!   guarded command (`live::guard`), the demo, the local cluster, the
-//!   simulator (`sim`); it brings clap, tracing-subscriber, the Prometheus
-//!   exporter, nix and tokio's `process` and `signal`. An orchestrator that
-//!   embeds the gate and [`live::Orchestrator`] turns it off
-//!   (`default-features = false`).
+//! - `live`: the live cluster: [`live::Orchestrator`] (the gate, a SWIM
+//!   member and the agent listener from one [`Config`]), [`keys`], the
+//!   signed and sealed wire, and the configuration's `[swim]`, `[agents]`,
+//!   `[registry]` and `[demo]` sections. It brings foca, the Ed25519 and
+//!   ChaCha20-Poly1305 crates and socket2. Without it the gate takes its
+//!   membership from the embedder ([`Gate::membership`]) and those
+//!   sections are refused by name.
+//! - `redb` (default): `[state] path`, the durable state in one file.
+//!   `[state] etcd` needs no feature.
+//! - `cli` (default, with `live`, `redb` and `replay`): the `poolgate`
+//!   binary and what only it needs: the node agent (`live::agent`),
+//!   `watch`/`run` (`live::commands`) and the guarded command
+//!   (`live::guard`), the demo, the local cluster, the simulator (`sim`);
+//!   it brings clap, tracing-subscriber, the Prometheus exporter, nix and
+//!   tokio's `process` and `signal`.
 //! - `replay` (part of `cli`): `replay::run` and friends, the gate on a
 //!   scenario and a paused tokio clock (tokio's `test-util`).
+//!
+//! An orchestrator that embeds the gate and [`live::Orchestrator`] depends
+//! on `poolgate = { version = "0.1", default-features = false, features =
+//! ["live"] }`; one that brings its own membership feed leaves `live` out
+//! too.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod etcd;
+#[cfg(feature = "live")]
 pub mod keys;
+#[cfg(feature = "live")]
 pub mod live;
 #[cfg(feature = "replay")]
 pub mod replay;
@@ -86,7 +104,9 @@ pub mod replay;
 pub mod sim;
 pub mod state;
 
-pub use config::{Config, ConfigError, NodeConfig};
+#[cfg(feature = "live")]
+pub use config::NodeConfig;
+pub use config::{Config, ConfigError};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
     Accepted, Clock, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome,

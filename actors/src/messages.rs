@@ -16,7 +16,7 @@ use poolgate_core::{
 };
 
 /// What became of one observation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, actix::MessageResponse)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Outcome {
     /// The node's view changed; the pool was told.
     Changed,
@@ -32,10 +32,34 @@ pub enum Outcome {
     Failed,
 }
 
+/// An answer a handler gives as it is: sent back to the asker, if it
+/// waits (what actix's `MessageResponse` derive writes; the derive needs a
+/// proc-macro crate every embedder would build).
+macro_rules! answered_as_is {
+    ($answer:ty) => {
+        impl<A, M> actix::dev::MessageResponse<A, M> for $answer
+        where
+            A: actix::Actor,
+            M: Message<Result = $answer>,
+        {
+            fn handle(
+                self,
+                _: &mut A::Context,
+                tx: Option<actix::dev::OneshotSender<M::Result>>,
+            ) {
+                if let Some(tx) = tx {
+                    let _ = tx.send(self);
+                }
+            }
+        }
+    };
+}
+
+answered_as_is!(Outcome);
+
 /// Handle → `NodeActor`: apply one observation, stamped with the instant
 /// it entered the gate.
-#[derive(Message, Debug)]
-#[rtype(result = "Outcome")]
+#[derive(Debug)]
 pub struct ApplyObservation {
     /// The instant the observation entered the gate.
     pub at: Time,
@@ -43,10 +67,13 @@ pub struct ApplyObservation {
     pub observation: Observation,
 }
 
+impl Message for ApplyObservation {
+    type Result = Outcome;
+}
+
 /// Handle → `NodeActor`: apply several observations of the node in order,
 /// at one instant (what one agent frame says), in one trip.
-#[derive(Message, Debug)]
-#[rtype(result = "Vec<Outcome>")]
+#[derive(Debug)]
 pub struct ApplyObservations {
     /// The instant they entered the gate.
     pub at: Time,
@@ -54,24 +81,34 @@ pub struct ApplyObservations {
     pub observations: Vec<Observation>,
 }
 
+impl Message for ApplyObservations {
+    type Result = Vec<Outcome>;
+}
+
 /// `PoolActor` → `NodeActor`: re-send the node's verdict to a restarted
 /// pool actor.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Resync {
     /// The instant the pool actor restarted.
     pub at: Time,
 }
 
+impl Message for Resync {
+    type Result = ();
+}
+
 /// `NodeActor` → `PoolActor`: news of one candidate. One message type, so
 /// a node actor holds a single way to its pool.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub enum FromNode {
     /// The node's view changed.
     Changed(NodeChanged),
     /// The node's actor stopped.
     Stopped(NodeActorStopped),
+}
+
+impl Message for FromNode {
+    type Result = ();
 }
 
 /// The node's view changed.
@@ -103,15 +140,17 @@ pub struct NodeActorStopped {
 
 /// The pool actor's own timer: the deadline armed under `generation` is
 /// due.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct TimerDue {
     pub(crate) generation: u64,
 }
 
+impl Message for TimerDue {
+    type Result = ();
+}
+
 /// Handle → `PoolActor`: replace the candidate pool (SPEC §2).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), Refusal>")]
+#[derive(Debug)]
 pub struct DefinePool {
     /// The instant the command entered the gate.
     pub at: Time,
@@ -119,9 +158,12 @@ pub struct DefinePool {
     pub definition: PoolDefinition,
 }
 
+impl Message for DefinePool {
+    type Result = Result<(), Refusal>;
+}
+
 /// Handle → `PoolActor`: begin planning a run on the ready pool (SPEC §3).
-#[derive(Message, Debug)]
-#[rtype(result = "Result<Epoch, Refusal>")]
+#[derive(Debug)]
 pub struct BeginPlanning {
     /// The instant the command entered the gate.
     pub at: Time,
@@ -131,9 +173,12 @@ pub struct BeginPlanning {
     pub epoch: Option<Epoch>,
 }
 
+impl Message for BeginPlanning {
+    type Result = Result<Epoch, Refusal>;
+}
+
 /// Handle → `PoolActor`: commit a run's plan; provisioning begins.
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), Refusal>")]
+#[derive(Debug)]
 pub struct CommitPlan {
     /// The instant the command entered the gate.
     pub at: Time,
@@ -145,10 +190,13 @@ pub struct CommitPlan {
     pub epoch: Option<Epoch>,
 }
 
+impl Message for CommitPlan {
+    type Result = Result<(), Refusal>;
+}
+
 /// Handle → `PoolActor`, and `PoolActor` → `RunActor`: end a committed
 /// run.
-#[derive(Message, Debug)]
-#[rtype(result = "Result<(), Refusal>")]
+#[derive(Debug)]
 pub struct FinishRun {
     /// The instant the command entered the gate.
     pub at: Time,
@@ -156,26 +204,35 @@ pub struct FinishRun {
     pub run: RunId,
 }
 
+impl Message for FinishRun {
+    type Result = Result<(), Refusal>;
+}
+
 /// Handle → `PoolActor`: where does the pool stand?
-#[derive(Message, Debug)]
-#[rtype(result = "PoolReport")]
+#[derive(Debug)]
 pub struct GetReport {
     /// The instant the question was asked.
     pub at: Time,
 }
 
+impl Message for GetReport {
+    type Result = PoolReport;
+}
+
 /// Handle → `PoolActor`: the earliest timer pending (the replay runs the
 /// clock until there is none).
-#[derive(Message, Debug)]
-#[rtype(result = "Option<Time>")]
+#[derive(Debug)]
 pub struct PendingDeadline {
     /// The instant the question was asked.
     pub at: Time,
 }
 
+impl Message for PendingDeadline {
+    type Result = Option<Time>;
+}
+
 /// `PoolActor` → `RunActor`: a node the committed plan requires changed.
-#[derive(Message, Debug)]
-#[rtype(result = "RunStatus")]
+#[derive(Debug)]
 pub struct RequiredNodeChanged {
     /// The instant the change was applied at.
     pub at: Time,
@@ -185,16 +242,23 @@ pub struct RequiredNodeChanged {
     pub change: NodeChange,
 }
 
+impl Message for RequiredNodeChanged {
+    type Result = RunStatus;
+}
+
 /// `PoolActor` → `RunActor`: a restored run's confirmation deadline is due.
-#[derive(Message, Debug)]
-#[rtype(result = "RunStatus")]
+#[derive(Debug)]
 pub struct ConfirmDue {
     /// The deadline.
     pub at: Time,
 }
 
+impl Message for ConfirmDue {
+    type Result = RunStatus;
+}
+
 /// A committed run's answer: whether it goes on.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, actix::MessageResponse)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum RunStatus {
     /// Still provisioning or running.
     Active,
@@ -202,10 +266,11 @@ pub enum RunStatus {
     Ended,
 }
 
+answered_as_is!(RunStatus);
+
 /// Failures a test can inject into a node actor.
 #[cfg(test)]
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
+#[derive(Debug, Clone, Copy)]
 pub enum InjectFault {
     /// Panic inside the handler, where observations are applied.
     Panic,
@@ -213,11 +278,20 @@ pub enum InjectFault {
     Stop,
 }
 
+#[cfg(test)]
+impl Message for InjectFault {
+    type Result = ();
+}
+
 /// Failures a test can inject into the pool actor.
 #[cfg(test)]
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
+#[derive(Debug, Clone, Copy)]
 pub enum InjectPoolFault {
     /// Panic inside a handler, where the core is called.
     Panic,
+}
+
+#[cfg(test)]
+impl Message for InjectPoolFault {
+    type Result = ();
 }

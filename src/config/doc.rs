@@ -1,19 +1,14 @@
 //! The checking of a TOML text: every error names the key and the line
 //! it is on.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use poolgate_actors::core::{NodeId, PoolDefinition, PoolId};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::{label_problem, AgentsConfig, ConfigError, DemoConfig, SwimConfig};
-use crate::keys::PublicKey;
-use crate::live::endpoint::Endpoint;
+use super::ConfigError;
 
 pub(super) type Table<'i> = DeTable<'i>;
 pub(super) type Value<'i> = Spanned<DeValue<'i>>;
@@ -129,136 +124,6 @@ impl<'a> Doc<'a> {
         Ok((duration, span))
     }
 
-    pub(super) fn swim(&self, table: &Table<'_>) -> Result<SwimConfig, ConfigError> {
-        self.only_keys(
-            table,
-            "swim",
-            &[
-                "bind",
-                "advertise",
-                "seeds",
-                "probe_period",
-                "probe_rtt",
-                "suspicion_timeout",
-                "indirect_probes",
-                "cluster_keys",
-                "insecure",
-                "label",
-            ],
-        )?;
-        let mut swim = SwimConfig::default();
-        if let Some(value) = table.get("cluster_keys") {
-            swim.cluster_keys = self
-                .strings(value, "swim.cluster_keys")?
-                .into_iter()
-                .map(PathBuf::from)
-                .collect();
-        }
-        if let Some(value) = table.get("insecure") {
-            swim.insecure = self.boolean(value, "swim.insecure")?;
-        }
-        if let Some(value) = table.get("label") {
-            let (label, span) = self.string(value, "swim.label")?;
-            if let Some(problem) = label_problem(&label) {
-                return Err(self.error(span, "swim.label", problem));
-            }
-            swim.label = label;
-        }
-        if let Some(value) = table.get("bind") {
-            swim.bind = self.socket_addr(value, "swim.bind")?;
-        }
-        match table.get("advertise") {
-            Some(value) => swim.advertise = Some(self.endpoint(value, "swim.advertise")?),
-            None if swim.bind.ip().is_unspecified() => {
-                let span = table.get("bind").map(|v| v.span()).unwrap_or(0..0);
-                return Err(self.error(
-                    span,
-                    "swim.advertise",
-                    format!(
-                        "swim.bind {} is unspecified, so other members cannot reach the address \
-                         it would advertise; set swim.advertise = \"host:port\" to the address \
-                         they reach this member at",
-                        swim.bind
-                    ),
-                ));
-            }
-            None => {}
-        }
-        if let Some(value) = table.get("seeds") {
-            let DeValue::Array(items) = value.get_ref() else {
-                return Err(self.error(
-                    value.span(),
-                    "swim.seeds",
-                    "must be a list of \"host:port\"",
-                ));
-            };
-            swim.seeds = items
-                .iter()
-                .map(|item| self.endpoint(item, "swim.seeds"))
-                .collect::<Result<_, _>>()?;
-        }
-        let timings = &mut swim.timings;
-        let mut rtt_span = None;
-        if let Some(value) = table.get("probe_period") {
-            timings.probe_period = self.duration(value, "swim.probe_period")?.0;
-        }
-        if let Some(value) = table.get("probe_rtt") {
-            let (rtt, span) = self.duration(value, "swim.probe_rtt")?;
-            timings.probe_rtt = rtt;
-            rtt_span = Some(span);
-        }
-        if let Some(value) = table.get("suspicion_timeout") {
-            timings.suspicion_timeout = self.duration(value, "swim.suspicion_timeout")?.0;
-        }
-        if let Some(value) = table.get("indirect_probes") {
-            timings.indirect_probes = self.whole(value, "swim.indirect_probes", 1..=16)? as usize;
-        }
-        if timings.probe_rtt >= timings.probe_period {
-            return Err(self.error(
-                rtt_span.unwrap_or(0..0),
-                "swim.probe_rtt",
-                "must be shorter than swim.probe_period",
-            ));
-        }
-        Ok(swim)
-    }
-
-    pub(super) fn agents(&self, table: &Table<'_>) -> Result<AgentsConfig, ConfigError> {
-        self.only_keys(
-            table,
-            "agents",
-            &["listen", "max_connections", "idle_timeout"],
-        )?;
-        let mut agents = AgentsConfig::default();
-        if let Some(value) = table.get("listen") {
-            agents.listen = self.socket_addr(value, "agents.listen")?;
-        }
-        if let Some(value) = table.get("max_connections") {
-            agents.max_connections =
-                self.whole(value, "agents.max_connections", 1..=1_000_000)? as usize;
-        }
-        if let Some(value) = table.get("idle_timeout") {
-            agents.idle_timeout = self.duration(value, "agents.idle_timeout")?.0;
-        }
-        Ok(agents)
-    }
-
-    pub(super) fn registry(
-        &self,
-        table: &Table<'_>,
-    ) -> Result<BTreeMap<NodeId, PublicKey>, ConfigError> {
-        let mut registry = BTreeMap::new();
-        for (key, value) in table.iter() {
-            let dotted = dotted("registry", key.get_ref());
-            let node =
-                NodeId::new(key.get_ref()).map_err(|e| self.error(key.span(), &dotted, e))?;
-            let (text, span) = self.string(value, &dotted)?;
-            let public = PublicKey::parse(&text).map_err(|e| self.error(span, &dotted, e))?;
-            registry.insert(node, public);
-        }
-        Ok(registry)
-    }
-
     pub(super) fn strings(&self, value: &Value<'_>, key: &str) -> Result<Vec<String>, ConfigError> {
         let DeValue::Array(items) = value.get_ref() else {
             return Err(self.error(value.span(), key, "must be a list of strings"));
@@ -267,83 +132,6 @@ impl<'a> Doc<'a> {
             .iter()
             .map(|item| self.string(item, key).map(|(text, _)| text))
             .collect()
-    }
-
-    pub(super) fn boolean(&self, value: &Value<'_>, key: &str) -> Result<bool, ConfigError> {
-        match value.get_ref() {
-            DeValue::Boolean(b) => Ok(*b),
-            _ => Err(self.error(value.span(), key, "must be true or false")),
-        }
-    }
-
-    pub(super) fn whole(
-        &self,
-        value: &Value<'_>,
-        key: &str,
-        range: std::ops::RangeInclusive<u64>,
-    ) -> Result<u64, ConfigError> {
-        value
-            .get_ref()
-            .as_integer()
-            .and_then(|n| u64::from_str_radix(&n.as_str().replace('_', ""), n.radix()).ok())
-            .filter(|n| range.contains(n))
-            .ok_or_else(|| {
-                self.error(
-                    value.span(),
-                    key,
-                    format!(
-                        "must be a whole number from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                )
-            })
-    }
-
-    pub(super) fn demo(&self, table: &Table<'_>) -> Result<DemoConfig, ConfigError> {
-        self.only_keys(table, "demo", &["nodes", "announce_within", "crash_after"])?;
-        let mut demo = DemoConfig::default();
-        if let Some(value) = table.get("nodes") {
-            let nodes = value
-                .get_ref()
-                .as_integer()
-                .and_then(|n| u32::from_str_radix(&n.as_str().replace('_', ""), n.radix()).ok())
-                .filter(|n| (1..=64).contains(n));
-            demo.nodes = nodes.ok_or_else(|| {
-                self.error(
-                    value.span(),
-                    "demo.nodes",
-                    "must be a whole number from 1 to 64",
-                )
-            })?;
-        }
-        if let Some(value) = table.get("announce_within") {
-            demo.announce_within = self.duration(value, "demo.announce_within")?.0;
-        }
-        if let Some(value) = table.get("crash_after") {
-            demo.crash_after = self.duration(value, "demo.crash_after")?.0;
-        }
-        Ok(demo)
-    }
-
-    pub(super) fn socket_addr(
-        &self,
-        value: &Value<'_>,
-        key: &str,
-    ) -> Result<SocketAddr, ConfigError> {
-        let (text, span) = self.string(value, key)?;
-        text.parse().map_err(|_| {
-            self.error(
-                span,
-                key,
-                format!("`{text}` is not an address like \"127.0.0.1:7946\""),
-            )
-        })
-    }
-
-    pub(super) fn endpoint(&self, value: &Value<'_>, key: &str) -> Result<Endpoint, ConfigError> {
-        let (text, span) = self.string(value, key)?;
-        Endpoint::parse(&text).map_err(|e| self.error(span, key, e))
     }
 
     pub(super) fn members(

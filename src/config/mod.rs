@@ -1,23 +1,34 @@
 //! `config.toml`: the pool, the convergence window and the planning policy
 //! (SPEC §4). Every error names the key and the line it is on.
+//!
+//! - this file: the [`Config`] schema, the gate's sections and `[state]`;
+//! - `doc`: the spanned-TOML checker every section is read through;
+//! - `cluster` (feature `live`): `[swim]`, `[agents]`, `[registry]`,
+//!   `[demo]`;
+//! - `node` (feature `live`): a node agent's `node.toml`;
+//! - [`endpoint`]: `host:port` as an operator writes it.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
+use poolgate_actors::core::{OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
 use poolgate_actors::GateSettings;
 use toml::de::DeTable;
 
-use crate::keys::PublicKey;
-use crate::live::endpoint::Endpoint;
-use crate::live::swim::SwimSettings;
-
+#[cfg(feature = "live")]
+mod cluster;
 mod doc;
+pub mod endpoint;
+#[cfg(feature = "live")]
 mod node;
 
+#[cfg(feature = "live")]
+pub use cluster::{
+    label_problem, AgentsConfig, DemoConfig, Registry, SwimConfig, SwimSettings,
+    DEFAULT_INDIRECT_PROBES,
+};
 use doc::Doc;
+#[cfg(feature = "live")]
 pub use node::{NodeConfig, DEFAULT_HEARTBEAT, HEARTBEATS_MISSED};
 
 /// A checked configuration.
@@ -47,15 +58,19 @@ pub struct Config {
     pub convergence_window: Duration,
     /// `[planning]`: what to do when readiness is lost before commit.
     pub planning: PlanningPolicy,
+    #[cfg(feature = "live")]
     /// `[swim]`: the live SWIM member (optional section).
     pub swim: SwimConfig,
+    #[cfg(feature = "live")]
     /// `[demo]`: the live demonstration (optional section).
     pub demo: DemoConfig,
+    #[cfg(feature = "live")]
     /// `[agents]`: where node agents announce themselves.
     pub agents: AgentsConfig,
+    #[cfg(feature = "live")]
     /// `[registry]`: the nodes the orchestrator knows, each with its pinned
     /// public key (a registry entry is the `known` fact).
-    pub registry: BTreeMap<NodeId, PublicKey>,
+    pub registry: Registry,
     /// `[state]`: where epochs and the active run survive a restart.
     pub state: StateConfig,
 }
@@ -91,93 +106,6 @@ impl Default for StateConfig {
             etcd: Vec::new(),
             lease: DEFAULT_LEASE,
             prefix: None,
-        }
-    }
-}
-
-/// `[agents]`: the orchestrator's agent listener (TCP).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentsConfig {
-    /// `listen`: the address (port 0 picks a free one).
-    pub listen: SocketAddr,
-    /// `max_connections`: connections served at once; more are closed.
-    pub max_connections: usize,
-    /// `idle_timeout`: a connection that sends nothing this long is closed.
-    pub idle_timeout: Duration,
-}
-
-impl Default for AgentsConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7947)),
-            max_connections: 1024,
-            idle_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-/// `[swim]`: where the orchestrator's SWIM member listens, whom it asks to
-/// join, and SWIM's timings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SwimConfig {
-    /// `bind`: the UDP address (port 0 picks a free one).
-    pub bind: SocketAddr,
-    /// `advertise`: the address other members reach this one at, which a
-    /// node's announcements sign; `None` = the bound address (refused when
-    /// that is unspecified, `0.0.0.0` or `::`). Port 0 = the bound port.
-    pub advertise: Option<Endpoint>,
-    /// `seeds`: members to announce to at start (hostnames resolved then,
-    /// and again at every later join).
-    pub seeds: Vec<Endpoint>,
-    /// `probe_period`, `probe_rtt`, `suspicion_timeout`, `indirect_probes`.
-    pub timings: SwimSettings,
-    /// `cluster_keys`: key files of the gossip keyring; the first seals,
-    /// all open (relative paths are from the config file's folder).
-    pub cluster_keys: Vec<PathBuf>,
-    /// Cluster keys given in code rather than files (from an embedder's
-    /// secret store, say; never read from TOML): they come first in the
-    /// keyring, before `cluster_keys`' files, so the first of them seals.
-    pub cluster_key_material: Vec<crate::keys::ClusterKey>,
-    /// `insecure`: run with no cluster keys (gossip in the clear).
-    pub insecure: bool,
-    /// `label`: the cluster's label, sealed into every datagram and signed
-    /// into every announcement.
-    pub label: String,
-}
-
-impl Default for SwimConfig {
-    fn default() -> Self {
-        Self {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            advertise: None,
-            seeds: Vec::new(),
-            timings: SwimSettings::default(),
-            cluster_keys: Vec::new(),
-            cluster_key_material: Vec::new(),
-            insecure: false,
-            label: "poolgate".to_string(),
-        }
-    }
-}
-
-/// `[demo]`: the live demonstration's cluster and its crash.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DemoConfig {
-    /// `nodes`: how many node members to start (1 to 64).
-    pub nodes: u32,
-    /// `announce_within`: each node agent announces itself after a random
-    /// delay up to this.
-    pub announce_within: Duration,
-    /// `crash_after`: how long after commit a required node crashes.
-    pub crash_after: Duration,
-}
-
-impl Default for DemoConfig {
-    fn default() -> Self {
-        Self {
-            nodes: 5,
-            announce_within: Duration::from_millis(800),
-            crash_after: Duration::from_secs(1),
         }
     }
 }
@@ -298,21 +226,35 @@ impl Config {
             }
         }
 
+        #[cfg(not(feature = "live"))]
+        for section in ["swim", "demo", "agents", "registry"] {
+            if let Some((_, span)) = doc.section(root, section)? {
+                return Err(doc.error(
+                    span,
+                    section,
+                    "the live cluster's section needs poolgate built with the `live` feature",
+                ));
+            }
+        }
+        #[cfg(feature = "live")]
         let swim = match doc.section(root, "swim")? {
             Some((table, _)) => doc.swim(table)?,
             None => SwimConfig::default(),
         };
+        #[cfg(feature = "live")]
         let demo = match doc.section(root, "demo")? {
             Some((table, _)) => doc.demo(table)?,
             None => DemoConfig::default(),
         };
+        #[cfg(feature = "live")]
         let agents = match doc.section(root, "agents")? {
             Some((table, _)) => doc.agents(table)?,
             None => AgentsConfig::default(),
         };
+        #[cfg(feature = "live")]
         let registry = match doc.section(root, "registry")? {
             Some((table, _)) => doc.registry(table)?,
-            None => BTreeMap::new(),
+            None => Registry::new(),
         };
         let mut state = StateConfig::default();
         if let Some((table, _)) = doc.section(root, "state")? {
@@ -367,9 +309,13 @@ impl Config {
             pool,
             convergence_window,
             planning: planning_policy,
+            #[cfg(feature = "live")]
             swim,
+            #[cfg(feature = "live")]
             demo,
+            #[cfg(feature = "live")]
             agents,
+            #[cfg(feature = "live")]
             registry,
             state,
         })
@@ -380,6 +326,7 @@ impl Config {
         if let Some(path) = self.state.path.as_mut().filter(|p| p.is_relative()) {
             *path = dir.join(&*path);
         }
+        #[cfg(feature = "live")]
         for path in &mut self.swim.cluster_keys {
             if path.is_relative() {
                 *path = dir.join(&*path);
@@ -451,13 +398,6 @@ fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::St
     })
 }
 
-/// What is wrong with `label` as `[swim] label`, if anything (the one rule
-/// for parsed and built configurations).
-pub fn label_problem(label: &str) -> Option<&'static str> {
-    (label.is_empty() || label.len() > 128 || label.chars().any(char::is_control))
-        .then_some("must be 1 to 128 bytes with no control characters")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,6 +434,18 @@ wait_timeout = "30s"
         assert_eq!(config.planning.wait_timeout, Some(Duration::from_secs(30)));
     }
 
+    #[cfg(not(feature = "live"))]
+    #[test]
+    fn without_the_live_feature_its_sections_are_refused_by_name() {
+        let text = include_str!("../../config.toml");
+        let (_, key, message) = error_of(text);
+        assert_eq!(key, "swim");
+        assert!(message.contains("`live` feature"), "{message}");
+        let (_, key, _) = error_of(&format!("{GOOD}\n[registry]\nnode-1 = \"k\"\n"));
+        assert_eq!(key, "registry");
+    }
+
+    #[cfg(feature = "live")]
     #[test]
     fn the_shipped_config_parses() {
         let text = include_str!("../../config.toml");
@@ -588,6 +540,7 @@ wait_timeout = "30s"
         assert_eq!((line, key.as_str()), (7, "toml"));
     }
 
+    #[cfg(feature = "live")]
     #[test]
     fn swim_and_demo_sections_are_read_and_checked() {
         let text = format!("{GOOD}\n[swim]\nbind = \"127.0.0.1:7946\"\nseeds = [\"127.0.0.1:7947\"]\nprobe_period = \"400ms\"\nprobe_rtt = \"100ms\"\nsuspicion_timeout = \"1s\"\n[demo]\nnodes = 3\ncrash_after = \"2s\"\n");
@@ -620,6 +573,7 @@ wait_timeout = "30s"
         assert_eq!(key, "swim.indirect_probes");
     }
 
+    #[cfg(feature = "live")]
     #[test]
     fn an_unspecified_bind_needs_advertise_and_hostnames_are_accepted() {
         let unspecified = format!("{GOOD}\n[swim]\nbind = \"0.0.0.0:7946\"\n");
@@ -642,8 +596,10 @@ wait_timeout = "30s"
         assert_eq!(key, "swim.advertise");
     }
 
+    #[cfg(feature = "live")]
     const NODE: &str = "[node]\nname = \"node-1\"\nsigning_key = \"k\"\nidentity = \"i\"\n[orchestrator]\nagents = \"orch-1:7947\"\n";
 
+    #[cfg(feature = "live")]
     #[test]
     fn a_node_names_one_orchestrator_or_several_and_a_heartbeat() {
         let one = NodeConfig::parse(NODE, "n").unwrap();

@@ -6,8 +6,8 @@ use std::time::Duration;
 use poolgate_actors::core::NodeId;
 
 use super::doc::Doc;
+use super::endpoint::Endpoint;
 use super::{ConfigError, SwimConfig};
-use crate::live::endpoint::Endpoint;
 use toml::de::{DeTable, DeValue};
 
 /// `node.toml`: one node agent (`poolgate node`, SPEC §7).

@@ -32,7 +32,6 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use super::endpoint::{lookup_all, Endpoint};
 use super::generation::{unix_ms, GenerationFile, Sequences};
 use super::guard;
 use super::keys::NodeKey;
@@ -42,6 +41,7 @@ use super::swim::SwimMember;
 use super::throttle::{Throttle, LOG_EVERY};
 use super::wire::{self, Announcement, Reply};
 use super::LiveError;
+use crate::config::endpoint::{lookup_all, Endpoint};
 use crate::config::{NodeConfig, HEARTBEATS_MISSED};
 use poolgate_actors::core::MAX_IDENTITY_BYTES;
 

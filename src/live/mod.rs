@@ -19,7 +19,7 @@ pub mod cluster;
 pub mod commands;
 #[cfg(feature = "cli")]
 pub mod demo;
-pub mod endpoint;
+pub use crate::config::endpoint;
 pub mod generation;
 #[cfg(feature = "cli")]
 pub mod guard;

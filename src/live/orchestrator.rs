@@ -32,7 +32,6 @@ use rand::SeedableRng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::endpoint::lookup_all;
 use super::generation::{unix_ms, GenerationFile};
 use super::keys::{ClusterKey, PublicKey};
 use super::nodes::Nodes;
@@ -43,6 +42,7 @@ use super::swim::SwimMember;
 use super::throttle::{Throttles, LOG_EVERY};
 use super::wire::{self, Announcement, Keyring, ReadError, Refused, Reply};
 use super::LiveError;
+use crate::config::endpoint::lookup_all;
 use crate::config::{Config, SwimConfig};
 
 /// The orchestrator's live side: gate, SWIM member, agent listener.

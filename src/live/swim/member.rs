@@ -28,7 +28,8 @@ use tokio::net::UdpSocket;
 use super::identity::{with_signed, SwimIdentity};
 use super::tracker::{MembershipTracker, SwimFact, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
-use crate::live::endpoint::Endpoint;
+use crate::config::endpoint::Endpoint;
+pub use crate::config::{SwimSettings, DEFAULT_INDIRECT_PROBES};
 use crate::live::wire::Keyring;
 use crate::live::LiveError;
 
@@ -79,18 +80,6 @@ pub fn advertised(
 
 /// Where membership changes go (the orchestrator's checks, then the gate).
 pub type MembershipSink = Box<dyn FnMut(SwimFact) + Send>;
-
-/// Members asked to probe a silent member before it is suspected. foca's
-/// default is 3; with 3, 1% packet loss made a false suspicion about once
-/// per 125 node-hours in simulation, and SPEC faults a committed run on a
-/// suspicion of a required node (8 false run faults per hour at 1,000
-/// required nodes). With 6: none in 1,000 node-hours (BENCHMARKS.md). But
-/// at 10% UDP loss on the multi-host rig, 6 gave 2 false run faults in 10
-/// minutes over 16 nodes where Serf saw no failure; with 16 (each indirect
-/// path is 4 datagrams, so all 16 fail together about once in 10^7 at 10%
-/// loss): none (BENCHMARKS.md, "Separate hosts"). The extra datagrams go
-/// out only when a direct probe failed.
-pub const DEFAULT_INDIRECT_PROBES: usize = 16;
 
 /// How long after a probe datagram (ping, ack, and the indirect probe's
 /// four) the same sealed bytes go out again. Each probe message is sent
@@ -174,35 +163,6 @@ impl Recent {
             self.since = now;
         }
         self.current.insert(key);
-    }
-}
-
-/// SWIM timings (config `[swim]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SwimSettings {
-    /// How often a random member is probed.
-    pub probe_period: Duration,
-    /// How long to wait for a direct probe reply before asking others.
-    pub probe_rtt: Duration,
-    /// How long a member stays suspect before it is declared down.
-    pub suspicion_timeout: Duration,
-    /// How many members are asked to probe a member that did not answer
-    /// in time, before it is suspected.
-    pub indirect_probes: usize,
-}
-
-/// The defaults are the shipped `config.toml`'s: a member cut off is
-/// suspected 0.6 s after its last answer on average (SWIM's e/(e−1) ×
-/// the probe period), which with the gossip to the orchestrator puts the
-/// rig's isolation → fault median under 1 s (BENCHMARKS.md).
-impl Default for SwimSettings {
-    fn default() -> Self {
-        Self {
-            probe_period: Duration::from_millis(400),
-            probe_rtt: Duration::from_millis(120),
-            suspicion_timeout: Duration::from_secs(2),
-            indirect_probes: DEFAULT_INDIRECT_PROBES,
-        }
     }
 }
 
@@ -569,40 +529,55 @@ fn receive(
 }
 
 /// Announce this member to seeds known by address.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Join {
     /// The seeds' socket addresses.
     pub seeds: Vec<SocketAddr>,
 }
 
+impl Message for Join {
+    type Result = ();
+}
+
 /// A datagram arrived.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Datagram {
     /// Its bytes.
     pub data: Vec<u8>,
 }
 
+impl Message for Datagram {
+    type Result = ();
+}
+
 /// A timer foca asked for is due.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct FocaTimer {
     timer: Timer<SwimIdentity>,
 }
 
+impl Message for FocaTimer {
+    type Result = ();
+}
+
 /// Stop answering at once, as a crashed process would (the socket closes).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Crash;
+
+impl Message for Crash {
+    type Result = ();
+}
 
 /// Replace the gossip keyring (key rotation: add a key everywhere, then
 /// make it first everywhere, then remove the old one).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct SetKeyring {
     /// The new ring.
     pub keyring: Keyring,
+}
+
+impl Message for SetKeyring {
+    type Result = ();
 }
 
 impl Handler<SetKeyring> for SwimMember {
@@ -624,9 +599,12 @@ fn read(keyring: &RwLock<Keyring>) -> std::sync::RwLockReadGuard<'_, Keyring> {
 
 /// Tell `0` this member's generation now and whenever foca renews its
 /// identity (a node signs it in its frames, SPEC §11).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct WatchGeneration(pub tokio::sync::watch::Sender<u64>);
+
+impl Message for WatchGeneration {
+    type Result = ();
+}
 
 impl Handler<WatchGeneration> for SwimMember {
     type Result = ();
@@ -639,9 +617,12 @@ impl Handler<WatchGeneration> for SwimMember {
 
 /// Decide address conflicts by the identities nodes signed (the
 /// orchestrator's member; see [`super::identity::with_signed`]).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct UseSigned(pub super::identity::SignedView);
+
+impl Message for UseSigned {
+    type Result = ();
+}
 
 impl Handler<UseSigned> for SwimMember {
     type Result = ();
@@ -653,9 +634,12 @@ impl Handler<UseSigned> for SwimMember {
 
 /// Keep and report only members of these names (the orchestrator's
 /// registry): a made-up member costs the tracker nothing.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct OnlyMembers(pub std::collections::HashSet<String>);
+
+impl Message for OnlyMembers {
+    type Result = ();
+}
 
 impl Handler<OnlyMembers> for SwimMember {
     type Result = ();
@@ -701,9 +685,12 @@ impl Handler<Attach> for SwimMember {
 
 /// Stops reporting to the gate of attachment `0`; a later attachment's
 /// gate is not touched (a term stopped late does not deafen the next).
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Detach(pub u64);
+
+impl Message for Detach {
+    type Result = ();
+}
 
 impl Handler<Detach> for SwimMember {
     type Result = ();
@@ -717,9 +704,12 @@ impl Handler<Detach> for SwimMember {
 }
 
 /// How many other members this member knows.
-#[derive(Message, Debug)]
-#[rtype(result = "usize")]
+#[derive(Debug)]
 pub struct MemberCount;
+
+impl Message for MemberCount {
+    type Result = usize;
+}
 
 impl Handler<MemberCount> for SwimMember {
     type Result = usize;
@@ -730,9 +720,12 @@ impl Handler<MemberCount> for SwimMember {
 }
 
 /// Leave the cluster gracefully, then stop.
-#[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[derive(Debug)]
 pub struct Leave;
+
+impl Message for Leave {
+    type Result = ();
+}
 
 impl Handler<Join> for SwimMember {
     type Result = ();
