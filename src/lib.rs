@@ -55,9 +55,11 @@
 //!   public keys (from files or bytes).
 //! - [`state`], [`etcd`]: the durable state (redb, etcd) and the etcd
 //!   client.
-//! - [`replay`]: the gate on a recorded scenario and a virtual clock, with
-//!   its format ([`replay::scenario`]) and its renderers
-//!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]).
+//! - [`replay`]: the gate on a recorded scenario and a virtual clock: the
+//!   file's reader ([`replay::scenario`]) and its renderers
+//!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]). The
+//!   records themselves, written by the recording and read here, are
+//!   `poolgate_actors::replay_format`'s.
 //! - [`live`] (feature `live`): the live cluster: the SWIM adapter
 //!   ([`live::swim`]) and the demo (`live::demo`).
 //! - `sim`: thousands of SWIM members in virtual time feeding the real

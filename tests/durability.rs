@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use poolgate::core::{Durable, Epoch, Event, OnReadinessLost, Reason, Refusal, RunId};
+use poolgate::core::{Durable, Epoch, Event, OnReadinessLost, Reason, RunId};
 use poolgate::{DurableSettings, Gate, GateError, GateSettings, StateStore, StoreError};
 
 const CONFIG: &str = r#"
@@ -266,7 +266,7 @@ fn a_commit_is_durable_before_it_is_told_and_survives_a_crash_right_after() {
                 .commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
                 .await;
             assert!(
-                matches!(refused, Err(GateError::Refused(Refusal::NotDurable(_)))),
+                matches!(refused, Err(GateError::NotDurable(_))),
                 "{refused:?}"
             );
             assert_eq!(gate.report().await.unwrap().run, Some(run.clone()));
@@ -337,7 +337,7 @@ fn an_epoch_whose_write_failed_is_not_told_until_it_is_durable() {
             // Nor can planning start on it.
             let refused = gate.begin_planning(RunId::new("r1").unwrap(), None).await;
             assert!(
-                matches!(refused, Err(GateError::Refused(Refusal::NotDurable(_)))),
+                matches!(refused, Err(GateError::NotDurable(_))),
                 "{refused:?}"
             );
             // The disk is back: the epoch is written, then told.

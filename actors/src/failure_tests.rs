@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::Addr;
 
 use crate::clock::Clock;
+use crate::error::GateError;
 use crate::messages::{
     ApplyObservation, BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Outcome,
     TimerDue,
@@ -227,7 +228,10 @@ fn a_restarted_pool_actor_needs_a_fresh_window_and_a_new_epoch() {
             })
             .await
             .unwrap();
-        assert_eq!(refused, Err(Refusal::PoolNotReady));
+        assert!(
+            matches!(refused, Err(GateError::Refused(Refusal::PoolNotReady))),
+            "{refused:?}"
+        );
         // Restarted at 1.001 s: the fresh window ends at 2.001 s.
         gate.advance_to(2002).await;
         assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(2) });

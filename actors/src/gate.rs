@@ -34,51 +34,11 @@ use crate::publisher::Publisher;
 use crate::router::Router;
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{
-    AgentReport, Command, DefinitionError, Epoch, Event, Input, InvalidId, InvalidIdentity,
-    MembershipUpdate, NodeId, Observation, PoolDefinition, PoolId, PoolPhase, PoolReport, Refusal,
-    RegistryFact, RunId, Time,
+    AgentReport, Command, Epoch, Event, Input, MembershipUpdate, NodeId, Observation,
+    PoolDefinition, PoolId, PoolPhase, PoolReport, RegistryFact, RunId, Time,
 };
 
-/// Why the gate refused something. Nothing changed.
-#[derive(Debug, thiserror::Error)]
-pub enum GateError {
-    /// A command was refused by the pool's rules.
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    /// An id is not valid.
-    #[error(transparent)]
-    InvalidId(#[from] InvalidId),
-    /// Identity material is not valid; the node keeps the identity it had.
-    #[error(transparent)]
-    InvalidIdentity(#[from] InvalidIdentity),
-    /// A pool definition is not valid.
-    #[error(transparent)]
-    InvalidPool(#[from] DefinitionError),
-    /// The gate's actors have stopped (the `System` is shutting down).
-    #[error("the gate has stopped")]
-    Stopped,
-    /// The settings are not valid (see [`GateSettings::check`]).
-    #[error("invalid gate settings: {0}")]
-    InvalidSettings(String),
-    /// [`Gate::try_start`] was called outside a running actix `System`.
-    #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
-    NoSystem,
-}
-
-impl GateError {
-    /// A short stable code, as the replay's `rejected` event prints it.
-    pub fn code(&self) -> &'static str {
-        match self {
-            GateError::Refused(e) => e.code(),
-            GateError::InvalidId(_) => "invalid_id",
-            GateError::InvalidIdentity(_) => "invalid_identity",
-            GateError::InvalidPool(_) => "invalid_pool",
-            GateError::Stopped => "stopped",
-            GateError::NoSystem => "no_system",
-            GateError::InvalidSettings(_) => "invalid_settings",
-        }
-    }
-}
+pub use crate::error::GateError;
 
 /// What an accepted input did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -496,9 +456,10 @@ impl Gate {
     }
 
     /// Sends a command to the pool actor; a refusal is counted.
-    async fn ask<M, T>(&self, message: M) -> Result<T, GateError>
+    async fn ask<M, T, E>(&self, message: M) -> Result<T, GateError>
     where
-        M: actix::Message<Result = Result<T, Refusal>> + Send + 'static,
+        M: actix::Message<Result = Result<T, E>> + Send + 'static,
+        E: Into<GateError> + Send + 'static,
         M::Result: Send,
         PoolActor: actix::Handler<M>,
         T: Send + 'static,

@@ -70,6 +70,9 @@
 //! - `clock`, `publisher`, `router`: the clock and timers, the events' way
 //!   out, and which node actor holds which candidate.
 //! - [`telemetry`]: metrics through the `metrics` facade.
+//! - [`recording`], [`replay_format`]: `--record`, and the replay format
+//!   it writes and `poolgate replay` reads (each record type once).
+//! - [`store`]: what a durable gate keeps, and where.
 //!
 //! Data flows one way: handle → node actor → pool actor → run actor; no
 //! actor file imports another's that imports it back.
@@ -78,12 +81,14 @@
 #![deny(missing_docs)]
 
 mod clock;
+mod error;
 pub mod gate;
 mod messages;
 mod node_actor;
 mod pool_actor;
 mod publisher;
 pub mod recording;
+pub mod replay_format;
 mod router;
 mod run_actor;
 pub mod store;
@@ -93,7 +98,8 @@ pub mod telemetry;
 mod failure_tests;
 
 pub use clock::Clock;
-pub use gate::{Accepted, EventStream, Gate, GateError, ReadyProof, TryRecvError, EVENT_QUEUE};
+pub use error::GateError;
+pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
 pub use pool_actor::{duration_problem, GateSettings, MAX_SETTING};
 pub use poolgate_core as core;

@@ -10,6 +10,8 @@
 
 use actix::Message;
 
+use crate::error::GateError;
+
 use poolgate_core::{
     Epoch, NodeChange, NodeDetail, NodeId, Observation, PoolDefinition, PoolReport, Refusal, RunId,
     SlotKey, Time,
@@ -42,11 +44,7 @@ macro_rules! answered_as_is {
             A: actix::Actor,
             M: Message<Result = $answer>,
         {
-            fn handle(
-                self,
-                _: &mut A::Context,
-                tx: Option<actix::dev::OneshotSender<M::Result>>,
-            ) {
+            fn handle(self, _: &mut A::Context, tx: Option<actix::dev::OneshotSender<M::Result>>) {
                 if let Some(tx) = tx {
                     let _ = tx.send(self);
                 }
@@ -174,7 +172,7 @@ pub struct BeginPlanning {
 }
 
 impl Message for BeginPlanning {
-    type Result = Result<Epoch, Refusal>;
+    type Result = Result<Epoch, GateError>;
 }
 
 /// Handle → `PoolActor`: commit a run's plan; provisioning begins.
@@ -191,7 +189,7 @@ pub struct CommitPlan {
 }
 
 impl Message for CommitPlan {
-    type Result = Result<(), Refusal>;
+    type Result = Result<(), GateError>;
 }
 
 /// Handle → `PoolActor`, and `PoolActor` → `RunActor`: end a committed

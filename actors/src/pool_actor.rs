@@ -19,6 +19,7 @@ use actix::{
 };
 
 use crate::clock::{Clock, TimerSlot};
+use crate::error::GateError;
 use crate::messages::{
     BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishRun, FromNode, GetReport,
     NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync, RunStatus,
@@ -693,14 +694,14 @@ impl Handler<DefinePool> for PoolActor {
 }
 
 impl Handler<BeginPlanning> for PoolActor {
-    type Result = Result<Epoch, Refusal>;
+    type Result = Result<Epoch, GateError>;
 
-    fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, Refusal> {
+    fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, GateError> {
         let at = self.applied_at(msg.at);
         let current = self.core.readiness().ready_epoch();
         if let (Some(stored), Some(epoch)) = (self.stored_epoch, current) {
             if epoch.0 > stored {
-                return Err(Refusal::NotDurable(format!(
+                return Err(GateError::NotDurable(format!(
                     "epoch {} is not stored yet",
                     epoch.0
                 )));
@@ -717,12 +718,12 @@ impl Handler<BeginPlanning> for PoolActor {
             recording.command(at, &command);
         }
         self.flush(ctx);
-        result
+        Ok(result?)
     }
 }
 
 impl Handler<CommitPlan> for PoolActor {
-    type Result = AtomicResponse<Self, Result<(), Refusal>>;
+    type Result = AtomicResponse<Self, Result<(), GateError>>;
 
     fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
         let at = self.applied_at(msg.at);
@@ -733,12 +734,12 @@ impl Handler<CommitPlan> for PoolActor {
             Ok(admitted) => admitted,
             Err(refused) => {
                 self.flush(ctx);
-                return AtomicResponse::new(Box::pin(fut::ready(Err(refused))));
+                return AtomicResponse::new(Box::pin(fut::ready(Err(refused.into()))));
             }
         };
         let Some(store) = self.store.clone() else {
             let committed = self.commit_admitted(admitted, at, ctx);
-            return AtomicResponse::new(Box::pin(fut::ready(committed)));
+            return AtomicResponse::new(Box::pin(fut::ready(committed.map_err(Into::into))));
         };
         // Durable before `run_committed` is told (SPEC §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
@@ -753,9 +754,9 @@ impl Handler<CommitPlan> for PoolActor {
                 if let Err(e) = result {
                     tracing::error!(error = %e, run = %admitted.run(), "commit not made durable; refused");
                     act.flush(ctx);
-                    return Err(Refusal::NotDurable(e.to_string()));
+                    return Err(GateError::NotDurable(e.to_string()));
                 }
-                act.commit_admitted(admitted, at, ctx)
+                Ok(act.commit_admitted(admitted, at, ctx)?)
             },
         )))
     }

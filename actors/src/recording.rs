@@ -1,4 +1,5 @@
-//! `--record FILE`: every input the gate applied, in the replay format,
+//! `--record FILE`: every input the gate applied, in the replay format
+//! ([`crate::replay_format`]),
 //! stamped with the millisecond it was applied at (SPEC §9), so that
 //! `poolgate replay FILE` prints exactly the events the live gate
 //! published.
@@ -14,8 +15,9 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use poolgate_core::{Command, Observation, OnReadinessLost, PlanningPolicy, PoolDefinition, Time};
-use serde_json::{json, Value};
+use poolgate_core::{Command, Observation, PlanningPolicy, PoolDefinition, Time};
+
+use crate::replay_format::{write_into, Line};
 
 /// Where applied inputs are written; cheap to clone.
 ///
@@ -34,6 +36,8 @@ struct Sink {
     out: Box<dyn Write + Send>,
     flushed: std::time::Instant,
     closed: bool,
+    /// The line being written, kept from line to line.
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for Recording {
@@ -50,6 +54,7 @@ impl Recording {
                 out,
                 flushed: std::time::Instant::now(),
                 closed: false,
+                scratch: Vec::with_capacity(256),
             })),
         }
     }
@@ -64,25 +69,10 @@ impl Recording {
         pool: &PoolDefinition,
         restored: Option<(&poolgate_core::Durable, std::time::Duration)>,
     ) {
-        let policy_name = match policy.on_readiness_lost {
-            OnReadinessLost::Wait => "wait",
-            OnReadinessLost::Abort => "abort",
-        };
-        self.write(&json!({
-            "at_ms": 0,
-            "type": "settings",
-            "window_ms": window.as_millis() as u64,
-            "on_readiness_lost": policy_name,
-            "wait_timeout_ms": policy.wait_timeout.map(|t| t.as_millis() as u64),
-        }));
+        self.record(0, Some(&Line::settings(window, policy)), true);
         if let Some((durable, grace)) = restored {
             if *durable != poolgate_core::Durable::default() {
-                self.write(&json!({
-                    "at_ms": 0,
-                    "type": "restored",
-                    "durable": durable,
-                    "restore_grace_ms": grace.as_millis() as u64,
-                }));
+                self.record(0, Some(&Line::restored(durable, grace)), true);
             }
         }
         self.command(Time::ZERO, &Command::DefinePool(pool.clone()));
@@ -90,96 +80,32 @@ impl Recording {
 
     /// An observation that changed `node`'s view, applied at `at`.
     pub(crate) fn observation(&self, at: Time, node: &str, observation: &Observation) {
-        let node = quoted(node);
-        let at = at.as_millis();
-        let line = match observation {
-            Observation::Known => format!(r#"{{"at_ms":{at},"type":"known","node":{node}}}"#),
-            Observation::Forgotten => {
-                format!(r#"{{"at_ms":{at},"type":"forgotten","node":{node}}}"#)
-            }
-            Observation::Swim { state, incarnation } => format!(
-                r#"{{"at_ms":{at},"type":"swim","node":{node},"state":"{state}","incarnation":{incarnation}}}"#
-            ),
-            Observation::Available => {
-                format!(r#"{{"at_ms":{at},"type":"available","node":{node}}}"#)
-            }
-            Observation::Unavailable => {
-                format!(r#"{{"at_ms":{at},"type":"unavailable","node":{node}}}"#)
-            }
-            Observation::Identity(fingerprint) => format!(
-                r#"{{"at_ms":{at},"type":"identity","node":{node},"fingerprint":"{}"}}"#,
-                hex::encode(fingerprint.as_bytes())
-            ),
-            Observation::Faulted { reason } => format!(
-                r#"{{"at_ms":{at},"type":"faulted","node":{node},"reason":{}}}"#,
-                quoted(reason.as_str())
-            ),
-            Observation::Recovered => {
-                format!(r#"{{"at_ms":{at},"type":"recovered","node":{node}}}"#)
-            }
-        };
-        self.line(&line, false);
+        let line = Line::observation(node, observation);
+        self.record(at.as_millis(), Some(&line), false);
     }
 
     /// A command the pool accepted at `at`.
     pub(crate) fn command(&self, at: Time, command: &Command) {
-        let record = match command {
-            Command::DefinePool(definition) => json!({
-                "type": "define_pool",
-                "pool": definition.id().as_str(),
-                "members": definition.members().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
-            }),
-            Command::BeginPlanning { run, epoch } => {
-                let mut record = json!({"type": "begin_planning", "run": run.as_str()});
-                if let Some(epoch) = epoch {
-                    record["epoch"] = json!(epoch.0);
-                }
-                record
-            }
-            Command::CommitPlan {
-                run,
-                required,
-                epoch,
-            } => {
-                let mut record = json!({
-                    "type": "commit_plan",
-                    "run": run.as_str(),
-                    "required": required.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
-                });
-                if let Some(epoch) = epoch {
-                    record["epoch"] = json!(epoch.0);
-                }
-                record
-            }
-            Command::FinishRun { run } => json!({"type": "finish_run", "run": run.as_str()}),
-        };
-        let mut line = json!({"at_ms": at.as_millis()});
-        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), record) {
-            line.extend(fields);
-        }
         // Commands are rare and worth seeing at once.
-        self.line(&line.to_string(), true);
+        self.record(at.as_millis(), Some(&Line::command(command)), true);
     }
 
     /// Flushes what is buffered (the gate published an event).
     pub(crate) fn flush(&self) {
-        self.line("", true);
+        self.record(0, None, true);
     }
 
     /// Flushes and records nothing more (the gate stopped acting).
     pub(crate) fn close(&self) {
-        self.line("", true);
+        self.record(0, None, true);
         self.out
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .closed = true;
     }
 
-    fn write(&self, record: &Value) {
-        self.line(&record.to_string(), true);
-    }
-
-    fn line(&self, line: &str, flush_now: bool) {
+    /// Writes `line` stamped `at_ms` (none: only flushes, if due).
+    fn record(&self, at_ms: u64, line: Option<&Line<'_>>, flush_now: bool) {
         let mut sink = self
             .out
             .lock()
@@ -187,11 +113,14 @@ impl Recording {
         if sink.closed {
             return;
         }
-        let mut written = if line.is_empty() {
-            Ok(())
-        } else {
-            writeln!(sink.out, "{line}")
-        };
+        let sink = &mut *sink;
+        let mut written = Ok(());
+        if let Some(line) = line {
+            sink.scratch.clear();
+            write_into(&mut sink.scratch, at_ms, line);
+            sink.scratch.push(b'\n');
+            written = sink.out.write_all(&sink.scratch);
+        }
         if flush_now || sink.flushed.elapsed() >= FLUSH_EVERY {
             written = written.and_then(|()| sink.out.flush());
             sink.flushed = std::time::Instant::now();
@@ -201,12 +130,6 @@ impl Recording {
             tracing::error!(error = %e, "recording: a record could not be written");
         }
     }
-}
-
-/// A string as a JSON string.
-fn quoted(text: &str) -> String {
-    // Serialising a string cannot fail.
-    serde_json::to_string(text).unwrap_or_default()
 }
 
 impl Drop for Sink {

@@ -25,6 +25,24 @@ pub enum OnReadinessLost {
     Abort,
 }
 
+impl OnReadinessLost {
+    /// The policy's name, as `config.toml` and the replay format spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OnReadinessLost::Wait => "wait",
+            OnReadinessLost::Abort => "abort",
+        }
+    }
+
+    /// The policy of a name; the error says which names there are.
+    pub fn from_name(name: &str) -> Result<Self, String> {
+        [OnReadinessLost::Wait, OnReadinessLost::Abort]
+            .into_iter()
+            .find(|policy| policy.name() == name)
+            .ok_or_else(|| format!("`{name}` is not a policy; use \"wait\" or \"abort\""))
+    }
+}
+
 /// The local planning policy (config `[planning]`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PlanningPolicy {
@@ -80,11 +98,6 @@ pub enum Refusal {
     /// could never fault.
     #[error("the plan of run {0} requires no node")]
     InvalidPlan(RunId),
-    /// What the command needs could not be made durable (SPEC §9): the
-    /// commit's write failed, or the pool's epoch is not stored yet;
-    /// nothing changed.
-    #[error("not durable: {0}")]
-    NotDurable(String),
 }
 
 impl Refusal {
@@ -100,7 +113,6 @@ impl Refusal {
             Refusal::NotCandidate(_) => "not_candidate",
             Refusal::RunCommitted(_) => "run_committed",
             Refusal::InvalidPlan(_) => "invalid_plan",
-            Refusal::NotDurable(_) => "not_durable",
         }
     }
 }

@@ -197,17 +197,8 @@ impl Config {
             doc.only_keys(table, "planning", &["on_readiness_lost", "wait_timeout"])?;
             if let Some(value) = table.get("on_readiness_lost") {
                 let (text, span) = doc.string(value, "planning.on_readiness_lost")?;
-                planning_policy.on_readiness_lost = match text.as_str() {
-                    "wait" => OnReadinessLost::Wait,
-                    "abort" => OnReadinessLost::Abort,
-                    other => {
-                        return Err(doc.error(
-                            span,
-                            "planning.on_readiness_lost",
-                            format!("`{other}` is not a policy; use \"wait\" or \"abort\""),
-                        ))
-                    }
-                };
+                planning_policy.on_readiness_lost = OnReadinessLost::from_name(&text)
+                    .map_err(|e| doc.error(span, "planning.on_readiness_lost", e))?;
             }
             if let Some(value) = table.get("wait_timeout") {
                 let (timeout, span) = doc.duration(value, "planning.wait_timeout")?;

@@ -323,10 +323,7 @@ fn orchestrator_toml(config: &Config) -> String {
         .iter()
         .map(|m| toml_string(m.as_str()))
         .collect();
-    let policy = match config.planning.on_readiness_lost {
-        poolgate_actors::core::OnReadinessLost::Wait => "wait",
-        poolgate_actors::core::OnReadinessLost::Abort => "abort",
-    };
+    let policy = config.planning.on_readiness_lost.name();
     let wait = config
         .planning
         .wait_timeout

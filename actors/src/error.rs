@@ -1,0 +1,52 @@
+//! Why the gate refused something: the one error of the handle, its
+//! actors and the replay's `rejected` event.
+
+use poolgate_core::{DefinitionError, InvalidId, InvalidIdentity, Refusal};
+
+/// Why the gate refused something. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// A command was refused by the pool's rules.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// An id is not valid.
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
+    /// Identity material is not valid; the node keeps the identity it had.
+    #[error(transparent)]
+    InvalidIdentity(#[from] InvalidIdentity),
+    /// A pool definition is not valid.
+    #[error(transparent)]
+    InvalidPool(#[from] DefinitionError),
+    /// What the command needs could not be made durable (SPEC §9): the
+    /// commit's write failed, or the pool's epoch is not stored yet;
+    /// nothing changed. The store's failure, not a rule of the pool's:
+    /// the core never says it.
+    #[error("not durable: {0}")]
+    NotDurable(String),
+    /// The gate's actors have stopped (the `System` is shutting down).
+    #[error("the gate has stopped")]
+    Stopped,
+    /// The settings are not valid (see [`crate::GateSettings::check`]).
+    #[error("invalid gate settings: {0}")]
+    InvalidSettings(String),
+    /// [`crate::Gate::try_start`] was called outside a running actix `System`.
+    #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
+    NoSystem,
+}
+
+impl GateError {
+    /// A short stable code, as the replay's `rejected` event prints it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GateError::Refused(e) => e.code(),
+            GateError::InvalidId(_) => "invalid_id",
+            GateError::InvalidIdentity(_) => "invalid_identity",
+            GateError::InvalidPool(_) => "invalid_pool",
+            GateError::NotDurable(_) => "not_durable",
+            GateError::Stopped => "stopped",
+            GateError::NoSystem => "no_system",
+            GateError::InvalidSettings(_) => "invalid_settings",
+        }
+    }
+}
