@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use foca::{AccumulatingRuntime, Foca, OwnedNotification, Timer};
+use foca::{AccumulatingRuntime, Foca, Timer};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::live::swim::drive;
 use crate::live::swim::member::SwimFoca;
 use crate::live::swim::tracker::{MembershipTracker, SwimFact};
 use crate::live::swim::watch::{Changes, WatchingCodec};
@@ -233,6 +234,23 @@ impl Queue {
             Some(first) if *first.key() == at => Some(first.remove()),
             _ => None,
         }
+    }
+}
+
+/// What a member's foca asked for, held until the network takes it.
+#[derive(Default)]
+struct Asked {
+    outgoing: Vec<(SocketAddr, Vec<u8>)>,
+    timers: Vec<(Duration, Timer<SwimIdentity>)>,
+}
+
+impl drive::Host for Asked {
+    fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+        self.outgoing.push((to.addr, data.to_vec()));
+    }
+
+    fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
+        self.timers.push((after, timer));
     }
 }
 
@@ -578,20 +596,9 @@ impl Network {
     fn drain(&mut self, index: usize) {
         let member = &mut self.members[index];
         let life = member.life;
-        let mut outgoing = Vec::new();
-        while let Some((to, data)) = member.runtime.to_send() {
-            outgoing.push((to.addr, data.to_vec()));
-        }
-        let mut timers = Vec::new();
-        while let Some((after, timer)) = member.runtime.to_schedule() {
-            timers.push((after, timer));
-        }
-        let mut replaced = Vec::new();
-        while let Some(notification) = member.runtime.to_notify() {
-            if let OwnedNotification::Rename(old, new) = notification {
-                replaced.push((old, new));
-            }
-        }
+        let mut asked = Asked::default();
+        let replaced = drive::drain(&mut member.runtime, &mut asked);
+        let Asked { outgoing, timers } = asked;
         if index == 0 {
             let noted = self.changes.take();
             if let Some(baseline) = self.baseline.as_mut() {

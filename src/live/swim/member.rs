@@ -25,6 +25,7 @@ use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Time
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
+use super::drive;
 use super::identity::{with_signed, SwimIdentity};
 use super::tracker::{MembershipTracker, SwimFact, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
@@ -283,40 +284,21 @@ impl SwimMember {
 
     /// Does what foca asked for, then reports membership changes.
     fn drain(&mut self, ctx: &mut Context<Self>) {
-        while let Some((to, data)) = self.runtime.to_send() {
-            let sealed = read(&self.keyring).seal(&data);
-            send(&self.sender, &sealed, to.addr);
-            if is_probe(&data) {
-                ctx.run_later(PROBE_COPY_AFTER, move |member, _| {
-                    send(&member.sender, &sealed, to.addr)
-                });
-            }
-        }
-        while let Some((after, timer)) = self.runtime.to_schedule() {
-            ctx.notify_later(FocaTimer { timer }, after);
-        }
-        let mut replaced = Vec::new();
-        while let Some(notification) = self.runtime.to_notify() {
-            match notification {
-                OwnedNotification::Defunct => {
-                    tracing::warn!(node = %self.foca.identity().node, "declared down; identity defunct")
-                }
-                OwnedNotification::Rename(old, new) => replaced.push((old, new)),
-                OwnedNotification::Rejoin(renewed) => {
-                    metrics::counter!("poolgate_swim_rejoins_total").increment(1);
-                    if let Some(held) = self.rejoins.allow(std::time::Instant::now()) {
-                        tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down: rejoined under a renewed identity (many in a row mean another member claims this address: a second process with this node's config, or an insider)");
-                    }
-                    if let Some(own) = &self.own_generation {
-                        own.send_replace(renewed.generation);
-                    }
-                }
-                other => tracing::debug!(node = %self.foca.identity().node, ?other, "foca"),
-            }
-        }
-        let own = self.foca.identity();
-        let states = self.changes.take().into_iter().filter(|m| m.id() != own);
-        let changed = self.tracker.changed(states, replaced);
+        let mut host = UdpHost {
+            sender: &self.sender,
+            keyring: &self.keyring,
+            ctx,
+            node: &self.foca.identity().node,
+            rejoins: &mut self.rejoins,
+            own_generation: self.own_generation.as_ref(),
+        };
+        let replaced = drive::drain(&mut self.runtime, &mut host);
+        let changed = drive::track(
+            &mut self.tracker,
+            &self.changes,
+            self.foca.identity(),
+            replaced,
+        );
         self.emit(changed);
     }
 
@@ -588,6 +570,51 @@ impl Handler<SetKeyring> for SwimMember {
             .keyring
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = msg.keyring;
+    }
+}
+
+/// The live member's side of foca's requests: datagrams sealed and sent
+/// over UDP (probes twice), timers on the actor's context.
+struct UdpHost<'a, 'c> {
+    sender: &'a std::net::UdpSocket,
+    keyring: &'a RwLock<Keyring>,
+    ctx: &'c mut Context<SwimMember>,
+    node: &'a str,
+    rejoins: &'a mut crate::live::throttle::Throttle,
+    own_generation: Option<&'a tokio::sync::watch::Sender<u64>>,
+}
+
+impl drive::Host for UdpHost<'_, '_> {
+    fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+        let sealed = read(self.keyring).seal(&data);
+        send(self.sender, &sealed, to.addr);
+        if is_probe(&data) {
+            self.ctx.run_later(PROBE_COPY_AFTER, move |member, _| {
+                send(&member.sender, &sealed, to.addr)
+            });
+        }
+    }
+
+    fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
+        self.ctx.notify_later(FocaTimer { timer }, after);
+    }
+
+    fn notified(&mut self, notification: OwnedNotification<SwimIdentity>) {
+        match notification {
+            OwnedNotification::Defunct => {
+                tracing::warn!(node = %self.node, "declared down; identity defunct")
+            }
+            OwnedNotification::Rejoin(renewed) => {
+                metrics::counter!("poolgate_swim_rejoins_total").increment(1);
+                if let Some(held) = self.rejoins.allow(std::time::Instant::now()) {
+                    tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down: rejoined under a renewed identity (many in a row mean another member claims this address: a second process with this node's config, or an insider)");
+                }
+                if let Some(own) = self.own_generation {
+                    own.send_replace(renewed.generation);
+                }
+            }
+            other => tracing::debug!(node = %self.node, ?other, "foca"),
+        }
     }
 }
 

@@ -8,11 +8,13 @@
 //! [`MembershipUpdate`](poolgate_actors::core::MembershipUpdate) per member
 //! that changed, at a cost in proportion to the change.
 //!
+//! - [`drive`]: one way to drive foca, over UDP or in memory.
 //! - [`identity`]: who a member is (node id, socket address, generation).
 //! - [`watch`]: the codec that notes what foca changed.
 //! - [`tracker`]: foca's membership changes → gate observations (pure).
 //! - [`member`]: the actor that owns foca, the socket and foca's timers.
 
+pub mod drive;
 pub mod identity;
 pub mod member;
 pub mod tracker;

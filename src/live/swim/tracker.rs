@@ -235,11 +235,12 @@ mod tests {
     use std::collections::{BinaryHeap, VecDeque};
     use std::net::SocketAddr;
 
-    use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Timer};
+    use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, Timer};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
     use super::*;
+    use crate::live::swim::drive;
     use crate::live::swim::watch::{Changes, WatchingCodec};
     use crate::live::swim::SwimSettings;
 
@@ -268,6 +269,28 @@ mod tests {
 
     fn addr(i: usize) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16))
+    }
+
+    /// Member `from`'s requests, queued in the simulation's virtual time.
+    struct Queues<'a> {
+        from: usize,
+        now: u64,
+        seq: &'a mut u64,
+        wire: &'a mut VecDeque<(usize, Vec<u8>)>,
+        timers: &'a mut BinaryHeap<Reverse<Due>>,
+    }
+
+    impl drive::Host for Queues<'_> {
+        fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+            let index = (to.addr.port() - 7000) as usize;
+            self.wire.push_back((index, data.to_vec()));
+        }
+
+        fn schedule(&mut self, after: std::time::Duration, timer: Timer<SwimIdentity>) {
+            *self.seq += 1;
+            let at = self.now + after.as_millis() as u64;
+            self.timers.push(Reverse((at, *self.seq, self.from, timer)));
+        }
     }
 
     fn new_foca(i: usize, generation: u64, codec: WatchingCodec) -> SimFoca {
@@ -323,26 +346,17 @@ mod tests {
         /// Takes what node `i` asked for, delivers datagrams at once, and
         /// lets member 0's tracker look at the result.
         fn settle(&mut self, i: usize) {
-            let node = &mut self.nodes[i];
-            while let Some((to, data)) = node.runtime.to_send() {
-                let index = (to.addr.port() - 7000) as usize;
-                self.wire.push_back((index, data.to_vec()));
-            }
-            while let Some((after, timer)) = node.runtime.to_schedule() {
-                self.seq += 1;
-                let at = self.now + after.as_millis() as u64;
-                self.timers.push(Reverse((at, self.seq, i, timer)));
-            }
-            let mut replaced = Vec::new();
-            while let Some(notification) = node.runtime.to_notify() {
-                if let OwnedNotification::Rename(old, new) = notification {
-                    replaced.push((old, new));
-                }
-            }
+            let mut queues = Queues {
+                from: i,
+                now: self.now,
+                seq: &mut self.seq,
+                wire: &mut self.wire,
+                timers: &mut self.timers,
+            };
+            let replaced = drive::drain(&mut self.nodes[i].runtime, &mut queues);
             if i == 0 {
                 let own = self.nodes[0].foca.identity().clone();
-                let states = self.changes.take().into_iter().filter(|m| *m.id() != own);
-                let updates = self.tracker.changed(states, replaced);
+                let updates = drive::track(&mut self.tracker, &self.changes, &own, replaced);
                 self.seen.extend(updates.into_iter().map(|o| o.update));
                 self.check_against_the_whole_view();
             }
