@@ -62,7 +62,7 @@
 //! - [`gate`]: the handle: start, feed, subscribe, report, plan.
 //! - `node_actor`: `NodeActor`, one per candidate; holds the node's facts
 //!   and forwards only real changes.
-//! - `pool_actor`: `PoolActor`, hosts the core's `PoolGate` (readiness,
+//! - `pool_actor`: `PoolActor`, hosts the core's `PoolMachine` (readiness,
 //!   planning admission, policy), supervises the node actors, owns the
 //!   pool's timer, publishes events, starts a run actor at each commit.
 //! - `run_actor`: `RunActor`, one per committed run; owns its faults.

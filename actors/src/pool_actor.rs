@@ -1,4 +1,4 @@
-//! `PoolActor`: hosts the pool's [`PoolGate`] (readiness, planning
+//! `PoolActor`: hosts the pool's [`PoolMachine`] (readiness, planning
 //! admission and policy), supervises the node actors of the candidates,
 //! owns the pool's timer, publishes events, and starts a `RunActor` for
 //! each committed run.
@@ -34,7 +34,7 @@ use crate::store::{DurableSettings, StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
 use poolgate_core::{
     AdmittedCommit, Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy,
-    PoolDefinition, PoolGate, Reason, Refusal, RunId, SlotKey, Time, Verdict,
+    PoolDefinition, PoolMachine, Reason, Refusal, RunId, SlotKey, Time, Verdict,
 };
 
 /// What the gate needs to start: the first pool, its window and the
@@ -108,7 +108,7 @@ fn untold_epoch(event: &Event) -> Option<Epoch> {
 /// The actor of the candidate pool.
 #[derive(Debug)]
 pub(crate) struct PoolActor {
-    core: PoolGate,
+    core: PoolMachine,
     clock: Clock,
     publisher: Publisher,
     router: Arc<Router>,
@@ -151,7 +151,7 @@ impl PoolActor {
         actix::Supervisor::start(move |ctx| {
             let now = clock.now();
             let (mut core, added) =
-                PoolGate::new(&settings.definition, settings.window, settings.policy, now);
+                PoolMachine::new(&settings.definition, settings.window, settings.policy, now);
             let mut out = Vec::new();
             let restored = settings.durable.as_ref().and_then(|durable| {
                 core.restore(&durable.restored, durable.restore_grace, now, &mut out)
@@ -451,7 +451,7 @@ impl PoolActor {
     fn guarded<R>(
         &mut self,
         ctx: &mut Context<Self>,
-        step: impl FnOnce(&mut PoolGate, &mut Vec<Event>) -> R,
+        step: impl FnOnce(&mut PoolMachine, &mut Vec<Event>) -> R,
     ) -> Option<R> {
         let (core, out) = (&mut self.core, &mut self.out);
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(core, out))) {

@@ -16,13 +16,13 @@
 //! use std::time::Duration;
 //! use poolgate_core::{
 //!     Event, Fingerprint, NodeFacts, NodeId, Observation, OnReadinessLost, PlanningPolicy,
-//!     PoolDefinition, PoolGate, PoolId, SwimState, Time, Applied,
+//!     PoolDefinition, PoolMachine, PoolId, SwimState, Time, Applied,
 //! };
 //!
 //! let node = NodeId::new("node-1").unwrap();
 //! let pool = PoolDefinition::new(PoolId::new("pool-a").unwrap(), vec![node.clone()]).unwrap();
 //! let policy = PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None };
-//! let (mut gate, slots) = PoolGate::new(&pool, Duration::from_secs(5), policy, Time::ZERO);
+//! let (mut gate, slots) = PoolMachine::new(&pool, Duration::from_secs(5), policy, Time::ZERO);
 //! let (_, slot) = slots[0].clone();
 //!
 //! // A node actor's machine: the node's facts, one observation at a time.
@@ -51,10 +51,10 @@
 #![deny(missing_docs)]
 
 pub mod event;
-pub mod gate;
 pub mod identity;
 pub mod ids;
 pub mod input;
+pub mod machine;
 pub mod node;
 pub mod plain;
 pub mod pool;
@@ -62,7 +62,8 @@ pub mod run;
 pub mod time;
 
 pub use event::{AbortReason, Event};
-pub use gate::{AdmittedCommit, Durable, DurableRun, PoolGate, PoolReport};
+pub use machine::{AdmittedCommit, Durable, DurableRun, PoolMachine, PoolReport};
+
 pub use identity::{Fingerprint, IdentityMaterial, InvalidIdentity, MAX_IDENTITY_BYTES};
 pub use ids::{Epoch, InvalidId, NodeId, PoolId, RunId, MAX_ID_BYTES};
 pub use input::{AgentReport, Command, Input, MembershipUpdate, RegistryFact};
@@ -83,3 +84,8 @@ pub mod testkit;
 
 #[cfg(test)]
 mod test_support;
+
+/// The old name of [`PoolMachine`] (it read too close to the actors'
+/// `Gate`).
+#[deprecated(note = "renamed PoolMachine")]
+pub type PoolGate = PoolMachine;

@@ -1,6 +1,6 @@
 //! A test kit, not part of the core's interface (feature `testkit`): a
 //! driver that runs the state machines together, wired as the actors wire
-//! them ([`PoolGate`] for the pool, a committed run's [`RunGuard`] on its
+//! them ([`PoolMachine`] for the pool, a committed run's [`RunGuard`] on its
 //! own), on an arbitrary byte string read as operations, and checks the
 //! contract's invariants on everything they emit. The fuzz target and a
 //! property test both use it.
@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use crate::{
     Applied, Epoch, Event, FaultReason, IdentityMaterial, NodeFacts, NodeId, Observation,
-    OnReadinessLost, PlanningPolicy, PoolDefinition, PoolGate, PoolId, PoolPhase, RunGuard, RunId,
-    SlotKey, SwimState, Time,
+    OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId, PoolMachine, PoolPhase, RunGuard,
+    RunId, SlotKey, SwimState, Time,
 };
 
 const WINDOW: Duration = Duration::from_millis(100);
@@ -26,7 +26,7 @@ const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 struct Drill {
     now: Time,
-    pool: PoolGate,
+    pool: PoolMachine,
     facts: BTreeMap<NodeId, (SlotKey, NodeFacts)>,
     /// The committed run's guard, as its actor would hold it.
     committed: Option<RunGuard>,
@@ -51,7 +51,7 @@ pub fn drive(ops: &[u8]) -> Result<(), String> {
         on_readiness_lost: OnReadinessLost::Wait,
         wait_timeout: Some(Duration::from_millis(250)),
     };
-    let (pool, added) = PoolGate::new(&definition, WINDOW, policy, Time::ZERO);
+    let (pool, added) = PoolMachine::new(&definition, WINDOW, policy, Time::ZERO);
     let mut drill = Drill {
         now: Time::ZERO,
         pool,

@@ -2,16 +2,16 @@
 //! pool makes (SPEC §2–§3): planning admission, the wait/abort policy until
 //! a plan is committed, and handing the committed run over to its guard.
 //!
-//! [`PoolGate`] composes [`PoolReadiness`] with the planning run's
+//! [`PoolMachine`] composes [`PoolReadiness`] with the planning run's
 //! [`RunGuard`]. Once a plan is committed the guard leaves the pool
-//! ([`PoolGate::commit`] returns it): faults are the run's own business
+//! ([`PoolMachine::commit`] returns it): faults are the run's own business
 //! from then on. The pool keeps the run's id and required nodes so it can
 //! refuse what a committed run forbids and tell which changes concern it;
-//! it hears that the run ended through [`PoolGate::run_ended`].
+//! it hears that the run ended through [`PoolMachine::run_ended`].
 //!
 //! Calling contract: inputs stamped `T` are applied before timers due at
 //! `T`. Every input first fires the deadlines (convergence, wait) due
-//! strictly before it, in time order; [`PoolGate::on_deadline`] fires those
+//! strictly before it, in time order; [`PoolMachine::on_deadline`] fires those
 //! at or before its instant. When `PoolReady` and a wait timeout fall due
 //! at the same instant, `PoolReady` wins (SPEC §3).
 
@@ -71,8 +71,8 @@ pub struct DurableRun {
     pub required: Vec<(NodeId, Option<crate::identity::Fingerprint>)>,
 }
 
-/// A commit [`PoolGate::admit_commit`] admitted: what
-/// [`PoolGate::commit_admitted`] commits and [`PoolGate::durable_with`]
+/// A commit [`PoolMachine::admit_commit`] admitted: what
+/// [`PoolMachine::commit_admitted`] commits and [`PoolMachine::durable_with`]
 /// stores, computed once. Not `Clone`: one admission, one commit.
 #[derive(Debug, PartialEq, Eq)]
 pub struct AdmittedCommit {
@@ -128,13 +128,13 @@ pub struct PoolReport {
 
 /// The readiness of one candidate pool and the runs planned on it.
 #[derive(Debug)]
-pub struct PoolGate {
+pub struct PoolMachine {
     readiness: PoolReadiness,
     policy: PlanningPolicy,
     run: ActiveRun,
     confirm_due: Option<(RunId, Time)>,
     /// What of the durable state was last handed out to be stored (see
-    /// [`PoolGate::take_durable_change`]).
+    /// [`PoolMachine::take_durable_change`]).
     handed_out: DurableMark,
 }
 
@@ -153,7 +153,7 @@ fn mark_of(durable: &Durable) -> DurableMark {
     )
 }
 
-impl PoolGate {
+impl PoolMachine {
     /// A pool of `definition`'s candidates, none with any fact yet, and no
     /// run. Returns the slots to start node actors for.
     pub fn new(
@@ -163,7 +163,7 @@ impl PoolGate {
         now: Time,
     ) -> (Self, Vec<(NodeId, SlotKey)>) {
         let (readiness, added) = PoolReadiness::new(definition, window, now);
-        let gate = PoolGate {
+        let gate = PoolMachine {
             readiness,
             policy,
             run: ActiveRun::None,
@@ -328,11 +328,11 @@ impl PoolGate {
         self.commit_admitted(admitted, at, out)
     }
 
-    /// Whether [`PoolGate::commit`] would accept this plan now (settling
+    /// Whether [`PoolMachine::commit`] would accept this plan now (settling
     /// first, checked in its order), and if so what it would commit and
     /// store. Nothing changes: a caller that must make the commit durable
-    /// first admits, stores [`PoolGate::durable_with`], then commits
-    /// with [`PoolGate::commit_admitted`], giving the pool nothing else
+    /// first admits, stores [`PoolMachine::durable_with`], then commits
+    /// with [`PoolMachine::commit_admitted`], giving the pool nothing else
     /// in between.
     pub fn admit_commit(
         &mut self,
@@ -398,7 +398,7 @@ impl PoolGate {
 
     /// What to store for `admitted` before it is committed (SPEC §9: a
     /// commit is durable before `run_committed` is told); handed out, as
-    /// [`PoolGate::take_durable_change`] hands out.
+    /// [`PoolMachine::take_durable_change`] hands out.
     pub fn durable_with(&mut self, admitted: &AdmittedCommit) -> Durable {
         let durable = Durable {
             last_epoch: self.readiness.last_epoch(),
@@ -447,7 +447,7 @@ impl PoolGate {
         }
     }
 
-    /// Commits what [`PoolGate::admit_commit`] admitted, at the same `at`
+    /// Commits what [`PoolMachine::admit_commit`] admitted, at the same `at`
     /// with nothing applied in between.
     pub fn commit_admitted(
         &mut self,
@@ -668,7 +668,7 @@ mod tests {
 
     /// A gate over `a` and `b`, waiting up to `wait` ms on lost readiness.
     struct Harness {
-        gate: PoolGate,
+        gate: PoolMachine,
         facts: Vec<(NodeId, SlotKey, NodeFacts)>,
         out: Vec<Event>,
     }
@@ -681,7 +681,7 @@ mod tests {
                 on_readiness_lost: OnReadinessLost::Wait,
                 wait_timeout: wait.map(Duration::from_millis),
             };
-            let (gate, added) = PoolGate::new(&definition, WINDOW, policy, t(0));
+            let (gate, added) = PoolMachine::new(&definition, WINDOW, policy, t(0));
             let facts = added
                 .into_iter()
                 .map(|(id, key)| (id, key, NodeFacts::default()))
