@@ -17,6 +17,7 @@
 //! runtime starts paused ([`Simulation::runtime`]).
 
 pub mod net;
+mod timing;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

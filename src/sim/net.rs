@@ -3,21 +3,25 @@
 //! wall clock or a socket, so one seed gives one run.
 //!
 //! Member 0 is the orchestrator's: its view goes through the real adapter
-//! (the watching codec and the [`MembershipTracker`]) and comes out as
-//! [`SwimFact`] facts, stamped with the virtual instant. Members 1..=N are
+//! (the watching codec and the
+//! [`MembershipTracker`](crate::live::swim::MembershipTracker)) and comes
+//! out as [`SwimFact`] facts, stamped with the virtual instant (its timing
+//! for the tracker benchmark is the `timing` module's). Members 1..=N are
 //! the nodes `n1`…`nN`.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use foca::{AccumulatingRuntime, Foca, Timer};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use super::timing::TimedTracker;
+pub use super::timing::{TrackerReplay, BASELINE_EVERY};
 use crate::live::swim::drive;
 use crate::live::swim::member::SwimFoca;
-use crate::live::swim::tracker::{MembershipTracker, SwimFact};
+use crate::live::swim::tracker::SwimFact;
 use crate::live::swim::watch::{Changes, WatchingCodec};
 use crate::live::swim::SwimIdentity;
 
@@ -85,118 +89,6 @@ pub struct NetStats {
     pub baseline_calls: u64,
     /// Real time the baseline walk took on them, in nanoseconds.
     pub baseline_ns: u64,
-}
-
-/// The cost of what the tracker did before it was fed changes: after
-/// every foca call, walk member 0's whole membership and compare each
-/// member with what was reported (a key made and looked up per member).
-/// Timed on one call in [`BASELINE_EVERY`], beside the tracker, to compare
-/// the two in one run.
-///
-/// It also records member 0's tracker input, call by call, so the tracker
-/// can be timed again on the same input with warm caches
-/// ([`Network::replay_tracker`]): inside the simulation, the other members'
-/// work between two calls of member 0 evicts everything it touched.
-#[derive(Debug, Default)]
-struct WholeViewWalk {
-    seen: std::collections::HashMap<(String, SocketAddr), (u8, u16, u64)>,
-    inputs: Vec<TrackerInput>,
-}
-
-/// One call's input to the tracker: member states, then replaced identities.
-type TrackerInput = (
-    Vec<foca::Member<SwimIdentity>>,
-    Vec<(SwimIdentity, SwimIdentity)>,
-);
-
-/// The tracker timed again on member 0's recorded input, with warm caches
-/// ([`Network::replay_tracker`]); times in real nanoseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TrackerReplay {
-    /// Calls replayed.
-    pub calls: u64,
-    /// All of them, in order.
-    pub ns: u64,
-    /// Updates they gave (member states that changed for the gate).
-    pub updates: u64,
-    /// Calls that noted a member state or a replaced identity.
-    pub busy_calls: u64,
-    /// States and replaced identities in them.
-    pub busy_states: u64,
-    /// Those calls alone.
-    pub busy_ns: u64,
-    /// Calls that noted nothing.
-    pub idle_calls: u64,
-    /// Those calls alone.
-    pub idle_ns: u64,
-}
-
-/// Feeds a fresh tracker `warm_up` untimed, then the calls of `timed` that
-/// `keep` keeps in a tight loop; the fastest of five passes, in real
-/// nanoseconds, and the updates those calls gave. Dropping calls that
-/// note nothing leaves the tracker's state as it was.
-fn fastest_replay(
-    warm_up: &[TrackerInput],
-    timed: &[TrackerInput],
-    keep: impl Fn(&TrackerInput) -> bool,
-) -> (u64, u64) {
-    let mut fastest = u64::MAX;
-    let mut updates = 0usize;
-    for _ in 0..5 {
-        let mut tracker = MembershipTracker::default();
-        for (states, replaced) in warm_up.iter().cloned() {
-            std::hint::black_box(tracker.changed(states, replaced));
-        }
-        let inputs: Vec<TrackerInput> = timed.iter().filter(|i| keep(i)).cloned().collect();
-        updates = 0;
-        let started = Instant::now();
-        for (states, replaced) in inputs {
-            updates += tracker.changed(states, replaced).len();
-        }
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        std::hint::black_box(updates);
-        fastest = fastest.min(ns);
-    }
-    (fastest, updates as u64)
-}
-
-/// Whether a call noted no member state and no replaced identity.
-fn notes_nothing((states, replaced): &TrackerInput) -> bool {
-    states.is_empty() && replaced.is_empty()
-}
-
-/// Real nanoseconds since `started`, saturated to fit a `u32` (4.29 s).
-fn nanos_since(started: Instant) -> u32 {
-    u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX)
-}
-
-/// One member-0 call in this many also times the baseline walk.
-pub const BASELINE_EVERY: u64 = 16;
-
-impl WholeViewWalk {
-    fn record(
-        &mut self,
-        noted: &[foca::Member<SwimIdentity>],
-        replaced: &[(SwimIdentity, SwimIdentity)],
-        own: &SwimIdentity,
-    ) {
-        let states = noted.iter().filter(|m| m.id() != own).cloned().collect();
-        self.inputs.push((states, replaced.to_vec()));
-    }
-
-    fn walk(&mut self, foca: &SwimFoca) -> usize {
-        let mut changed = 0;
-        for member in foca.iter_membership_state() {
-            let id = member.id();
-            let state = (member.state() as u8, member.incarnation(), id.generation);
-            let key = (id.node.clone(), id.addr);
-            if self.seen.get(&key) != Some(&state) {
-                self.seen.insert(key, state);
-                changed += 1;
-            }
-        }
-        changed
-    }
 }
 
 enum Event {
@@ -273,17 +165,11 @@ pub struct Network {
     model: NetworkModel,
     partition: Option<Partition>,
     config: foca::Config,
-    tracker: MembershipTracker,
+    /// Member 0's tracker, timed for the tracker benchmark.
+    tracker: TimedTracker,
     changes: Changes,
     observed: Vec<SwimFact>,
     stats: NetStats,
-    /// Real nanoseconds of each member-0 tracker call, in order.
-    call_ns: Vec<u32>,
-    /// Real nanoseconds of a call with nothing noted made right after each
-    /// (the same code with warm caches: the control for `call_ns`), while
-    /// the baseline is timed.
-    again_ns: Vec<u32>,
-    baseline: Option<WholeViewWalk>,
 }
 
 /// The address of member `index`: 10.0.0.0/8 plus the index, port 7946.
@@ -318,13 +204,10 @@ impl Network {
             model,
             partition: None,
             config,
-            tracker: MembershipTracker::default(),
+            tracker: TimedTracker::default(),
             changes,
             observed: Vec::new(),
             stats: NetStats::default(),
-            call_ns: Vec::new(),
-            again_ns: Vec::new(),
-            baseline: None,
         };
         let orchestrator = network.foca(0, "orchestrator".into(), 1, codec);
         network.members.push(orchestrator);
@@ -384,7 +267,7 @@ impl Network {
     /// distribution: one call preempted by the OS weighs on the mean
     /// alone).
     pub fn tracker_call_ns(&self) -> &[u32] {
-        &self.call_ns
+        self.tracker.call_ns()
     }
 
     /// Real nanoseconds of a call with nothing noted made right after each
@@ -394,7 +277,7 @@ impl Network {
     /// work from the cache misses the other members' work between two
     /// member-0 calls causes.
     pub fn tracker_again_ns(&self) -> &[u32] {
-        &self.again_ns
+        self.tracker.again_ns()
     }
 
     /// Also times the old whole-view walk on one member-0 call in
@@ -404,7 +287,7 @@ impl Network {
     /// the recordings line up with [`Network::tracker_call_ns`] call for
     /// call.
     pub(super) fn time_baseline(&mut self, on: bool) {
-        self.baseline = on.then(WholeViewWalk::default);
+        self.tracker.time_baseline(on);
     }
 
     /// Runs a fresh tracker on member 0's recorded input after the first
@@ -416,23 +299,7 @@ impl Network {
     /// tracker). `None` unless the tracker is timed ([`super::SimSettings`]'s
     /// `time_tracker`).
     pub fn replay_tracker(&self, from: u64) -> Option<TrackerReplay> {
-        let recorded = &self.baseline.as_ref()?.inputs;
-        let from = usize::try_from(from)
-            .unwrap_or(usize::MAX)
-            .min(recorded.len());
-        let (warm_up, timed) = recorded.split_at(from);
-        let (ns, updates) = fastest_replay(warm_up, timed, |_| true);
-        let busy = timed.iter().filter(|i| !notes_nothing(i));
-        Some(TrackerReplay {
-            calls: timed.len() as u64,
-            ns,
-            updates,
-            busy_calls: busy.clone().count() as u64,
-            busy_states: busy.map(|(s, r)| (s.len() + r.len()) as u64).sum(),
-            busy_ns: fastest_replay(warm_up, timed, |i| !notes_nothing(i)).0,
-            idle_calls: timed.iter().filter(|i| notes_nothing(i)).count() as u64,
-            idle_ns: fastest_replay(warm_up, timed, notes_nothing).0,
-        })
+        self.tracker.replay(from)
     }
 
     /// Changes the loss probability from now on.
@@ -601,33 +468,10 @@ impl Network {
         let Asked { outgoing, timers } = asked;
         if index == 0 {
             let noted = self.changes.take();
-            if let Some(baseline) = self.baseline.as_mut() {
-                baseline.record(&noted, &replaced, member.foca.identity());
-            }
-            let started = Instant::now();
-            let own = member.foca.identity();
-            self.stats.noted += noted.len() as u64;
-            let states = noted.into_iter().filter(|m| m.id() != own);
-            let changed = self.tracker.changed(states, replaced);
-            self.call_ns.push(nanos_since(started));
-            self.stats.tracker_calls += 1;
-            if self.baseline.is_some() {
-                // The control: a call that notes nothing, at once.
-                let started = Instant::now();
-                std::hint::black_box(self.tracker.changed(Vec::new(), Vec::new()));
-                self.again_ns.push(nanos_since(started));
-            }
-            self.stats.observed += changed.len() as u64;
+            let changed = self
+                .tracker
+                .call(&mut self.stats, noted, replaced, &member.foca);
             self.observed.extend(changed);
-            if let Some(baseline) = self.baseline.as_mut() {
-                if self.stats.tracker_calls.is_multiple_of(BASELINE_EVERY) {
-                    let started = Instant::now();
-                    std::hint::black_box(baseline.walk(&member.foca));
-                    self.stats.baseline_ns +=
-                        u64::try_from(started.elapsed().as_nanos()).unwrap_or(0);
-                    self.stats.baseline_calls += 1;
-                }
-            }
         }
         for (after, timer) in timers {
             let at = self.now + millis(after);
