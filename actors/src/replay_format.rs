@@ -195,7 +195,7 @@ pub fn write(at_ms: u64, line: &Line<'_>) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// As [`write`], appended to `out` (a buffer kept from line to line).
+/// As [`write()`], appended to `out` (a buffer kept from line to line).
 pub fn write_into(out: &mut Vec<u8>, at_ms: u64, line: &Line<'_>) {
     use std::io::Write as _;
     // `{"at_ms":N` and then the record's own object, whose opening brace

@@ -106,7 +106,7 @@ impl TimedTracker {
 ///
 /// It also records member 0's tracker input, call by call, so the tracker
 /// can be timed again on the same input with warm caches
-/// ([`Network::replay_tracker`]): inside the simulation, the other members'
+/// ([`Network::replay_tracker`](super::net::Network::replay_tracker)): inside the simulation, the other members'
 /// work between two calls of member 0 evicts everything it touched.
 #[derive(Debug, Default)]
 struct WholeViewWalk {
@@ -121,7 +121,7 @@ type TrackerInput = (
 );
 
 /// The tracker timed again on member 0's recorded input, with warm caches
-/// ([`Network::replay_tracker`]); times in real nanoseconds.
+/// ([`Network::replay_tracker`](super::net::Network::replay_tracker)); times in real nanoseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrackerReplay {
     /// Calls replayed.
