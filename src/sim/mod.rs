@@ -17,6 +17,7 @@
 //! runtime starts paused ([`Simulation::runtime`]).
 
 pub mod net;
+mod stats;
 mod timing;
 
 use std::cmp::Reverse;

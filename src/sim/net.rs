@@ -17,6 +17,7 @@ use foca::{AccumulatingRuntime, Foca, Timer};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+pub use super::stats::NetStats;
 use super::timing::TimedTracker;
 pub use super::timing::{TrackerReplay, BASELINE_EVERY};
 use crate::live::swim::drive;
@@ -65,30 +66,6 @@ pub struct Partition {
     /// Members with an index below this are on one side, the rest on the
     /// other (member 0, the orchestrator's, is always on the first side).
     pub split: usize,
-}
-
-/// Counters of the network and of the orchestrator's adapter.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NetStats {
-    /// Datagrams handed to the network.
-    pub sent: u64,
-    /// Lost by the loss model.
-    pub lost: u64,
-    /// Dropped by a partition.
-    pub cut: u64,
-    /// Dropped because the receiver was down.
-    pub undeliverable: u64,
-    /// foca calls of member 0 (datagrams, timers, announcements); the
-    /// tracker's time on each is in [`Network::tracker_call_ns`].
-    pub tracker_calls: u64,
-    /// Member states the codec noted (what the tracker looked at).
-    pub noted: u64,
-    /// Facts the tracker reported.
-    pub observed: u64,
-    /// Calls on which the baseline walk was also timed.
-    pub baseline_calls: u64,
-    /// Real time the baseline walk took on them, in nanoseconds.
-    pub baseline_ns: u64,
 }
 
 enum Event {

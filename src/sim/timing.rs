@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::net::NetStats;
+use super::stats::NetStats;
 use crate::live::swim::drive::Replaced;
 use crate::live::swim::member::SwimFoca;
 use crate::live::swim::tracker::{MembershipTracker, SwimFact};
