@@ -766,6 +766,20 @@ fn starting_the_gate_outside_an_actix_system_is_a_typed_error() {
 }
 
 #[test]
+fn starting_the_gate_after_its_thread_s_system_has_ended_is_a_typed_error() {
+    // Adversary finding: once a System had run on the thread, `try_start`
+    // took it for a running one and panicked in `spawn_local`.
+    actix::System::new().block_on(async {});
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let started = Gate::try_start(settings);
+    assert!(
+        matches!(started, Err(GateError::NoSystem)),
+        "{:?}",
+        started.err()
+    );
+}
+
+#[test]
 #[should_panic(expected = "inside a running actix System")]
 fn gate_start_outside_a_system_panics_saying_so() {
     let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();

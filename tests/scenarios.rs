@@ -107,6 +107,50 @@ fn every_scenario_gives_its_expected_events() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Adversary findings: a recording that restored a committed run and
+/// then stops being valid is a bad line, not a panic (the pool actor's
+/// start once ran after the runtime was gone); and a restore grace no
+/// timer can wait is a bad line too.
+#[test]
+fn a_restored_recording_that_goes_wrong_is_a_bad_line_not_a_panic() {
+    let dir = tempdir();
+    let settings = r#"{"at_ms":0,"type":"settings","window_ms":1000,"on_readiness_lost":"wait","wait_timeout_ms":null}"#;
+    let fp = "ab".repeat(32);
+    let restored = |grace: &str| {
+        format!(
+            r#"{{"at_ms":0,"type":"restored","durable":{{"last_epoch":3,"run":{{"run":"r1","epoch":3,"committed":true,"required":[["a","{fp}"]]}}}},"restore_grace_ms":{grace}}}"#
+        )
+    };
+    let cases = [
+        (
+            format!("{settings}\n{}\n", restored("5000")),
+            "error: line 1: the scenario has no records",
+        ),
+        (
+            format!("{settings}\n{}\n{}\n", restored("5000"), restored("5000")),
+            "error: line 3: a `restored` record comes right after `settings`, once",
+        ),
+        (
+            format!("{settings}\n{}\n", restored("18446744073709551615")),
+            "error: line 2: field `restore_grace_ms` must be at most 365 days",
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let scenario = dir.join(format!("restored-{i}.jsonl"));
+        std::fs::write(&scenario, text).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["replay", "--config"])
+            .arg(scenario_dir().join("config.toml"))
+            .arg(&scenario)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(!stderr.contains("panicked"), "case {i}: {stderr}");
+        assert_eq!(output.status.code(), Some(2), "case {i}: {stderr}");
+        assert!(stderr.starts_with(want), "case {i}: {stderr}");
+    }
+}
+
 /// The binary's contract for bad lines: exit 2, `error: line N: …` on
 /// stderr, and the events due before the bad line on stdout.
 #[test]

@@ -140,7 +140,10 @@ impl Gate {
     /// checked as `config.toml` is), or no `System` ([`GateError::NoSystem`]).
     pub fn try_start(settings: GateSettings) -> Result<Gate, GateError> {
         settings.check().map_err(GateError::InvalidSettings)?;
-        if actix::System::try_current().is_none() {
+        // A System that has ended leaves itself as the thread's current
+        // one; only a runtime that runs now can host the actors.
+        if actix::System::try_current().is_none() || tokio::runtime::Handle::try_current().is_err()
+        {
             return Err(GateError::NoSystem);
         }
         Ok(Gate::launch(settings))

@@ -138,6 +138,9 @@ pub enum Line<'a> {
     },
 }
 
+/// What a `restored` record anywhere but right after `settings` is told.
+pub const RESTORED_OUT_OF_PLACE: &str = "a `restored` record comes right after `settings`, once";
+
 /// Every record type, as `type` spells it.
 pub const TYPES: &[&str] = &[
     "settings",
@@ -265,27 +268,80 @@ fn check_field_types(object: &serde_json::Map<String, Value>) -> Result<(), Stri
         let fits = match name.as_str() {
             "node" | "run" | "pool" | "material" | "fingerprint" | "reason" | "state"
             | "on_readiness_lost" => value.is_string(),
-            "window_ms" | "incarnation" | "restore_grace_ms" => value.is_u64(),
+            "window_ms" | "incarnation" => value.is_u64(),
             "wait_timeout_ms" | "epoch" => value.is_u64() || value.is_null(),
             "members" | "required" => value
                 .as_array()
                 .is_some_and(|items| items.iter().all(Value::is_string)),
-            "durable" => value.is_object(),
             _ => true,
         };
         if !fits {
             let expected = match name.as_str() {
-                "window_ms" | "incarnation" | "restore_grace_ms" | "wait_timeout_ms" | "epoch" => {
-                    "a whole number ≥ 0"
-                }
+                "window_ms" | "incarnation" | "wait_timeout_ms" | "epoch" => "a whole number ≥ 0",
                 "members" | "required" => "a list of ids",
-                "durable" => "a restored state",
                 _ => "a string",
             };
             return Err(format!("field `{name}` must be {expected}, not {value}"));
         }
     }
     Ok(())
+}
+
+/// The object of a line whose `type` is `kind`; `None` for any other line
+/// (which [`read`] reports on, if it is wrong).
+fn object_of_type(text: &str, kind: &str) -> Option<serde_json::Map<String, Value>> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(object)) if object.get("type").and_then(Value::as_str) == Some(kind) => {
+            Some(object)
+        }
+        _ => None,
+    }
+}
+
+/// The gate's settings, if `text` is a `settings` record (a recording's
+/// first line; its `at_ms` is not read); `Ok(None)` for any other line.
+pub fn read_settings(text: &str) -> Result<Option<(Duration, PlanningPolicy)>, String> {
+    let Some(object) = object_of_type(text, "settings") else {
+        return Ok(None);
+    };
+    check_field_types(&object)?;
+    let line = Line::deserialize(Value::Object(object)).map_err(|e| e.to_string())?;
+    line.as_settings().transpose()
+}
+
+/// What a recording's gate restored, if `text` is a `restored` record
+/// (right after `settings`; its `at_ms` is not read): the state and the
+/// restore grace; `Ok(None)` for any other line.
+pub fn read_restored(text: &str) -> Result<Option<(Durable, Duration)>, String> {
+    let Some(object) = object_of_type(text, "restored") else {
+        return Ok(None);
+    };
+    let durable = object
+        .get("durable")
+        .ok_or("missing field `durable`")
+        .and_then(|d| {
+            serde_json::from_value(d.clone()).map_err(|_| "field `durable` is not a restored state")
+        })?;
+    let grace = object
+        .get("restore_grace_ms")
+        .and_then(Value::as_u64)
+        .map(Duration::from_millis)
+        .ok_or("field `restore_grace_ms` must be a whole number ≥ 0")?;
+    if let Some(problem) = crate::duration_problem(grace) {
+        return Err(format!("field `restore_grace_ms` {problem}"));
+    }
+    Ok(Some((durable, grace)))
+}
+
+/// Whether `text` is an object of record type `kind`, however wrong the
+/// rest of it.
+pub fn is_of_type(text: &str, kind: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Cow<'a, str>,
+    }
+    serde_json::from_str::<Kind<'_>>(text).is_ok_and(|k| k.kind == kind)
 }
 
 /// Every field a gate input's record may have, typed: the fast path for
@@ -449,14 +505,19 @@ impl<'a> Line<'a> {
             return None;
         };
         Some((|| {
-            if *window_ms == 0 {
-                return Err("`window_ms` must be longer than zero".to_string());
+            let window = Duration::from_millis(*window_ms);
+            if let Some(problem) = crate::duration_problem(window) {
+                return Err(format!("`window_ms` {problem}"));
+            }
+            let wait_timeout = wait_timeout_ms.map(Duration::from_millis);
+            if let Some(problem) = wait_timeout.and_then(crate::duration_problem) {
+                return Err(format!("`wait_timeout_ms` {problem}"));
             }
             let policy = PlanningPolicy {
                 on_readiness_lost: OnReadinessLost::from_name(on_readiness_lost)?,
-                wait_timeout: wait_timeout_ms.map(Duration::from_millis),
+                wait_timeout,
             };
-            Ok((Duration::from_millis(*window_ms), policy))
+            Ok((window, policy))
         })())
     }
 
@@ -476,9 +537,7 @@ impl<'a> Line<'a> {
             Line::Settings { .. } => {
                 return Err("a settings record may only be the first record".into())
             }
-            Line::Restored { .. } => {
-                return Err("a `restored` record comes right after `settings`, once".into())
-            }
+            Line::Restored { .. } => return Err(RESTORED_OUT_OF_PLACE.into()),
             Line::DefinePool { pool, members } => {
                 let pool = PoolId::new(&pool).map_err(|e| format!("field `pool`: {e}"))?;
                 let members = nodes("members", &members)?;
@@ -641,11 +700,39 @@ mod tests {
         let e = read(r#"{"at_ms":1,"type":"swim","node":"n","state":"zombie","incarnation":1}"#)
             .unwrap_err();
         assert!(e.contains("unknown SWIM state `zombie`"), "{e}");
-        let e =
-            read(r#"{"at_ms":0,"type":"restored","durable":1,"restore_grace_ms":5}"#).unwrap_err();
+        let restored =
+            |rest: &str| read_restored(&format!(r#"{{"at_ms":0,"type":"restored"{rest}}}"#));
+        assert_eq!(restored("").unwrap_err(), "missing field `durable`");
+        let e = restored(r#","durable":{"last_epoch":"x","run":null},"restore_grace_ms":5"#);
+        assert_eq!(e.unwrap_err(), "field `durable` is not a restored state");
+        let e = restored(r#","durable":{"last_epoch":1,"run":null}"#);
+        assert_eq!(
+            e.unwrap_err(),
+            "field `restore_grace_ms` must be a whole number ≥ 0"
+        );
+        let e = restored(
+            r#","durable":{"last_epoch":1,"run":null},"restore_grace_ms":18446744073709551615"#,
+        );
         assert!(
-            e.contains("field `durable` must be a restored state"),
-            "{e}"
+            e.unwrap_err().contains("365 days"),
+            "no timer waits that long"
+        );
+        let ok =
+            restored(r#","durable":{"last_epoch":1,"run":null},"restore_grace_ms":5,"node":1"#);
+        assert_eq!(
+            ok.unwrap().map(|(d, g)| (d.last_epoch, g)),
+            Some((1, Duration::from_millis(5)))
+        );
+        // An ordinary record's error is not hidden by a restored-only field.
+        let e = read(r#"{"at_ms":1,"type":"known","restore_grace_ms":"x"}"#).unwrap_err();
+        assert_eq!(e, "missing field `node`");
+        // A recording's first line: its `at_ms` is not read.
+        let settings = read_settings(
+            r#"{"type":"settings","window_ms":5000,"on_readiness_lost":"wait","wait_timeout_ms":null}"#,
+        );
+        assert_eq!(
+            settings.unwrap().map(|(w, _)| w),
+            Some(Duration::from_secs(5))
         );
     }
 

@@ -89,3 +89,11 @@ mod test_support;
 /// `Gate`).
 #[deprecated(note = "renamed PoolMachine")]
 pub type PoolGate = PoolMachine;
+
+/// The old path of [`machine`] (it read too close to the actors' `Gate`).
+#[deprecated(note = "renamed machine")]
+pub mod gate {
+    pub use crate::machine::*;
+    #[allow(deprecated)]
+    pub use crate::PoolGate;
+}

@@ -833,7 +833,7 @@ async fn plan_and_commit(
                     in_the_way(&other);
                     return Ok(Err(EXIT_OTHER_RUN));
                 }
-                Err(GateError::Refused(refused)) => Some(refused),
+                Err(e) if retried(&e) => Some(e),
                 Err(e) => return Err(e.into()),
             }
         };
@@ -849,7 +849,7 @@ async fn plan_and_commit(
                     planning = false;
                     continue;
                 }
-                Err(GateError::Refused(refused)) => Some(refused),
+                Err(e) if retried(&e) => Some(e),
                 Err(e) => return Err(e.into()),
             },
         };
@@ -864,6 +864,13 @@ async fn plan_and_commit(
             }
         }
     }
+}
+
+/// Whether `run` asks again after this answer: a refusal by the pool's
+/// rules (not ready, a stale epoch: readiness comes back), or a store
+/// that could not write (the write is tried again).
+fn retried(error: &GateError) -> bool {
+    matches!(error, GateError::Refused(_) | GateError::NotDurable(_))
 }
 
 /// Says that `other`, restored from the state file, stands in the way.
@@ -963,4 +970,88 @@ fn stop_signal() -> Result<impl std::future::Future<Output = i32>, LiveError> {
             _ = interrupt.recv() => nix::sys::signal::Signal::SIGINT as i32,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use poolgate_actors::core::{
+        AgentReport, Durable, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy,
+        PoolDefinition, PoolId, RegistryFact, RunId, SwimState,
+    };
+    use poolgate_actors::{DurableSettings, Gate, GateSettings, StateStore, StoreError};
+
+    use super::*;
+
+    /// A store whose next `failing` writes fail (a disk full, then freed).
+    #[derive(Debug, Default)]
+    struct Flaky {
+        failing: AtomicU32,
+        failed: AtomicU32,
+    }
+
+    impl StateStore for Flaky {
+        fn save(&self, _: &Durable) -> Result<(), StoreError> {
+            let fail = self
+                .failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                self.failed.fetch_add(1, Ordering::SeqCst);
+                return Err(StoreError("disk full".into()));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn run_asks_again_when_the_store_could_not_write() {
+        // Adversary finding: a store's failure is `GateError::NotDurable`,
+        // no longer a `Refusal`; `run` gave up at the first one, before
+        // COMMAND started, instead of asking again as the README says.
+        actix::System::new().block_on(async {
+            let a = NodeId::new("a").unwrap();
+            let store = Arc::new(Flaky::default());
+            let gate = Gate::start(GateSettings {
+                definition: PoolDefinition::new(PoolId::new("p").unwrap(), vec![a.clone()])
+                    .unwrap(),
+                window: Duration::from_millis(20),
+                policy: PlanningPolicy {
+                    on_readiness_lost: OnReadinessLost::Wait,
+                    wait_timeout: None,
+                },
+                durable: Some(DurableSettings {
+                    store: store.clone(),
+                    restored: Durable::default(),
+                    restore_grace: Duration::from_secs(5),
+                }),
+                record: None,
+            });
+            let mut events = gate.subscribe();
+            gate.registry(RegistryFact::Known { node: a.clone() })
+                .await
+                .unwrap();
+            let alive = MembershipUpdate {
+                node: a.clone(),
+                state: SwimState::Alive,
+                incarnation: 0,
+            };
+            gate.membership(alive).await.unwrap();
+            gate.identity(a.clone(), b"id".to_vec()).await.unwrap();
+            gate.agent(AgentReport::Available { node: a.clone() })
+                .await
+                .unwrap();
+            gate.wait_ready().await.unwrap();
+            store.failing.store(2, Ordering::SeqCst);
+            let mut printer = Printer::new(Output::Json);
+            let run = RunId::new("r1").unwrap();
+            let limit = Some(Duration::from_secs(20));
+            let result = plan_and_commit(&gate, &mut events, &mut printer, &run, &[a], limit).await;
+            assert!(matches!(result, Ok(Ok(()))), "{result:?}");
+            assert_eq!(store.failed.load(Ordering::SeqCst), 2, "both failures seen");
+            assert_eq!(gate.report().await.unwrap().run, Some(run));
+        });
+    }
 }

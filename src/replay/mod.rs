@@ -253,7 +253,12 @@ where
             timeline: options.timeline.then(Timeline::default),
             sink,
         };
-        replay.drive(reader, first).await?;
+        let driven = replay.drive(reader, first).await;
+        // The actors start inside the runtime, whatever the outcome: a
+        // restored run's pool actor sets its timer when it starts, which
+        // it cannot do once the runtime is gone.
+        let _ = replay.gate.report().await;
+        driven?;
         Ok(replay.timeline.take())
     });
     result

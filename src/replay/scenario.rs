@@ -9,7 +9,7 @@
 use std::io::BufRead;
 
 use poolgate_actors::core::{Input, PlanningPolicy};
-use poolgate_actors::replay_format::{self, Line};
+use poolgate_actors::replay_format;
 use poolgate_actors::GateError;
 
 pub use replay_format::MAX_AT_MS;
@@ -105,7 +105,14 @@ impl<R: BufRead> ScenarioReader<R> {
 
 /// Parses one scenario line (the format is [`replay_format`]'s).
 pub fn parse_record(text: &str) -> Result<Record, String> {
-    let (at_ms, line) = replay_format::read(text)?;
+    let (at_ms, line) = replay_format::read(text).map_err(|e| {
+        // A `restored` record out of its place says so, however wrong it is.
+        if replay_format::is_of_type(text, "restored") {
+            replay_format::RESTORED_OUT_OF_PLACE.to_string()
+        } else {
+            e
+        }
+    })?;
     Ok(Record {
         at_ms,
         input: line.into_input()?,
@@ -116,11 +123,7 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
 /// (`{"at_ms":0,"type":"settings","window_ms":…,"on_readiness_lost":…,
 /// "wait_timeout_ms":…|null}`, SPEC §9); `Ok(None)` for any other record.
 pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, PlanningPolicy)>, String> {
-    if !is_of_type(text, "settings") {
-        return Ok(None);
-    }
-    let (_, line) = replay_format::read(text)?;
-    line.as_settings().transpose()
+    replay_format::read_settings(text)
 }
 
 /// What a recording's gate restored (`{"at_ms":0,"type":"restored",
@@ -129,31 +132,5 @@ pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, Plannin
 pub fn parse_restored(
     text: &str,
 ) -> Result<Option<(poolgate_actors::core::Durable, std::time::Duration)>, String> {
-    if !is_of_type(text, "restored") {
-        return Ok(None);
-    }
-    match replay_format::read(text)? {
-        (
-            _,
-            Line::Restored {
-                durable,
-                restore_grace_ms,
-            },
-        ) => Ok(Some((
-            durable.into_owned(),
-            std::time::Duration::from_millis(restore_grace_ms),
-        ))),
-        _ => Ok(None),
-    }
-}
-
-/// Whether `text` is a JSON object of record type `kind` (a line that is
-/// not is left to [`parse_record`], which says what is wrong with it).
-fn is_of_type(text: &str, kind: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: std::borrow::Cow<'a, str>,
-    }
-    serde_json::from_str::<Kind<'_>>(text).is_ok_and(|k| k.kind == kind)
+    replay_format::read_restored(text)
 }
