@@ -40,8 +40,8 @@
 
 use std::time::Instant;
 
-use poolgate::sim::{SimSettings, Simulation};
 use poolgate_actors::core::Event;
+use poolgate_sim::{SimSettings, Simulation};
 
 struct Args {
     nodes: usize,

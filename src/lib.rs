@@ -62,8 +62,9 @@
 //!   `poolgate_actors::replay_format`'s.
 //! - [`live`] (feature `live`): the live cluster: the SWIM adapter
 //!   ([`live::swim`]) and the demo (`live::demo`).
-//! - `sim`: thousands of SWIM members in virtual time feeding the real
-//!   gate (`examples/swim_sim.rs`, `tests/simulation.rs`).
+//! - The simulator, thousands of SWIM members in virtual time feeding the
+//!   real gate, is a crate of its own that is not published (`sim/`,
+//!   `poolgate-sim`: `examples/swim_sim.rs`, `tests/simulation.rs`).
 //! - `src/main.rs`: the `poolgate` command line, thin.
 //!
 //! # Features
@@ -80,9 +81,9 @@
 //! - `cli` (default, with `live`, `redb` and `replay`): the `poolgate`
 //!   binary and what only it needs: the node agent (`live::agent`),
 //!   `watch`/`run` (`live::commands`) and the guarded command
-//!   (`live::guard`), the demo, the local cluster, the simulator (`sim`);
-//!   it brings clap, tracing-subscriber, the Prometheus exporter, nix and
-//!   tokio's `process` and `signal`.
+//!   (`live::guard`), the demo and the local cluster; it brings clap,
+//!   tracing-subscriber, the Prometheus exporter, nix and tokio's
+//!   `process` and `signal`.
 //! - `replay` (part of `cli`): `replay::run` and friends, the gate on a
 //!   scenario and a paused tokio clock (tokio's `test-util`).
 //!
@@ -105,8 +106,6 @@ pub mod keys;
 pub mod live;
 #[cfg(feature = "replay")]
 pub mod replay;
-#[cfg(feature = "cli")]
-pub mod sim;
 pub mod state;
 
 #[cfg(feature = "live")]

@@ -2,8 +2,8 @@
 //! the real gate: PoolReady from a cold start, a crash faulting the
 //! committed run, and one seed giving one run.
 
-use poolgate::sim::{Partition, SimSettings, Simulation};
 use poolgate_actors::core::Event;
+use poolgate_sim::{Partition, SimSettings, Simulation};
 
 const NODES: usize = 64;
 /// Virtual seconds the whole story may take.

@@ -24,7 +24,8 @@ pub mod generation;
 #[cfg(feature = "cli")]
 pub mod guard;
 pub use crate::keys;
-pub(crate) mod nodes;
+#[doc(hidden)]
+pub mod nodes;
 pub mod orchestrator;
 pub mod replica;
 pub mod requests;

@@ -6,8 +6,8 @@
 //! counted, never able to make N live, suspect, dead or outranked; N
 //! reported dead because another identity took its address is not taken
 //! either (N's heartbeats on its agent connection say whether it lives).
-//! The live orchestrator and the simulator ([`crate::sim`]) both go
-//! through it.
+//! The live orchestrator and the simulator (the `poolgate-sim` crate)
+//! both go through it; public for that crate only, hidden from the docs.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -18,36 +18,36 @@ use super::swim::tracker::SwimFact;
 
 /// What the orchestrator remembers of each node between frames.
 #[derive(Debug, Default)]
-pub(crate) struct Nodes {
+pub struct Nodes {
     /// The last sequence accepted per node (replay protection).
-    pub(crate) last_seq: HashMap<NodeId, u64>,
+    pub last_seq: HashMap<NodeId, u64>,
     /// The last incarnation SWIM reported per node.
-    pub(crate) incarnation: HashMap<NodeId, u64>,
+    pub incarnation: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
-    pub(crate) leaving: HashSet<NodeId>,
+    pub leaving: HashSet<NodeId>,
     /// The SWIM identity each node signed in its latest frame (address,
     /// and generation if it signs one): SWIM facts about the node count
     /// only for it.
-    pub(crate) swim_addr: HashMap<NodeId, Signed>,
+    pub swim_addr: HashMap<NodeId, Signed>,
     /// The agent connection each node was last heard on (an id of the
     /// listener's), so a lost connection is told from a replaced one.
-    pub(crate) attached: HashMap<NodeId, u64>,
+    pub attached: HashMap<NodeId, u64>,
     /// Each node's last accepted frame: on which connection, from where,
     /// naming which SWIM identity, when. A second live process signing as
     /// the node shows as frames with two identities on two connections at
     /// once.
-    pub(crate) heard: HashMap<NodeId, Heard>,
+    pub heard: HashMap<NodeId, Heard>,
     /// The latest SWIM fact per node and identity (address, generation),
     /// so a node's state is known the moment it signs it.
-    pub(crate) latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
+    pub latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
     /// The signed identities by address, for the SWIM member to decide
     /// address conflicts by.
-    pub(crate) signed_view: super::swim::identity::SignedView,
+    pub signed_view: super::swim::identity::SignedView,
 }
 
 /// A node's last accepted frame (see [`Nodes::heard_from`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Heard {
+pub struct Heard {
     connection: u64,
     peer: SocketAddr,
     identity: (Option<SocketAddr>, Option<u64>),
@@ -56,12 +56,12 @@ pub(crate) struct Heard {
 
 /// The SWIM identity a node signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Signed {
+pub struct Signed {
     /// Where it answers.
-    pub(crate) addr: SocketAddr,
+    pub addr: SocketAddr,
     /// Its generation; `None` from an agent that does not sign it (then
     /// any generation at the address counts, the newest outranking).
-    pub(crate) generation: Option<u64>,
+    pub generation: Option<u64>,
 }
 
 impl Signed {
@@ -81,7 +81,7 @@ fn generation_of(update: &MembershipUpdate) -> u64 {
 /// before the node's first frame is not dropped as a suspicion of a member
 /// never seen alive.
 #[derive(Debug, Clone)]
-pub(crate) struct Held {
+pub struct Held {
     alive: Option<MembershipUpdate>,
     latest: MembershipUpdate,
 }
@@ -93,7 +93,7 @@ const ADDRESSES_PER_NODE: usize = 8;
 impl Nodes {
     /// A SWIM fact from the node's signed address, as the gate is told it:
     /// a leaving node's `dead` is its `left`.
-    pub(crate) fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
+    pub fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
         self.incarnation
             .insert(update.node.clone(), update.incarnation);
         if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
@@ -104,7 +104,7 @@ impl Nodes {
 
     /// Keeps a SWIM fact; returns it for the gate if it is about the
     /// identity the node signed.
-    pub(crate) fn observe(&mut self, observed: SwimFact) -> Option<MembershipUpdate> {
+    pub fn observe(&mut self, observed: SwimFact) -> Option<MembershipUpdate> {
         let node = observed.update.node.clone();
         let generation = generation_of(&observed.update);
         let key = (observed.addr, generation);
@@ -154,7 +154,7 @@ impl Nodes {
     /// as one node: a copied config, or a stolen key). One process on two
     /// connections (several addresses of one orchestrator) names one
     /// identity on both.
-    pub(crate) fn heard_from(
+    pub fn heard_from(
         &mut self,
         node: &NodeId,
         (id, peer): (u64, SocketAddr),
@@ -183,7 +183,7 @@ impl Nodes {
     /// The node signed `addr` (and `generation`): binds them, and returns
     /// the facts heard about that identity, for the gate in order (the
     /// last `alive`, then the latest), if the binding changed.
-    pub(crate) fn bind(
+    pub fn bind(
         &mut self,
         node: &NodeId,
         addr: SocketAddr,

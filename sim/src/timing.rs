@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use super::stats::NetStats;
-use crate::live::swim::drive::Replaced;
-use crate::live::swim::member::SwimFoca;
-use crate::live::swim::tracker::{MembershipTracker, SwimFact};
-use crate::live::swim::SwimIdentity;
+use poolgate::live::swim::drive::Replaced;
+use poolgate::live::swim::member::SwimFoca;
+use poolgate::live::swim::tracker::{MembershipTracker, SwimFact};
+use poolgate::live::swim::SwimIdentity;
 
 /// Member 0's tracker, each call timed; with the baseline on, also the
 /// control call, the whole-view walk and a record of its input.

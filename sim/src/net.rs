@@ -4,7 +4,7 @@
 //!
 //! Member 0 is the orchestrator's: its view goes through the real adapter
 //! (the watching codec and the
-//! [`MembershipTracker`](crate::live::swim::MembershipTracker)) and comes
+//! [`MembershipTracker`](poolgate::live::swim::MembershipTracker)) and comes
 //! out as [`SwimFact`] facts, stamped with the virtual instant (its timing
 //! for the tracker benchmark is the `timing` module's). Members 1..=N are
 //! the nodes `n1`…`nN`.
@@ -20,11 +20,11 @@ use rand::{RngExt, SeedableRng};
 pub use super::stats::NetStats;
 use super::timing::TimedTracker;
 pub use super::timing::{TrackerReplay, BASELINE_EVERY};
-use crate::live::swim::drive;
-use crate::live::swim::member::SwimFoca;
-use crate::live::swim::tracker::SwimFact;
-use crate::live::swim::watch::{Changes, WatchingCodec};
-use crate::live::swim::SwimIdentity;
+use poolgate::live::swim::drive;
+use poolgate::live::swim::member::SwimFoca;
+use poolgate::live::swim::tracker::SwimFact;
+use poolgate::live::swim::watch::{Changes, WatchingCodec};
+use poolgate::live::swim::SwimIdentity;
 
 /// How datagrams travel.
 #[derive(Clone, Debug, PartialEq)]

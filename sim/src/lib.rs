@@ -32,10 +32,10 @@ use poolgate_actors::{EventStream, Gate, GateError, GateSettings};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::live::nodes::Nodes;
-use crate::live::swim::SwimSettings;
 use net::{address, node_name, Network};
 pub use net::{NetworkModel, Partition};
+use poolgate::live::nodes::Nodes;
+use poolgate::live::swim::SwimSettings;
 
 /// What a simulation is made of.
 #[derive(Clone, Debug)]
@@ -77,7 +77,7 @@ impl SimSettings {
                 probe_period: Duration::from_millis(400),
                 probe_rtt: Duration::from_millis(120),
                 suspicion_timeout: Duration::from_secs(2),
-                indirect_probes: crate::live::swim::member::DEFAULT_INDIRECT_PROBES,
+                indirect_probes: poolgate::live::swim::member::DEFAULT_INDIRECT_PROBES,
             },
             model: NetworkModel::default(),
             announce_within: Duration::from_secs(1),
