@@ -105,15 +105,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
 
     let small = config(3)?;
-    let mut memory = commit_latencies(small.gate_settings())?;
+    let mut memory = commit_latencies(small.gate_settings()?)?;
     let state = dir.join("state.db");
     let mut durable = commit_latencies(small.gate_settings_with_state(Some(&state))?)?;
     memory.sort_by(f64::total_cmp);
     durable.sort_by(f64::total_cmp);
 
     let big = config(NODES)?;
-    let plain = observations_per_s(big.gate_settings())?;
-    let mut recorded = big.gate_settings();
+    let plain = observations_per_s(big.gate_settings()?)?;
+    let mut recorded = big.gate_settings()?;
     let file = std::fs::File::create(dir.join("record.jsonl"))?;
     recorded.record = Some(Recording::new(Box::new(std::io::BufWriter::new(file))));
     let with_record = observations_per_s(recorded)?;

@@ -21,16 +21,15 @@ async fn main() -> Result<(), GateError> {
         .into_iter()
         .map(NodeId::new)
         .collect::<Result<_, _>>()?;
-    let gate = Gate::start(GateSettings {
-        definition: PoolDefinition::new(PoolId::new("training")?, members.clone())?,
-        window: Duration::from_millis(300),
-        policy: PlanningPolicy {
-            on_readiness_lost: OnReadinessLost::Wait,
-            wait_timeout: Some(Duration::from_secs(5)),
-        },
-        durable: None,
-        record: None,
-    });
+    let definition = PoolDefinition::new(PoolId::new("training")?, members.clone())?;
+    let policy = PlanningPolicy {
+        on_readiness_lost: OnReadinessLost::Wait,
+        wait_timeout: Some(Duration::from_secs(5)),
+    };
+    // Checked as config.toml is: a wait timeout not longer than the
+    // window, say, is an error here.
+    let settings = GateSettings::new(definition, Duration::from_millis(300), policy)?;
+    let gate = Gate::try_start(settings)?;
     let mut events = gate.subscribe();
 
     // Three inputs, three types: the registry, SWIM, and the node agents.

@@ -93,17 +93,13 @@ fn names(n: usize) -> Vec<NodeId> {
 }
 
 fn settings(members: Vec<NodeId>, window: Duration) -> GateSettings {
-    GateSettings {
-        definition: PoolDefinition::new(PoolId::new("scale").expect("valid id"), members)
-            .expect("distinct members"),
-        window,
-        policy: PlanningPolicy {
-            on_readiness_lost: OnReadinessLost::Wait,
-            wait_timeout: None,
-        },
-        durable: None,
-        record: None,
-    }
+    let definition = PoolDefinition::new(PoolId::new("scale").expect("valid id"), members)
+        .expect("distinct members");
+    let policy = PlanningPolicy {
+        on_readiness_lost: OnReadinessLost::Wait,
+        wait_timeout: None,
+    };
+    GateSettings::new(definition, window, policy).expect("valid settings")
 }
 
 fn ready_facts(node: &NodeId) -> Vec<Input> {

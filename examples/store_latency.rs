@@ -23,13 +23,17 @@ fn settings(store: Option<Arc<dyn StateStore>>) -> GateSettings {
         "inline",
     )
     .expect("config");
-    let mut settings = config.gate_settings();
-    settings.durable = store.map(|store| DurableSettings {
-        store,
-        restored: Durable::default(),
-        restore_grace: Duration::from_secs(30),
-    });
-    settings
+    let settings = config.gate_settings().expect("settings");
+    match store {
+        Some(store) => settings
+            .with_durable(DurableSettings {
+                store,
+                restored: Durable::default(),
+                restore_grace: Duration::from_secs(30),
+            })
+            .expect("settings"),
+        None => settings,
+    }
 }
 
 async fn measure(store: Option<Arc<dyn StateStore>>, rounds: usize) -> Vec<Duration> {

@@ -23,6 +23,7 @@ pub const MAX_RESPONSE: usize = 4 << 20;
 
 /// Why an etcd call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EtcdError {
     /// No endpoint answered.
     #[error("etcd unreachable ({0})")]

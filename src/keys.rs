@@ -21,6 +21,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 
 /// Why a key could not be written or read. Never holds key bytes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The file could not be read or written.
     #[error("{file}: {source}")]

@@ -20,7 +20,7 @@
 //!     "config.toml",
 //! )?;
 //! actix::System::new().block_on(async move {
-//!     let gate = Gate::try_start(config.gate_settings())?;
+//!     let gate = Gate::try_start(config.gate_settings()?)?;
 //!     let node = NodeId::new("node-1")?;
 //!     gate.registry(RegistryFact::Known { node: node.clone() }).await?;
 //!     let alive = MembershipUpdate { node: node.clone(), state: SwimState::Alive, incarnation: 1 };
@@ -110,7 +110,7 @@ pub mod state;
 
 #[cfg(feature = "live")]
 pub use config::NodeConfig;
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, SettingsError};
 pub use poolgate_actors::core::{self, Input};
 pub use poolgate_actors::{
     Accepted, Clock, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome,

@@ -16,7 +16,11 @@ use poolgate_actors::core::{
 const MEMBERS: &[&str] = &["n1", "n2", "n3"];
 
 fn gate_wait(timeout_ms: Option<u64>) -> Gate {
-    Gate::start(config(MEMBERS, 5000, OnReadinessLost::Wait, timeout_ms).gate_settings())
+    Gate::start(
+        config(MEMBERS, 5000, OnReadinessLost::Wait, timeout_ms)
+            .gate_settings()
+            .unwrap(),
+    )
 }
 
 fn run(name: &str) -> RunId {
@@ -365,7 +369,11 @@ fn the_wait_timeout_aborts_planning() {
 #[test]
 fn readiness_lost_while_planning_under_abort_aborts() {
     on_virtual_time(async {
-        let gate = Gate::start(config(MEMBERS, 5000, OnReadinessLost::Abort, None).gate_settings());
+        let gate = Gate::start(
+            config(MEMBERS, 5000, OnReadinessLost::Abort, None)
+                .gate_settings()
+                .unwrap(),
+        );
         let mut events = gate.subscribe();
         ready_pool(&gate).await;
         gate.begin_planning(run("r1"), None).await.unwrap();
@@ -756,7 +764,9 @@ fn a_live_input_after_the_timer_at_its_instant_is_applied_a_millisecond_later() 
 #[test]
 fn starting_the_gate_outside_an_actix_system_is_a_typed_error() {
     // Issue 21: it panicked with tokio's `spawn_local` message.
-    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None)
+        .gate_settings()
+        .unwrap();
     let started = Gate::try_start(settings);
     assert!(
         matches!(started, Err(GateError::NoSystem)),
@@ -770,7 +780,9 @@ fn starting_the_gate_after_its_thread_s_system_has_ended_is_a_typed_error() {
     // Adversary finding: once a System had run on the thread, `try_start`
     // took it for a running one and panicked in `spawn_local`.
     actix::System::new().block_on(async {});
-    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None)
+        .gate_settings()
+        .unwrap();
     let started = Gate::try_start(settings);
     assert!(
         matches!(started, Err(GateError::NoSystem)),
@@ -782,7 +794,9 @@ fn starting_the_gate_after_its_thread_s_system_has_ended_is_a_typed_error() {
 #[test]
 #[should_panic(expected = "inside a running actix System")]
 fn gate_start_outside_a_system_panics_saying_so() {
-    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let settings = config(&["a"], 1000, OnReadinessLost::Wait, None)
+        .gate_settings()
+        .unwrap();
     let _ = Gate::start(settings);
 }
 
@@ -791,7 +805,9 @@ fn absurd_durations_built_in_code_are_refused_and_the_longest_allowed_works() {
     // Embedder: a window of Duration::MAX overflowed an Instant inside the
     // pool actor, which stayed dead (every call `Stopped`).
     on_virtual_time(async {
-        let mut settings = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+        let mut settings = config(&["a"], 1000, OnReadinessLost::Wait, None)
+            .gate_settings()
+            .unwrap();
         settings.window = std::time::Duration::MAX;
         assert!(matches!(
             Gate::try_start(settings.clone()),
@@ -816,7 +832,9 @@ fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
     // Embedder: it panicked on the overflow (and would have wrapped to
     // epoch 0 in a release build).
     on_virtual_time(async {
-        let mut settings = config(&["a"], 10, OnReadinessLost::Wait, None).gate_settings();
+        let mut settings = config(&["a"], 10, OnReadinessLost::Wait, None)
+            .gate_settings()
+            .unwrap();
         #[derive(Debug)]
         struct Nowhere;
         impl poolgate::StateStore for Nowhere {
@@ -850,7 +868,9 @@ fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
 fn settings_built_in_code_are_checked_as_parsed_ones_are() {
     // Issue 21: a wait_timeout of 1 ms, shorter than the window, was taken.
     on_virtual_time(async {
-        let base = config(&["a"], 1000, OnReadinessLost::Wait, None).gate_settings();
+        let base = config(&["a"], 1000, OnReadinessLost::Wait, None)
+            .gate_settings()
+            .unwrap();
         let mut short_wait = base.clone();
         short_wait.policy.wait_timeout = Some(std::time::Duration::from_millis(1));
         let mut no_window = base.clone();
@@ -865,4 +885,84 @@ fn settings_built_in_code_are_checked_as_parsed_ones_are() {
         }
         assert!(Gate::try_start(base).is_ok());
     });
+}
+
+#[test]
+fn the_settings_constructors_refuse_what_config_toml_refuses_and_agree_with_it_otherwise() {
+    // Issue 21: settings and configurations built in code go through
+    // validated constructors (the types are non-exhaustive, so no literal
+    // skips them), checked by the rules `config.toml` is parsed by.
+    use poolgate::core::{PlanningPolicy, PoolDefinition, PoolId};
+    use poolgate::{Config, GateSettings};
+    use std::time::Duration;
+    let pool = PoolDefinition::new(PoolId::new("pool-t").unwrap(), vec![node("a")]).unwrap();
+    let wait = |timeout_ms: Option<u64>| PlanningPolicy {
+        on_readiness_lost: OnReadinessLost::Wait,
+        wait_timeout: timeout_ms.map(Duration::from_millis),
+    };
+    let refused = |settings: Result<GateSettings, GateError>| {
+        matches!(settings, Err(GateError::InvalidSettings(_)))
+    };
+    let ms = Duration::from_millis;
+    // A zero window, a window beyond 365 days, one of a fraction of a
+    // millisecond, a wait timeout not longer than the window.
+    assert!(refused(GateSettings::new(
+        pool.clone(),
+        Duration::ZERO,
+        wait(None)
+    )));
+    assert!(refused(GateSettings::new(
+        pool.clone(),
+        poolgate_actors::MAX_SETTING + ms(1),
+        wait(None)
+    )));
+    assert!(refused(GateSettings::new(
+        pool.clone(),
+        Duration::from_micros(1500),
+        wait(None)
+    )));
+    assert!(refused(GateSettings::new(
+        pool.clone(),
+        ms(1000),
+        wait(Some(1000))
+    )));
+    for text in ["0s", "1500us", "366days"] {
+        let parsed = Config::parse(
+            &format!("[pool]\nid = \"p\"\nmembers = [\"a\"]\n[readiness]\nconvergence_window = \"{text}\"\n"),
+            "config.toml",
+        );
+        assert!(parsed.is_err(), "{text} parsed");
+    }
+    // A restore grace of zero, given with a store.
+    #[derive(Debug)]
+    struct Nowhere;
+    impl poolgate::StateStore for Nowhere {
+        fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
+            Ok(())
+        }
+    }
+    let good = GateSettings::new(pool.clone(), ms(1000), wait(Some(1001))).unwrap();
+    let graceless = poolgate::DurableSettings {
+        store: std::sync::Arc::new(Nowhere),
+        restored: poolgate::core::Durable::default(),
+        restore_grace: Duration::ZERO,
+    };
+    assert!(refused(good.clone().with_durable(graceless)));
+    // What is accepted is what parsing gives.
+    let parsed = config(&["a"], 1000, OnReadinessLost::Wait, Some(1001))
+        .gate_settings()
+        .unwrap();
+    assert_eq!(
+        (good.definition, good.window, good.policy),
+        (parsed.definition, parsed.window, parsed.policy)
+    );
+    // A configuration built in code: the same rules for its window.
+    assert!(matches!(
+        Config::new(pool.clone(), Duration::ZERO),
+        Err(GateError::InvalidSettings(_))
+    ));
+    let built = Config::new(pool, ms(1000)).unwrap();
+    let mut parsed = config(&["a"], 1000, OnReadinessLost::Wait, None);
+    parsed.pool = built.pool.clone();
+    assert_eq!(built, parsed);
 }

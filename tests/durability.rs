@@ -242,7 +242,9 @@ impl StateStore for Recorder {
 }
 
 fn settings(store: Arc<Recorder>, restored: Durable) -> GateSettings {
-    let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
+        .gate_settings()
+        .unwrap();
     settings.durable = Some(DurableSettings {
         store,
         restored,
@@ -513,8 +515,11 @@ fn a_subscriber_after_an_await_still_receives_the_restore_events() {
 #[test]
 fn a_subscriber_that_never_reads_is_bounded_and_told_it_lagged() {
     on_virtual_time(async {
-        let gate =
-            Gate::start(config(&["a", "b"], 10, OnReadinessLost::Wait, None).gate_settings());
+        let gate = Gate::start(
+            config(&["a", "b"], 10, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap(),
+        );
         let mut idle = gate.subscribe();
         let mut reader = gate.subscribe();
         make_ready(&gate, "b").await;
@@ -588,8 +593,9 @@ fn state_writes_run_off_the_actors_thread() {
         let store = Arc::clone(&store);
         async move {
             let actors = std::thread::current().id();
-            let mut settings =
-                config(&["a", "b"], 1000, OnReadinessLost::Wait, None).gate_settings();
+            let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap();
             settings.durable = Some(DurableSettings {
                 store: store.clone(),
                 restored: Durable::default(),

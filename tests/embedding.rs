@@ -86,7 +86,7 @@ fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
     )
     .unwrap();
     actix::System::new().block_on(async move {
-        let gate = poolgate::Gate::try_start(config.gate_settings()).unwrap();
+        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
         let leads = Arc::new(AtomicBool::new(true));
         let fence = Arc::clone(&leads);
         gate.fence_with(move || fence.load(Ordering::SeqCst));
@@ -125,7 +125,7 @@ fn a_membership_source_without_incarnations_refutes_a_suspicion_through_plain_me
     actix::System::new().block_on(async move {
         let node = NodeId::new("node-1").unwrap();
         let blocked_by_suspicion = |naive: bool| {
-            let settings = config.gate_settings();
+            let settings = config.gate_settings().unwrap();
             let node = node.clone();
             async move {
                 let gate = poolgate::Gate::try_start(settings).unwrap();
@@ -182,7 +182,7 @@ fn one_agent_frame_is_one_input_applied_in_order() {
     )
     .unwrap();
     actix::System::new().block_on(async move {
-        let gate = poolgate::Gate::try_start(config.gate_settings()).unwrap();
+        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
         let node = NodeId::new("node-1").unwrap();
         let frame = vec![
             Observation::Known,
@@ -217,7 +217,7 @@ fn a_batch_about_a_stranger_is_counted_as_its_observations_are() {
     .unwrap();
     let system = actix::System::new();
     system.block_on(async move {
-        let gate = poolgate::Gate::start(config.gate_settings());
+        let gate = poolgate::Gate::start(config.gate_settings().unwrap());
         let stranger = NodeId::new("node-9").unwrap();
         let frame = vec![
             Observation::Swim {

@@ -133,17 +133,15 @@ fn a_million_observations_into_ten_thousand_nodes_lose_no_transition() {
         let names: Vec<NodeId> = (0..NODES + NODES / 10)
             .map(|i| NodeId::new(&format!("n{i}")).unwrap())
             .collect();
-        let gate = Gate::start(GateSettings {
-            definition: PoolDefinition::new(PoolId::new("flood").unwrap(), names[..NODES].to_vec())
-                .unwrap(),
-            window: std::time::Duration::from_secs(5),
-            policy: poolgate_actors::core::PlanningPolicy {
-                on_readiness_lost: OnReadinessLost::Wait,
-                wait_timeout: None,
-            },
-            durable: None,
-            record: None,
-        });
+        let definition =
+            PoolDefinition::new(PoolId::new("flood").unwrap(), names[..NODES].to_vec()).unwrap();
+        let policy = poolgate_actors::core::PlanningPolicy {
+            on_readiness_lost: OnReadinessLost::Wait,
+            wait_timeout: None,
+        };
+        let settings =
+            GateSettings::new(definition, std::time::Duration::from_secs(5), policy).unwrap();
+        let gate = Gate::start(settings);
         let keys: Vec<Vec<u8>> = (0..4).map(|k| vec![k as u8 + 1; 32]).collect();
         let rss_before = peak_rss_kib();
         // Each producer owns a share of the nodes, so each node's stream

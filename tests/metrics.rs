@@ -33,7 +33,9 @@ fn metrics_follow_a_scripted_scenario() {
     metrics::with_local_recorder(&recorder, || {
         on_virtual_time(async {
             let gate = Gate::start(
-                config(&["n1", "n2", "n3"], 5000, OnReadinessLost::Wait, None).gate_settings(),
+                config(&["n1", "n2", "n3"], 5000, OnReadinessLost::Wait, None)
+                    .gate_settings()
+                    .unwrap(),
             );
             for n in ["n1", "n2", "n3"] {
                 make_ready(&gate, n).await; // 12 applied

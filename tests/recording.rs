@@ -100,7 +100,9 @@ fn random_inputs(rng: &mut StdRng, nodes: &[&str]) -> Vec<Input> {
 /// as an agent frame does).
 fn live_run(seed: u64, batched: bool) -> (Vec<String>, Vec<u8>) {
     let recorded = Shared::default();
-    let mut settings = config(&NODES, 40, OnReadinessLost::Wait, Some(90)).gate_settings();
+    let mut settings = config(&NODES, 40, OnReadinessLost::Wait, Some(90))
+        .gate_settings()
+        .unwrap();
     settings.record = Some(Recording::new(Box::new(recorded.clone())));
     let events = actix::System::new().block_on(async move {
         let gate = Gate::start(settings);

@@ -33,7 +33,9 @@ impl StateStore for Store {
 }
 
 fn settings(store: Arc<Store>, restored: Durable) -> GateSettings {
-    let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None).gate_settings();
+    let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
+        .gate_settings()
+        .unwrap();
     settings.durable = Some(DurableSettings {
         store,
         restored,

@@ -5,6 +5,7 @@ use poolgate_core::{DefinitionError, InvalidId, InvalidIdentity, Refusal};
 
 /// Why the gate refused something. Nothing changed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GateError {
     /// A command was refused by the pool's rules.
     #[error(transparent)]

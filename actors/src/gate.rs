@@ -77,13 +77,9 @@ pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let node = NodeId::new("node-1")?;
-/// let settings = GateSettings {
-///     definition: PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?,
-///     window: Duration::from_millis(20),
-///     policy: PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None },
-///     durable: None,
-///     record: None,
-/// };
+/// let definition = PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?;
+/// let policy = PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None };
+/// let settings = GateSettings::new(definition, Duration::from_millis(20), policy)?;
 /// actix::System::new().block_on(async move {
 ///     let gate = Gate::start(settings);
 ///     let mut events = gate.subscribe();

@@ -18,13 +18,10 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let node = NodeId::new("node-1")?;
-//! let settings = GateSettings {
-//!     definition: PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?,
-//!     window: Duration::from_millis(20),
-//!     policy: PlanningPolicy { on_readiness_lost: OnReadinessLost::Abort, wait_timeout: None },
-//!     durable: None,
-//!     record: None,
-//! };
+//! let definition = PoolDefinition::new(PoolId::new("pool-a")?, vec![node.clone()])?;
+//! let policy = PlanningPolicy { on_readiness_lost: OnReadinessLost::Abort, wait_timeout: None };
+//! // Checked as config.toml is: a zero window, say, is an error here.
+//! let settings = GateSettings::new(definition, Duration::from_millis(20), policy)?;
 //! actix::System::new().block_on(async move {
 //!     let gate = Gate::try_start(settings)?; // an error outside a System, or on bad settings
 //!     gate.registry(RegistryFact::Known { node: node.clone() }).await?;

@@ -38,8 +38,14 @@ use poolgate_core::{
 };
 
 /// What the gate needs to start: the first pool, its window and the
-/// planning policy.
+/// planning policy; optionally a store and a recording.
+///
+/// Built by [`GateSettings::new`], which checks it as `config.toml` is
+/// checked, then [`GateSettings::with_durable`] and
+/// [`GateSettings::with_recording`]. The fields can be read and changed;
+/// [`Gate::try_start`](crate::Gate::try_start) checks them again.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GateSettings {
     /// The first candidate pool.
     pub definition: PoolDefinition,
@@ -72,6 +78,40 @@ pub fn duration_problem(d: Duration) -> Option<&'static str> {
 }
 
 impl GateSettings {
+    /// Settings for `definition` with its convergence `window` and the
+    /// planning `policy`, in memory only and not recorded; refused
+    /// ([`GateError::InvalidSettings`]) as `config.toml` would refuse them.
+    pub fn new(
+        definition: PoolDefinition,
+        window: Duration,
+        policy: PlanningPolicy,
+    ) -> Result<GateSettings, GateError> {
+        let settings = GateSettings {
+            definition,
+            window,
+            policy,
+            durable: None,
+            record: None,
+        };
+        settings.check().map_err(GateError::InvalidSettings)?;
+        Ok(settings)
+    }
+
+    /// The same settings, with epochs and the active run kept in
+    /// `durable`'s store (and restored from what it held); refused if its
+    /// restore grace is not a valid duration.
+    pub fn with_durable(mut self, durable: DurableSettings) -> Result<GateSettings, GateError> {
+        self.durable = Some(durable);
+        self.check().map_err(GateError::InvalidSettings)?;
+        Ok(self)
+    }
+
+    /// The same settings, with every applied input recorded to `recording`.
+    pub fn with_recording(mut self, recording: Recording) -> GateSettings {
+        self.record = Some(recording);
+        self
+    }
+
     /// Checks settings built in code as `config.toml`'s are checked: the
     /// window and the restore grace longer than zero, whole milliseconds,
     /// at most 365 days; a wait timeout longer than the window.

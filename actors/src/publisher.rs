@@ -280,6 +280,9 @@ fn log_decision(event: &Event) {
         } => {
             tracing::info!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
         }
+        // `Event` is non-exhaustive: an event of a newer core is logged
+        // by its name.
+        _ => tracing::info!(at_ms = at, event = event.name(), "gate event"),
     }
 }
 

@@ -41,8 +41,13 @@ pub struct StoreError(pub String);
 ///     restored: Durable::default(), // what the store held at start
 ///     restore_grace: std::time::Duration::from_secs(30),
 /// };
-/// // GateSettings { durable: Some(durable), .. }
-/// # drop(durable);
+/// # use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
+/// # let pool = PoolDefinition::new(PoolId::new("pool-a").unwrap(), vec![NodeId::new("n").unwrap()]).unwrap();
+/// # let policy = PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None };
+/// let settings = poolgate_actors::GateSettings::new(pool, std::time::Duration::from_secs(5), policy)
+///     .and_then(|settings| settings.with_durable(durable))
+///     .unwrap();
+/// # drop(settings);
 /// ```
 ///
 /// The pool actor calls `save` off the actors' thread (a blocking-pool

@@ -12,6 +12,7 @@ use crate::time::Time;
 /// Why planning was abandoned.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AbortReason {
     /// Readiness was lost while planning under the `abort` policy.
     ReadinessLost,
@@ -44,6 +45,7 @@ pub enum AbortReason {
 /// (ids checked as when made).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Event {
     /// Every candidate was ready and the view held still for the window.
     PoolReady {

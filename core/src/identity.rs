@@ -14,6 +14,7 @@ pub const MAX_IDENTITY_BYTES: usize = 16 * 1024;
 
 /// Why identity material was refused. The node keeps the identity it had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidIdentity {
     /// No bytes at all.
     #[error("identity material is empty")]

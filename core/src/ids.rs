@@ -15,6 +15,7 @@ pub const MAX_ID_BYTES: usize = 128;
 
 /// Why a string is not a valid id. Nothing was created.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidId {
     /// The string was empty.
     #[error("{kind} id is empty")]

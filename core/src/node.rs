@@ -189,6 +189,7 @@ impl fmt::Display for FaultReason {
     Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, serde::Deserialize, PartialOrd, Ord,
 )]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Reason {
     /// The orchestrator forgot the node.
     Unknown,
@@ -247,6 +248,7 @@ impl fmt::Display for Reason {
 /// One condition that keeps a node from being ready.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Blocker {
     /// The orchestrator does not know the node.
     Unknown,

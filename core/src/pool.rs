@@ -23,6 +23,7 @@ use crate::time::Time;
 
 /// Why a pool definition was refused. The pool is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DefinitionError {
     /// The member list was empty.
     #[error("the pool has no members")]

@@ -54,6 +54,7 @@ pub struct PlanningPolicy {
 
 /// A command that was refused. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refusal {
     /// Planning and commit need a ready pool.
     #[error("the pool is not ready")]
@@ -119,6 +120,7 @@ impl Refusal {
 
 /// How a run ended.
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum RunEnd {
     /// Planning was abandoned.
     Aborted(AbortReason),

@@ -161,16 +161,11 @@ impl Simulation {
             .map_err(GateError::from)?;
         let pool = PoolId::new("sim").map_err(GateError::from)?;
         let definition = PoolDefinition::new(pool, ids[1..].to_vec()).map_err(GateError::from)?;
-        let gate = Gate::start(GateSettings {
-            definition,
-            window: settings.window,
-            policy: PlanningPolicy {
-                on_readiness_lost: OnReadinessLost::Wait,
-                wait_timeout: None,
-            },
-            durable: None,
-            record: None,
-        });
+        let policy = PlanningPolicy {
+            on_readiness_lost: OnReadinessLost::Wait,
+            wait_timeout: None,
+        };
+        let gate = Gate::try_start(GateSettings::new(definition, settings.window, policy)?)?;
         let events = gate.subscribe();
         for node in &ids[1..] {
             let known = RegistryFact::Known { node: node.clone() };

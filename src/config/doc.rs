@@ -161,6 +161,7 @@ impl<'a> Doc<'a> {
                     .nth(1)
                     .map(|(_, s)| s.clone())
                     .unwrap_or_else(|| value.span()),
+                _ => value.span(),
             };
             self.error(span, KEY, e)
         })

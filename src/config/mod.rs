@@ -50,7 +50,13 @@ pub use node::{NodeConfig, DEFAULT_HEARTBEAT, HEARTBEATS_MISSED};
 /// let message = wrong.unwrap_err().to_string();
 /// assert!(message.contains("readiness.convergence_window"), "{message}");
 /// ```
+///
+/// Built in code, it starts from [`Config::new`] (the pool and its
+/// window, every other section at its default); its fields can then be
+/// changed, and what starts from it checks them as `config.toml`'s are
+/// checked ([`Config::gate_settings`], the live orchestrator's start).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// `[pool]`: the candidate pool.
     pub pool: PoolDefinition,
@@ -112,6 +118,7 @@ impl Default for StateConfig {
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("{file}: {source}")]
@@ -135,7 +142,64 @@ pub enum ConfigError {
     },
 }
 
+/// Why [`Config::gate_settings_with_state`] gave no settings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The configuration holds what `config.toml` would refuse (changed
+    /// in code).
+    #[error(transparent)]
+    Gate(#[from] poolgate_actors::GateError),
+    /// The state file cannot be used.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+}
+
 impl Config {
+    /// A configuration of `pool` with its convergence `window`, every other
+    /// section as an empty `config.toml` would leave it (planning waits,
+    /// without a timeout; state in memory); refused
+    /// ([`GateError::InvalidSettings`](poolgate_actors::GateError)) if the
+    /// window is one `config.toml` would refuse.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use poolgate::core::{NodeId, PoolDefinition, PoolId};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PoolDefinition::new(PoolId::new("pool-a")?, vec![NodeId::new("node-1")?])?;
+    /// let config = poolgate::Config::new(pool.clone(), Duration::from_secs(5))?;
+    /// assert_eq!(config.convergence_window, Duration::from_secs(5));
+    /// // No window at all is refused, as `convergence_window = "0s"` is.
+    /// assert!(poolgate::Config::new(pool, Duration::ZERO).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(
+        pool: PoolDefinition,
+        window: Duration,
+    ) -> Result<Config, poolgate_actors::GateError> {
+        let config = Config {
+            pool,
+            convergence_window: window,
+            planning: PlanningPolicy {
+                on_readiness_lost: OnReadinessLost::Wait,
+                wait_timeout: None,
+            },
+            #[cfg(feature = "live")]
+            swim: SwimConfig::default(),
+            #[cfg(feature = "live")]
+            demo: DemoConfig::default(),
+            #[cfg(feature = "live")]
+            agents: AgentsConfig::default(),
+            #[cfg(feature = "live")]
+            registry: Registry::new(),
+            state: StateConfig::default(),
+        };
+        config.gate_settings()?;
+        Ok(config)
+    }
+
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
@@ -325,15 +389,11 @@ impl Config {
         }
     }
 
-    /// What the gate needs, in memory only.
-    pub fn gate_settings(&self) -> GateSettings {
-        GateSettings {
-            definition: self.pool.clone(),
-            window: self.convergence_window,
-            policy: self.planning,
-            durable: None,
-            record: None,
-        }
+    /// What the gate needs, in memory only; refused
+    /// ([`GateError::InvalidSettings`](poolgate_actors::GateError)) only for
+    /// a configuration changed in code to what `config.toml` would refuse.
+    pub fn gate_settings(&self) -> Result<GateSettings, poolgate_actors::GateError> {
+        GateSettings::new(self.pool.clone(), self.convergence_window, self.planning)
     }
 
     /// What the gate needs, with the state file of `[state] path` (or
@@ -341,7 +401,7 @@ impl Config {
     pub fn gate_settings_with_state(
         &self,
         path: Option<&Path>,
-    ) -> Result<GateSettings, crate::state::StateError> {
+    ) -> Result<GateSettings, SettingsError> {
         self.gate_settings_with_store(path)
             .map(|(settings, _)| settings)
     }
@@ -356,18 +416,18 @@ impl Config {
             GateSettings,
             Option<std::sync::Arc<dyn crate::state::OrchestratorStore>>,
         ),
-        crate::state::StateError,
+        SettingsError,
     > {
-        let mut settings = self.gate_settings();
+        let settings = self.gate_settings()?;
         let Some(path) = path.or(self.state.path.as_deref()) else {
             return Ok((settings, None));
         };
         let (store, restored) = open_file_store(path)?;
-        settings.durable = Some(poolgate_actors::DurableSettings {
+        let settings = settings.with_durable(poolgate_actors::DurableSettings {
             store: store.clone(),
             restored,
             restore_grace: self.state.restore_grace,
-        });
+        })?;
         Ok((settings, Some(store)))
     }
 }

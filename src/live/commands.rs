@@ -1014,21 +1014,22 @@ mod tests {
         actix::System::new().block_on(async {
             let a = NodeId::new("a").unwrap();
             let store = Arc::new(Flaky::default());
-            let gate = Gate::start(GateSettings {
-                definition: PoolDefinition::new(PoolId::new("p").unwrap(), vec![a.clone()])
-                    .unwrap(),
-                window: Duration::from_millis(20),
-                policy: PlanningPolicy {
-                    on_readiness_lost: OnReadinessLost::Wait,
-                    wait_timeout: None,
-                },
-                durable: Some(DurableSettings {
-                    store: store.clone(),
-                    restored: Durable::default(),
-                    restore_grace: Duration::from_secs(5),
-                }),
-                record: None,
-            });
+            let definition =
+                PoolDefinition::new(PoolId::new("p").unwrap(), vec![a.clone()]).unwrap();
+            let policy = PlanningPolicy {
+                on_readiness_lost: OnReadinessLost::Wait,
+                wait_timeout: None,
+            };
+            let settings = GateSettings::new(definition, Duration::from_millis(20), policy)
+                .and_then(|settings| {
+                    settings.with_durable(DurableSettings {
+                        store: store.clone(),
+                        restored: Durable::default(),
+                        restore_grace: Duration::from_secs(5),
+                    })
+                })
+                .unwrap();
+            let gate = Gate::start(settings);
             let mut events = gate.subscribe();
             gate.registry(RegistryFact::Known { node: a.clone() })
                 .await

@@ -108,3 +108,12 @@ pub enum LiveError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
+
+impl From<crate::config::SettingsError> for LiveError {
+    fn from(e: crate::config::SettingsError) -> Self {
+        match e {
+            crate::config::SettingsError::Gate(e) => e.into(),
+            crate::config::SettingsError::State(e) => e.into(),
+        }
+    }
+}

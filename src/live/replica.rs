@@ -551,13 +551,14 @@ impl Replica {
                 )));
             }
             self.seen_epoch = restored.last_epoch;
-            let mut settings = self.config.gate_settings();
             let store: Arc<dyn crate::state::OrchestratorStore> = self.store.clone();
-            settings.durable = Some(poolgate_actors::DurableSettings {
-                store: store.clone(),
-                restored,
-                restore_grace: self.config.state.restore_grace,
-            });
+            let settings = self.config.gate_settings().and_then(|settings| {
+                settings.with_durable(poolgate_actors::DurableSettings {
+                    store: store.clone(),
+                    restored,
+                    restore_grace: self.config.state.restore_grace,
+                })
+            })?;
             let leader: Arc<str> = Arc::from(format!("{} (this replica)", self.me));
             match Orchestrator::start_with(
                 &self.config,

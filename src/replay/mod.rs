@@ -463,3 +463,12 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         Ok(())
     }
 }
+
+impl From<crate::config::SettingsError> for ReplayError {
+    fn from(e: crate::config::SettingsError) -> Self {
+        match e {
+            crate::config::SettingsError::Gate(e) => e.into(),
+            crate::config::SettingsError::State(e) => e.into(),
+        }
+    }
+}

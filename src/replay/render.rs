@@ -72,6 +72,8 @@ pub fn describe_event(event: &Event) -> String {
             run, node, reason, ..
         } => format!("run {run} FAULTED: required node {node} {reason}"),
         Event::RunFinished { run, .. } => format!("run {run} finished"),
+        // `Event` is non-exhaustive: a newer core's event by its name.
+        _ => event.name().replace('_', " "),
     }
 }
 
