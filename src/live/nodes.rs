@@ -21,8 +21,6 @@ use super::swim::tracker::SwimFact;
 pub struct Nodes {
     /// The last sequence accepted per node (replay protection).
     pub last_seq: HashMap<NodeId, u64>,
-    /// The last incarnation SWIM reported per node.
-    pub incarnation: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
     pub leaving: HashSet<NodeId>,
     /// The SWIM identity each node signed in its latest frame (address,
@@ -93,9 +91,7 @@ const ADDRESSES_PER_NODE: usize = 8;
 impl Nodes {
     /// A SWIM fact from the node's signed address, as the gate is told it:
     /// a leaving node's `dead` is its `left`.
-    pub fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
-        self.incarnation
-            .insert(update.node.clone(), update.incarnation);
+    pub fn for_gate(&self, mut update: MembershipUpdate) -> MembershipUpdate {
         if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
             update.state = SwimState::Left;
         }
@@ -208,21 +204,33 @@ impl Nodes {
                 None => view.remove(&addr),
             };
         }
-        let held = self.latest.get(node).and_then(|facts| {
-            facts
-                .iter()
-                .filter(|((at, g), _)| signed.matches(*at, *g))
-                .max_by_key(|((_, g), _)| *g)
-                .map(|(_, held)| held.clone())
-        });
         let mut facts = Vec::new();
-        if let Some(held) = held {
-            if let Some(alive) = held.alive.filter(|a| *a != held.latest) {
-                facts.push(self.for_gate(alive));
+        if let Some(held) = self.signed_held(node) {
+            if let Some(alive) = held.alive.as_ref().filter(|a| **a != held.latest) {
+                facts.push(self.for_gate(alive.clone()));
             }
-            facts.push(self.for_gate(held.latest));
+            facts.push(self.for_gate(held.latest.clone()));
         }
         Some(facts)
+    }
+
+    /// The incarnation of the latest SWIM fact held for the identity
+    /// `node` signed: the one the gate was last told for it (the facts
+    /// are held here once, not copied per node beside them).
+    pub fn signed_incarnation(&self, node: &NodeId) -> Option<u64> {
+        self.signed_held(node).map(|held| held.latest.incarnation)
+    }
+
+    /// The facts held for the identity `node` signed (its newest
+    /// generation, if it signs none).
+    fn signed_held(&self, node: &NodeId) -> Option<&Held> {
+        let signed = self.swim_addr.get(node)?;
+        self.latest
+            .get(node)?
+            .iter()
+            .filter(|((at, g), _)| signed.matches(*at, *g))
+            .max_by_key(|((_, g), _)| *g)
+            .map(|(_, held)| held)
     }
 }
 
@@ -305,6 +313,32 @@ mod tests {
         assert_eq!(facts.len(), 1);
         assert_eq!(facts[0].incarnation, 6 << 16);
         assert_eq!(facts[0].state, SwimState::Alive);
+    }
+
+    #[test]
+    fn a_leaving_node_is_told_left_at_what_was_last_told_of_the_identity_it_signed() {
+        // The incarnation a leave is told at comes from the one table of
+        // SWIM facts held here: the latest of the signed identity, never
+        // a forged identity's, nor a fact held for a generation not signed.
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        assert_eq!(nodes.signed_incarnation(&node), None);
+        nodes.bind(&node, addr, Some(5));
+        assert!(nodes.observe(at(SwimState::Alive, 5, 3)).is_some());
+        assert_eq!(nodes.observe(at(SwimState::Alive, 9_999, 7)), None);
+        assert_eq!(nodes.signed_incarnation(&node), Some((5 << 16) | 3));
+        // Signed anew at generation 6: its own fact, once heard.
+        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 1)), None);
+        nodes.bind(&node, addr, Some(6));
+        assert_eq!(nodes.signed_incarnation(&node), Some((6 << 16) | 1));
+        // A leaving node's SWIM `dead` is its `left`.
+        nodes.leaving.insert(node.clone());
+        let left = nodes.observe(at(SwimState::Dead, 6, 1)).unwrap();
+        assert_eq!(
+            (left.state, left.incarnation),
+            (SwimState::Left, (6 << 16) | 1)
+        );
     }
 
     #[test]

@@ -1159,7 +1159,7 @@ impl Listener {
                 .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
             let leaving = if state.leaving {
                 known.leaving.insert(node.clone());
-                Some(known.incarnation.get(node).copied().unwrap_or(0))
+                Some(known.signed_incarnation(node).unwrap_or(0))
             } else {
                 known.leaving.remove(node);
                 None
