@@ -1004,7 +1004,10 @@ fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
             let seen = Arc::clone(seen);
             warm.send(Attach {
                 token: token as u64 + 1,
-                sink: Box::new(move |o| seen.lock().unwrap().push(o.update.node.to_string())),
+                sink: Box::new(move |o| {
+                    seen.lock().unwrap().push(o.update.node.to_string());
+                    true
+                }),
                 signed: Default::default(),
                 only: ["node-1".to_string()].into_iter().collect(),
             })

@@ -275,10 +275,12 @@ impl Simulation {
             }
             if self.net.step(next).is_some() {
                 for observed in self.net.take_observed() {
-                    if observed.update.state == SwimState::Suspect {
+                    let suspect = observed.update.state == SwimState::Suspect;
+                    let kept = self.nodes.observe(observed);
+                    if suspect && kept.is_new() {
                         self.suspicions += 1;
                     }
-                    if let Some(update) = self.nodes.observe(observed) {
+                    if let Some(update) = kept.for_gate() {
                         self.gate
                             .submit(Time::from_millis(next), update.into())
                             .await?;

@@ -6,6 +6,8 @@
 //! counted, never able to make N live, suspect, dead or outranked; N
 //! reported dead because another identity took its address is not taken
 //! either (N's heartbeats on its agent connection say whether it lives).
+//! The latest fact per identity is held here and nowhere else between
+//! foca and the gate: a repeat of it changes nothing and goes no further.
 //! The live orchestrator and the simulator (the `poolgate-sim` crate)
 //! both go through it; public for that crate only, hidden from the docs.
 
@@ -84,6 +86,43 @@ pub struct Held {
     latest: MembershipUpdate,
 }
 
+/// The latest fact held for one identity (see [`Nodes::held`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldFact<'a> {
+    /// The identity's address.
+    pub addr: SocketAddr,
+    /// Its latest fact (the generation in its incarnation's high bits).
+    pub latest: &'a MembershipUpdate,
+}
+
+/// What [`Nodes::observe`] made of a SWIM fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// The fact held for its identity already: nothing changed.
+    Repeat,
+    /// A new fact, held; not for the gate (the node has not signed that
+    /// identity, or another identity took its address).
+    Held,
+    /// A new fact about the identity the node signed, as the gate is told
+    /// it.
+    ForGate(MembershipUpdate),
+}
+
+impl Kept {
+    /// The update for the gate, if any.
+    pub fn for_gate(self) -> Option<MembershipUpdate> {
+        match self {
+            Kept::ForGate(update) => Some(update),
+            Kept::Repeat | Kept::Held => None,
+        }
+    }
+
+    /// Whether the fact changed what is held.
+    pub fn is_new(&self) -> bool {
+        !matches!(self, Kept::Repeat)
+    }
+}
+
 /// How many identities' facts are kept per node name (impostors
 /// included); a new one past this evicts the oldest generation held.
 const ADDRESSES_PER_NODE: usize = 8;
@@ -98,20 +137,36 @@ impl Nodes {
         update
     }
 
-    /// Keeps a SWIM fact; returns it for the gate if it is about the
-    /// identity the node signed.
-    pub fn observe(&mut self, observed: SwimFact) -> Option<MembershipUpdate> {
+    /// Keeps a SWIM fact: a repeat of the fact held for its identity
+    /// changes nothing; a new one is held, and is for the gate if it is
+    /// about the identity the node signed.
+    pub fn observe(&mut self, observed: SwimFact) -> Kept {
         let node = observed.update.node.clone();
         let generation = generation_of(&observed.update);
         let key = (observed.addr, generation);
         let facts = self.latest.entry(node.clone()).or_default();
-        if facts.len() >= ADDRESSES_PER_NODE && !facts.contains_key(&key) {
+        let mut update = observed.update;
+        let held = facts
+            .get(&key)
+            .map(|held| (held.latest.state, held.latest.incarnation));
+        if observed.replaced {
+            // Dead by replacement, at what was last held of the identity;
+            // an identity never heard of has nothing to lose.
+            let Some((_, incarnation)) = held else {
+                return Kept::Repeat;
+            };
+            update.incarnation = update.incarnation.max(incarnation);
+        }
+        if held == Some((update.state, update.incarnation)) {
+            return Kept::Repeat;
+        }
+        if facts.len() >= ADDRESSES_PER_NODE && held.is_none() {
             if let Some(oldest) = facts.keys().min_by_key(|(_, g)| *g).copied() {
                 facts.remove(&oldest);
             }
         }
         let alive = match facts.get(&key) {
-            _ if observed.update.state == SwimState::Alive => Some(observed.update.clone()),
+            _ if update.state == SwimState::Alive => Some(update.clone()),
             Some(held) => held.alive.clone(),
             None => None,
         };
@@ -119,7 +174,7 @@ impl Nodes {
             key,
             Held {
                 alive,
-                latest: observed.update.clone(),
+                latest: update.clone(),
             },
         );
         match self.swim_addr.get(&node).copied() {
@@ -129,17 +184,17 @@ impl Nodes {
                     // not the node's own evidence of anything.
                     metrics::counter!("poolgate_swim_impostors_total").increment(1);
                     tracing::debug!(%node, addr = %observed.addr, "the node's SWIM identity replaced by another at its address; ignored");
-                    return None;
+                    return Kept::Held;
                 }
-                Some(self.for_gate(observed.update))
+                Kept::ForGate(self.for_gate(update))
             }
             Some(_) => {
                 metrics::counter!("poolgate_swim_impostors_total").increment(1);
                 tracing::debug!(%node, addr = %observed.addr, generation, "SWIM fact about an identity the node did not sign; ignored");
-                None
+                Kept::Held
             }
             // Held until the node signs its identity.
-            None => None,
+            None => Kept::Held,
         }
     }
 
@@ -214,6 +269,22 @@ impl Nodes {
         Some(facts)
     }
 
+    /// Every identity's latest fact held, by node (for checks against
+    /// foca's view).
+    pub fn held(&self) -> impl Iterator<Item = (&NodeId, HeldFact<'_>)> {
+        self.latest.iter().flat_map(|(node, facts)| {
+            facts.iter().map(move |((addr, _), held)| {
+                (
+                    node,
+                    HeldFact {
+                        addr: *addr,
+                        latest: &held.latest,
+                    },
+                )
+            })
+        })
+    }
+
     /// The incarnation of the latest SWIM fact held for the identity
     /// `node` signed: the one the gate was last told for it (the facts
     /// are held here once, not copied per node beside them).
@@ -258,8 +329,8 @@ mod tests {
         // order, so the suspicion counts (alone it would be a suspicion of
         // a member never seen, which the gate ignores as stale).
         let mut nodes = Nodes::default();
-        assert_eq!(nodes.observe(observed(SwimState::Alive, 7)), None);
-        assert_eq!(nodes.observe(observed(SwimState::Suspect, 7)), None);
+        assert_eq!(nodes.observe(observed(SwimState::Alive, 7)), Kept::Held);
+        assert_eq!(nodes.observe(observed(SwimState::Suspect, 7)), Kept::Held);
         let node = NodeId::new("node-4").unwrap();
         let facts = nodes
             .bind(&node, SocketAddr::from(([10, 0, 0, 4], 7946)), None)
@@ -284,19 +355,26 @@ mod tests {
         let node = NodeId::new("node-4").unwrap();
         let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
         let mut nodes = Nodes::default();
-        assert_eq!(nodes.observe(at(SwimState::Alive, 5, 1)), None);
+        assert_eq!(nodes.observe(at(SwimState::Alive, 5, 1)), Kept::Held);
         let facts = nodes.bind(&node, addr, Some(5)).unwrap();
         assert_eq!(facts.len(), 1);
         let forged = 5 + 1_000_000_000;
         for state in [SwimState::Alive, SwimState::Suspect, SwimState::Dead] {
-            assert_eq!(nodes.observe(at(state, forged, 1)), None, "{state:?}");
+            assert_eq!(
+                nodes.observe(at(state, forged, 1)).for_gate(),
+                None,
+                "{state:?}"
+            );
         }
         // foca's Rename of the signed identity by another at its address.
         let mut replaced = at(SwimState::Dead, 5, 1);
         replaced.replaced = true;
-        assert_eq!(nodes.observe(replaced), None);
+        assert_eq!(nodes.observe(replaced).for_gate(), None);
         // The node's own identity still counts, suspicion included.
-        let suspect = nodes.observe(at(SwimState::Suspect, 5, 1)).unwrap();
+        let suspect = nodes
+            .observe(at(SwimState::Suspect, 5, 1))
+            .for_gate()
+            .unwrap();
         assert_eq!(suspect.state, SwimState::Suspect);
     }
 
@@ -306,9 +384,12 @@ mod tests {
         let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
         let mut nodes = Nodes::default();
         nodes.bind(&node, addr, Some(5));
-        assert!(nodes.observe(at(SwimState::Alive, 5, 1)).is_some());
+        assert!(nodes
+            .observe(at(SwimState::Alive, 5, 1))
+            .for_gate()
+            .is_some());
         // Declared down, the node rejoins at generation 6: held until signed.
-        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 0)), None);
+        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 0)), Kept::Held);
         let facts = nodes.bind(&node, addr, Some(6)).unwrap();
         assert_eq!(facts.len(), 1);
         assert_eq!(facts[0].incarnation, 6 << 16);
@@ -325,16 +406,19 @@ mod tests {
         let mut nodes = Nodes::default();
         assert_eq!(nodes.signed_incarnation(&node), None);
         nodes.bind(&node, addr, Some(5));
-        assert!(nodes.observe(at(SwimState::Alive, 5, 3)).is_some());
-        assert_eq!(nodes.observe(at(SwimState::Alive, 9_999, 7)), None);
+        assert!(nodes
+            .observe(at(SwimState::Alive, 5, 3))
+            .for_gate()
+            .is_some());
+        assert_eq!(nodes.observe(at(SwimState::Alive, 9_999, 7)), Kept::Held);
         assert_eq!(nodes.signed_incarnation(&node), Some((5 << 16) | 3));
         // Signed anew at generation 6: its own fact, once heard.
-        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 1)), None);
+        assert_eq!(nodes.observe(at(SwimState::Alive, 6, 1)), Kept::Held);
         nodes.bind(&node, addr, Some(6));
         assert_eq!(nodes.signed_incarnation(&node), Some((6 << 16) | 1));
         // A leaving node's SWIM `dead` is its `left`.
         nodes.leaving.insert(node.clone());
-        let left = nodes.observe(at(SwimState::Dead, 6, 1)).unwrap();
+        let left = nodes.observe(at(SwimState::Dead, 6, 1)).for_gate().unwrap();
         assert_eq!(
             (left.state, left.incarnation),
             (SwimState::Left, (6 << 16) | 1)
@@ -347,8 +431,14 @@ mod tests {
         let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
         let mut nodes = Nodes::default();
         nodes.bind(&node, addr, None);
-        assert!(nodes.observe(at(SwimState::Alive, 5, 1)).is_some());
-        assert!(nodes.observe(at(SwimState::Alive, 6, 0)).is_some());
+        assert!(nodes
+            .observe(at(SwimState::Alive, 5, 1))
+            .for_gate()
+            .is_some());
+        assert!(nodes
+            .observe(at(SwimState::Alive, 6, 0))
+            .for_gate()
+            .is_some());
     }
 
     #[test]

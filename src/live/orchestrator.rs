@@ -34,7 +34,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::generation::{unix_ms, GenerationFile};
 use super::keys::{ClusterKey, PublicKey};
-use super::nodes::Nodes;
+use super::nodes::{Kept, Nodes};
 use super::status;
 use super::swim::member::{boot_generation, Join, SetKeyring};
 use super::swim::tracker::SwimFact;
@@ -206,11 +206,14 @@ impl Orchestrator {
         }
         let sink: super::swim::member::MembershipSink = {
             let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
-            Box::new(move |observed: SwimFact| {
-                let update = lock(&nodes).observe(observed);
-                if let Some(update) = update {
+            Box::new(move |fact: SwimFact| {
+                let kept = lock(&nodes).observe(fact);
+                let new = kept.is_new();
+                if let Kept::ForGate(update) = kept {
+                    tracing::debug!(node = %update.node, state = %update.state, incarnation = update.incarnation, "SWIM change");
                     gate.membership_nowait(update);
                 }
+                new
             })
         };
         // This term's gate fed by the member, with what it wants of it:
@@ -367,6 +370,8 @@ impl Orchestrator {
                 None
             } else {
                 nodes.last_seq.remove(&node);
+                // SWIM facts are kept of the registry's names only.
+                nodes.latest.retain(|name, _| registry.contains_key(name));
                 Some(registry.keys().map(|n| n.to_string()).collect())
             }
         };

@@ -3,9 +3,9 @@
 //! foca does no I/O: the actor feeds it datagrams (`handle_data`) and
 //! timer events (`handle_timer`), then drains what foca asked for: datagrams
 //! to send, timers to schedule (actix `notify_later`), notifications to log.
-//! After each call the tracker turns the membership changes foca made
-//! (noted by its codec, see [`super::watch`]) into gate input for the sink,
-//! if there is one.
+//! After each call the tracker turns the member states foca applied
+//! (noted by its codec, see [`super::watch`]) into facts for the sink, if
+//! there is one; the sink's table says which were new.
 //!
 //! Every datagram is sealed on the way out and opened on the way in with
 //! the cluster's [`Keyring`]; one that no key opens is dropped and counted
@@ -79,8 +79,10 @@ pub fn advertised(
     Ok(addr)
 }
 
-/// Where membership changes go (the orchestrator's checks, then the gate).
-pub type MembershipSink = Box<dyn FnMut(SwimFact) + Send>;
+/// Where membership facts go (the orchestrator's table of SWIM facts, its
+/// checks, then the gate); says whether the fact was new to it (a repeat
+/// of what it holds changes nothing).
+pub type MembershipSink = Box<dyn FnMut(SwimFact) -> bool + Send>;
 
 /// How long after a probe datagram (ping, ack, and the indirect probe's
 /// four) the same sealed bytes go out again. Each probe message is sent
@@ -302,15 +304,18 @@ impl SwimMember {
         self.emit(changed);
     }
 
-    /// Hands the tracker's updates to the sink.
-    fn emit(&mut self, changed: Vec<SwimFact>) {
-        if let Some(sink) = self.sink.as_mut() {
-            for observed in changed {
-                let update = &observed.update;
-                tracing::debug!(node = %update.node, addr = %observed.addr, state = %update.state, incarnation = update.incarnation, "SWIM change");
-                sink(observed);
-            }
+    /// Hands the tracker's facts to the sink; how many were new to it.
+    fn emit(&mut self, facts: Vec<SwimFact>) -> usize {
+        let Some(sink) = self.sink.as_mut() else {
+            return 0;
+        };
+        let mut new = 0;
+        for fact in facts {
+            let update = &fact.update;
+            tracing::trace!(node = %update.node, addr = %fact.addr, state = %update.state, incarnation = update.incarnation, "SWIM fact");
+            new += usize::from(sink(fact));
         }
+        new
     }
 
     fn report(&self, what: &'static str, result: Result<(), foca::Error>) {
@@ -331,8 +336,8 @@ impl SwimMember {
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
 impl SwimMember {
-    /// Reports every member whose state in foca's whole view differs from
-    /// what was reported.
+    /// Hands the sink every member of foca's whole view (the wanted ones);
+    /// the sink's table keeps what differs from what it holds, and says so.
     fn reconcile(&mut self) {
         let own = self.foca.identity().clone();
         // One state per (name, address): the newest generation's (an
@@ -347,15 +352,12 @@ impl SwimMember {
             }
         }
         let states: Vec<foca::Member<SwimIdentity>> = newest.into_values().cloned().collect();
-        let changed = self.tracker.changed(states, Vec::new());
-        if !changed.is_empty() {
-            metrics::counter!("poolgate_swim_reconciled_total").increment(changed.len() as u64);
-            tracing::debug!(
-                count = changed.len(),
-                "SWIM states found by the whole-view check"
-            );
+        let facts = self.tracker.changed(states, Vec::new());
+        let new = self.emit(facts);
+        if new > 0 {
+            metrics::counter!("poolgate_swim_reconciled_total").increment(new as u64);
+            tracing::debug!(count = new, "SWIM states found by the whole-view check");
         }
-        self.emit(changed);
     }
 
     /// Declares down every member held suspect at one incarnation for
@@ -705,7 +707,7 @@ impl Handler<Attach> for SwimMember {
         self.tracker.only(msg.only);
         self.sink = Some(msg.sink);
         self.attached = Some(msg.token);
-        self.tracker.forget_reported();
+        // The new sink starts from the whole view.
         self.reconcile();
     }
 }

@@ -4,14 +4,17 @@
 //! Only SWIM facts cross this boundary (state and incarnation per node);
 //! SWIM assigns nothing. foca has no "suspect" notification, so its codec
 //! notes every member state foca applies ([`watch`]), and after every foca
-//! call the [`MembershipTracker`] emits one
-//! [`MembershipUpdate`](poolgate_actors::core::MembershipUpdate) per member
-//! that changed, at a cost in proportion to the change.
+//! call the [`MembershipTracker`] gives one fact
+//! ([`MembershipUpdate`](poolgate_actors::core::MembershipUpdate) and
+//! address) per member it touched, at a cost in proportion to the change.
+//! The tracker holds no member state: foca holds the view, and the
+//! orchestrator's one table of facts ([`crate::live::nodes`]) keeps what
+//! changed and passes it to the gate.
 //!
 //! - [`drive`]: one way to drive foca, over UDP or in memory.
 //! - [`identity`]: who a member is (node id, socket address, generation).
 //! - [`watch`]: the codec that notes what foca changed.
-//! - [`tracker`]: foca's membership changes → gate observations (pure).
+//! - [`tracker`]: what foca applied → SWIM facts (pure, stateless).
 //! - [`member`]: the actor that owns foca, the socket and foca's timers.
 
 pub mod drive;

@@ -12,14 +12,18 @@
 //! confirmed failure the same way; the orchestrator tells them apart by the
 //! node's own word (it announces that it is leaving). A member foca
 //! replaces by another identity at its address (foca's `Rename`) is
-//! reported `dead` at the incarnation last reported, so it cannot stay
-//! "alive" in the gate.
+//! reported `dead` and marked replaced, so it cannot stay "alive" in the
+//! gate.
 //!
-//! The tracker is fed what changed during one foca call (see
-//! [`super::watch`]), so its cost is in proportion to the change, not to
+//! The tracker holds no member state: foca holds the view, and the one
+//! table between foca and the gate is the orchestrator's
+//! ([`crate::live::nodes::Nodes`]), which keeps the latest fact per
+//! identity and passes on only what changed. The tracker is fed what foca
+//! applied during one call (see [`super::watch`]) and gives one fact per
+//! member it touched, so its cost is in proportion to the change, not to
 //! the cluster: it never walks foca's whole membership.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 
 use foca::{Member, State};
@@ -30,7 +34,7 @@ use super::identity::SwimIdentity;
 /// Generations must stay below this to fold into an incarnation.
 pub const GENERATION_LIMIT: u64 = 1 << 48;
 
-/// One change of a member as seen from here: the update for the gate, and
+/// One fact about a member as seen from here: the update for the gate, and
 /// the SWIM address of the member it is about (facts about node N count
 /// only from the address N signed; the orchestrator checks that).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,18 +44,18 @@ pub struct SwimFact {
     /// Where the member that says so answers.
     pub addr: SocketAddr,
     /// The member is reported dead because another identity took its
-    /// address (foca's `Rename`), not because SWIM found it gone.
+    /// address (foca's `Rename`), not because SWIM found it gone. Its
+    /// incarnation is the lowest of its generation, or the one foca
+    /// applied in the same call: the table that holds what was told of
+    /// the identity raises it to that ([`crate::live::nodes::Nodes`]).
     pub replaced: bool,
 }
 
-/// The latest state reported per member, by address then node name (a
-/// name is looked up as `&str`, without building a key, and in constant
-/// time however many names share an address), to emit only changes.
-/// With [`MembershipTracker::only`], members of other names are not kept
-/// at all: invented members cost nothing here.
+/// Turns what foca applied into facts about the members wanted. With
+/// [`MembershipTracker::only`], members of other names are dropped here:
+/// invented members cost nothing further on.
 #[derive(Debug, Default)]
 pub struct MembershipTracker {
-    reported: HashMap<SocketAddr, HashMap<String, (SwimState, u64)>>,
     only: Option<HashSet<String>>,
 }
 
@@ -73,34 +77,25 @@ fn fold(member: &Member<SwimIdentity>) -> (SwimState, u64) {
 }
 
 impl MembershipTracker {
-    /// Keeps and reports only members named in `names` (the orchestrator's
+    /// Reports only members named in `names` (the orchestrator's
     /// registry: a fact about any other name could never count).
     pub fn only(&mut self, names: HashSet<String>) {
-        self.reported.retain(|_, at| {
-            at.retain(|name, _| names.contains(name));
-            !at.is_empty()
-        });
         self.only = Some(names);
-    }
-
-    /// Forgets what was reported: the next [`MembershipTracker::changed`]
-    /// reports every member again (a new sink starts from the whole view).
-    pub fn forget_reported(&mut self) {
-        self.reported.clear();
     }
 
     fn wanted(&self, node: &str) -> bool {
         self.only.as_ref().is_none_or(|names| names.contains(node))
     }
 
-    /// Turns what one foca call changed into one update per member whose
-    /// state or incarnation differs from what was reported: `states` are
-    /// member states as foca applied them, oldest first (a member may
-    /// appear more than once; its last state counts); `replaced` are the
-    /// identities foca dropped for a newer one at their address (its
-    /// `Rename(old, new)` notifications). Members are told apart by name
-    /// and address: another member calling itself N from elsewhere is
-    /// reported separately, never in N's place. Updates come sorted by
+    /// Turns what one foca call applied into one fact per member it
+    /// touched: `states` are member states as foca applied them, oldest
+    /// first (a member may appear more than once; its last state counts);
+    /// `replaced` are the identities foca dropped for a newer one at their
+    /// address (its `Rename(old, new)` notifications). Members are told
+    /// apart by name and address: another member calling itself N from
+    /// elsewhere is reported separately, never in N's place. A state that
+    /// repeats what was reported before is reported again: what changed is
+    /// decided by the one table that holds the facts. Facts come sorted by
     /// node and address. The cost is in proportion to `states`.
     pub fn changed(
         &mut self,
@@ -116,20 +111,24 @@ impl MembershipTracker {
                 continue; // the same member at a new generation: its state says it
             }
             let key = (old.node.as_str(), old.addr);
-            if !self.wanted(key.0) || !done.insert(key) {
+            if !self.wanted(key.0) || old.generation >= GENERATION_LIMIT || !done.insert(key) {
                 continue;
             }
-            // Gone: dead at the incarnation last known for it.
-            let latest = states
+            // Gone: dead at the incarnation foca applied in this call, or
+            // at its generation's lowest (raised to what was told of it by
+            // the table that holds that).
+            let incarnation = states
                 .iter()
                 .rev()
-                .find(|m| (m.id().node.as_str(), m.id().addr) == key)
-                .map(fold)
-                .or_else(|| self.last_reported(key.0, key.1));
-            if let Some((_, incarnation)) = latest {
-                let dead = (SwimState::Dead, incarnation);
-                self.report(key.0, key.1, dead, true, &mut updates);
-            }
+                .find(|m| m.id() == old)
+                .map_or(old.generation << 16, |m| fold(m).1);
+            report(
+                key.0,
+                key.1,
+                (SwimState::Dead, incarnation),
+                true,
+                &mut updates,
+            );
         }
         for member in states.iter().rev() {
             let id = member.id();
@@ -137,64 +136,39 @@ impl MembershipTracker {
                 continue; // not wanted, or a later state of it was taken
             }
             if id.generation >= GENERATION_LIMIT {
-                tracing::warn!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
+                tracing::debug!(member = %id.node, "a SWIM member's generation is 2^48 or more; ignored");
                 continue;
             }
-            self.report(&id.node, id.addr, fold(member), false, &mut updates);
+            report(&id.node, id.addr, fold(member), false, &mut updates);
         }
         updates.sort_by(|a, b| (&a.update.node, a.addr).cmp(&(&b.update.node, b.addr)));
         updates
     }
+}
 
-    fn last_reported(&self, node: &str, addr: SocketAddr) -> Option<(SwimState, u64)> {
-        self.reported.get(&addr)?.get(node).copied()
-    }
-
-    fn report(
-        &mut self,
-        node: &str,
-        addr: SocketAddr,
-        now: (SwimState, u64),
-        replaced: bool,
-        updates: &mut Vec<SwimFact>,
-    ) {
-        let at = self.reported.entry(addr).or_default();
-        match at.get_mut(node) {
-            Some(known) if *known == now => return,
-            Some(known) => *known = now,
-            None => {
-                at.insert(node.to_string(), now);
-            }
-        }
-        let Ok(node_id) = NodeId::new(node) else {
-            // Noted once per change of the member; never reported.
-            tracing::warn!(
-                member = node,
-                "a SWIM member's name is not a valid node id; ignored"
-            );
-            return;
-        };
-        let (state, incarnation) = now;
-        updates.push(SwimFact {
-            update: MembershipUpdate {
-                node: node_id,
-                state,
-                incarnation,
-            },
-            addr,
-            replaced,
-        });
-    }
-
-    /// What was last reported per member (name, address): state and
-    /// folded incarnation.
-    pub fn reported(&self) -> impl Iterator<Item = (&str, SocketAddr, SwimState, u64)> {
-        self.reported.iter().flat_map(|(addr, names)| {
-            names
-                .iter()
-                .map(move |(node, state)| (node.as_str(), *addr, state.0, state.1))
-        })
-    }
+fn report(
+    node: &str,
+    addr: SocketAddr,
+    (state, incarnation): (SwimState, u64),
+    replaced: bool,
+    updates: &mut Vec<SwimFact>,
+) {
+    let Ok(node_id) = NodeId::new(node) else {
+        tracing::debug!(
+            member = node,
+            "a SWIM member's name is not a valid node id; ignored"
+        );
+        return;
+    };
+    updates.push(SwimFact {
+        update: MembershipUpdate {
+            node: node_id,
+            state,
+            incarnation,
+        },
+        addr,
+        replaced,
+    });
 }
 
 /// The members already handled in one call: a scan for the usual handful,
@@ -232,7 +206,7 @@ mod tests {
     //! clock: deterministic, no sockets.
 
     use std::cmp::Reverse;
-    use std::collections::{BinaryHeap, VecDeque};
+    use std::collections::{BinaryHeap, HashMap, VecDeque};
     use std::net::SocketAddr;
 
     use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, Timer};
@@ -240,6 +214,7 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+    use crate::live::nodes::Nodes;
     use crate::live::swim::drive;
     use crate::live::swim::watch::{Changes, WatchingCodec};
     use crate::live::swim::SwimSettings;
@@ -264,6 +239,9 @@ mod tests {
         tracker: MembershipTracker,
         /// What member 0's foca encoded.
         changes: Changes,
+        /// The one table of SWIM facts the tracker feeds.
+        table: Nodes,
+        /// The facts new to the table, in order.
         seen: Vec<MembershipUpdate>,
     }
 
@@ -327,6 +305,7 @@ mod tests {
                 wire: VecDeque::new(),
                 tracker: MembershipTracker::default(),
                 changes,
+                table: Nodes::default(),
                 seen: Vec::new(),
             };
             for i in 1..n {
@@ -356,8 +335,13 @@ mod tests {
             let replaced = drive::drain(&mut self.nodes[i].runtime, &mut queues);
             if i == 0 {
                 let own = self.nodes[0].foca.identity().clone();
-                let updates = drive::track(&mut self.tracker, &self.changes, &own, replaced);
-                self.seen.extend(updates.into_iter().map(|o| o.update));
+                let facts = drive::track(&mut self.tracker, &self.changes, &own, replaced);
+                for fact in facts {
+                    let update = fact.update.clone();
+                    if self.table.observe(fact).is_new() {
+                        self.seen.push(update);
+                    }
+                }
                 self.check_against_the_whole_view();
             }
             while let Some((to, data)) = self.wire.pop_front() {
@@ -369,9 +353,9 @@ mod tests {
             }
         }
 
-        /// The tracker, fed only changes, agrees with member 0's whole
-        /// view: every member foca lists is reported in its state, and a
-        /// member foca no longer lists was last reported dead.
+        /// The table the tracker feeds, fed only what foca applied, agrees
+        /// with member 0's whole view: every identity foca lists is held
+        /// in its state, and one foca no longer lists was last held dead.
         fn check_against_the_whole_view(&self) {
             let mut view = HashMap::new();
             for member in self.nodes[0].foca.iter_membership_state() {
@@ -382,12 +366,17 @@ mod tests {
                     State::Down => SwimState::Dead,
                 };
                 let incarnation = (id.generation << 16) | u64::from(member.incarnation());
-                view.insert((id.node.clone(), id.addr), (state, incarnation));
+                view.insert(
+                    (id.node.clone(), id.addr, id.generation),
+                    (state, incarnation),
+                );
             }
-            for (node, addr, state, incarnation) in self.tracker.reported() {
-                match view.remove(&(node.to_string(), addr)) {
-                    Some(listed) => assert_eq!(listed, (state, incarnation), "{node}@{addr}"),
-                    None => assert_eq!(state, SwimState::Dead, "{node}@{addr} vanished"),
+            for (node, held) in self.table.held() {
+                let key = (node.to_string(), held.addr, held.latest.incarnation >> 16);
+                let now = (held.latest.state, held.latest.incarnation);
+                match view.remove(&key) {
+                    Some(listed) => assert_eq!(listed, now, "{node}@{}", held.addr),
+                    None => assert_eq!(now.0, SwimState::Dead, "{node}@{} vanished", held.addr),
                 }
             }
             assert!(view.is_empty(), "never reported: {view:?}");
@@ -512,14 +501,25 @@ mod tests {
         Vec::new()
     }
 
+    /// The facts that are new to `table`.
+    fn new_to(table: &mut Nodes, facts: Vec<SwimFact>) -> Vec<SwimFact> {
+        facts
+            .into_iter()
+            .filter(|fact| table.observe(fact.clone()).is_new())
+            .collect()
+    }
+
     #[test]
     fn a_member_replaced_at_its_address_by_another_name_is_reported_dead() {
-        let mut tracker = MembershipTracker::default();
+        let (mut tracker, mut table) = (MembershipTracker::default(), Nodes::default());
         let alive = member("n1", 5, State::Alive);
-        assert_eq!(tracker.changed([alive.clone()], none()).len(), 1);
+        assert_eq!(
+            new_to(&mut table, tracker.changed([alive.clone()], none())).len(),
+            1
+        );
         let other = member("n9", 6, State::Alive);
         let renamed = (alive.id().clone(), other.id().clone());
-        let seen = tracker.changed([other], [renamed.clone()]);
+        let seen = new_to(&mut table, tracker.changed([other], [renamed.clone()]));
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert_eq!(seen[0].update.node.as_str(), "n1");
         assert_eq!(seen[0].update.state, SwimState::Dead);
@@ -527,7 +527,14 @@ mod tests {
         assert!(seen[0].replaced, "dead by replacement, so marked");
         assert_eq!(seen[1].update.node.as_str(), "n9");
         assert!(!seen[1].replaced);
-        assert!(tracker.changed([], [renamed]).is_empty(), "reported once");
+        let again = tracker.changed([], [renamed]);
+        assert!(new_to(&mut table, again).is_empty(), "new once");
+        // A replaced identity never heard of has nothing to lose.
+        let never = (
+            member("n7", 3, State::Alive).id().clone(),
+            member("n8", 4, State::Alive).id().clone(),
+        );
+        assert!(new_to(&mut table, tracker.changed([], [never])).is_empty());
     }
 
     #[test]
@@ -539,26 +546,27 @@ mod tests {
             .map(|i| member(&format!("made-up-{i}"), 1, State::Alive))
             .collect();
         assert!(tracker.changed(invented, none()).is_empty());
-        assert_eq!(tracker.reported().count(), 0);
         let seen = tracker.changed([member("n1", 1, State::Alive)], none());
         assert_eq!(seen.len(), 1);
-        assert_eq!(tracker.reported().count(), 1);
     }
 
     #[test]
-    fn many_names_at_one_address_are_told_apart_and_repeats_not_reported() {
-        let mut tracker = MembershipTracker::default();
+    fn many_names_at_one_address_are_told_apart_and_repeats_go_no_further_than_the_table() {
+        let (mut tracker, mut table) = (MembershipTracker::default(), Nodes::default());
         let names: Vec<_> = (0..20_000)
             .map(|i| member(&format!("n{i}"), 1, State::Alive))
             .collect();
-        assert_eq!(tracker.changed(names.clone(), none()).len(), 20_000);
+        let first = tracker.changed(names.clone(), none());
+        assert_eq!(new_to(&mut table, first).len(), 20_000);
         // Each found by its name (a hash lookup since issue 20, not a scan).
-        assert!(tracker.changed(names, none()).is_empty());
+        let again = tracker.changed(names, none());
+        assert_eq!(again.len(), 20_000);
+        assert!(new_to(&mut table, again).is_empty());
     }
 
     #[test]
     fn a_member_noted_twice_in_one_call_is_reported_in_its_last_state() {
-        let mut tracker = MembershipTracker::default();
+        let (mut tracker, mut table) = (MembershipTracker::default(), Nodes::default());
         let seen = tracker.changed(
             [
                 member("n1", 1, State::Alive),
@@ -568,8 +576,12 @@ mod tests {
         );
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].update.state, SwimState::Suspect);
+        assert_eq!(new_to(&mut table, seen).len(), 1);
         let again = tracker.changed([member("n1", 1, State::Suspect)], none());
-        assert!(again.is_empty(), "a repeated state is no change");
+        assert!(
+            new_to(&mut table, again).is_empty(),
+            "a repeated state is no change"
+        );
     }
 
     #[test]
@@ -584,7 +596,7 @@ mod tests {
 
     #[test]
     fn another_member_calling_itself_n1_elsewhere_is_reported_apart_not_in_its_place() {
-        let mut tracker = MembershipTracker::default();
+        let (mut tracker, mut table) = (MembershipTracker::default(), Nodes::default());
         let real = member("n1", 5, State::Alive);
         let mut impostor = member("n1", 9, State::Alive);
         impostor = Member::new(
@@ -596,11 +608,11 @@ mod tests {
             State::Alive,
         );
         let both = [real.clone(), impostor.clone()];
-        let seen = tracker.changed(both, none());
+        let seen = new_to(&mut table, tracker.changed(both, none()));
         assert_eq!(seen.len(), 2);
         // The real member goes down: that is reported, whatever the other says.
         let down = Member::new(real.id().clone(), 0, State::Down);
-        let seen = tracker.changed([down, impostor], none());
+        let seen = new_to(&mut table, tracker.changed([down, impostor], none()));
         assert_eq!(seen.len(), 1);
         assert_eq!(
             (seen[0].addr, seen[0].update.state),
