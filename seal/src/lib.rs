@@ -3,6 +3,20 @@
 //! of the ring with the cluster label as associated data; opening tries
 //! every key of the ring.
 //!
+//! ```
+//! use poolgate_seal::{Sealer, NONCE, TAG};
+//!
+//! let (old, new) = ([7u8; 32], [9u8; 32]);
+//! // Mid-rotation: the new key seals, both open.
+//! let rotating = Sealer::new(&[new, old], "cluster-a");
+//! let sealed = rotating.seal(b"ping", [1u8; NONCE]);
+//! assert_eq!(sealed.len(), NONCE + b"ping".len() + TAG);
+//! assert_eq!(Sealer::new(&[new], "cluster-a").open(&sealed).as_deref(), Some(&b"ping"[..]));
+//! // Another cluster's label, or a key left out of the ring, opens nothing.
+//! assert_eq!(Sealer::new(&[new], "cluster-b").open(&sealed), None);
+//! assert_eq!(Sealer::new(&[old], "cluster-a").open(&sealed), None);
+//! ```
+//!
 //! A crate of its own so that it is compiled optimised even in debug
 //! builds (see the workspace's `[profile.dev.package.poolgate-seal]`):
 //! the AEAD's generic code is instantiated here, not in the crate that
