@@ -389,16 +389,6 @@ impl RunGuard {
         });
     }
 
-    /// Aborts planning because the gate restarted (SPEC §9).
-    pub fn abort_restarted(&mut self, at: Time, out: &mut Vec<Event>) {
-        if matches!(
-            self.phase,
-            RunPhase::Planning { .. } | RunPhase::Suspended { .. }
-        ) {
-            self.abort(at, AbortReason::Restarted, out);
-        }
-    }
-
     /// Fires the wait deadline if it is due at or before `now`.
     pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
         if let Some(deadline) = self.deadline() {
