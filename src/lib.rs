@@ -60,8 +60,11 @@
 //!   ([`replay::render`], [`replay::explain`], [`replay::timeline`]). The
 //!   records themselves, written by the recording and read here, are
 //!   `poolgate_actors::replay_format`'s.
-//! - [`live`] (feature `live`): the live cluster: the SWIM adapter
-//!   ([`live::swim`]) and the demo (`live::demo`).
+//! - [`live`] (feature `live`): the live cluster: the embeddable
+//!   [`live::Orchestrator`] and its replicas ([`live::replica`]); the
+//!   SWIM adapter (`live::swim`: foca and actix types, public for the
+//!   command line and the simulator, hidden from the docs) and the demo
+//!   (`live::demo`).
 //! - The simulator, thousands of SWIM members in virtual time feeding the
 //!   real gate, is a crate of its own that is not published (`sim/`,
 //!   `poolgate-sim`: `examples/swim_sim.rs`, `tests/simulation.rs`).

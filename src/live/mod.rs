@@ -3,7 +3,10 @@
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
 //! - `agent`: `poolgate node`, the daemon on every candidate node.
-//! - [`swim`]: foca over UDP, turned into the gate's membership input.
+//! - `swim`: foca over UDP, turned into the gate's membership input
+//!   (foca's and actix's types: public for the command line and the
+//!   simulator, hidden from the docs; an embedder reaches SWIM through
+//!   [`Orchestrator`]).
 //! - [`keys`]: signing keys, cluster keys, pinned public keys (the crate's
 //!   [`crate::keys`], here too).
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
@@ -30,6 +33,7 @@ pub mod orchestrator;
 pub mod replica;
 pub mod requests;
 pub mod status;
+#[doc(hidden)]
 pub mod swim;
 pub mod throttle;
 pub mod wire;

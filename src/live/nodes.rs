@@ -71,7 +71,7 @@ impl Signed {
 }
 
 /// The generation folded into a SWIM fact's incarnation (see
-/// [`super::swim::tracker`]).
+/// `live::swim::tracker`).
 fn generation_of(update: &MembershipUpdate) -> u64 {
     update.incarnation >> 16
 }
