@@ -37,9 +37,9 @@ pub struct Nodes {
     /// the node shows as frames with two identities on two connections at
     /// once.
     pub heard: HashMap<NodeId, Heard>,
-    /// The latest SWIM fact per node and identity (address, generation),
-    /// so a node's state is known the moment it signs it.
-    pub latest: HashMap<NodeId, HashMap<(SocketAddr, u64), Held>>,
+    /// The SWIM facts held per node: the one table of them between foca
+    /// and the gate.
+    pub latest: HashMap<NodeId, NodeSwim>,
     /// The signed identities by address, for the SWIM member to decide
     /// address conflicts by.
     pub signed_view: super::swim::identity::SignedView,
@@ -74,6 +74,29 @@ impl Signed {
 /// `live::swim::tracker`).
 fn generation_of(update: &MembershipUpdate) -> u64 {
     update.incarnation >> 16
+}
+
+/// What is held of one node's SWIM facts.
+#[derive(Debug, Default)]
+pub struct NodeSwim {
+    /// The latest fact per identity (address, generation), so a node's
+    /// state is known the moment it signs it.
+    identities: HashMap<(SocketAddr, u64), Held>,
+    /// The incarnation of the last fact the gate was told of the node: a
+    /// leave is told at it (whatever identity the node signs next, and
+    /// however many identities others invent under its name).
+    told: Option<u64>,
+}
+
+impl NodeSwim {
+    /// The key of the newest identity held that `signed` names.
+    fn signed_key(&self, signed: Signed) -> Option<(SocketAddr, u64)> {
+        self.identities
+            .keys()
+            .filter(|(at, g)| signed.matches(*at, *g))
+            .max_by_key(|(_, g)| *g)
+            .copied()
+    }
 }
 
 /// The SWIM facts held for one (node, address) until the node signs it:
@@ -124,15 +147,19 @@ impl Kept {
 }
 
 /// How many identities' facts are kept per node name (impostors
-/// included); a new one past this evicts the oldest generation held.
+/// included); a new one past this evicts the oldest generation held, never
+/// the identity the node signed.
 const ADDRESSES_PER_NODE: usize = 8;
 
 impl Nodes {
-    /// A SWIM fact from the node's signed address, as the gate is told it:
-    /// a leaving node's `dead` is its `left`.
-    pub fn for_gate(&self, mut update: MembershipUpdate) -> MembershipUpdate {
+    /// A SWIM fact from the node's signed address, as the gate is told it
+    /// (and noted as told): a leaving node's `dead` is its `left`.
+    fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
         if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
             update.state = SwimState::Left;
+        }
+        if let Some(held) = self.latest.get_mut(&update.node) {
+            held.told = Some(update.incarnation);
         }
         update
     }
@@ -144,7 +171,10 @@ impl Nodes {
         let node = observed.update.node.clone();
         let generation = generation_of(&observed.update);
         let key = (observed.addr, generation);
-        let facts = self.latest.entry(node.clone()).or_default();
+        let signed = self.swim_addr.get(&node).copied();
+        let record = self.latest.entry(node.clone()).or_default();
+        let protected = signed.and_then(|signed| record.signed_key(signed));
+        let facts = &mut record.identities;
         let mut update = observed.update;
         let held = facts
             .get(&key)
@@ -161,7 +191,14 @@ impl Nodes {
             return Kept::Repeat;
         }
         if facts.len() >= ADDRESSES_PER_NODE && held.is_none() {
-            if let Some(oldest) = facts.keys().min_by_key(|(_, g)| *g).copied() {
+            // Others' inventions under the node's name cannot push out
+            // the identity it signed.
+            let oldest = facts
+                .keys()
+                .filter(|k| Some(**k) != protected)
+                .min_by_key(|(_, g)| *g)
+                .copied();
+            if let Some(oldest) = oldest {
                 facts.remove(&oldest);
             }
         }
@@ -177,7 +214,7 @@ impl Nodes {
                 latest: update.clone(),
             },
         );
-        match self.swim_addr.get(&node).copied() {
+        match signed {
             Some(signed) if signed.matches(observed.addr, generation) => {
                 if observed.replaced && signed.generation.is_some() {
                     // Another identity took the node's address: that is
@@ -260,11 +297,11 @@ impl Nodes {
             };
         }
         let mut facts = Vec::new();
-        if let Some(held) = self.signed_held(node) {
-            if let Some(alive) = held.alive.as_ref().filter(|a| **a != held.latest) {
-                facts.push(self.for_gate(alive.clone()));
+        if let Some(held) = self.signed_held(node).cloned() {
+            if let Some(alive) = held.alive.filter(|a| *a != held.latest) {
+                facts.push(self.for_gate(alive));
             }
-            facts.push(self.for_gate(held.latest.clone()));
+            facts.push(self.for_gate(held.latest));
         }
         Some(facts)
     }
@@ -272,8 +309,8 @@ impl Nodes {
     /// Every identity's latest fact held, by node (for checks against
     /// foca's view).
     pub fn held(&self) -> impl Iterator<Item = (&NodeId, HeldFact<'_>)> {
-        self.latest.iter().flat_map(|(node, facts)| {
-            facts.iter().map(move |((addr, _), held)| {
+        self.latest.iter().flat_map(|(node, record)| {
+            record.identities.iter().map(move |((addr, _), held)| {
                 (
                     node,
                     HeldFact {
@@ -285,23 +322,18 @@ impl Nodes {
         })
     }
 
-    /// The incarnation of the latest SWIM fact held for the identity
-    /// `node` signed: the one the gate was last told for it (the facts
-    /// are held here once, not copied per node beside them).
-    pub fn signed_incarnation(&self, node: &NodeId) -> Option<u64> {
-        self.signed_held(node).map(|held| held.latest.incarnation)
+    /// The incarnation of the last SWIM fact the gate was told of `node`
+    /// (a leave is told at it), if any.
+    pub fn told_incarnation(&self, node: &NodeId) -> Option<u64> {
+        self.latest.get(node)?.told
     }
 
     /// The facts held for the identity `node` signed (its newest
     /// generation, if it signs none).
     fn signed_held(&self, node: &NodeId) -> Option<&Held> {
         let signed = self.swim_addr.get(node)?;
-        self.latest
-            .get(node)?
-            .iter()
-            .filter(|((at, g), _)| signed.matches(*at, *g))
-            .max_by_key(|((_, g), _)| *g)
-            .map(|(_, held)| held)
+        let record = self.latest.get(node)?;
+        record.identities.get(&record.signed_key(*signed)?)
     }
 }
 
@@ -404,18 +436,18 @@ mod tests {
         let node = NodeId::new("node-4").unwrap();
         let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
         let mut nodes = Nodes::default();
-        assert_eq!(nodes.signed_incarnation(&node), None);
+        assert_eq!(nodes.told_incarnation(&node), None);
         nodes.bind(&node, addr, Some(5));
         assert!(nodes
             .observe(at(SwimState::Alive, 5, 3))
             .for_gate()
             .is_some());
         assert_eq!(nodes.observe(at(SwimState::Alive, 9_999, 7)), Kept::Held);
-        assert_eq!(nodes.signed_incarnation(&node), Some((5 << 16) | 3));
+        assert_eq!(nodes.told_incarnation(&node), Some((5 << 16) | 3));
         // Signed anew at generation 6: its own fact, once heard.
         assert_eq!(nodes.observe(at(SwimState::Alive, 6, 1)), Kept::Held);
         nodes.bind(&node, addr, Some(6));
-        assert_eq!(nodes.signed_incarnation(&node), Some((6 << 16) | 1));
+        assert_eq!(nodes.told_incarnation(&node), Some((6 << 16) | 1));
         // A leaving node's SWIM `dead` is its `left`.
         nodes.leaving.insert(node.clone());
         let left = nodes.observe(at(SwimState::Dead, 6, 1)).for_gate().unwrap();
@@ -472,10 +504,92 @@ mod tests {
         for generation in 0..1_000 {
             nodes.observe(at(SwimState::Alive, generation, 0));
         }
-        let held = &nodes.latest[&node];
+        let held = &nodes.latest[&node].identities;
         assert_eq!(held.len(), ADDRESSES_PER_NODE);
         assert!(held
             .keys()
             .all(|(_, g)| *g >= 1_000 - ADDRESSES_PER_NODE as u64));
+    }
+
+    /// Whether a gate holding `told` of the node applies a `left` at
+    /// `incarnation` (SPEC §1: one at a lower incarnation is stale).
+    fn gate_admits_left(told: &MembershipUpdate, incarnation: u64) -> bool {
+        poolgate_actors::core::Membership::Seen {
+            state: told.state,
+            incarnation: told.incarnation,
+        }
+        .admits(SwimState::Left, incarnation)
+    }
+
+    /// As the orchestrator tells a leave.
+    fn left_at(nodes: &Nodes, node: &NodeId) -> u64 {
+        nodes.told_incarnation(node).unwrap_or(0)
+    }
+
+    #[test]
+    fn a_leave_is_not_made_stale_by_identities_an_insider_invents_elsewhere() {
+        // Adversary finding: eight members calling themselves node-4 at
+        // other addresses evicted the signed identity's facts, and its
+        // leave was told at 0, stale for the gate (SPEC §7: it sees left).
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, Some(5));
+        let told = nodes
+            .observe(at(SwimState::Alive, 5, 3))
+            .for_gate()
+            .unwrap();
+        for i in 0..8u8 {
+            let mut fake = at(SwimState::Alive, 1_000 + u64::from(i), 0);
+            fake.addr = SocketAddr::from(([10, 0, 9, i], 7946));
+            assert_eq!(nodes.observe(fake).for_gate(), None, "impostor {i}");
+        }
+        assert!(gate_admits_left(&told, left_at(&nodes, &node)));
+        // The signed identity's facts are still held: a repeat stops here.
+        assert_eq!(nodes.observe(at(SwimState::Alive, 5, 3)), Kept::Repeat);
+    }
+
+    #[test]
+    fn a_leave_signed_at_a_generation_swim_has_not_heard_of_yet_is_not_stale() {
+        // Adversary finding: restarted at generation 6, the node's first
+        // frame says it leaves before SWIM here heard of generation 6.
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, Some(5));
+        let told = nodes
+            .observe(at(SwimState::Alive, 5, 3))
+            .for_gate()
+            .unwrap();
+        assert_eq!(nodes.bind(&node, addr, Some(6)), Some(vec![]));
+        assert!(gate_admits_left(&told, left_at(&nodes, &node)));
+    }
+
+    #[test]
+    fn a_replaced_node_that_signs_no_generation_is_told_dead_whatever_impostors_invent() {
+        // Adversary finding: the Rename of a node signing no generation
+        // was dropped once invented identities had evicted its facts.
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, None);
+        assert!(nodes
+            .observe(at(SwimState::Alive, 5, 3))
+            .for_gate()
+            .is_some());
+        for i in 0..8u8 {
+            let mut fake = at(SwimState::Alive, 1_000 + u64::from(i), 0);
+            fake.addr = SocketAddr::from(([10, 0, 9, i], 7946));
+            assert_eq!(nodes.observe(fake).for_gate(), None, "impostor {i}");
+        }
+        // foca's Rename, as the tracker gives it: dead at the floor of
+        // the generation, raised to what was held.
+        let mut replaced = at(SwimState::Dead, 5, 0);
+        replaced.replaced = true;
+        let dead = nodes.observe(replaced).for_gate().unwrap();
+        assert_eq!(
+            (dead.state, dead.incarnation),
+            (SwimState::Dead, (5 << 16) | 3)
+        );
     }
 }

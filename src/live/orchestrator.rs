@@ -334,7 +334,7 @@ impl Orchestrator {
     /// would, without the restart: the gate is told it is `forgotten` (a
     /// committed run requiring it faults), its frames are refused from
     /// its next one on (closing its connection), SWIM facts about it are
-    /// no longer kept. Forgetting a node not registered changes nothing.
+    /// no longer taken in. Forgetting a node not registered changes nothing.
     pub async fn unregister(&self, node: &NodeId) -> Result<(), LiveError> {
         let fact = poolgate_actors::core::RegistryFact::Forgotten { node: node.clone() };
         self.change_registry(fact, |registry| registry.remove(node).is_some())
@@ -370,8 +370,6 @@ impl Orchestrator {
                 None
             } else {
                 nodes.last_seq.remove(&node);
-                // SWIM facts are kept of the registry's names only.
-                nodes.latest.retain(|name, _| registry.contains_key(name));
                 Some(registry.keys().map(|n| n.to_string()).collect())
             }
         };
@@ -1164,7 +1162,7 @@ impl Listener {
                 .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
             let leaving = if state.leaving {
                 known.leaving.insert(node.clone());
-                Some(known.signed_incarnation(node).unwrap_or(0))
+                Some(known.told_incarnation(node).unwrap_or(0))
             } else {
                 known.leaving.remove(node);
                 None
