@@ -168,16 +168,15 @@ impl Nodes {
     /// changes nothing; a new one is held, and is for the gate if it is
     /// about the identity the node signed.
     pub fn observe(&mut self, observed: SwimFact) -> Kept {
-        let node = observed.update.node.clone();
         let generation = generation_of(&observed.update);
         let key = (observed.addr, generation);
-        let signed = self.swim_addr.get(&node).copied();
-        let record = self.latest.entry(node.clone()).or_default();
-        let protected = signed.and_then(|signed| record.signed_key(signed));
-        let facts = &mut record.identities;
         let mut update = observed.update;
-        let held = facts
-            .get(&key)
+        // A repeat, the common case, is found with two lookups and
+        // nothing copied.
+        let held = self
+            .latest
+            .get(&update.node)
+            .and_then(|record| record.identities.get(&key))
             .map(|held| (held.latest.state, held.latest.incarnation));
         if observed.replaced {
             // Dead by replacement, at what was last held of the identity;
@@ -190,18 +189,24 @@ impl Nodes {
         if held == Some((update.state, update.incarnation)) {
             return Kept::Repeat;
         }
-        if facts.len() >= ADDRESSES_PER_NODE && held.is_none() {
+        let node = update.node.clone();
+        let signed = self.swim_addr.get(&node).copied();
+        let record = self.latest.entry(node.clone()).or_default();
+        if record.identities.len() >= ADDRESSES_PER_NODE && held.is_none() {
             // Others' inventions under the node's name cannot push out
             // the identity it signed.
-            let oldest = facts
+            let protected = signed.and_then(|signed| record.signed_key(signed));
+            let oldest = record
+                .identities
                 .keys()
                 .filter(|k| Some(**k) != protected)
                 .min_by_key(|(_, g)| *g)
                 .copied();
             if let Some(oldest) = oldest {
-                facts.remove(&oldest);
+                record.identities.remove(&oldest);
             }
         }
+        let facts = &mut record.identities;
         let alive = match facts.get(&key) {
             _ if update.state == SwimState::Alive => Some(update.clone()),
             Some(held) => held.alive.clone(),
