@@ -79,6 +79,6 @@ async fn main() -> Result<(), GateError> {
             break;
         }
     }
-    actix::System::current().stop();
+    actix_rt::System::current().stop();
     Ok(())
 }
