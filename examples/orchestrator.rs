@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "config.toml".into());
     let config = Config::load(path.as_ref())?;
-    actix::System::new().block_on(async {
+    actix_rt::System::new().block_on(async {
         let live = Orchestrator::start(&config).await?;
         println!(
             "SWIM on {}, agents on {}; waiting for the pool",
