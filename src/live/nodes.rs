@@ -531,24 +531,37 @@ mod tests {
         nodes.told_incarnation(node).unwrap_or(0)
     }
 
-    #[test]
-    fn a_leave_is_not_made_stale_by_identities_an_insider_invents_elsewhere() {
-        // Adversary finding: eight members calling themselves node-4 at
-        // other addresses evicted the signed identity's facts, and its
-        // leave was told at 0, stale for the gate (SPEC §7: it sees left).
+    /// node-4 signing its address (and `generation`), seen alive at
+    /// generation 5, incarnation 3: the table and what the gate was told.
+    fn signed_alive(generation: Option<u64>) -> (Nodes, NodeId, SocketAddr, MembershipUpdate) {
         let node = NodeId::new("node-4").unwrap();
         let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
         let mut nodes = Nodes::default();
-        nodes.bind(&node, addr, Some(5));
+        nodes.bind(&node, addr, generation);
         let told = nodes
             .observe(at(SwimState::Alive, 5, 3))
             .for_gate()
             .unwrap();
+        (nodes, node, addr, told)
+    }
+
+    /// Eight members calling themselves node-4 at other addresses, at
+    /// later generations: none of it for the gate.
+    fn invent_eight(nodes: &mut Nodes) {
         for i in 0..8u8 {
             let mut fake = at(SwimState::Alive, 1_000 + u64::from(i), 0);
             fake.addr = SocketAddr::from(([10, 0, 9, i], 7946));
             assert_eq!(nodes.observe(fake).for_gate(), None, "impostor {i}");
         }
+    }
+
+    #[test]
+    fn a_leave_is_not_made_stale_by_identities_an_insider_invents_elsewhere() {
+        // Adversary finding: eight members calling themselves node-4 at
+        // other addresses evicted the signed identity's facts, and its
+        // leave was told at 0, stale for the gate (SPEC §7: it sees left).
+        let (mut nodes, node, _, told) = signed_alive(Some(5));
+        invent_eight(&mut nodes);
         assert!(gate_admits_left(&told, left_at(&nodes, &node)));
         // The signed identity's facts are still held: a repeat stops here.
         assert_eq!(nodes.observe(at(SwimState::Alive, 5, 3)), Kept::Repeat);
@@ -558,14 +571,7 @@ mod tests {
     fn a_leave_signed_at_a_generation_swim_has_not_heard_of_yet_is_not_stale() {
         // Adversary finding: restarted at generation 6, the node's first
         // frame says it leaves before SWIM here heard of generation 6.
-        let node = NodeId::new("node-4").unwrap();
-        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
-        let mut nodes = Nodes::default();
-        nodes.bind(&node, addr, Some(5));
-        let told = nodes
-            .observe(at(SwimState::Alive, 5, 3))
-            .for_gate()
-            .unwrap();
+        let (mut nodes, node, addr, told) = signed_alive(Some(5));
         assert_eq!(nodes.bind(&node, addr, Some(6)), Some(vec![]));
         assert!(gate_admits_left(&told, left_at(&nodes, &node)));
     }
@@ -574,19 +580,8 @@ mod tests {
     fn a_replaced_node_that_signs_no_generation_is_told_dead_whatever_impostors_invent() {
         // Adversary finding: the Rename of a node signing no generation
         // was dropped once invented identities had evicted its facts.
-        let node = NodeId::new("node-4").unwrap();
-        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
-        let mut nodes = Nodes::default();
-        nodes.bind(&node, addr, None);
-        assert!(nodes
-            .observe(at(SwimState::Alive, 5, 3))
-            .for_gate()
-            .is_some());
-        for i in 0..8u8 {
-            let mut fake = at(SwimState::Alive, 1_000 + u64::from(i), 0);
-            fake.addr = SocketAddr::from(([10, 0, 9, i], 7946));
-            assert_eq!(nodes.observe(fake).for_gate(), None, "impostor {i}");
-        }
+        let (mut nodes, ..) = signed_alive(None);
+        invent_eight(&mut nodes);
         // foca's Rename, as the tracker gives it: dead at the floor of
         // the generation, raised to what was held.
         let mut replaced = at(SwimState::Dead, 5, 0);
