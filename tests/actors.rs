@@ -827,6 +827,16 @@ fn absurd_durations_built_in_code_are_refused_and_the_longest_allowed_works() {
     });
 }
 
+/// A store that keeps nothing and never fails.
+#[derive(Debug)]
+struct Nowhere;
+
+impl poolgate::StateStore for Nowhere {
+    fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
+        Ok(())
+    }
+}
+
 #[test]
 fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
     // Embedder: it panicked on the overflow (and would have wrapped to
@@ -835,13 +845,6 @@ fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
         let mut settings = config(&["a"], 10, OnReadinessLost::Wait, None)
             .gate_settings()
             .unwrap();
-        #[derive(Debug)]
-        struct Nowhere;
-        impl poolgate::StateStore for Nowhere {
-            fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
-                Ok(())
-            }
-        }
         settings.durable = Some(poolgate::DurableSettings {
             store: std::sync::Arc::new(Nowhere),
             restored: poolgate::core::Durable {
@@ -934,13 +937,6 @@ fn the_settings_constructors_refuse_what_config_toml_refuses_and_agree_with_it_o
         assert!(parsed.is_err(), "{text} parsed");
     }
     // A restore grace of zero, given with a store.
-    #[derive(Debug)]
-    struct Nowhere;
-    impl poolgate::StateStore for Nowhere {
-        fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
-            Ok(())
-        }
-    }
     let good = GateSettings::new(pool.clone(), ms(1000), wait(Some(1001))).unwrap();
     let graceless = poolgate::DurableSettings {
         store: std::sync::Arc::new(Nowhere),

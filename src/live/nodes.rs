@@ -109,15 +109,6 @@ pub struct Held {
     latest: MembershipUpdate,
 }
 
-/// The latest fact held for one identity (see [`Nodes::held`]).
-#[derive(Debug, Clone, Copy)]
-pub struct HeldFact<'a> {
-    /// The identity's address.
-    pub addr: SocketAddr,
-    /// Its latest fact (the generation in its incarnation's high bits).
-    pub latest: &'a MembershipUpdate,
-}
-
 /// What [`Nodes::observe`] made of a SWIM fact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kept {
@@ -189,9 +180,8 @@ impl Nodes {
         if held == Some((update.state, update.incarnation)) {
             return Kept::Repeat;
         }
-        let node = update.node.clone();
-        let signed = self.swim_addr.get(&node).copied();
-        let record = self.latest.entry(node.clone()).or_default();
+        let signed = self.swim_addr.get(&update.node).copied();
+        let record = self.latest.entry(update.node.clone()).or_default();
         if record.identities.len() >= ADDRESSES_PER_NODE && held.is_none() {
             // Others' inventions under the node's name cannot push out
             // the identity it signed.
@@ -225,14 +215,14 @@ impl Nodes {
                     // Another identity took the node's address: that is
                     // not the node's own evidence of anything.
                     metrics::counter!("poolgate_swim_impostors_total").increment(1);
-                    tracing::debug!(%node, addr = %observed.addr, "the node's SWIM identity replaced by another at its address; ignored");
+                    tracing::debug!(node = %update.node, addr = %observed.addr, "the node's SWIM identity replaced by another at its address; ignored");
                     return Kept::Held;
                 }
                 Kept::ForGate(self.for_gate(update))
             }
             Some(_) => {
                 metrics::counter!("poolgate_swim_impostors_total").increment(1);
-                tracing::debug!(%node, addr = %observed.addr, generation, "SWIM fact about an identity the node did not sign; ignored");
+                tracing::debug!(node = %update.node, addr = %observed.addr, generation, "SWIM fact about an identity the node did not sign; ignored");
                 Kept::Held
             }
             // Held until the node signs its identity.
@@ -311,19 +301,15 @@ impl Nodes {
         Some(facts)
     }
 
-    /// Every identity's latest fact held, by node (for checks against
-    /// foca's view).
-    pub fn held(&self) -> impl Iterator<Item = (&NodeId, HeldFact<'_>)> {
-        self.latest.iter().flat_map(|(node, record)| {
-            record.identities.iter().map(move |((addr, _), held)| {
-                (
-                    node,
-                    HeldFact {
-                        addr: *addr,
-                        latest: &held.latest,
-                    },
-                )
-            })
+    /// Every identity's latest fact held, with its address (the tracker's
+    /// tests check them against foca's view).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> impl Iterator<Item = (SocketAddr, &MembershipUpdate)> {
+        self.latest.values().flat_map(|record| {
+            record
+                .identities
+                .iter()
+                .map(|((addr, _), held)| (*addr, &held.latest))
         })
     }
 
@@ -384,6 +370,23 @@ mod tests {
         observed(state, (generation << 16) | incarnation)
     }
 
+    fn node4() -> NodeId {
+        NodeId::new("node-4").unwrap()
+    }
+
+    /// node-4 signing its address (and `generation`), seen alive at
+    /// generation 5, incarnation 3: the table and what the gate was told.
+    fn signed_alive(generation: Option<u64>) -> (Nodes, NodeId, SocketAddr, MembershipUpdate) {
+        let (node, addr) = (node4(), SocketAddr::from(([10, 0, 0, 4], 7946)));
+        let mut nodes = Nodes::default();
+        nodes.bind(&node, addr, generation);
+        let told = nodes
+            .observe(at(SwimState::Alive, 5, 3))
+            .for_gate()
+            .unwrap();
+        (nodes, node, addr, told)
+    }
+
     #[test]
     fn an_identity_the_node_did_not_sign_can_neither_outrank_nor_kill_it() {
         // Issue 20: a forged identity at node-4's signed address with a
@@ -438,15 +441,8 @@ mod tests {
         // The incarnation a leave is told at comes from the one table of
         // SWIM facts held here: the latest of the signed identity, never
         // a forged identity's, nor a fact held for a generation not signed.
-        let node = NodeId::new("node-4").unwrap();
-        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
-        let mut nodes = Nodes::default();
-        assert_eq!(nodes.told_incarnation(&node), None);
-        nodes.bind(&node, addr, Some(5));
-        assert!(nodes
-            .observe(at(SwimState::Alive, 5, 3))
-            .for_gate()
-            .is_some());
+        assert_eq!(Nodes::default().told_incarnation(&node4()), None);
+        let (mut nodes, node, addr, _) = signed_alive(Some(5));
         assert_eq!(nodes.observe(at(SwimState::Alive, 9_999, 7)), Kept::Held);
         assert_eq!(nodes.told_incarnation(&node), Some((5 << 16) | 3));
         // Signed anew at generation 6: its own fact, once heard.
@@ -529,20 +525,6 @@ mod tests {
     /// As the orchestrator tells a leave.
     fn left_at(nodes: &Nodes, node: &NodeId) -> u64 {
         nodes.told_incarnation(node).unwrap_or(0)
-    }
-
-    /// node-4 signing its address (and `generation`), seen alive at
-    /// generation 5, incarnation 3: the table and what the gate was told.
-    fn signed_alive(generation: Option<u64>) -> (Nodes, NodeId, SocketAddr, MembershipUpdate) {
-        let node = NodeId::new("node-4").unwrap();
-        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
-        let mut nodes = Nodes::default();
-        nodes.bind(&node, addr, generation);
-        let told = nodes
-            .observe(at(SwimState::Alive, 5, 3))
-            .for_gate()
-            .unwrap();
-        (nodes, node, addr, told)
     }
 
     /// Eight members calling themselves node-4 at other addresses, at

@@ -371,12 +371,13 @@ mod tests {
                     (state, incarnation),
                 );
             }
-            for (node, held) in self.table.held() {
-                let key = (node.to_string(), held.addr, held.latest.incarnation >> 16);
-                let now = (held.latest.state, held.latest.incarnation);
+            for (addr, latest) in self.table.held() {
+                let node = &latest.node;
+                let key = (node.to_string(), addr, latest.incarnation >> 16);
+                let now = (latest.state, latest.incarnation);
                 match view.remove(&key) {
-                    Some(listed) => assert_eq!(listed, now, "{node}@{}", held.addr),
-                    None => assert_eq!(now.0, SwimState::Dead, "{node}@{} vanished", held.addr),
+                    Some(listed) => assert_eq!(listed, now, "{node}@{addr}"),
+                    None => assert_eq!(now.0, SwimState::Dead, "{node}@{addr} vanished"),
                 }
             }
             assert!(view.is_empty(), "never reported: {view:?}");
