@@ -778,3 +778,75 @@ fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_me
         assert!(got.is_ok(), "term 2 never ready: {words}");
     });
 }
+
+#[test]
+fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
+    // CI finding (the rig's takeover test): the leader's look read the
+    // gate's report after the run had faulted, found the run no longer
+    // active, and forgot its request before the fault was written; the
+    // requester never heard that its run faulted. Here the fault is
+    // published and the look comes before the event is taken: the
+    // interleaving that lost it, made deterministic.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("settled");
+    let prefix = "/poolgate/settled/pool-a/";
+    let api = Arc::new(server.client());
+    api.put(format!("{prefix}leader").as_bytes(), b"{}")
+        .unwrap();
+    let created = api
+        .get(format!("{prefix}leader").as_bytes())
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let fence = Arc::new(Fence::default());
+    fence.set(Term {
+        created,
+        until: std::time::Instant::now() + Duration::from_secs(600),
+    });
+    let store = Arc::new(EtcdStore::new(api, prefix, "settled", "pool-a", fence));
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        let mut serving = poolgate::live::requests::Serving::new(
+            gate.clone(),
+            Arc::clone(&store),
+            vec![node.clone()],
+        );
+        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let _session = requests
+            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(5))
+            .await
+            .unwrap();
+        make_ready(&gate, "node-1").await;
+        gate.wait_ready().await.unwrap();
+        // Looks until the leader committed it and wrote so.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                serving.look().await.unwrap();
+                serving.settle_published().await.unwrap();
+                let outcome = requests.outcome(&run).await.unwrap();
+                if outcome.is_some_and(|o| o.status == "committed") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("committed");
+        // A required node is suspected: the run faults, and the look
+        // comes before the leader takes the event.
+        common::swim(&gate, "node-1", poolgate::core::SwimState::Suspect, 1).await;
+        assert_eq!(gate.report().await.unwrap().run, None);
+        serving.look().await.unwrap();
+        let outcome = requests.outcome(&run).await.unwrap();
+        assert_eq!(
+            outcome.map(|o| o.status),
+            Some("faulted".to_string()),
+            "the requester is told its run faulted"
+        );
+        gate.stop();
+    });
+}

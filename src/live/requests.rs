@@ -220,35 +220,88 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
 /// The leader's side, for one term: serves the requests on `gate` until
 /// the task is aborted (the term ends).
 pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
-    let mut events = gate.subscribe_from_now();
+    let mut serving = Serving::new(gate, store, members);
     let mut tick = tokio::time::interval(LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
-    let mut said_waiting = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
-    // Committed runs whose requester is gone, said once each.
-    let mut orphans = std::collections::BTreeSet::new();
-    // Outcomes not written yet (etcd slow, or unreachable for a moment):
-    // written at the next look, in order, never dropped.
-    let mut unsettled: std::collections::VecDeque<Event> = Default::default();
     loop {
         let result = tokio::select! {
-            event = events.recv() => match event {
+            event = serving.events.recv() => match event {
                 Some(event) => {
-                    unsettled.push_back(event);
-                    settle_all(&store, &mut unsettled).await
+                    serving.unsettled.push_back(event);
+                    serving.settle_published().await
                 }
                 None => return,
             },
-            _ = tick.tick() => match settle_all(&store, &mut unsettled).await {
-                Ok(()) => look(&gate, &store, &members, &mut said_waiting, &mut orphans).await,
-                Err(e) => Err(e),
-            },
+            _ = tick.tick() => serving.look().await,
         };
         if let Err(e) = result {
             if let Some(held) = said.allow(std::time::Instant::now()) {
                 tracing::warn!(error = %e, held, "run requests: not served (tried again)");
             }
         }
+    }
+}
+
+/// What the leader's side keeps for one term (see [`serve`]).
+#[derive(Debug)]
+pub struct Serving {
+    gate: Gate,
+    store: Arc<EtcdStore>,
+    members: Vec<NodeId>,
+    events: poolgate_actors::EventStream,
+    /// Outcomes not written yet (etcd slow, or unreachable for a moment):
+    /// written at the next chance, in order, never dropped.
+    unsettled: std::collections::VecDeque<Event>,
+    said_waiting: super::throttle::Throttle,
+    /// Committed runs whose requester is gone, said once each.
+    orphans: std::collections::BTreeSet<RunId>,
+}
+
+impl Serving {
+    /// Serving the requests on `gate`, from the events published from now.
+    pub fn new(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) -> Self {
+        Serving {
+            events: gate.subscribe_from_now(),
+            gate,
+            store,
+            members,
+            unsettled: Default::default(),
+            said_waiting: super::throttle::Throttle::new(super::throttle::LOG_EVERY),
+            orphans: Default::default(),
+        }
+    }
+
+    /// Writes the outcomes of the events published so far, oldest first;
+    /// stops at the first failure (the rest wait for the next chance).
+    pub async fn settle_published(&mut self) -> Result<(), StoreError> {
+        while let Ok(event) = self.events.try_recv() {
+            self.unsettled.push_back(event);
+        }
+        settle_all(&self.store, &mut self.unsettled).await
+    }
+
+    /// One look at the requests, from the gate's report. Every event
+    /// published before that report is settled first: a run that ended
+    /// before it has its outcome written before the look forgets its
+    /// request (which it would otherwise do, the run being no longer
+    /// active, and the outcome would have nowhere to go).
+    pub async fn look(&mut self) -> Result<(), StoreError> {
+        let report = self
+            .gate
+            .report()
+            .await
+            .map_err(|e| StoreError(e.to_string()))?;
+        self.settle_published().await?;
+        look(
+            &self.gate,
+            &self.store,
+            &self.members,
+            report,
+            &mut self.said_waiting,
+            &mut self.orphans,
+        )
+        .await
     }
 }
 
@@ -320,12 +373,14 @@ async fn write_outcome(
     .await
 }
 
-/// One look at the requests: ends the runs asked to end, then plans and commits the first run
-/// asked for once the pool is ready and no run is active.
+/// One look at the requests, as `report` shows the gate: ends the runs
+/// asked to end, then plans and commits the first run asked for once the
+/// pool is ready and no run is active.
 async fn look(
     gate: &Gate,
     store: &Arc<EtcdStore>,
     members: &[NodeId],
+    report: poolgate_actors::core::PoolReport,
     said_waiting: &mut super::throttle::Throttle,
     orphans: &mut std::collections::BTreeSet<RunId>,
 ) -> Result<(), StoreError> {
@@ -339,7 +394,6 @@ async fn look(
         ))
     })
     .await?;
-    let report = gate.report().await.map_err(|e| StoreError(e.to_string()))?;
     let present = |run: &str| alive.iter().any(|(name, _)| name == run);
     for (run, _) in finishes {
         let Ok(id) = RunId::new(&run) else { continue };
