@@ -158,7 +158,10 @@ fn etcd_store(endpoints: &[String]) -> Arc<dyn StateStore> {
         created,
         until: Instant::now() + Duration::from_secs(3600),
     });
-    Arc::new(EtcdStore::new(api, prefix, "bench", "pool-a", fence))
+    EtcdStore::new(api, prefix, "bench", "pool-a", fence)
+        .bind(created)
+        .expect("the prefix reads")
+        .0
 }
 
 fn main() {

@@ -56,6 +56,8 @@ pub struct Kv {
     pub value: Vec<u8>,
     /// The revision that created the key.
     pub create_revision: i64,
+    /// The revision of the key's last change.
+    pub mod_revision: i64,
     /// The lease the key is attached to (0: none).
     pub lease: i64,
 }
@@ -413,6 +415,7 @@ pub fn kvs(answer: &Value) -> Vec<Kv> {
                     key: unb64(&kv["key"]),
                     value: unb64(&kv["value"]),
                     create_revision: int(&kv["create_revision"]),
+                    mod_revision: int(&kv["mod_revision"]),
                     lease: int(&kv["lease"]),
                 })
                 .collect()
@@ -441,6 +444,12 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// not exist).
 pub fn created_at(key: &[u8], revision: i64) -> Value {
     json!({ "target": "CREATE", "key": b64(key), "create_revision": revision.to_string() })
+}
+
+/// A transaction comparison: `key` was last changed at `revision` (0: it
+/// does not exist).
+pub fn modified_at(key: &[u8], revision: i64) -> Value {
+    json!({ "target": "MOD", "key": b64(key), "mod_revision": revision.to_string() })
 }
 
 /// A transaction operation: put `value` under `key` (with `lease`, if not 0).

@@ -330,3 +330,89 @@ fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarde
         "a run went unguarded {max:?}"
     );
 }
+
+/// Issue 28, reproduction 1: a leader cut off from etcd issues an epoch it
+/// cannot store (the write is tried again every second), steps down, and
+/// leads again once healed. The write prepared in the first term must
+/// never land in the second: etcd's last epoch went down (4→3, 8→7) and a
+/// replica restarted fresh told an epoch a second time.
+#[test]
+fn a_write_prepared_in_an_earlier_term_never_lands_in_a_later_one() {
+    need_etcd!();
+    let server = etcd::Etcd::start("past-write");
+    let port: u16 = server
+        .endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let proxy = Proxy::start(port);
+    let config = config(&proxy.endpoint());
+    let endpoint = server.endpoint.clone();
+    let stored = move || {
+        let client =
+            poolgate::etcd::Etcd::new(std::slice::from_ref(&endpoint), Duration::from_secs(2));
+        let store = poolgate::state::etcd::EtcdStore::new(
+            Arc::new(client.expect("client")),
+            "/poolgate/failovers/pool-a/",
+            "failovers",
+            "pool-a",
+            Arc::new(poolgate::state::etcd::Fence::default()),
+        );
+        store.read().expect("the state reads").0.last_epoch
+    };
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let first = common::live::ready(&mut events).await;
+
+        // Cut off from etcd while it still may act: a new epoch is
+        // issued, its write fails and waits to be tried again.
+        proxy.set_cut(true);
+        bounce(&live.gate).await;
+        tokio::time::timeout(Duration::from_secs(5), replica.lost())
+            .await
+            .expect("a leader cut off from etcd stops acting");
+        live.stop().await;
+
+        // Healed: the same replica leads again and issues two epochs.
+        proxy.set_cut(false);
+        let live = tokio::time::timeout(Duration::from_secs(15), replica.lead(None))
+            .await
+            .expect("the replica leads again")
+            .unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let again = common::live::ready(&mut events).await;
+        bounce(&live.gate).await;
+        let last = common::live::ready(&mut events).await;
+        assert!(
+            first < again && again < last,
+            "{first:?} {again:?} {last:?}"
+        );
+
+        // The first term's write is tried every second: for three of its
+        // tries, etcd must keep the last epoch told.
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            let held = tokio::task::spawn_blocking(stored.clone()).await.unwrap();
+            assert!(
+                held >= last.0,
+                "etcd's last epoch went down to {held} after epoch {} was told: a write from an earlier term landed",
+                last.0
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        live.stop().await;
+        replica.resign();
+    });
+}
+
+/// node-1 dead, then alive again: readiness lost, then a new epoch.
+async fn bounce(gate: &poolgate::Gate) {
+    use poolgate::core::SwimState;
+    common::swim(gate, "node-1", SwimState::Dead, 1).await;
+    common::swim(gate, "node-1", SwimState::Alive, 2).await;
+}

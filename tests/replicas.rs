@@ -68,13 +68,15 @@ fn one_replica_leads_a_deposed_write_changes_nothing_and_epochs_continue() {
             created: 1,
             until: std::time::Instant::now() + Duration::from_secs(60),
         });
-        let stale = EtcdStore::new(
+        let (stale, _) = EtcdStore::new(
             Arc::new(server.client()),
             "/poolgate/replicas/pool-a/",
             "replicas",
             "pool-a",
             deposed,
-        );
+        )
+        .bind(1)
+        .unwrap();
         let refused = stale.save(&Durable {
             last_epoch: 1_000,
             run: None,
@@ -804,7 +806,9 @@ fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
         created,
         until: std::time::Instant::now() + Duration::from_secs(600),
     });
-    let store = Arc::new(EtcdStore::new(api, prefix, "settled", "pool-a", fence));
+    let (store, _) = EtcdStore::new(api, prefix, "settled", "pool-a", fence)
+        .bind(created)
+        .unwrap();
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
         let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
@@ -849,4 +853,67 @@ fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
         );
         gate.stop();
     });
+}
+
+/// SPEC §12, no write from the past: a term's write lands only on the
+/// record it read (or last wrote). A record changed under the term by
+/// anyone else refuses the write and ends the term, for good: renewing
+/// its lease does not bring it back.
+#[test]
+fn a_write_against_a_record_changed_under_the_term_is_refused_and_ends_the_term() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("changed-under");
+    let api = Arc::new(server.client());
+    let prefix = "/poolgate/changed/pool-a/";
+    api.put(format!("{prefix}leader").as_bytes(), b"{}")
+        .unwrap();
+    let created = api
+        .get(format!("{prefix}leader").as_bytes())
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let fence = Arc::new(Fence::default());
+    let term = Term {
+        created,
+        until: std::time::Instant::now() + Duration::from_secs(600),
+    };
+    fence.set(term);
+    let base = EtcdStore::new(
+        Arc::clone(&api),
+        prefix,
+        "changed",
+        "pool-a",
+        Arc::clone(&fence),
+    );
+    let (store, held) = base.bind(created).unwrap();
+    assert!(held.is_none(), "a fresh prefix holds nothing");
+    let state = |last_epoch| Durable {
+        last_epoch,
+        run: None,
+    };
+    store.save(&state(3)).unwrap();
+    store.save(&state(4)).unwrap();
+    // A second store of the same term, bound before the last write,
+    // holds an older revision: its write is from the past.
+    let (late, _) = base.bind(created).unwrap();
+    store.save(&state(5)).unwrap();
+    assert!(
+        late.save(&state(4)).is_err(),
+        "a write against an older record landed"
+    );
+    assert_eq!(base.read().unwrap().0.last_epoch, 5);
+    assert_eq!(
+        fence.current(),
+        None,
+        "the term goes on after a refused write"
+    );
+    fence.set(term);
+    assert_eq!(
+        fence.current(),
+        None,
+        "a renewal brought an ended term back"
+    );
+    assert!(store.save(&state(6)).is_err(), "an ended term wrote");
+    assert_eq!(base.read().unwrap().0.last_epoch, 5);
 }

@@ -59,6 +59,9 @@ pub enum SteppedDown {
     LeaseGone,
     /// The leader key is no longer this replica's.
     KeyTaken,
+    /// etcd refused a write of this term (the leader key or a record
+    /// changed under it).
+    WriteRefused,
 }
 
 impl std::fmt::Display for SteppedDown {
@@ -71,6 +74,9 @@ impl std::fmt::Display for SteppedDown {
             ),
             SteppedDown::LeaseGone => f.write_str("the lease is gone on etcd"),
             SteppedDown::KeyTaken => f.write_str("the leader key is no longer this replica's"),
+            SteppedDown::WriteRefused => f.write_str(
+                "etcd refused a write of this term (the leader key or a record changed under it)",
+            ),
         }
     }
 }
@@ -315,10 +321,16 @@ impl Elector {
             if self.stop.load(Ordering::Relaxed) {
                 return Some(term);
             }
+            if self.fence.is_ended(term.created) {
+                return self.step_down(term, SteppedDown::WriteRefused);
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         if Instant::now() >= term.until {
             return self.step_down(term, SteppedDown::NoRenewal(renew_deadline(term.ttl)));
+        }
+        if self.fence.is_ended(term.created) {
+            return self.step_down(term, SteppedDown::WriteRefused);
         }
         let began = Instant::now();
         match self.etcd.keep_alive(term.lease) {
@@ -529,11 +541,13 @@ impl Replica {
             following.0.abort();
             let _ = (&mut following.0).await;
             self.term = self.fence.current().map(|t| t.created);
-            let store = Arc::clone(&self.store);
-            let read = tokio::task::spawn_blocking(move || store.read_records())
+            let Some(term) = self.term else { continue };
+            // The term's store starts from what etcd holds now; its
+            // writes land only in this term, on records unchanged since.
+            let base = Arc::clone(&self.store);
+            let (store, held) = tokio::task::spawn_blocking(move || base.bind(term))
                 .await
-                .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
-            let held = read?;
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
             self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
             if held.is_none() && (self.seen_written || self.store.written_epoch() > 0) {
                 return Err(self.wiped(format!(
@@ -551,7 +565,8 @@ impl Replica {
                 )));
             }
             self.seen_epoch = restored.last_epoch;
-            let store: Arc<dyn crate::state::OrchestratorStore> = self.store.clone();
+            let term_store = store;
+            let store: Arc<dyn crate::state::OrchestratorStore> = term_store.clone();
             let settings = self.config.gate_settings().and_then(|settings| {
                 settings.with_durable(poolgate_actors::DurableSettings {
                     store: store.clone(),
@@ -576,7 +591,7 @@ impl Replica {
                         .fence_with(move || fence.current().map(|t| t.created) == term);
                     live.attach(actix::spawn(super::requests::serve(
                         live.gate.clone(),
-                        Arc::clone(&self.store),
+                        term_store,
                         self.config.pool.members().to_vec(),
                     )));
                     self.terms += 1;

@@ -27,7 +27,15 @@ use crate::etcd::{self, Etcd};
 /// created the `leader` key, while this replica may act.
 #[derive(Debug, Default)]
 pub struct Fence {
-    term: Mutex<Option<Term>>,
+    term: Mutex<FenceState>,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    current: Option<Term>,
+    /// A term ended by a refused write: renewing its lease does not
+    /// bring it back (the leader steps down, see [`Fence::is_ended`]).
+    ended: Option<i64>,
 }
 
 /// One leadership term.
@@ -42,21 +50,40 @@ pub struct Term {
 impl Fence {
     /// The term, while it lasts.
     pub fn current(&self) -> Option<Term> {
-        let term = *self.lock();
+        let term = self.lock().current;
         term.filter(|t| Instant::now() < t.until)
     }
 
-    /// A term begins or is renewed.
+    /// A term begins or is renewed (a term ended by [`Fence::end`] is not).
     pub fn set(&self, term: Term) {
-        *self.lock() = Some(term);
+        let mut state = self.lock();
+        if state.ended != Some(term.created) {
+            state.current = Some(term);
+        }
     }
 
     /// The term is over.
     pub fn clear(&self) {
-        *self.lock() = None;
+        self.lock().current = None;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Term>> {
+    /// The term created at `created` is over for good: etcd refused one of
+    /// its writes (the leader key or a record changed under it). Its
+    /// leader stops acting at once and steps down at its next renewal.
+    pub fn end(&self, created: i64) {
+        let mut state = self.lock();
+        state.ended = Some(created);
+        if state.current.is_some_and(|t| t.created == created) {
+            state.current = None;
+        }
+    }
+
+    /// Whether the term created at `created` was ended by [`Fence::end`].
+    pub fn is_ended(&self, created: i64) -> bool {
+        self.lock().ended == Some(created)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
         self.term
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -78,8 +105,24 @@ pub struct EtcdStore {
     prefix: String,
     cluster: Value,
     fence: Arc<Fence>,
-    /// The highest epoch this store wrote.
-    written: std::sync::atomic::AtomicU64,
+    /// The highest epoch this store (or a term's store bound from it)
+    /// wrote.
+    written: Arc<std::sync::atomic::AtomicU64>,
+    /// The term this store writes in (none: it reads, and puts only the
+    /// requests anyone may put), and the revision of each record it last
+    /// read or wrote: a write lands only while both still hold.
+    bound: Option<Bound>,
+}
+
+/// What a term's writes are conditioned on (SPEC-wise: no write from the
+/// past).
+#[derive(Debug)]
+struct Bound {
+    /// The `leader` key's create revision for the term.
+    term: i64,
+    /// Each record's last-change revision as this term knows it (absent:
+    /// the record does not exist).
+    revisions: Mutex<BTreeMap<String, i64>>,
 }
 
 impl EtcdStore {
@@ -91,8 +134,31 @@ impl EtcdStore {
             prefix: prefix.to_string(),
             cluster: serde_json::json!({ "label": label, "pool": pool }),
             fence,
-            written: std::sync::atomic::AtomicU64::new(0),
+            written: Arc::default(),
+            bound: None,
         }
+    }
+
+    /// A store for the term whose `leader` key was created at `term`,
+    /// starting from what etcd holds now: what it holds, and the store,
+    /// whose every write is conditioned on that term and on each record
+    /// being unchanged since this read (or its own last write). A write
+    /// prepared in an earlier term, or against a record someone else
+    /// changed, never lands; the term then ends ([`Fence::end`]).
+    pub fn bind(&self, term: i64) -> Result<(Arc<EtcdStore>, Option<Held>), StateError> {
+        let (held, revisions) = self.read_with_revisions()?;
+        let store = EtcdStore {
+            etcd: Arc::clone(&self.etcd),
+            prefix: self.prefix.clone(),
+            cluster: self.cluster.clone(),
+            fence: Arc::clone(&self.fence),
+            written: Arc::clone(&self.written),
+            bound: Some(Bound {
+                term,
+                revisions: Mutex::new(revisions),
+            }),
+        };
+        Ok((Arc::new(store), held))
     }
 
     /// The highest last epoch this store has written: what etcd must hold
@@ -121,6 +187,12 @@ impl EtcdStore {
     /// format record): a replica that saw it written and then finds it so
     /// knows etcd's data was wiped.
     pub fn read_records(&self) -> Result<Option<Held>, StateError> {
+        self.read_with_revisions().map(|(held, _)| held)
+    }
+
+    /// As [`EtcdStore::read_records`], with the last-change revision of
+    /// each record read.
+    fn read_with_revisions(&self) -> Result<(Option<Held>, BTreeMap<String, i64>), StateError> {
         let error = |what: String| StateError {
             file: self.where_(),
             what,
@@ -140,6 +212,7 @@ impl EtcdStore {
             .etcd
             .txn(vec![], ranges, vec![])
             .map_err(|e| error(e.to_string()))?;
+        let mut revisions = BTreeMap::new();
         let held: BTreeMap<String, Vec<u8>> = answer["responses"]
             .as_array()
             .into_iter()
@@ -147,12 +220,14 @@ impl EtcdStore {
             .flat_map(|r| etcd::kvs(&r["response_range"]))
             .filter_map(|kv| {
                 let key = String::from_utf8(kv.key).ok()?;
-                Some((key.strip_prefix(&self.prefix)?.to_string(), kv.value))
+                let name = key.strip_prefix(&self.prefix)?.to_string();
+                revisions.insert(name.clone(), kv.mod_revision);
+                Some((name, kv.value))
             })
             .collect();
         let named = |name: &str| format!("{}{name}", self.prefix);
         let format = match held.get("format") {
-            None if !held.contains_key("state") => return Ok(None),
+            None if !held.contains_key("state") => return Ok((None, revisions)),
             None => return Err(error(format!("{}: missing", named("format")))),
             Some(bytes) => std::str::from_utf8(bytes)
                 .ok()
@@ -201,7 +276,7 @@ impl EtcdStore {
                 .map_err(|e| error(format!("{}: {e}", named("sequences"))))?,
             None => BTreeMap::new(),
         };
-        Ok(Some((state, sequences)))
+        Ok((Some((state, sequences)), revisions))
     }
 
     /// What `name` holds under the prefix, unchecked (the run requests).
@@ -253,39 +328,57 @@ impl EtcdStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
-    /// Puts `value` under `name` (on `lease`, 0: none) if this replica
-    /// still leads.
+    /// Puts `value` under `name` (on `lease`, 0: none) if this store's
+    /// term still leads.
     pub fn put_fenced(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
-        let Some(term) = self.fence.current() else {
-            return Err(StoreError("not the leader: nothing written".into()));
-        };
+        let term = self.writing_term().map_err(StoreError)?;
         let (succeeded, _) = self
             .etcd
             .txn(
-                vec![etcd::created_at(&self.key("leader"), term.created)],
+                vec![etcd::created_at(&self.key("leader"), term)],
                 vec![etcd::put(&self.key(name), value, lease)],
                 vec![],
             )
             .map_err(|e| StoreError(e.to_string()))?;
         if !succeeded {
-            self.fence.clear();
+            self.fence.end(term);
             return Err(StoreError("leadership lost: nothing written".into()));
         }
         Ok(())
     }
 
+    /// The term this store writes in, while it is the replica's current
+    /// term.
+    fn writing_term(&self) -> Result<i64, String> {
+        let Some(bound) = &self.bound else {
+            return Err("not bound to a term: nothing written".into());
+        };
+        match self.fence.current() {
+            Some(term) if term.created == bound.term => Ok(bound.term),
+            Some(_) => Err("a write prepared in an earlier term: nothing written".into()),
+            None => Err("not the leader: nothing written".into()),
+        }
+    }
+
     /// Puts `name`'s `record` (with its checksum, the format and the
-    /// cluster) if this replica still leads; nothing otherwise.
+    /// cluster) if this store's term still leads and `name` is as this
+    /// term last read or wrote it; nothing otherwise, and the term ends.
     fn put(&self, name: &str, record: &[u8]) -> Result<(), StoreError> {
         let failed = |what: String| StoreError(format!("{}: {what}", self.where_()));
-        let Some(term) = self.fence.current() else {
-            return Err(failed("not the leader: nothing written".into()));
+        let term = self.writing_term().map_err(failed)?;
+        let Some(bound) = &self.bound else {
+            return Err(failed("not bound to a term".into()));
         };
+        let known = |revisions: &BTreeMap<String, i64>| revisions.get(name).copied().unwrap_or(0);
+        let revision = known(&lock(&bound.revisions));
         let cluster = self.cluster.to_string();
-        let (succeeded, _) = self
+        let (succeeded, answer) = self
             .etcd
             .txn(
-                vec![etcd::created_at(&self.key("leader"), term.created)],
+                vec![
+                    etcd::created_at(&self.key("leader"), term),
+                    etcd::modified_at(&self.key(name), revision),
+                ],
                 vec![
                     etcd::put(&self.key("format"), FORMAT.to_string().as_bytes(), 0),
                     etcd::put(&self.key("cluster"), cluster.as_bytes(), 0),
@@ -296,14 +389,21 @@ impl EtcdStore {
             )
             .map_err(|e| failed(e.to_string()))?;
         if !succeeded {
-            self.fence.clear();
+            self.fence.end(term);
             return Err(failed(
-                "leadership lost: etcd refused the write (the leader key is no longer this replica's)"
+                "leadership lost: etcd refused the write (the leader key is no longer this term's, or the record changed since this term read it)"
                     .into(),
             ));
         }
+        lock(&bound.revisions).insert(name.to_string(), etcd::revision(&answer));
         Ok(())
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl StateStore for EtcdStore {
