@@ -801,3 +801,66 @@ async fn hold_back_epoch_2(
     );
     *store.failing.lock().unwrap() = false;
 }
+
+/// SPEC §12, outcomes written before they are told: a run's fault whose
+/// write fails is not told (an isolated leader faults nobody); told once a
+/// write of it succeeds. Same for a run's finish.
+#[test]
+fn a_runs_outcome_is_told_only_once_it_is_written() {
+    let store = Arc::new(Recorder::default());
+    on_virtual_time({
+        let store = Arc::clone(&store);
+        async move {
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
+            let mut events = gate.subscribe();
+            let (run, proof) = planning_r1(&gate).await;
+            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
+            advance_to(&gate, now_ms(&gate) + 10).await;
+            let told = drain(&mut events);
+            assert!(
+                !told.iter().any(|e| matches!(e, Event::RunFaulted { .. })),
+                "a fault told though its write failed: {told:?}"
+            );
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            let last = store.saved.lock().unwrap().last().cloned().unwrap();
+            assert_eq!(last.run, None, "the end is stored: {last:?}");
+            let told = drain(&mut events);
+            let faulted = told
+                .iter()
+                .filter(|e| matches!(e, Event::RunFaulted { run: r, .. } if *r == run))
+                .count();
+            assert_eq!(faulted, 1, "told once written, once: {told:?}");
+
+            // A finish whose write fails is not told either.
+            swim(&gate, "a", poolgate::core::SwimState::Alive, 2).await;
+            let proof = gate.wait_ready().await.unwrap();
+            let second = RunId::new("r2").unwrap();
+            gate.begin_planning(second.clone(), Some(proof.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(second.clone(), vec![node("a")], Some(proof.epoch))
+                .await
+                .unwrap();
+            *store.failing.lock().unwrap() = true;
+            gate.finish_run(second.clone()).await.unwrap();
+            let told = drain(&mut events);
+            assert!(
+                !told.iter().any(|e| matches!(e, Event::RunFinished { .. })),
+                "a finish told though its write failed: {told:?}"
+            );
+            *store.failing.lock().unwrap() = false;
+            advance_to(&gate, now_ms(&gate) + 1100).await;
+            let told = drain(&mut events);
+            assert!(
+                told.iter()
+                    .any(|e| matches!(e, Event::RunFinished { run: r, .. } if *r == second)),
+                "the finish told once written: {told:?}"
+            );
+        }
+    });
+}

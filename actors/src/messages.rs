@@ -206,6 +206,18 @@ impl Message for FinishRun {
     type Result = Result<(), Refusal>;
 }
 
+/// `PoolActor` → `RunActor`: the committed run is finished (a
+/// [`FinishRun`] the pool admitted).
+#[derive(Debug)]
+pub struct FinishCommitted {
+    /// The instant the command entered the gate.
+    pub at: Time,
+}
+
+impl Message for FinishCommitted {
+    type Result = RunAnswer<Result<(), Refusal>>;
+}
+
 /// Handle → `PoolActor`: where does the pool stand?
 #[derive(Debug)]
 pub struct GetReport {
@@ -241,7 +253,7 @@ pub struct RequiredNodeChanged {
 }
 
 impl Message for RequiredNodeChanged {
-    type Result = RunStatus;
+    type Result = RunAnswer;
 }
 
 /// `PoolActor` → `RunActor`: a restored run's confirmation deadline is due.
@@ -252,7 +264,7 @@ pub struct ConfirmDue {
 }
 
 impl Message for ConfirmDue {
-    type Result = RunStatus;
+    type Result = RunAnswer;
 }
 
 /// A committed run's answer: whether it goes on.
@@ -264,7 +276,19 @@ pub enum RunStatus {
     Ended,
 }
 
-answered_as_is!(RunStatus);
+/// A committed run's answer to the pool: its status and the events it
+/// produced, which the pool tells once what they change is stored
+/// (a run's outcome is written before it is told).
+#[derive(Debug)]
+pub struct RunAnswer<T = RunStatus> {
+    /// The answer proper.
+    pub status: T,
+    /// What the run's guard produced.
+    pub events: Vec<poolgate_core::Event>,
+}
+
+answered_as_is!(RunAnswer);
+answered_as_is!(RunAnswer<Result<(), Refusal>>);
 
 /// Failures a test can inject into a node actor.
 #[cfg(test)]

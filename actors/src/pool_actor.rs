@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::fut::{self, ActorFutureExt, WrapFuture};
+use actix::fut::{self, ActorFuture, ActorFutureExt, WrapFuture};
 use actix::{
     Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Handler, MessageResult,
 };
@@ -21,9 +21,9 @@ use actix::{
 use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
 use crate::messages::{
-    BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishRun, FromNode, GetReport,
-    NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync, RunStatus,
-    TimerDue,
+    BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun, FromNode,
+    GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync,
+    RunAnswer, RunStatus, TimerDue,
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
@@ -167,6 +167,9 @@ pub(crate) struct PoolActor {
     /// Events that tell an epoch not yet stored, held back until it is
     /// (see [`PoolActor::hold_untold`]).
     untold: Vec<Event>,
+    /// Runs' outcomes whose write failed, held back until a write succeeds
+    /// (see [`PoolActor::hold_unwritten_outcomes`]).
+    unwritten: Vec<Event>,
     /// Whether the last write failed (its error is logged once).
     save_failing: bool,
     /// Until the first flush: its events are the start's (kept for the
@@ -214,6 +217,7 @@ impl PoolActor {
                 stored_epoch: settings.durable.as_ref().map(|d| d.restored.last_epoch),
                 store: settings.durable.map(|d| d.store),
                 untold: Vec::new(),
+                unwritten: Vec::new(),
                 save_failing: false,
                 at_start: true,
                 recording: settings.record,
@@ -227,7 +231,7 @@ impl PoolActor {
                 );
             }
             if let Some(guard) = restored {
-                actor.run = Some(RunActor::new(guard, actor.publisher.clone()).start());
+                actor.run = Some(RunActor::new(guard).start());
             }
             for (node, key) in added {
                 actor.start_node(ctx, node, key);
@@ -280,14 +284,10 @@ impl PoolActor {
         state: Durable,
         then: impl FnOnce(&mut Self, &mut Context<Self>, Result<(), StoreError>) + 'static,
     ) {
-        let Some(store) = self.store.clone() else {
+        if self.store.is_none() {
             return then(self, ctx, Ok(()));
-        };
-        let written = state.clone();
-        let write = tokio::task::spawn_blocking(move || store.save(&written));
-        ctx.wait(write.into_actor(self).map(move |joined, act, ctx| {
-            let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
-            act.saved(&state, &result);
+        }
+        ctx.wait(self.write(Some(state)).map(move |result, act, ctx| {
             let stored = result.is_ok();
             then(act, ctx, result);
             if stored && act.has_released() {
@@ -296,6 +296,30 @@ impl PoolActor {
                 act.flush(ctx);
             }
         }));
+    }
+
+    /// Writes `state` off the actors' thread and notes the outcome (see
+    /// [`PoolActor::saved`]); nothing to write without a store or a state.
+    fn write(
+        &mut self,
+        state: Option<Durable>,
+    ) -> impl ActorFuture<Self, Output = Result<(), StoreError>> {
+        let job = self.store.clone().zip(state.clone());
+        async move {
+            match job {
+                Some((store, written)) => tokio::task::spawn_blocking(move || store.save(&written))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError(e.to_string()))),
+                None => Ok(()),
+            }
+        }
+        .into_actor(self)
+        .map(move |result, act, _| {
+            if let (Some(state), true) = (&state, act.store.is_some()) {
+                act.saved(state, &result);
+            }
+            result
+        })
     }
 
     /// Notes the outcome of a write of `state`.
@@ -346,10 +370,30 @@ impl PoolActor {
         self.out = told;
     }
 
+    /// Holds back, from the events about to go out after a failed write,
+    /// the runs' outcomes (`run_faulted`, `run_finished`,
+    /// `planning_aborted`): an outcome is written before it is told, so a
+    /// gate that cannot write (a replica cut off from etcd) tells none.
+    /// They go out, in order, once a write succeeds.
+    fn hold_unwritten_outcomes(&mut self) {
+        let (outcomes, rest): (Vec<Event>, Vec<Event>) =
+            std::mem::take(&mut self.out).into_iter().partition(|e| {
+                matches!(
+                    e,
+                    Event::RunFaulted { .. }
+                        | Event::RunFinished { .. }
+                        | Event::PlanningAborted { .. }
+                )
+            });
+        self.unwritten.extend(outcomes);
+        self.out = rest;
+    }
+
     /// Whether events held back are now stored (a later write, whatever
-    /// made it, stored their epoch).
+    /// made it, stored their epoch or the runs' outcomes).
     fn has_released(&self) -> bool {
-        self.untold.iter().any(|e| self.is_stored(e))
+        !self.save_failing && !self.unwritten.is_empty()
+            || self.untold.iter().any(|e| self.is_stored(e))
     }
 
     /// Whether the epoch `event` tells is in the store.
@@ -364,6 +408,11 @@ impl PoolActor {
     fn release_stored(&mut self) {
         if !self.has_released() {
             return;
+        }
+        if !self.save_failing {
+            // The last write succeeded: it stored every outcome held.
+            let written = std::mem::take(&mut self.unwritten);
+            self.out.splice(0..0, written);
         }
         let now = self.clock.now();
         let (mut due, held): (Vec<Event>, Vec<Event>) = std::mem::take(&mut self.untold)
@@ -444,6 +493,9 @@ impl PoolActor {
     /// The rest of [`PoolActor::flush`], once what must be stored is.
     fn publish_out(&mut self, ctx: &mut Context<Self>) {
         self.release_stored();
+        if self.save_failing {
+            self.hold_unwritten_outcomes();
+        }
         self.hold_untold();
         if let (Some(recording), false) = (&self.recording, self.out.is_empty()) {
             recording.flush();
@@ -463,27 +515,44 @@ impl PoolActor {
     }
 
     /// Sends the committed run a message it answers with its status; the
-    /// pool waits for the answer before it handles anything else, and
-    /// forgets the run if it ended.
+    /// pool waits for the answer before it handles anything else, forgets
+    /// the run if it ended, and tells what the run produced once that is
+    /// stored ([`PoolActor::flush`]).
     fn tell_run<M>(&mut self, ctx: &mut Context<Self>, run: RunId, message: M)
     where
-        M: actix::Message<Result = RunStatus> + Send + 'static,
+        M: actix::Message<Result = RunAnswer> + Send + 'static,
         RunActor: Handler<M>,
     {
         let Some(addr) = self.run.clone() else {
             self.core.run_ended(&run);
-            self.save_then(ctx, |_, _, _| {});
+            self.flush(ctx);
             return;
         };
         let answer = addr.send(message);
-        ctx.wait(answer.into_actor(self).map(move |status, act, ctx| {
+        ctx.wait(answer.into_actor(self).map(move |answer, act, ctx| {
             // A closed mailbox means the run's actor is gone: its run ended.
-            if !matches!(status, Ok(RunStatus::Active)) {
-                act.core.run_ended(&run);
-                act.run = None;
-                act.save_then(ctx, |_, _, _| {});
-            }
+            let (status, events) = match answer {
+                Ok(RunAnswer { status, events }) => (status, events),
+                Err(_) => (RunStatus::Ended, Vec::new()),
+            };
+            act.run_answered(&run, status == RunStatus::Ended, events);
+            act.flush(ctx);
         }));
+    }
+
+    /// Takes what the committed run answered: its events go out with the
+    /// next flush, and a run that ended is forgotten.
+    fn run_answered(&mut self, run: &RunId, ended: bool, events: Vec<Event>) {
+        for event in &events {
+            if let Event::RunFaulted { reason, .. } = event {
+                telemetry::run_faulted(*reason);
+            }
+        }
+        self.out.extend(events);
+        if ended {
+            self.core.run_ended(run);
+            self.run = None;
+        }
     }
 
     /// Runs `step` on the core; a panic in it stops the actor, and its
@@ -818,7 +887,7 @@ impl PoolActor {
         }
         self.flush(ctx);
         let guard = result?;
-        self.run = Some(RunActor::new(guard, self.publisher.clone()).start());
+        self.run = Some(RunActor::new(guard).start());
         Ok(())
     }
 }
@@ -838,24 +907,44 @@ impl Handler<FinishRun> for PoolActor {
             let refused = admitted.and(Err(Refusal::UnknownRun(msg.run)));
             return AtomicResponse::new(Box::pin(fut::ready(refused)));
         };
-        let run = msg.run.clone();
-        let answer = addr.send(FinishRun { at, run: msg.run });
-        AtomicResponse::new(Box::pin(answer.into_actor(self).map(
-            move |answer, act: &mut Self, ctx| {
-                // A closed mailbox means the run's actor is gone: its run
-                // ended before this command.
-                let result = answer.unwrap_or_else(|_| Err(Refusal::UnknownRun(run.clone())));
-                if !matches!(result, Err(Refusal::NotCommitted { .. })) {
-                    act.core.run_ended(&run);
-                    act.run = None;
-                    act.save_then(ctx, |_, _, _| {});
-                }
-                if let (Ok(()), Some(recording)) = (&result, &act.recording) {
-                    recording.command(at, &Command::FinishRun { run: run.clone() });
-                }
-                result
-            },
-        )))
+        let run = msg.run;
+        let answer = addr.send(FinishCommitted { at });
+        // The caller is answered once the run's end is stored and told (or
+        // held back, its write having failed).
+        AtomicResponse::new(Box::pin(
+            answer
+                .into_actor(self)
+                .then(move |answer, act: &mut Self, _| {
+                    // A closed mailbox means the run's actor is gone: its
+                    // run ended before this command.
+                    let RunAnswer { status, events } = answer.unwrap_or_else(|_| RunAnswer {
+                        status: Err(Refusal::UnknownRun(run.clone())),
+                        events: Vec::new(),
+                    });
+                    let ended = !matches!(status, Err(Refusal::NotCommitted { .. }));
+                    act.run_answered(&run, ended, events);
+                    if let (Ok(()), Some(recording)) = (&status, &act.recording) {
+                        recording.command(at, &Command::FinishRun { run: run.clone() });
+                    }
+                    let change = act
+                        .store
+                        .is_some()
+                        .then(|| act.core.take_durable_change())
+                        .flatten();
+                    let held = match change {
+                        Some(_) => std::mem::take(&mut act.out),
+                        None => Vec::new(),
+                    };
+                    act.write(change).map(move |_, act: &mut Self, _| {
+                        act.out.splice(0..0, held);
+                        status
+                    })
+                })
+                .map(|status, act, ctx| {
+                    act.flush(ctx);
+                    status
+                }),
+        ))
     }
 }
 

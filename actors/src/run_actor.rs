@@ -2,44 +2,43 @@
 //! the commit on, when provisioning begins, and owns its faults: the loss
 //! of a required node faults the run at once (SPEC §3). It hears of the
 //! required nodes' changes from the pool actor, in order, and answers each
-//! with the run's [`RunStatus`], so the pool knows at once when the run
-//! ended.
+//! with the run's [`RunStatus`] and the events its guard produced: the pool
+//! stores the run's end before it tells them, so a run's outcome is never
+//! told unwritten (an isolated replica faults nobody).
 
 use actix::{Actor, ActorContext, Context, Handler};
 
-use crate::messages::{ConfirmDue, FinishRun, RequiredNodeChanged, RunStatus};
-use crate::publisher::Publisher;
-use crate::telemetry;
+use crate::messages::{ConfirmDue, FinishCommitted, RequiredNodeChanged, RunAnswer, RunStatus};
 use poolgate_core::{Event, Refusal, RunGuard};
 
 /// The actor of one committed run.
 #[derive(Debug)]
 pub struct RunActor {
     guard: RunGuard,
-    publisher: Publisher,
-    out: Vec<Event>,
 }
 
 impl RunActor {
     /// The actor of a run whose plan was just committed.
-    pub fn new(guard: RunGuard, publisher: Publisher) -> Self {
-        Self {
-            guard,
-            publisher,
-            out: Vec::new(),
-        }
+    pub fn new(guard: RunGuard) -> Self {
+        Self { guard }
     }
 
-    /// Publishes what the guard produced, and stops once the run ended.
-    fn flush(&mut self, ctx: &mut Context<Self>) -> RunStatus {
-        for event in &self.out {
-            if let Event::RunFaulted { reason, .. } = event {
-                telemetry::run_faulted(*reason);
-            }
-        }
-        self.publisher.publish(&mut self.out);
+    /// The answer with what the guard produced; the actor stops once the
+    /// run ended.
+    fn answer<T>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        status: T,
+        events: Vec<Event>,
+    ) -> RunAnswer<T> {
         if self.guard.is_ended() {
             ctx.stop();
+        }
+        RunAnswer { status, events }
+    }
+
+    fn status(&self) -> RunStatus {
+        if self.guard.is_ended() {
             RunStatus::Ended
         } else {
             RunStatus::Active
@@ -52,31 +51,35 @@ impl Actor for RunActor {
 }
 
 impl Handler<RequiredNodeChanged> for RunActor {
-    type Result = RunStatus;
+    type Result = RunAnswer;
 
-    fn handle(&mut self, msg: RequiredNodeChanged, ctx: &mut Context<Self>) -> RunStatus {
+    fn handle(&mut self, msg: RequiredNodeChanged, ctx: &mut Context<Self>) -> RunAnswer {
         let _span = tracing::debug_span!("run", run = %self.guard.run()).entered();
+        let mut out = Vec::new();
         self.guard
-            .node_changed(msg.at, &msg.node, &msg.change, &mut self.out);
-        self.flush(ctx)
+            .node_changed(msg.at, &msg.node, &msg.change, &mut out);
+        let status = self.status();
+        self.answer(ctx, status, out)
     }
 }
 
 impl Handler<ConfirmDue> for RunActor {
-    type Result = RunStatus;
+    type Result = RunAnswer;
 
-    fn handle(&mut self, msg: ConfirmDue, ctx: &mut Context<Self>) -> RunStatus {
-        self.guard.on_confirm_deadline(msg.at, &mut self.out);
-        self.flush(ctx)
+    fn handle(&mut self, msg: ConfirmDue, ctx: &mut Context<Self>) -> RunAnswer {
+        let mut out = Vec::new();
+        self.guard.on_confirm_deadline(msg.at, &mut out);
+        let status = self.status();
+        self.answer(ctx, status, out)
     }
 }
 
-impl Handler<FinishRun> for RunActor {
-    type Result = Result<(), Refusal>;
+impl Handler<FinishCommitted> for RunActor {
+    type Result = RunAnswer<Result<(), Refusal>>;
 
-    fn handle(&mut self, msg: FinishRun, ctx: &mut Context<Self>) -> Result<(), Refusal> {
-        let result = self.guard.finish(msg.at, &mut self.out);
-        self.flush(ctx);
-        result
+    fn handle(&mut self, msg: FinishCommitted, ctx: &mut Context<Self>) -> Self::Result {
+        let mut out = Vec::new();
+        let result = self.guard.finish(msg.at, &mut out);
+        self.answer(ctx, result, out)
     }
 }
