@@ -73,7 +73,7 @@ pub struct Etcd {
 
 impl Etcd {
     /// A client of the cluster at `endpoints` (`http://host:port` each),
-    /// every call bounded by `timeout` per endpoint tried.
+    /// every call bounded by `timeout` whatever the endpoints tried.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<Etcd, String> {
         if endpoints.is_empty() {
             return Err("no endpoint".into());
@@ -200,13 +200,29 @@ impl Etcd {
 
     /// POSTs `body` to `path`, trying the endpoint that answered last
     /// first, then the others.
+    ///
+    /// One deadline covers the whole call: each endpoint left gets an
+    /// equal share of what remains, so a member that accepts connections
+    /// and never answers (paused, partitioned) costs a share, not the
+    /// call.
     fn call(&self, path: &'static str, body: &Value) -> Result<Value, EtcdError> {
         let first = self.preferred.load(Ordering::Relaxed);
+        let deadline = Instant::now() + self.timeout;
         let mut failures = Vec::new();
-        for step in 0..self.endpoints.len() {
-            let index = (first + step) % self.endpoints.len();
+        let count = self.endpoints.len();
+        for step in 0..count {
+            let index = (first + step) % count;
             let endpoint = &self.endpoints[index];
-            match post(endpoint, path, body, self.timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = left / u32::try_from(count - step).unwrap_or(1);
+            if share.is_zero() {
+                failures.push(format!(
+                    "{}: not tried (the call's deadline passed)",
+                    endpoint.text
+                ));
+                continue;
+            }
+            match post(endpoint, path, body, share) {
                 Ok((200, answer)) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(answer);

@@ -14,9 +14,6 @@ mod common;
 #[macro_use]
 mod etcd;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,80 +24,6 @@ use rand::{RngExt, SeedableRng};
 
 use common::live::live_for;
 use common::make_ready;
-
-/// A TCP proxy to etcd that refuses everything while cut.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(to: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy");
-        let port = listener.local_addr().expect("addr").port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let cutting = Arc::clone(&cut);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                if cutting.load(Ordering::Relaxed) {
-                    drop(client);
-                    continue;
-                }
-                let cut = Arc::clone(&cutting);
-                std::thread::spawn(move || pipe(client, to, &cut));
-            }
-        });
-        Proxy { port, cut }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, Ordering::Relaxed);
-    }
-}
-
-/// Copies both ways until either side closes, or the proxy is cut.
-fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
-    let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
-        return;
-    };
-    let copy = |mut from: TcpStream, mut into: TcpStream, cut: &AtomicBool| {
-        let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            if cut.load(Ordering::Relaxed) {
-                let _ = into.shutdown(std::net::Shutdown::Both);
-                return;
-            }
-            match from.read(&mut buf) {
-                Ok(0) => {
-                    let _ = into.shutdown(std::net::Shutdown::Write);
-                    return;
-                }
-                Ok(n) => {
-                    if into.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => return,
-            }
-        }
-    };
-    let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-        return;
-    };
-    std::thread::scope(|scope| {
-        scope.spawn(|| copy(client, s2, cut));
-        scope.spawn(|| copy(server, c2, cut));
-    });
-}
 
 fn config(endpoint: &str) -> Config {
     etcd::replica_config(
@@ -144,7 +67,7 @@ fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarde
         .next()
         .and_then(|p| p.parse().ok())
         .expect("port");
-    let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start(etcd_port)).collect();
+    let proxies: Vec<etcd::Proxy> = (0..3).map(|_| etcd::Proxy::start(etcd_port)).collect();
     let configs: Vec<Config> = proxies.iter().map(|p| config(&p.endpoint())).collect();
     let seed = std::env::var("POOLGATE_FAILOVER_SEED")
         .ok()
@@ -340,13 +263,7 @@ fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarde
 fn a_write_prepared_in_an_earlier_term_never_lands_in_a_later_one() {
     need_etcd!();
     let server = etcd::Etcd::start("past-write");
-    let port: u16 = server
-        .endpoint
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    let proxy = Proxy::start(port);
+    let proxy = etcd::Proxy::start(server.port());
     let config = config(&proxy.endpoint());
     let endpoint = server.endpoint.clone();
     let stored = move || {

@@ -7,6 +7,9 @@
 //! bounded.
 
 mod common;
+#[path = "common/etcd.rs"]
+#[macro_use]
+mod etcd;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -55,12 +58,21 @@ async fn cluster(plan: &ClusterPlan) -> LocalCluster {
 /// `poolgate run --json [extra] -- sh -c '…'`: the shell writes its pid
 /// (its process group's id) and runs `sleep` as a child of its own.
 fn guarded_run(cluster: &LocalCluster, extra: &[&str]) -> (tokio::process::Child, PathBuf) {
+    guarded_run_of(cluster, &cluster.config_file, extra)
+}
+
+/// As [`guarded_run`], with the configuration at `config`.
+fn guarded_run_of(
+    cluster: &LocalCluster,
+    config: &Path,
+    extra: &[&str],
+) -> (tokio::process::Child, PathBuf) {
     let pid_file = cluster.dir.join(format!("group-{}.pid", extra.len()));
     let _ = std::fs::remove_file(&pid_file);
     let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
         .arg("run")
         .arg("--config")
-        .arg(&cluster.config_file)
+        .arg(config)
         .arg("--json")
         .args(extra)
         .args(["--", "sh", "-c"])
@@ -524,5 +536,119 @@ fn a_process_that_left_the_group_with_setsid_is_stopped_too() {
         kill_group(group);
         let left = sleeping(&marker);
         assert_eq!(left, 0, "a sleep outlived the run");
+    });
+}
+
+/// Replicas on etcd: a leader in this process over `nodes` node
+/// processes, and a configuration for a `poolgate run` among them that
+/// reaches etcd through `proxy` (`unguarded_after` as given).
+async fn among_replicas(
+    server: &etcd::Etcd,
+    proxy: &etcd::Proxy,
+    nodes: u32,
+    unguarded_after: Duration,
+) -> (
+    LocalCluster,
+    poolgate::live::replica::Replica,
+    poolgate::live::Orchestrator,
+    PathBuf,
+) {
+    let mut plan = plan(nodes, None);
+    plan.base.state.etcd = vec![server.endpoint.clone()];
+    plan.base.state.lease = Duration::from_secs(2);
+    plan.base.run.unguarded_after = unguarded_after;
+    let cluster = cluster(&plan).await;
+    let mut replica = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
+    let live = replica.lead(None).await.unwrap();
+    let text = std::fs::read_to_string(&cluster.config_file).unwrap();
+    let requester = cluster.dir.join("requester.toml");
+    std::fs::write(
+        &requester,
+        text.replace(&server.endpoint, &proxy.endpoint()),
+    )
+    .unwrap();
+    (cluster, replica, live, requester)
+}
+
+/// Issue 28, reproduction 2: a `run` among replicas that cannot confirm
+/// its run is guarded (etcd out of its reach) went on forever. It must
+/// stop its command and exit 5 once `[run] unguarded_after` has passed;
+/// its session then expires and the leader ends the run, with a reason.
+#[test]
+fn a_run_that_cannot_confirm_its_run_guarded_stops_its_command_and_exits_5() {
+    need_etcd!();
+    let server = etcd::Etcd::start("unguarded");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(2)).await;
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        proxy.set_cut(true);
+        assert_eq!(
+            exit_code(&mut run).await,
+            Some(5),
+            "fails closed with exit 5"
+        );
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the command outlived its unguarded run");
+        // The requester is gone for good: the leader ends its run, and
+        // writes why.
+        let id = poolgate::core::RunId::new(committed["run"].as_str().unwrap()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while live.gate.report().await.unwrap().run.as_ref() == Some(&id) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the leader ends the run of a requester gone for good");
+        let outcome = server
+            .client()
+            .get(format!("/poolgate/{}/guard/runs/{id}", cluster.config.swim.label).as_bytes())
+            .unwrap()
+            .map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).unwrap());
+        if let Some(outcome) = outcome {
+            assert_eq!(outcome["status"], "ended", "{outcome}");
+            assert!(outcome["reason"]
+                .as_str()
+                .unwrap()
+                .contains("requester is gone"));
+        }
+        live.stop().await;
+        replica.resign();
+    });
+}
+
+/// Issue 28, reproduction 2: a `run` paused for 4 s (SIGSTOP) lost its
+/// 2 s session; the run's outcome went with it, and a fault afterwards
+/// never stopped the command. The session now rides through such a
+/// pause, and the fault stops the command (exit 3).
+#[test]
+fn a_run_paused_for_4s_still_stops_its_command_when_its_run_faults() {
+    need_etcd!();
+    let server = etcd::Etcd::start("paused-run");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (mut cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(10)).await;
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        cluster.kill(0);
+        until_line(&mut lines, "run_faulted").await;
+        assert_eq!(exit_code(&mut run).await, Some(3));
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone, "the command outlived its faulted run");
+        live.stop().await;
+        replica.resign();
     });
 }

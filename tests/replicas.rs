@@ -175,6 +175,22 @@ fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
     });
 }
 
+/// What became of `run`, once it is `status`.
+async fn outcome_of(
+    requests: &poolgate::live::requests::Requests,
+    run: &poolgate::core::RunId,
+    status: &str,
+) -> poolgate::live::requests::Outcome {
+    loop {
+        if let Ok(Some(o)) = requests.outcome(run).await {
+            if o.status == status {
+                return o;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether the stream ended with nothing more published.
 async fn live_stopped(events: &mut poolgate::EventStream) -> bool {
     loop {
@@ -467,10 +483,10 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         assert!(requests.outcome(&stranger).await.unwrap().is_none());
         drop(session);
 
-        // A committed run whose requester is gone (its session revoked or
-        // expired) stays guarded (SPEC §12: guarded by whichever replica
-        // leads); a requester that withdraws after a commit it did not see
-        // (its timeout raced the leader) has the run ended.
+        // A committed run whose requester is gone for good (its session
+        // revoked or expired) is ended by the leader, its end written
+        // with the reason (SPEC §12: runs fail closed; the requester had
+        // stopped its command).
         let ghost = poolgate::core::RunId::new("ghost").unwrap();
         let session = requests
             .ask(&ghost, std::slice::from_ref(&node), Duration::from_secs(2))
@@ -484,24 +500,38 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         .await
         .expect("committed");
         drop(session);
-        let store = EtcdStore::new(
-            Arc::new(server.client()),
-            "/poolgate/replicas/pool-a/",
-            "replicas",
-            "pool-a",
-            Arc::new(Fence::default()),
-        );
         tokio::time::timeout(Duration::from_secs(5), async {
-            while store.get_raw("alive/ghost").unwrap().is_some() {
+            while live.gate.report().await.unwrap().run.is_some() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
         .await
-        .expect("the requester's presence goes with its session");
-        // Ten looks of the leader's later, the run is still guarded.
-        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
-        assert_eq!(live.gate.report().await.unwrap().run, Some(ghost.clone()));
-        requests.withdraw(&ghost).await.unwrap();
+        .expect("the leader ends the run of a requester gone for good");
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            outcome_of(&requests, &ghost, "ended"),
+        )
+        .await
+        .expect("the end written");
+        assert_eq!(
+            ended.reason.as_deref(),
+            Some(poolgate::live::requests::REQUESTER_GONE)
+        );
+        // A requester that withdraws after a commit it did not see (its
+        // timeout raced the leader) has the run ended.
+        let late = poolgate::core::RunId::new("late").unwrap();
+        let session = requests
+            .ask(&late, std::slice::from_ref(&node), Duration::from_secs(2))
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while live.gate.report().await.unwrap().run.as_ref() != Some(&late) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("committed");
+        requests.withdraw(&late).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), async {
             while live.gate.report().await.unwrap().run.is_some() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -509,6 +539,7 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         })
         .await
         .expect("the leader ended the run withdrawn after its commit");
+        drop(session);
         // A plan that can never be committed is refused, not left planning.
         let stray = poolgate::core::RunId::new("stray").unwrap();
         let _session = requests

@@ -79,6 +79,30 @@ pub struct Config {
     pub registry: Registry,
     /// `[state]`: where epochs and the active run survive a restart.
     pub state: StateConfig,
+    /// `[run]`: what `poolgate run` does while it guards a command.
+    pub run: RunConfig,
+}
+
+/// `[run]`: `poolgate run` among replicas (SPEC §12, runs fail closed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunConfig {
+    /// `unguarded_after`: how long `run` goes on without confirming that
+    /// its run is still guarded (a replica leads and the stored state
+    /// holds the run) before it stops its command and exits 5. Also the
+    /// TTL of the requester's etcd session: a requester gone for longer
+    /// has stopped its command, and the leader ends its run.
+    pub unguarded_after: Duration,
+}
+
+/// `[run] unguarded_after`'s default.
+pub const DEFAULT_UNGUARDED_AFTER: Duration = Duration::from_secs(10);
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            unguarded_after: DEFAULT_UNGUARDED_AFTER,
+        }
+    }
 }
 
 /// `[state]`: the durable state (SPEC §9).
@@ -102,7 +126,12 @@ pub struct StateConfig {
 }
 
 /// `[state] lease`'s default.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(2);
+///
+/// Long enough to ride through an election of etcd's own (etcd elects in
+/// about a second by default; the leader acts until two thirds of the TTL
+/// after its last renewal began, 3.3 s here), short enough that a leader
+/// that dies is replaced within 6 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
 
 impl Default for StateConfig {
     fn default() -> Self {
@@ -195,6 +224,7 @@ impl Config {
             #[cfg(feature = "live")]
             registry: Registry::new(),
             state: StateConfig::default(),
+            run: RunConfig::default(),
         };
         config.gate_settings()?;
         Ok(config)
@@ -230,6 +260,7 @@ impl Config {
                 "agents",
                 "registry",
                 "state",
+                "run",
             ],
         )?;
 
@@ -360,6 +391,25 @@ impl Config {
             }
         }
 
+        let mut run = RunConfig::default();
+        if let Some((table, _)) = doc.section(root, "run")? {
+            doc.only_keys(table, "run", &["unguarded_after"])?;
+            if let Some(value) = table.get("unguarded_after") {
+                let (after, span) = doc.duration(value, "run.unguarded_after")?;
+                if after < Duration::from_secs(1) || after > Duration::from_secs(30) {
+                    return Err(doc.error(span, "run.unguarded_after", "must be from 1s to 30s"));
+                }
+                if after.subsec_nanos() != 0 {
+                    return Err(doc.error(
+                        span,
+                        "run.unguarded_after",
+                        "must be whole seconds (it is also the requester's etcd lease)",
+                    ));
+                }
+                run.unguarded_after = after;
+            }
+        }
+
         Ok(Config {
             pool,
             convergence_window,
@@ -373,6 +423,7 @@ impl Config {
             #[cfg(feature = "live")]
             registry,
             state,
+            run,
         })
     }
 
@@ -473,6 +524,25 @@ wait_timeout = "30s"
             }) => (line, key, message),
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn run_unguarded_after_is_whole_seconds_up_to_30s_and_defaults_to_10s() {
+        assert_eq!(
+            Config::parse(GOOD, "c").unwrap().run.unguarded_after,
+            DEFAULT_UNGUARDED_AFTER
+        );
+        let set = |value: &str| format!("{GOOD}\n[run]\nunguarded_after = \"{value}\"\n");
+        assert_eq!(
+            Config::parse(&set("30s"), "c").unwrap().run.unguarded_after,
+            Duration::from_secs(30)
+        );
+        for bad in ["31s", "500ms", "1500ms", "0s"] {
+            let (_, key, _) = error_of(&set(bad));
+            assert_eq!(key, "run.unguarded_after", "{bad}");
+        }
+        let (_, key, _) = error_of(&format!("{GOOD}\n[run]\nunguarded = \"5s\"\n"));
+        assert!(key.contains("unguarded"), "{key}");
     }
 
     #[test]

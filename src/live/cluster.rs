@@ -361,15 +361,34 @@ fn orchestrator_toml(config: &Config) -> String {
         listen = config.agents.listen,
         max = config.agents.max_connections,
         idle = config.agents.idle_timeout.as_millis(),
-        state = match &config.state.path {
-            Some(path) => format!(
-                "[state]\npath = {}\nrestore_grace = \"{}ms\"\n\n",
-                toml_string(&path.display().to_string()),
-                config.state.restore_grace.as_millis()
-            ),
-            None => String::new(),
-        },
+        state = state_toml(config),
     )
+}
+
+/// The `[state]` (a file, or etcd's endpoints and lease) and `[run]`
+/// sections of `config`.
+fn state_toml(config: &Config) -> String {
+    let state = &config.state;
+    let grace = state.restore_grace.as_millis();
+    let run = format!(
+        "[run]\nunguarded_after = \"{}s\"\n\n",
+        config.run.unguarded_after.as_secs()
+    );
+    match &state.path {
+        Some(path) => format!(
+            "[state]\npath = {}\nrestore_grace = \"{grace}ms\"\n\n{run}",
+            toml_string(&path.display().to_string()),
+        ),
+        None if !state.etcd.is_empty() => {
+            let endpoints: Vec<String> = state.etcd.iter().map(|e| toml_string(e)).collect();
+            format!(
+                "[state]\netcd = [{}]\nlease = \"{}s\"\nrestore_grace = \"{grace}ms\"\n\n{run}",
+                endpoints.join(", "),
+                state.lease.as_secs(),
+            )
+        }
+        None => run,
+    }
 }
 
 /// A UDP port on 127.0.0.1 that was free a moment ago.

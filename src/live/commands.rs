@@ -628,7 +628,7 @@ async fn run_replicated(
     // goes with it; a run committed stays guarded by whichever replica
     // leads (SPEC §12) until it faults or is ended.
     let session = requests
-        .ask(&run, required, config.state.lease)
+        .ask(&run, required, config.run.unguarded_after)
         .await
         .map_err(failed)?;
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
@@ -717,6 +717,10 @@ async fn run_replicated(
             ))));
         }
     };
+    // Fail closed (SPEC §12): the command runs only while this process
+    // can confirm that its run is guarded.
+    let unguarded_after = config.run.unguarded_after;
+    let mut confirmed = tokio::time::Instant::now();
     let code = loop {
         tokio::select! {
             status = child.wait() => {
@@ -725,13 +729,52 @@ async fn run_replicated(
                 break super::guard::code(status);
             }
             _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
-                if let Ok(Some(outcome)) = requests.outcome(&run).await {
-                    if outcome.status == "faulted" {
+                use super::requests::RunStanding;
+                let standing = requests.standing(&run).await;
+                match standing {
+                    Ok(RunStanding::Guarded) => confirmed = tokio::time::Instant::now(),
+                    Ok(RunStanding::Ended(outcome)) => {
+                        let code = if outcome.status == "faulted" { 3 } else { EXIT_UNGUARDED };
+                        if code == EXIT_UNGUARDED {
+                            eprintln!("poolgate run: run {run} was {} by the leader ({}): its command is stopped", outcome.status, outcome.reason.clone().unwrap_or_default());
+                        }
                         printer.print_told(outcome.event);
                         child.stop().await;
                         let _ = requests.forget(&run).await;
-                        break 3;
+                        break code;
                     }
+                    Ok(RunStanding::NotHeld) => {
+                        // Ended, its outcome not written yet: the command
+                        // stops now, and the outcome is read if it comes.
+                        child.stop().await;
+                        let code = match told_end(&requests, &run).await {
+                            Some(outcome) if outcome.status == "faulted" => {
+                                printer.print_told(outcome.event);
+                                3
+                            }
+                            _ => {
+                                eprintln!("poolgate run: run {run} is no longer held by the stored state (it ended, its outcome unwritten): its command is stopped");
+                                EXIT_UNGUARDED
+                            }
+                        };
+                        let _ = requests.forget(&run).await;
+                        break code;
+                    }
+                    Ok(RunStanding::Unled) | Err(_) => {}
+                }
+                let unconfirmed = confirmed.elapsed();
+                if session.is_lost() || unconfirmed > unguarded_after {
+                    let why = if session.is_lost() {
+                        "its etcd session expired".to_string()
+                    } else {
+                        format!(
+                            "not confirmed guarded for {} (no replica leads, or etcd is out of reach)",
+                            humantime::format_duration(whole_millis(unconfirmed))
+                        )
+                    };
+                    eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", humantime::format_duration(unguarded_after));
+                    child.stop().await;
+                    break EXIT_UNGUARDED;
                 }
             }
             signal = &mut stop => {
@@ -743,6 +786,32 @@ async fn run_replicated(
     };
     drop(session);
     Ok(code)
+}
+
+/// `poolgate run`'s exit code when it stopped its command because it could
+/// not confirm that the run was still guarded (SPEC §12, runs fail closed).
+pub const EXIT_UNGUARDED: i32 = 5;
+
+/// What became of `run`, read for up to a second (the leader writes it
+/// right after the state that ended it).
+async fn told_end(
+    requests: &super::requests::Requests,
+    run: &RunId,
+) -> Option<super::requests::Outcome> {
+    for _ in 0..10 {
+        if let Ok(Some(outcome)) = requests.outcome(run).await {
+            if outcome.status != "committed" {
+                return Some(outcome);
+            }
+        }
+        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+    }
+    None
+}
+
+/// `d` in whole milliseconds, for saying it.
+fn whole_millis(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// How long `run --end` waits for a leader among replicas.
@@ -767,7 +836,11 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(super::requests::LOOK_EVERY).await;
         let outcome = requests.outcome(run).await.map_err(failed)?;
-        let finished = outcome.as_ref().is_some_and(|o| o.status == "finished");
+        // Finished on this request, or ended already by the leader (its
+        // requester gone for good).
+        let finished = outcome
+            .as_ref()
+            .is_some_and(|o| o.status == "finished" || o.status == "ended");
         if finished || (was_active && active(requests.clone()).await?.as_ref() != Some(run)) {
             eprintln!("poolgate run: run {run} ended");
             return Ok(0);

@@ -6,14 +6,20 @@
 //! Keys under the state prefix:
 //! - `requests/<run>`: the required nodes and the requester's lease,
 //!   written by the requester on that lease;
-//! - `alive/<run>`: the requester is there (on its lease): a run whose
-//!   requester is gone (crashed, cut off for a lease) is withdrawn if
-//!   waiting; committed, it stays guarded (its nodes may still run it)
-//!   until it faults or is ended (`poolgate run --end`);
+//! - `alive/<run>`: the requester is there (on its lease, whose TTL is
+//!   `[run] unguarded_after`): a run whose requester is gone for good
+//!   (its lease expired) is withdrawn if waiting, and ended by the leader
+//!   if committed (outcome `ended`, with the reason): a requester that
+//!   could not renew its session for that long has stopped its command;
 //! - `requested/<run>`: the leader committed it for a requester (fenced);
 //! - `runs/<run>`: what became of it, the event the leader published
-//!   (fenced, on the requester's lease: it goes with the requester);
+//!   (fenced; on no lease: it outlives the requester's session);
 //! - `finish/<run>`: the requester's command ended: the leader ends it.
+//!
+//! A requester confirms that its run is still guarded by reading, in one
+//! transaction, the leader key, the stored state and the outcome
+//! ([`Requests::standing`]); the stored state is written before any
+//! outcome is told, so a run the state no longer holds has ended.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,6 +59,21 @@ pub struct Outcome {
     pub reason: Option<String>,
 }
 
+/// What a requester found of its committed run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunStanding {
+    /// A replica leads and the stored state holds the run committed.
+    Guarded,
+    /// The stored state holds the run committed, but no replica leads
+    /// right now (a takeover under way).
+    Unled,
+    /// The leader wrote the run's end.
+    Ended(Outcome),
+    /// The stored state no longer holds the run: it ended (the state is
+    /// written before any outcome is told), its outcome not written yet.
+    NotHeld,
+}
+
 /// Runs an etcd call off the actors' thread.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
@@ -75,6 +96,7 @@ pub struct Requests {
 pub struct Session {
     lease: i64,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -82,6 +104,12 @@ impl Session {
     /// The lease.
     pub fn lease(&self) -> i64 {
         self.lease
+    }
+
+    /// Whether etcd said the lease is gone (expired: the requester was
+    /// away for its TTL); it never comes back.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
     }
 }
 
@@ -172,6 +200,31 @@ impl Requests {
         .await
     }
 
+    /// Whether `run` is still guarded, read in one transaction (see
+    /// [`EtcdStore::standing`]).
+    pub async fn standing(&self, run: &RunId) -> Result<RunStanding, StoreError> {
+        let (store, name) = (Arc::clone(&self.store), run.to_string());
+        let standing =
+            blocking(move || store.standing(&name).map_err(|e| StoreError(e.to_string()))).await?;
+        let outcome = standing
+            .outcome
+            .map(|bytes| {
+                serde_json::from_slice::<Outcome>(&bytes)
+                    .map_err(|e| StoreError(format!("runs/{run}: damaged ({e})")))
+            })
+            .transpose()?;
+        let held = standing
+            .state
+            .and_then(|state| state.run)
+            .is_some_and(|active| active.run == *run && active.committed);
+        Ok(match outcome {
+            Some(outcome) if outcome.status != "committed" => RunStanding::Ended(outcome),
+            _ if !held => RunStanding::NotHeld,
+            _ if standing.led => RunStanding::Guarded,
+            _ => RunStanding::Unled,
+        })
+    }
+
     /// The run the stored state holds active, if any (what is in the way).
     pub async fn active_run(&self) -> Result<Option<RunId>, StoreError> {
         let store = Arc::clone(&self.store);
@@ -181,10 +234,13 @@ impl Requests {
     }
 }
 
-/// Keeps `lease` alive (every third of its TTL) until the session drops.
+/// Keeps `lease` alive (every third of its TTL, again 100 ms after a
+/// failure, each call across every endpoint) until the session drops.
 fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
     let stop = Arc::new(AtomicBool::new(false));
+    let lost = Arc::new(AtomicBool::new(false));
     let stopping = Arc::clone(&stop);
+    let losing = Arc::clone(&lost);
     let thread = std::thread::Builder::new()
         .name("poolgate-run-session".into())
         .spawn(move || {
@@ -198,8 +254,9 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
                             Ok(Some(_)) => every,
                             Ok(None) => {
                                 tracing::warn!(
-                                    "the run's etcd session expired: a committed run stays guarded by the leader until it faults or is ended (poolgate run --end)"
+                                    "the run's etcd session expired: the leader ends its run"
                                 );
+                                losing.store(true, Ordering::Relaxed);
                                 return;
                             }
                             Err(_) => Duration::from_millis(100),
@@ -213,6 +270,7 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
     Session {
         lease,
         stop,
+        lost,
         thread,
     }
 }
@@ -347,30 +405,54 @@ async fn write_outcome(
     blocking(move || {
         let request = store.get_raw(&format!("requests/{run}"))?;
         let requested = store.get_raw(&format!("requested/{run}"))?;
-        let present = store.get_raw(&format!("alive/{run}"))?.is_some();
         // Only runs asked for through etcd have an outcome to write.
-        let lease = match (&request, &requested) {
-            (Some(bytes), _) | (None, Some(bytes)) => serde_json::from_slice::<Request>(bytes)
-                .map(|r| r.lease)
-                .unwrap_or(0),
-            (None, None) => return Ok(()),
-        };
+        if request.is_none() && requested.is_none() {
+            return Ok(());
+        }
         if status == "committed" {
             if let Some(bytes) = &request {
                 store.put_fenced(&format!("requested/{run}"), bytes, 0)?;
             }
         }
-        // A requester that is gone reads nothing (and its lease is gone).
-        if present {
-            store.put_fenced(&format!("runs/{run}"), &body, lease)?;
-        }
-        if status != "committed" {
-            store.delete_raw(&format!("requested/{run}"))?;
-        }
+        // On no lease: it outlives the requester's session (its requester
+        // removes it once read; that of a requester gone for good stays,
+        // as the record of why its run ended).
+        store.put_fenced(&format!("runs/{run}"), &body, 0)?;
         store.delete_raw(&format!("requests/{run}"))?;
+        if status == "committed" {
+            // An end asked for by a requester that just read `committed`
+            // may already be there: it is the next look's to take.
+            return Ok(());
+        }
+        store.delete_raw(&format!("requested/{run}"))?;
         store.delete_raw(&format!("finish/{run}"))
     })
     .await
+}
+
+/// The reason written for a run ended because its requester is gone.
+pub const REQUESTER_GONE: &str =
+    "its requester is gone: its etcd session expired, so it had stopped its command";
+
+/// Ends `run`, committed for a requester that is gone for good, and
+/// writes its end (`ended`, with [`REQUESTER_GONE`]) before its
+/// `run_finished` is settled.
+async fn end_orphan(
+    gate: &Gate,
+    store: &Arc<EtcdStore>,
+    run: &RunId,
+    said: &mut std::collections::BTreeSet<RunId>,
+) -> Result<(), StoreError> {
+    if said.insert(run.clone()) {
+        tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run is ended");
+    }
+    match gate.finish_run(run.clone()).await {
+        Ok(()) => write_outcome(store, run, "ended", None, Some(REQUESTER_GONE.to_string())).await,
+        Err(e) => {
+            tracing::warn!(%run, error = %e, "the run of a requester that is gone not ended (tried again)");
+            Ok(())
+        }
+    }
 }
 
 /// One look at the requests, as `report` shows the gate: ends the runs
@@ -407,16 +489,16 @@ async fn look(
         let (store, name) = (Arc::clone(store), format!("finish/{run}"));
         blocking(move || store.delete_raw(&name)).await?;
     }
-    // A committed run whose requester is gone (crashed, or cut off for a
-    // lease) stays guarded: its nodes may still run it, and a required
-    // node lost faults it (SPEC §12). It is said once a term; an operator
-    // ends it with `poolgate run --end`. Requested runs no longer active
-    // are forgotten.
+    // A committed run whose requester is gone for good (its session
+    // expired: it could not confirm its run guarded for that long, so it
+    // stopped its command) is ended, and its end written with the reason
+    // (SPEC §12, runs fail closed). Requested runs no longer active are
+    // forgotten.
     for (run, _) in &requested {
         let Ok(id) = RunId::new(run) else { continue };
         if report.run.as_ref() == Some(&id) {
-            if !present(run) && orphans.insert(id) {
-                tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run stays guarded; end it with poolgate run --end {run}");
+            if !present(run) {
+                end_orphan(gate, store, &id, orphans).await?;
             }
         } else {
             let (store, name) = (Arc::clone(store), format!("requested/{run}"));

@@ -114,6 +114,25 @@ pub struct EtcdStore {
     bound: Option<Bound>,
 }
 
+/// What one read of the prefix gave.
+struct Read {
+    held: Option<Held>,
+    revisions: BTreeMap<String, i64>,
+    /// The extra keys asked for that exist.
+    extra: BTreeMap<String, Vec<u8>>,
+}
+
+/// What a requester reads of its run (see [`EtcdStore::standing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standing {
+    /// Whether a replica leads.
+    pub led: bool,
+    /// The stored state (none for a prefix never written).
+    pub state: Option<Durable>,
+    /// What became of the run, as the leader wrote it (unparsed).
+    pub outcome: Option<Vec<u8>>,
+}
+
 /// What a term's writes are conditioned on (SPEC-wise: no write from the
 /// past).
 #[derive(Debug)]
@@ -187,12 +206,30 @@ impl EtcdStore {
     /// format record): a replica that saw it written and then finds it so
     /// knows etcd's data was wiped.
     pub fn read_records(&self) -> Result<Option<Held>, StateError> {
-        self.read_with_revisions().map(|(held, _)| held)
+        self.read_with(&[]).map(|read| read.held)
+    }
+
+    /// What a requester looks at to know that `run` is still guarded,
+    /// read in one transaction: whether a replica leads (the `leader`
+    /// key), the stored state, and what became of `run` (`runs/<run>`).
+    pub fn standing(&self, run: &str) -> Result<Standing, StateError> {
+        let outcome = format!("runs/{run}");
+        let mut read = self.read_with(&["leader", &outcome])?;
+        Ok(Standing {
+            led: read.extra.contains_key("leader"),
+            state: read.held.map(|(state, _)| state),
+            outcome: read.extra.remove(&outcome),
+        })
+    }
+
+    fn read_with_revisions(&self) -> Result<(Option<Held>, BTreeMap<String, i64>), StateError> {
+        self.read_with(&[]).map(|read| (read.held, read.revisions))
     }
 
     /// As [`EtcdStore::read_records`], with the last-change revision of
     /// each record read.
-    fn read_with_revisions(&self) -> Result<(Option<Held>, BTreeMap<String, i64>), StateError> {
+    /// The records, and the `extra` keys, in one transaction.
+    fn read_with(&self, extra: &[&str]) -> Result<Read, StateError> {
         let error = |what: String| StateError {
             file: self.where_(),
             what,
@@ -207,13 +244,17 @@ impl EtcdStore {
             "sequences",
             "sequences.sha256",
         ];
-        let ranges = names.iter().map(|n| etcd::range(&self.key(n))).collect();
+        let ranges = names
+            .iter()
+            .chain(extra)
+            .map(|n| etcd::range(&self.key(n)))
+            .collect();
         let (_, answer) = self
             .etcd
             .txn(vec![], ranges, vec![])
             .map_err(|e| error(e.to_string()))?;
         let mut revisions = BTreeMap::new();
-        let held: BTreeMap<String, Vec<u8>> = answer["responses"]
+        let mut held: BTreeMap<String, Vec<u8>> = answer["responses"]
             .as_array()
             .into_iter()
             .flatten()
@@ -225,9 +266,19 @@ impl EtcdStore {
                 Some((name, kv.value))
             })
             .collect();
+        let extra: BTreeMap<String, Vec<u8>> = extra
+            .iter()
+            .filter_map(|name| Some((name.to_string(), held.remove(*name)?)))
+            .collect();
         let named = |name: &str| format!("{}{name}", self.prefix);
         let format = match held.get("format") {
-            None if !held.contains_key("state") => return Ok((None, revisions)),
+            None if !held.contains_key("state") => {
+                return Ok(Read {
+                    held: None,
+                    revisions,
+                    extra,
+                })
+            }
             None => return Err(error(format!("{}: missing", named("format")))),
             Some(bytes) => std::str::from_utf8(bytes)
                 .ok()
@@ -276,7 +327,11 @@ impl EtcdStore {
                 .map_err(|e| error(format!("{}: {e}", named("sequences"))))?,
             None => BTreeMap::new(),
         };
-        Ok((Some((state, sequences)), revisions))
+        Ok(Read {
+            held: Some((state, sequences)),
+            revisions,
+            extra,
+        })
     }
 
     /// What `name` holds under the prefix, unchecked (the run requests).

@@ -56,6 +56,15 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port")
+    }
+
     /// Starts a one-member cluster and waits until it answers.
     pub fn start(name: &str) -> Etcd {
         let dir = std::env::temp_dir().join(format!("poolgate-etcd-{}-{name}", std::process::id()));
@@ -264,4 +273,85 @@ pub fn replica_config(
         "config.toml",
     )
     .expect("config")
+}
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A TCP proxy to etcd that refuses everything while cut.
+pub struct Proxy {
+    port: u16,
+    cut: std::sync::Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Starts a proxy to etcd's client port `to`.
+    pub fn start(to: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let cut = std::sync::Arc::new(AtomicBool::new(false));
+        let cutting = std::sync::Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if cutting.load(Ordering::Relaxed) {
+                    drop(client);
+                    continue;
+                }
+                let cut = std::sync::Arc::clone(&cutting);
+                std::thread::spawn(move || pipe(client, to, &cut));
+            }
+        });
+        Proxy { port, cut }
+    }
+
+    /// `http://127.0.0.1:<port>` of the proxy.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Refuses (and cuts) every connection while `cut`.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::Relaxed);
+    }
+}
+
+/// Copies both ways until either side closes, or the proxy is cut.
+fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+        return;
+    };
+    let copy = |mut from: TcpStream, mut into: TcpStream, cut: &AtomicBool| {
+        let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            if cut.load(Ordering::Relaxed) {
+                let _ = into.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            match from.read(&mut buf) {
+                Ok(0) => {
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                    return;
+                }
+                Ok(n) => {
+                    if into.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| copy(client, s2, cut));
+        scope.spawn(|| copy(server, c2, cut));
+    });
 }
