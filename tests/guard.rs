@@ -652,3 +652,104 @@ fn a_run_paused_for_4s_still_stops_its_command_when_its_run_faults() {
         replica.resign();
     });
 }
+
+/// Issue 28, reproduction 6: with both replicas in `[orchestrator] agents`
+/// (the follower listed first), one reset of a healthy node's connection
+/// faulted the run 10 times in 10: the node tried the follower, was
+/// refused, and came back after the orchestrator's grace. A node now
+/// tries the replica it was connected to first, so a reset faults
+/// nothing.
+#[test]
+fn a_reset_of_a_healthy_nodes_connection_faults_nothing_with_two_replicas_listed() {
+    need_etcd!();
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: resetting another process's connection (ss -K) needs root");
+        return;
+    }
+    let server = etcd::Etcd::start("reset");
+    live_for(LIMIT, async {
+        let mut plan = plan(2, None);
+        plan.base.state.etcd = vec![server.endpoint.clone()];
+        plan.base.state.lease = Duration::from_secs(2);
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut leader = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let mut second = cluster.config.clone();
+        second.agents.listen = free_tcp();
+        second.swim.bind = {
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            socket.local_addr().unwrap()
+        };
+        let mut follower = poolgate::live::replica::Replica::start(&second).unwrap();
+        let following = actix::spawn(async move {
+            let _ = follower.lead(None).await;
+        });
+        // Every node lists the follower first, then the leader.
+        let (f, l) = (second.agents.listen, cluster.config.agents.listen);
+        for node in &cluster.nodes {
+            let text = std::fs::read_to_string(&node.config).unwrap();
+            let listed = text.replace(
+                &format!("agents = \"{l}\""),
+                &format!("agents = [\"{f}\", \"{l}\"]"),
+            );
+            assert_ne!(text, listed, "the node's agents line");
+            std::fs::write(&node.config, listed).unwrap();
+        }
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let mut events = live.gate.subscribe();
+        let proof = live.gate.wait_ready().await.unwrap();
+        let run = poolgate::core::RunId::new("reset").unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(proof.epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![node], Some(proof.epoch))
+            .await
+            .unwrap();
+        // Each node's connection to the leader, reset from the node's side.
+        let reset = std::process::Command::new("ss")
+            .args([
+                "-K",
+                "dst",
+                "127.0.0.1",
+                "dport",
+                "=",
+                &l.port().to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&reset.stdout).contains(&l.to_string()),
+            "no connection reset: {}",
+            String::from_utf8_lossy(&reset.stdout)
+        );
+        // Three times the orchestrator's grace: the run is still guarded.
+        let faulted = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                match events.recv().await {
+                    Some(poolgate::core::Event::RunFaulted { node, reason, .. }) => {
+                        return format!("{node} {reason}")
+                    }
+                    Some(_) => continue,
+                    None => return "the gate stopped".to_string(),
+                }
+            }
+        })
+        .await;
+        assert!(faulted.is_err(), "a reset faulted the run: {faulted:?}");
+        assert_eq!(live.gate.report().await.unwrap().run, Some(run));
+        following.abort();
+        live.stop().await;
+        leader.resign();
+    });
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+fn free_tcp() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}

@@ -238,6 +238,10 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The longest wait before reconnecting.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
+/// Why a session ended when the connection closed or was reset (the peer
+/// is not frozen: it, or its host, closed it).
+const CLOSED: &str = "connection closed";
+
 /// How one connection to an orchestrator ended.
 enum Session {
     /// No address could be connected to.
@@ -273,7 +277,7 @@ async fn announce(
                 tracing::warn!(node = %to.node, ?failed, held, "orchestrator.agents: not resolved");
             }
         }
-        let candidates = rotation.candidates(addrs);
+        let (candidates, again) = rotation.candidates(addrs.clone());
         let outcome = match connect_first(&candidates, to.heartbeat * HEARTBEATS_MISSED).await {
             Ok((addr, stream)) => (
                 addr,
@@ -310,10 +314,17 @@ async fn announce(
             }
             (addr, Session::Refused { code, .. }) if code == super::replica::NOT_LEADER => {
                 // A follower replica (SPEC §12): the leader is another of
-                // the listed addresses; tried next, without backing off.
+                // the listed addresses; tried next, at once while some are
+                // left to try this round (a pause once all refused).
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
                 backoff = BACKOFF_MIN;
-                tokio::time::sleep(BACKOFF_MIN).await;
+                if !rotation.has_fresh(&addrs) {
+                    tokio::time::sleep(BACKOFF_MIN).await;
+                }
+                continue;
+            }
+            (_, Session::Unreachable(_)) if again => {
+                // The address tried again first is gone: the others, now.
                 continue;
             }
             (addr, Session::Refused { code, detail }) => {
@@ -337,15 +348,24 @@ async fn announce(
 /// connection but accepted no frame, or went silent, is shunned (tried
 /// after the others), so a frozen process whose kernel still completes
 /// handshakes cannot hold the node; once no other address answers, every
-/// one is worth a try again.
+/// one is worth a try again. A connection that had frames accepted and
+/// then closed (a reset, not a freeze) is tried again first, alone: the
+/// replica it was connected to most likely still leads, and the node is
+/// back within the orchestrator's lost-connection grace (SPEC §12).
 #[derive(Debug, Default)]
 struct Rotation {
     shunned: std::collections::HashSet<SocketAddr>,
+    /// The address to try first, alone, next round.
+    first: Option<SocketAddr>,
 }
 
 impl Rotation {
-    /// The addresses to try this round.
-    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    /// The addresses to try this round, and whether they are the one
+    /// tried again first (a failure then goes on to the others at once).
+    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> (Vec<SocketAddr>, bool) {
+        if let Some(first) = self.first.take().filter(|a| addrs.contains(a)) {
+            return (vec![first], true);
+        }
         let fresh: Vec<SocketAddr> = addrs
             .iter()
             .copied()
@@ -353,20 +373,32 @@ impl Rotation {
             .collect();
         if fresh.is_empty() {
             self.shunned.clear();
-            return addrs;
+            return (addrs, false);
         }
-        fresh
+        (fresh, false)
     }
 
     /// A round ended with `session` (on `addr`, when one was connected).
     fn ended(&mut self, addr: SocketAddr, session: &Session) {
         match session {
+            Session::Lost {
+                accepted: true,
+                why: CLOSED,
+            } => {
+                self.shunned.remove(&addr);
+                self.first = Some(addr);
+            }
             Session::Lost { .. } | Session::Refused { .. } => {
                 self.shunned.insert(addr);
             }
             Session::Unreachable(_) => self.shunned.clear(),
             Session::Stopped => {}
         }
+    }
+
+    /// Whether some of `addrs` are not shunned (worth trying at once).
+    fn has_fresh(&self, addrs: &[SocketAddr]) -> bool {
+        addrs.iter().any(|a| !self.shunned.contains(a))
     }
 }
 
@@ -470,7 +502,7 @@ async fn session(
                 Some(Err(wire::ReadError::Refused(_))) => {
                     return Session::Lost { accepted, why: "unreadable reply" };
                 }
-                _ => return Session::Lost { accepted, why: "connection closed" },
+                _ => return Session::Lost { accepted, why: CLOSED },
             },
         }
     }
@@ -613,7 +645,7 @@ mod tests {
             SocketAddr::from(([10, 0, 0, 2], 1)),
         );
         let mut rotation = Rotation::default();
-        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
         rotation.ended(
             a,
             &Session::Lost {
@@ -621,7 +653,7 @@ mod tests {
                 why: "no reply for 3 heartbeats",
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), vec![b]);
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
         // Every one shunned: all of them again.
         rotation.ended(
             b,
@@ -630,13 +662,13 @@ mod tests {
                 detail: "y".into(),
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
     }
 
     #[test]
-    fn a_shunned_address_is_tried_again_when_the_others_do_not_answer() {
-        // An orchestrator restarted at the address a node lost it at, its
-        // standby not running: the node must come back to it.
+    fn a_connection_that_went_silent_is_shunned() {
+        // A frozen replica whose kernel still completes handshakes must
+        // not hold the node.
         let (a, b) = (
             SocketAddr::from(([10, 0, 0, 1], 1)),
             SocketAddr::from(([10, 0, 0, 2], 1)),
@@ -646,14 +678,54 @@ mod tests {
             a,
             &Session::Lost {
                 accepted: true,
-                why: "connection closed",
+                why: "no reply for 3 heartbeats",
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), vec![b]);
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
+    }
+
+    #[test]
+    fn a_connection_reset_is_tried_again_first_alone_then_the_others() {
+        // Issue 28, reproduction 6: after a reset, the node tried the
+        // follower first (listed first), was refused, and came back 3 ms
+        // after the orchestrator's 100 ms grace: the run faulted.
+        let (follower, leader) = (
+            SocketAddr::from(([10, 0, 0, 1], 1)),
+            SocketAddr::from(([10, 0, 0, 2], 1)),
+        );
+        let mut rotation = Rotation::default();
         rotation.ended(
-            b,
+            leader,
+            &Session::Lost {
+                accepted: true,
+                why: CLOSED,
+            },
+        );
+        assert_eq!(
+            rotation.candidates(vec![follower, leader]),
+            (vec![leader], true)
+        );
+        // Gone (a crash, not a reset): every address, at once.
+        rotation.ended(
+            leader,
             &Session::Unreachable(std::io::ErrorKind::ConnectionRefused.into()),
         );
-        assert_eq!(rotation.candidates(vec![a, b]), vec![a, b]);
+        assert_eq!(
+            rotation.candidates(vec![follower, leader]),
+            (vec![follower, leader], false)
+        );
+        // A follower's refusal leaves the other to try at once.
+        rotation.ended(
+            follower,
+            &Session::Refused {
+                code: crate::live::replica::NOT_LEADER.into(),
+                detail: "not the leader".into(),
+            },
+        );
+        assert!(rotation.has_fresh(&[follower, leader]));
+        assert_eq!(
+            rotation.candidates(vec![follower, leader]),
+            (vec![leader], false)
+        );
     }
 }
