@@ -753,3 +753,64 @@ fn free_tcp() -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
 }
+
+/// The keeper (`poolgate guard-exec`) of `run`'s command: `run`'s child.
+async fn keeper_of(run: &tokio::process::Child) -> Pid {
+    let pid = run.id().unwrap();
+    loop {
+        let found = children(pid).into_iter().find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("guard-exec"))
+        });
+        if let Some(keeper) = found {
+            return Pid::from_raw(keeper as i32);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 28, reproduction 9: SIGKILL of the keeper left the command
+/// running under init while `run` exited 137 and ended the run. Whatever
+/// kills the keeper, the command's whole group goes too.
+#[test]
+fn a_sigkilled_keeper_takes_the_commands_group_with_it() {
+    live_for(LIMIT, async {
+        let cluster = cluster(&plan(2, None)).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        kill(keeper_of(&run).await, Signal::SIGKILL).unwrap();
+        let code = exit_code(&mut run).await;
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(
+            gone,
+            "the command outlived its killed keeper (run exited {code:?})"
+        );
+    });
+}
+
+/// Issue 28, reproduction 9: with the keeper stopped (SIGSTOP), a fault
+/// made `run` exit 3 as if it had stopped the command; it had not.
+#[test]
+fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
+    live_for(LIMIT, async {
+        let mut cluster = cluster(&plan(2, None)).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let keeper = keeper_of(&run).await;
+        kill(keeper, Signal::SIGSTOP).unwrap();
+        cluster.kill(0);
+        until_line(&mut lines, "run_faulted").await;
+        let code = exit_code(&mut run).await;
+        let alive = killpg(group, None).is_ok();
+        kill_group(group);
+        let _ = kill(keeper, Signal::SIGKILL);
+        let _ = kill(keeper, Signal::SIGCONT);
+        assert!(!alive, "run exited {code:?} while its command still ran");
+        assert_eq!(code, Some(3));
+    });
+}

@@ -595,7 +595,9 @@ async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
     let outcome = tokio::time::timeout(limit, run).await;
     let (tail, status) = match outcome {
         Err(_) => {
-            child.stop().await;
+            if let Err(left) = child.stop().await {
+                tracing::warn!(error = %left, "a health check was not stopped");
+            }
             return Err(format!("health check did not finish within {limit:?}"));
         }
         Ok(done) => done,

@@ -532,14 +532,14 @@ pub async fn run(
                 let faulted = matches!(&event, Event::RunFaulted { run: r, .. } if *r == run);
                 printer.print(&gate, event).await;
                 if faulted {
-                    child.stop().await;
+                    stop_command(&mut child).await;
                     return Ok(3);
                 }
             }
             signal = &mut stop => {
                 // The command goes first, then its run: nothing is left
                 // guarded by no one, and the state file holds no run.
-                child.stop().await;
+                stop_command(&mut child).await;
                 if let Err(e) = gate.finish_run(run.clone()).await {
                     tracing::warn!(%run, error = %e, "run not ended");
                 }
@@ -739,14 +739,14 @@ async fn run_replicated(
                             eprintln!("poolgate run: run {run} was {} by the leader ({}): its command is stopped", outcome.status, outcome.reason.clone().unwrap_or_default());
                         }
                         printer.print_told(outcome.event);
-                        child.stop().await;
+                        stop_command(&mut child).await;
                         let _ = requests.forget(&run).await;
                         break code;
                     }
                     Ok(RunStanding::NotHeld) => {
                         // Ended, its outcome not written yet: the command
                         // stops now, and the outcome is read if it comes.
-                        child.stop().await;
+                        stop_command(&mut child).await;
                         let code = match told_end(&requests, &run).await {
                             Some(outcome) if outcome.status == "faulted" => {
                                 printer.print_told(outcome.event);
@@ -773,12 +773,12 @@ async fn run_replicated(
                         )
                     };
                     eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", humantime::format_duration(unguarded_after));
-                    child.stop().await;
+                    stop_command(&mut child).await;
                     break EXIT_UNGUARDED;
                 }
             }
             signal = &mut stop => {
-                child.stop().await;
+                stop_command(&mut child).await;
                 ended(requests, run, printer).await;
                 break 128 + signal;
             }
@@ -786,6 +786,15 @@ async fn run_replicated(
     };
     drop(session);
     Ok(code)
+}
+
+/// Stops the guarded command's whole group; says so when some of it could
+/// not be stopped (never that it was).
+async fn stop_command(child: &mut super::guard::Guarded) {
+    if let Err(left) = child.stop().await {
+        tracing::error!(error = %left, "the command was not stopped");
+        eprintln!("poolgate run: {left}: the command was NOT stopped");
+    }
 }
 
 /// `poolgate run`'s exit code when it stopped its command because it could

@@ -19,6 +19,13 @@
 //! (what it left running goes with it), then exits with the command's
 //! code (128 + signal if a signal ended it).
 //!
+//! The keeper itself can be killed or stopped (SIGKILL, SIGSTOP): the
+//! guard learns the command's group from the keeper's child as soon as it
+//! is started, and when the keeper exits without having stopped it, or
+//! does not stop it when told, the guard stops that group itself. Either
+//! way [`Guarded::wait`] and [`Guarded::stop`] return only once no process
+//! of the group is left (or say which is).
+//!
 //! Without a keeper (an embedder that did not call [`set_keeper`]), the
 //! command still runs in its own group and is stopped as a group, but it
 //! outlives a guard that is killed outright.
@@ -60,8 +67,14 @@ pub struct Guarded {
     /// The command's process group, when there is no keeper and it may
     /// still hold a process.
     group: Option<Pid>,
+    /// With a keeper: the command's process group (the keeper's child),
+    /// once seen.
+    kept: Option<Pid>,
     grace: Duration,
 }
+
+/// How often the keeper's child is looked for until it is seen.
+const LEARN_EVERY: Duration = Duration::from_millis(10);
 
 impl Guarded {
     /// Starts `argv` in a process group of its own; `grace` is how long
@@ -111,6 +124,7 @@ impl Guarded {
             child,
             keeper,
             group,
+            kept: None,
             grace,
         })
     }
@@ -122,29 +136,43 @@ impl Guarded {
 
     /// Waits for the command to exit; what it left running in its group
     /// is stopped too. With a keeper, the keeper does that and exits with
-    /// the command's code.
+    /// the command's code; a keeper that died otherwise (killed) leaves
+    /// the group to this guard, which stops it before returning.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        let status = self.child.wait().await?;
+        let status = loop {
+            if self.keeper.is_some() && self.kept.is_none() {
+                tokio::select! {
+                    status = self.child.wait() => break status?,
+                    _ = tokio::time::sleep(LEARN_EVERY) => self.learn_group(),
+                }
+            } else {
+                break self.child.wait().await?;
+            }
+        };
         self.keeper = None;
         if let Some(group) = self.group.take() {
             stop_group(group, self.grace, &mut self.child, Some(status), false).await;
         }
+        self.stop_kept().await.map_err(std::io::Error::other)?;
         Ok(status)
     }
 
     /// Stops the command and everything it started: SIGTERM to its group,
-    /// SIGKILL after the grace. Returns once the group is gone.
-    pub async fn stop(&mut self) {
+    /// SIGKILL after the grace. Returns once the group is gone; the
+    /// processes of it left, if any could not be stopped (a process in
+    /// uninterruptible I/O), as an error naming them.
+    pub async fn stop(&mut self) -> Result<(), Leftover> {
         if let Some(group) = self.group.take() {
             stop_group(group, self.grace, &mut self.child, None, false).await;
-            return;
+            return left_in(group);
         }
         let Some(keeper) = self.keeper.take() else {
-            return;
+            return self.stop_kept().await;
         };
+        self.learn_group();
         let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
         // The keeper is done within the grace (SIGKILL included); one that
-        // is not is killed, and its group with it.
+        // is not (stopped, hung) is killed, and the group with it.
         let bound = self.grace + Duration::from_secs(2);
         if tokio::time::timeout(bound, self.child.wait())
             .await
@@ -153,6 +181,64 @@ impl Guarded {
             let _ = killpg(keeper, Signal::SIGKILL);
             let _ = self.child.kill().await;
         }
+        self.stop_kept().await
+    }
+
+    /// Notes the command's group: the keeper's child (itself a group
+    /// leader), once the keeper has started it.
+    fn learn_group(&mut self) {
+        if self.kept.is_some() {
+            return;
+        }
+        if let Some(keeper) = self.keeper {
+            self.kept = children_of(keeper.as_raw().unsigned_abs(), None)
+                .into_iter()
+                .next();
+        }
+    }
+
+    /// Stops what is left of the command's group once its keeper is gone
+    /// (normally nothing: the keeper stopped it).
+    async fn stop_kept(&mut self) -> Result<(), Leftover> {
+        let Some(group) = self.kept.take() else {
+            return Ok(());
+        };
+        if killpg(group, None).is_err() {
+            return Ok(());
+        }
+        tracing::warn!(
+            group = group.as_raw(),
+            "the command's keeper is gone and its group is not: stopping it"
+        );
+        let _ = killpg(group, Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + self.grace;
+        while killpg(group, None).is_ok() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        let _ = killpg(group, Signal::SIGKILL);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while killpg(group, None).is_ok() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        left_in(group)
+    }
+}
+
+/// Processes of a command's group that could not be stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the command's process group {group} still holds a process after SIGKILL")]
+pub struct Leftover {
+    /// The group.
+    pub group: i32,
+}
+
+/// Whether `group` is empty now.
+fn left_in(group: Pid) -> Result<(), Leftover> {
+    match killpg(group, None) {
+        Err(_) => Ok(()),
+        Ok(()) => Err(Leftover {
+            group: group.as_raw(),
+        }),
     }
 }
 
@@ -205,7 +291,7 @@ async fn stop_group(
             if let Some(reaped) = reap(leader) {
                 status.get_or_insert(reaped);
             }
-            orphans = children_of_this_process(leader);
+            orphans = children_of(std::process::id(), leader);
             for orphan in &orphans {
                 let _ = nix::sys::signal::kill(*orphan, signal);
             }
@@ -249,10 +335,9 @@ fn reap(leader: Option<Pid>) -> Option<ExitStatus> {
     }
 }
 
-/// The children of this process other than `leader` (orphans of the
-/// command, adopted by the keeper as a child subreaper).
-fn children_of_this_process(leader: Option<Pid>) -> Vec<Pid> {
-    let me = std::process::id();
+/// The children of process `parent` other than `leader` (for the keeper,
+/// a child subreaper: the command's orphans).
+fn children_of(parent: u32, leader: Option<Pid>) -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -263,10 +348,10 @@ fn children_of_this_process(leader: Option<Pid>) -> Vec<Pid> {
         .filter(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             // The parent is the second field after the command's name.
-            let parent = stat
+            let of = stat
                 .rsplit_once(')')
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-            parent == Some(me)
+            of == Some(parent)
         })
         .map(Pid::from_raw)
         .collect()
