@@ -500,7 +500,7 @@ fn failovers(args: &Args) {
         &node_hosts,
         Options {
             window: Some(args.window),
-            orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\n"),
+            orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\ninsecure = true\n"),
             ..Options::default()
         },
     );

@@ -556,6 +556,7 @@ async fn among_replicas(
     let mut plan = plan(nodes, None);
     plan.base.state.etcd = vec![server.endpoint.clone()];
     plan.base.state.lease = Duration::from_secs(2);
+    plan.base.state.insecure = true;
     plan.base.run.unguarded_after = unguarded_after;
     let cluster = cluster(&plan).await;
     let mut replica = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
@@ -605,18 +606,27 @@ fn a_run_that_cannot_confirm_its_run_guarded_stops_its_command_and_exits_5() {
         })
         .await
         .expect("the leader ends the run of a requester gone for good");
-        let outcome = server
-            .client()
-            .get(format!("/poolgate/{}/guard/runs/{id}", cluster.config.swim.label).as_bytes())
-            .unwrap()
-            .map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).unwrap());
-        if let Some(outcome) = outcome {
-            assert_eq!(outcome["status"], "ended", "{outcome}");
-            assert!(outcome["reason"]
+        let key = format!("/poolgate/{}/guard/runs/{id}", cluster.config.swim.label);
+        let outcome = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Ok(Some(kv)) = server.client().get(key.as_bytes()) {
+                    let outcome: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+                    if outcome["status"] != "committed" {
+                        return outcome;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the run's end is written");
+        assert_eq!(outcome["status"], "ended", "{outcome}");
+        assert!(
+            outcome["reason"]
                 .as_str()
-                .unwrap()
-                .contains("requester is gone"));
-        }
+                .is_some_and(|r| r.contains("requester is gone")),
+            "{outcome}"
+        );
         live.stop().await;
         replica.resign();
     });
@@ -671,6 +681,7 @@ fn a_reset_of_a_healthy_nodes_connection_faults_nothing_with_two_replicas_listed
         let mut plan = plan(2, None);
         plan.base.state.etcd = vec![server.endpoint.clone()];
         plan.base.state.lease = Duration::from_secs(2);
+        plan.base.state.insecure = true;
         let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
         let mut leader = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
         let live = leader.lead(None).await.unwrap();

@@ -642,7 +642,7 @@ fn replicas_on_the_rig() -> Option<(Rig, Process, Deployment)> {
     let options = Options {
         window: Some(Duration::from_millis(1000)),
         orchestrator_extra: format!(
-            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\n"
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\ninsecure = true\n"
         ),
         ..Options::default()
     };
@@ -684,7 +684,9 @@ fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
     let (_etcd, endpoint) = deploy::etcd_on(&rig, 0);
     let options = Options {
         window: Some(Duration::from_millis(1000)),
-        orchestrator_extra: format!("[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\n"),
+        orchestrator_extra: format!(
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\ninsecure = true\n"
+        ),
         ..Options::default()
     };
     let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);

@@ -659,6 +659,7 @@ async fn one_node_cluster_on(
     let mut config = cluster.config.clone();
     config.state.etcd = vec![server.endpoint.clone()];
     config.state.lease = Duration::from_secs(2);
+    config.state.insecure = true;
     (cluster, config)
 }
 
@@ -694,7 +695,7 @@ fn sighup_reloads_the_keys_of_run_among_replicas_and_does_not_end_it() {
             "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
              [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"hangup\"\n\
              [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{}\"]\nlease = \"2s\"\n",
+             [state]\netcd = [\"{}\"]\nlease = \"2s\"\ninsecure = true\n",
             server.endpoint
         ),
     )
@@ -947,4 +948,96 @@ fn a_write_against_a_record_changed_under_the_term_is_refused_and_ends_the_term(
     );
     assert!(store.save(&state(6)).is_err(), "an ended term wrote");
     assert_eq!(base.read().unwrap().0.last_epoch, 5);
+}
+
+/// Issue 28, reproduction 8: anyone who reached etcd owned the gate (one
+/// put of `finish/<run>` ended a run; `requests/evil` + `alive/evil` had an
+/// outsider's run committed; a state record rewritten with its recomputed
+/// hash was believed). Under `[state] key`, what does not carry the key's
+/// MAC is refused and changes nothing.
+#[test]
+fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("forged");
+    let dir = std::env::temp_dir().join(format!("poolgate-forged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("state.key");
+    poolgate::keys::ClusterKey::generate().save(&key).unwrap();
+    let config = config(&server.endpoint, &format!("key = \"{}\"\n", key.display()));
+    let prefix = "/poolgate/replicas/pool-a/";
+    let anyone = server.client();
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        make_ready(&live.gate, "node-1").await;
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let _session = requests
+            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(5))
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            outcome_of(&requests, &run, "committed"),
+        )
+        .await
+        .expect("committed");
+
+        // A forged end, a forged outcome, an outsider's request.
+        let put = |name: &str, value: &[u8]| {
+            anyone
+                .put(format!("{prefix}{name}").as_bytes(), value)
+                .unwrap()
+        };
+        put("finish/r1", b"{}");
+        put("runs/r1", br#"{"status":"faulted","event":null}"#);
+        put("alive/evil", b"{}");
+        put("requests/evil", br#"{"required":["node-1"],"lease":0}"#);
+        // Ten of the leader's looks later: nothing of it was believed.
+        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
+        assert_eq!(live.gate.report().await.unwrap().run, Some(run.clone()));
+        assert_eq!(
+            requests.outcome(&run).await.unwrap().map(|o| o.status),
+            None,
+            "a forged outcome was read"
+        );
+
+        // The real end, then the outsider's request is still not served.
+        requests.finish(&run).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while live.gate.report().await.unwrap().run.is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the requester's own end is taken");
+        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
+        assert_eq!(
+            live.gate.report().await.unwrap().run,
+            None,
+            "an outsider's run was committed"
+        );
+
+        // A state record rewritten with its recomputed hash is refused by
+        // the next replica, naming the key.
+        let forged = br#"{"last_epoch":0,"run":null}"#;
+        put("state", forged);
+        put("state.sha256", &sha2_of(forged));
+        let refused = Replica::start(&config).map(drop).unwrap_err().to_string();
+        assert!(
+            refused.contains("[state] key") && refused.contains("state"),
+            "{refused}"
+        );
+        live.stop().await;
+        leader.resign();
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn sha2_of(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
 }

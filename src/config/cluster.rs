@@ -314,12 +314,6 @@ impl Doc<'_> {
         let (text, span) = self.string(value, key)?;
         Endpoint::parse(&text).map_err(|e| self.error(span, key, e))
     }
-    pub(super) fn boolean(&self, value: &Value<'_>, key: &str) -> Result<bool, ConfigError> {
-        match value.get_ref() {
-            DeValue::Boolean(b) => Ok(*b),
-            _ => Err(self.error(value.span(), key, "must be true or false")),
-        }
-    }
 
     pub(super) fn whole(
         &self,

@@ -94,6 +94,14 @@ impl<'a> Doc<'a> {
             .ok_or_else(|| self.error(section_span, &dotted(section, key), "missing key"))
     }
 
+    /// A boolean.
+    pub(super) fn boolean(&self, value: &Value<'_>, key: &str) -> Result<bool, ConfigError> {
+        match value.get_ref() {
+            DeValue::Boolean(b) => Ok(*b),
+            _ => Err(self.error(value.span(), key, "must be true or false")),
+        }
+    }
+
     pub(super) fn string(
         &self,
         value: &Value<'_>,

@@ -123,6 +123,14 @@ pub struct StateConfig {
     /// `prefix`: where the state lives in etcd (default
     /// `/poolgate/<label>/<pool>/`).
     pub prefix: Option<String>,
+    /// `key`: the file of the 32-byte key (`poolgate keygen --cluster`)
+    /// under which every record and request in etcd carries a MAC, shared
+    /// by the replicas and the requesters.
+    pub key: Option<PathBuf>,
+    /// `insecure`: plain `http://` endpoints, and no `key`, are accepted
+    /// (said on every start). Without it, `[state] etcd` needs a `key`
+    /// and refuses plain http.
+    pub insecure: bool,
 }
 
 /// `[state] lease`'s default.
@@ -141,6 +149,8 @@ impl Default for StateConfig {
             etcd: Vec::new(),
             lease: DEFAULT_LEASE,
             prefix: None,
+            key: None,
+            insecure: false,
         }
     }
 }
@@ -347,7 +357,15 @@ impl Config {
             doc.only_keys(
                 table,
                 "state",
-                &["path", "restore_grace", "etcd", "lease", "prefix"],
+                &[
+                    "path",
+                    "restore_grace",
+                    "etcd",
+                    "lease",
+                    "prefix",
+                    "key",
+                    "insecure",
+                ],
             )?;
             if let Some(value) = table.get("path") {
                 state.path = Some(PathBuf::from(doc.string(value, "state.path")?.0));
@@ -389,6 +407,30 @@ impl Config {
                 }
                 state.prefix = Some(prefix);
             }
+            if let Some(value) = table.get("key") {
+                state.key = Some(PathBuf::from(doc.string(value, "state.key")?.0));
+            }
+            if let Some(value) = table.get("insecure") {
+                state.insecure = doc.boolean(value, "state.insecure")?;
+            }
+            if let Some(value) = table.get("etcd") {
+                if !state.insecure {
+                    if let Some(plain) = state.etcd.iter().find(|e| e.starts_with("http://")) {
+                        return Err(doc.error(
+                            value.span(),
+                            "state.etcd",
+                            format!("{plain}: plain http is refused (anyone on the path reads and rewrites the gate's state); set [state] insecure = true to accept it"),
+                        ));
+                    }
+                }
+                if state.key.is_none() && !state.insecure {
+                    return Err(doc.error(
+                        value.span(),
+                        "state.key",
+                        "[state] etcd needs a key (poolgate keygen --cluster --out state.key), shared by the replicas and the requesters; or insecure = true",
+                    ));
+                }
+            }
         }
 
         let mut run = RunConfig::default();
@@ -429,8 +471,10 @@ impl Config {
 
     /// Relative key paths, resolved from `dir` (the config file's folder).
     pub fn resolve_paths(&mut self, dir: &Path) {
-        if let Some(path) = self.state.path.as_mut().filter(|p| p.is_relative()) {
-            *path = dir.join(&*path);
+        for path in [&mut self.state.path, &mut self.state.key] {
+            if let Some(path) = path.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
+            }
         }
         #[cfg(feature = "live")]
         for path in &mut self.swim.cluster_keys {
@@ -524,6 +568,23 @@ wait_timeout = "30s"
             }) => (line, key, message),
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn etcd_needs_a_state_key_and_refuses_plain_http_unless_insecure() {
+        let etcd =
+            |extra: &str| format!("{GOOD}\n[state]\netcd = [\"http://127.0.0.1:2379\"]\n{extra}");
+        let (_, key, message) = error_of(&etcd("key = \"state.key\"\n"));
+        assert_eq!(key, "state.etcd");
+        assert!(message.contains("plain http"), "{message}");
+        let (_, key, _) = error_of(&etcd(""));
+        assert_eq!(key, "state.etcd", "plain http is said first");
+        let open = Config::parse(&etcd("insecure = true\n"), "c").unwrap();
+        assert!(open.state.insecure && open.state.key.is_none());
+        let keyed = Config::parse(&etcd("insecure = true\nkey = \"state.key\"\n"), "c").unwrap();
+        assert_eq!(keyed.state.key, Some(PathBuf::from("state.key")));
+        let (_, key, _) = error_of(&etcd("insecure = \"yes\"\n"));
+        assert_eq!(key, "state.insecure");
     }
 
     #[test]
@@ -770,7 +831,7 @@ wait_timeout = "30s"
         ));
         assert_eq!(key, "state.etcd");
         let config = Config::parse(
-            &format!("{base}etcd = [\"http://127.0.0.1:2379\"]\nlease = \"3s\"\n"),
+            &format!("{base}etcd = [\"http://127.0.0.1:2379\"]\nlease = \"3s\"\ninsecure = true\n"),
             "config.toml",
         )
         .unwrap();

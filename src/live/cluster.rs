@@ -381,10 +381,16 @@ fn state_toml(config: &Config) -> String {
         ),
         None if !state.etcd.is_empty() => {
             let endpoints: Vec<String> = state.etcd.iter().map(|e| toml_string(e)).collect();
+            let key = state
+                .key
+                .as_ref()
+                .map(|k| format!("key = {}\n", toml_string(&k.display().to_string())))
+                .unwrap_or_default();
             format!(
-                "[state]\netcd = [{}]\nlease = \"{}s\"\nrestore_grace = \"{grace}ms\"\n\n{run}",
+                "[state]\netcd = [{}]\nlease = \"{}s\"\nrestore_grace = \"{grace}ms\"\n{key}insecure = {}\n\n{run}",
                 endpoints.join(", "),
                 state.lease.as_secs(),
+                state.insecure,
             )
         }
         None => run,

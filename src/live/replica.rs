@@ -714,18 +714,56 @@ fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
         key: "state.etcd",
         message,
     };
+    if !config.state.insecure {
+        if let Some(plain) = config.state.etcd.iter().find(|e| e.starts_with("http://")) {
+            return Err(bad(format!(
+                "{plain}: plain http is refused; set [state] insecure = true to accept it"
+            )));
+        }
+        if config.state.key.is_none() {
+            return Err(LiveError::Setting {
+                key: "state.key",
+                message: "[state] etcd needs a key (poolgate keygen --cluster), or insecure = true"
+                    .into(),
+            });
+        }
+    }
     let etcd = Arc::new(Etcd::new(&config.state.etcd, STORE_CALL).map_err(bad)?);
+    let key = match &config.state.key {
+        Some(path) => {
+            let key = crate::keys::ClusterKey::load(path).map_err(|e| LiveError::Setting {
+                key: "state.key",
+                message: e.to_string(),
+            })?;
+            Some(crate::state::mac::StateKey::from_bytes(key.0))
+        }
+        None => None,
+    };
+    if config.state.insecure {
+        tracing::warn!(
+            mac = key.is_some(),
+            "[state] insecure = true: plain http to etcd is accepted{}",
+            if key.is_some() {
+                ""
+            } else {
+                ", and its records and requests carry no MAC: anyone who reaches etcd can rewrite the gate"
+            }
+        );
+    }
     let prefix = config.state.prefix.clone().unwrap_or_else(|| {
         crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
     });
     let fence = Arc::new(Fence::default());
-    let store = Arc::new(EtcdStore::new(
-        Arc::clone(&etcd),
-        &prefix,
-        &config.swim.label,
-        config.pool.id().as_str(),
-        Arc::clone(&fence),
-    ));
+    let store = Arc::new(
+        EtcdStore::new(
+            Arc::clone(&etcd),
+            &prefix,
+            &config.swim.label,
+            config.pool.id().as_str(),
+            Arc::clone(&fence),
+        )
+        .with_key(key),
+    );
     let held = store.read_records()?;
     Ok((etcd, prefix, fence, store, held))
 }

@@ -395,12 +395,6 @@ async fn write_outcome(
     event: Option<Event>,
     reason: Option<String>,
 ) -> Result<(), StoreError> {
-    let outcome = Outcome {
-        status: status.to_string(),
-        event,
-        reason,
-    };
-    let body = serde_json::to_vec(&outcome).map_err(|e| StoreError(e.to_string()))?;
     let (store, run, status) = (Arc::clone(store), run.clone(), status.to_string());
     blocking(move || {
         let request = store.get_raw(&format!("requests/{run}"))?;
@@ -409,6 +403,24 @@ async fn write_outcome(
         if request.is_none() && requested.is_none() {
             return Ok(());
         }
+        // A run finished that its requester neither asked to end nor is
+        // there for was ended by the leader: its requester is gone.
+        let gone = status == "finished"
+            && store.get_raw(&format!("finish/{run}"))?.is_none()
+            && store.get_raw(&format!("alive/{run}"))?.is_none();
+        let outcome = match gone {
+            true => Outcome {
+                status: "ended".to_string(),
+                event,
+                reason: Some(REQUESTER_GONE.to_string()),
+            },
+            false => Outcome {
+                status: status.clone(),
+                event,
+                reason,
+            },
+        };
+        let body = serde_json::to_vec(&outcome).map_err(|e| StoreError(e.to_string()))?;
         if status == "committed" {
             if let Some(bytes) = &request {
                 store.put_fenced(&format!("requested/{run}"), bytes, 0)?;
@@ -434,25 +446,22 @@ async fn write_outcome(
 pub const REQUESTER_GONE: &str =
     "its requester is gone: its etcd session expired, so it had stopped its command";
 
-/// Ends `run`, committed for a requester that is gone for good, and
-/// writes its end (`ended`, with [`REQUESTER_GONE`]) before its
-/// `run_finished` is settled.
+/// Ends `run`, committed for a requester that is gone for good; its end is
+/// written as `ended`, with [`REQUESTER_GONE`].
 async fn end_orphan(
     gate: &Gate,
-    store: &Arc<EtcdStore>,
     run: &RunId,
     said: &mut std::collections::BTreeSet<RunId>,
 ) -> Result<(), StoreError> {
     if said.insert(run.clone()) {
         tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run is ended");
     }
-    match gate.finish_run(run.clone()).await {
-        Ok(()) => write_outcome(store, run, "ended", None, Some(REQUESTER_GONE.to_string())).await,
-        Err(e) => {
-            tracing::warn!(%run, error = %e, "the run of a requester that is gone not ended (tried again)");
-            Ok(())
-        }
+    // Its `run_finished` is settled as `ended`, with the reason (see
+    // `write_outcome`), and tried again until it is written.
+    if let Err(e) = gate.finish_run(run.clone()).await {
+        tracing::warn!(%run, error = %e, "the run of a requester that is gone not ended (tried again)");
     }
+    Ok(())
 }
 
 /// One look at the requests, as `report` shows the gate: ends the runs
@@ -498,7 +507,7 @@ async fn look(
         let Ok(id) = RunId::new(run) else { continue };
         if report.run.as_ref() == Some(&id) {
             if !present(run) {
-                end_orphan(gate, store, &id, orphans).await?;
+                end_orphan(gate, &id, orphans).await?;
             }
         } else {
             let (store, name) = (Arc::clone(store), format!("requested/{run}"));

@@ -16,6 +16,7 @@ use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
 use serde_json::Value;
 
+use super::mac::StateKey;
 use super::records::{
     checksum, checksum_key, decode_sequences, decode_state, encode_sequences, encode_state,
     verified, FORMAT,
@@ -112,6 +113,10 @@ pub struct EtcdStore {
     /// requests anyone may put), and the revision of each record it last
     /// read or wrote: a write lands only while both still hold.
     bound: Option<Bound>,
+    /// `[state] key`: every record and request carries its MAC.
+    mac: Option<StateKey>,
+    /// How many values failed their MAC (logged at the 1st, 2nd, 4th, …).
+    forged: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What one read of the prefix gave.
@@ -155,6 +160,48 @@ impl EtcdStore {
             fence,
             written: Arc::default(),
             bound: None,
+            mac: None,
+            forged: Arc::default(),
+        }
+    }
+
+    /// Seals every record and request this store writes with `key`'s MAC,
+    /// and refuses what it reads that does not verify under it.
+    pub fn with_key(mut self, key: Option<StateKey>) -> Self {
+        self.mac = key;
+        self
+    }
+
+    /// `value` as stored under `name`: sealed when there is a key.
+    fn seal(&self, name: &str, value: &[u8]) -> Vec<u8> {
+        match &self.mac {
+            Some(key) => key.seal(&self.key(name), value),
+            None => value.to_vec(),
+        }
+    }
+
+    /// What `stored` under `name` says, if it verifies (always, without a
+    /// key); what does not is counted and logged naming the key.
+    fn open(&self, name: &str, stored: Vec<u8>) -> Option<Vec<u8>> {
+        let Some(key) = &self.mac else {
+            return Some(stored);
+        };
+        if let Some(value) = key.open(&self.key(name), &stored) {
+            return Some(value.to_vec());
+        }
+        self.forged(name);
+        None
+    }
+
+    /// Counts and logs a value under `name` that failed its MAC.
+    fn forged(&self, name: &str) {
+        #[cfg(feature = "live")]
+        metrics::counter!("poolgate_state_unauthenticated_total").increment(1);
+        let count = 1 + self
+            .forged
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if count.is_power_of_two() {
+            tracing::error!(key = %format!("{}{name}", self.prefix), refused = count, "refused: a value in etcd that does not verify under [state] key (written by someone without the key)");
         }
     }
 
@@ -172,6 +219,8 @@ impl EtcdStore {
             cluster: self.cluster.clone(),
             fence: Arc::clone(&self.fence),
             written: Arc::clone(&self.written),
+            mac: self.mac.clone(),
+            forged: Arc::clone(&self.forged),
             bound: Some(Bound {
                 term,
                 revisions: Mutex::new(revisions),
@@ -218,7 +267,10 @@ impl EtcdStore {
         Ok(Standing {
             led: read.extra.contains_key("leader"),
             state: read.held.map(|(state, _)| state),
-            outcome: read.extra.remove(&outcome),
+            outcome: read
+                .extra
+                .remove(&outcome)
+                .and_then(|stored| self.open(&outcome, stored)),
         })
     }
 
@@ -241,8 +293,10 @@ impl EtcdStore {
             "cluster",
             "state",
             "state.sha256",
+            "state.mac",
             "sequences",
             "sequences.sha256",
+            "sequences.mac",
         ];
         let ranges = names
             .iter()
@@ -307,9 +361,19 @@ impl EtcdStore {
                 return Ok(None);
             };
             let sum = held.get(&checksum_key(name)).map(Vec::as_slice);
-            verified(name, record.clone(), sum, format)
-                .map(Some)
-                .map_err(|e| error(format!("{}: {e}", named(name))))
+            let record = verified(name, record.clone(), sum, format)
+                .map_err(|e| error(format!("{}: {e}", named(name))))?;
+            if let Some(key) = &self.mac {
+                let mac = held.get(&mac_key(name)).map_or(&[][..], Vec::as_slice);
+                if !key.verifies(&self.key(name), &record, mac) {
+                    self.forged(name);
+                    return Err(error(format!(
+                        "{}: does not verify under [state] key (written by someone without the key, or by replicas without one): refused",
+                        named(name)
+                    )));
+                }
+            }
+            Ok(Some(record))
         };
         let state = match record("state")? {
             Some(bytes) => {
@@ -338,7 +402,7 @@ impl EtcdStore {
     pub fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.etcd
             .get(&self.key(name))
-            .map(|kv| kv.map(|kv| kv.value))
+            .map(|kv| kv.and_then(|kv| self.open(name, kv.value)))
             .map_err(|e| StoreError(e.to_string()))
     }
 
@@ -353,7 +417,9 @@ impl EtcdStore {
             .into_iter()
             .filter_map(|kv| {
                 let key = String::from_utf8(kv.key).ok()?;
-                Some((key.strip_prefix(&full)?.to_string(), kv.value))
+                let name = key.strip_prefix(&full)?.to_string();
+                let value = self.open(&format!("{dir}{name}"), kv.value)?;
+                Some((name, value))
             })
             .collect())
     }
@@ -364,7 +430,7 @@ impl EtcdStore {
         self.etcd
             .txn(
                 vec![],
-                vec![etcd::put(&self.key(name), value, lease)],
+                vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
                 vec![],
             )
             .map(drop)
@@ -391,7 +457,7 @@ impl EtcdStore {
             .etcd
             .txn(
                 vec![etcd::created_at(&self.key("leader"), term)],
-                vec![etcd::put(&self.key(name), value, lease)],
+                vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
                 vec![],
             )
             .map_err(|e| StoreError(e.to_string()))?;
@@ -427,6 +493,16 @@ impl EtcdStore {
         let known = |revisions: &BTreeMap<String, i64>| revisions.get(name).copied().unwrap_or(0);
         let revision = known(&lock(&bound.revisions));
         let cluster = self.cluster.to_string();
+        let mut puts = vec![
+            etcd::put(&self.key("format"), FORMAT.to_string().as_bytes(), 0),
+            etcd::put(&self.key("cluster"), cluster.as_bytes(), 0),
+            etcd::put(&self.key(name), record, 0),
+            etcd::put(&self.key(&checksum_key(name)), &checksum(record), 0),
+        ];
+        if let Some(key) = &self.mac {
+            let mac = key.mac(&self.key(name), record);
+            puts.push(etcd::put(&self.key(&mac_key(name)), &mac, 0));
+        }
         let (succeeded, answer) = self
             .etcd
             .txn(
@@ -434,12 +510,7 @@ impl EtcdStore {
                     etcd::created_at(&self.key("leader"), term),
                     etcd::modified_at(&self.key(name), revision),
                 ],
-                vec![
-                    etcd::put(&self.key("format"), FORMAT.to_string().as_bytes(), 0),
-                    etcd::put(&self.key("cluster"), cluster.as_bytes(), 0),
-                    etcd::put(&self.key(name), record, 0),
-                    etcd::put(&self.key(&checksum_key(name)), &checksum(record), 0),
-                ],
+                puts,
                 vec![],
             )
             .map_err(|e| failed(e.to_string()))?;
@@ -453,6 +524,11 @@ impl EtcdStore {
         lock(&bound.revisions).insert(name.to_string(), etcd::revision(&answer));
         Ok(())
     }
+}
+
+/// The key of `name`'s MAC.
+fn mac_key(name: &str) -> String {
+    format!("{name}.mac")
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

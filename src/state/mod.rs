@@ -21,6 +21,7 @@ use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
 
 pub mod etcd;
+pub mod mac;
 mod records;
 #[cfg(feature = "redb")]
 mod redb;

@@ -268,7 +268,7 @@ pub fn replica_config(
             "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"{window}\"\n\
              [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
              [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\n{extra}"
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\ninsecure = true\n{extra}"
         ),
         "config.toml",
     )
