@@ -138,8 +138,14 @@ impl Etcd {
     /// its cluster.
     pub fn member_is_leader(&self) -> Result<bool, EtcdError> {
         let answer = self.call("/v3/maintenance/status", &json!({}))?;
-        let me = int(&answer["header"]["member_id"]);
-        Ok(me != 0 && int(&answer["leader"]) == me)
+        // Member ids are uint64, written as strings: compared as given
+        // (an id above i64::MAX does not parse as an int64).
+        let id = |value: &Value| match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let me = id(&answer["header"]["member_id"]);
+        Ok(!me.is_empty() && me != "0" && me != "null" && id(&answer["leader"]) == me)
     }
 
     /// A transaction: `success` if every comparison holds, else `failure`.

@@ -1041,3 +1041,75 @@ fn sha2_of(bytes: &[u8]) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).to_vec()
 }
+
+/// Issue 28, reproduction 5: with the 2 s lease (1.33 s to renew, shorter
+/// than an etcd election), killing etcd's raft leader or a member
+/// rejoining forced a takeover and 5 s of not ready. On the default lease
+/// neither moves poolgate's leadership nor costs readiness (SPEC §12).
+#[test]
+fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_lease() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let mut cluster = etcd::Cluster::start("elections", 3);
+    let endpoints = cluster.endpoints();
+    let lease = format!("{}s", poolgate::config::DEFAULT_LEASE.as_secs());
+    let config = config_of(&endpoints, "", &lease);
+    let raft_leader = |endpoints: &[String]| {
+        (0..endpoints.len()).find(|i| {
+            poolgate::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_millis(500))
+                .ok()
+                .and_then(|one| one.member_is_leader().ok())
+                .unwrap_or(false)
+        })
+    };
+    live_for(Duration::from_secs(150), async {
+        let mut a = Replica::start(&config).unwrap();
+        let mut b = Replica::start(&config).unwrap();
+        let (a_leads, live) = first_leader(&mut a, &mut b).await;
+        let (leader, other) = if a_leads {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        ready(&mut events).await;
+        for round in 0..3 {
+            let killed = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    let endpoints = endpoints.clone();
+                    let found = tokio::task::spawn_blocking(move || raft_leader(&endpoints))
+                        .await
+                        .unwrap();
+                    if let Some(found) = found {
+                        return found;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+            .expect("etcd has a raft leader");
+            cluster.kill(killed);
+            // Through etcd's election, then the member rejoining.
+            let kept = tokio::time::timeout(Duration::from_secs(6), leader.lost()).await;
+            assert!(
+                kept.is_err(),
+                "round {round}: killing etcd's leader moved poolgate's leadership"
+            );
+            cluster.restart(killed);
+            let kept = tokio::time::timeout(Duration::from_secs(4), leader.lost()).await;
+            assert!(
+                kept.is_err(),
+                "round {round}: a member rejoining moved poolgate's leadership"
+            );
+            assert!(leader.leads() && !other.leads(), "round {round}");
+            let lost: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok())
+                .filter(|e| matches!(e, Event::ReadinessLost { .. }))
+                .collect();
+            assert!(lost.is_empty(), "round {round}: readiness lost: {lost:?}");
+        }
+        live.shutdown();
+        a.resign();
+        b.resign();
+    });
+}
