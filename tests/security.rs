@@ -267,6 +267,19 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
         assert!(!send(live.agents_addr, &down).await, "accepted");
         assert!(blocked(live.gate.report().await.unwrap()));
         // The captured "available" frame, sent again; then an older one.
+        // The refusal says nothing of the last accepted sequence (issue
+        // 28, reproduction 11: it told whoever replayed a frame).
+        let mut stream = tokio::net::TcpStream::connect(live.agents_addr)
+            .await
+            .unwrap();
+        stream.write_all(&up).await.unwrap();
+        match wire::read_reply(&mut stream).await {
+            Ok(Some(wire::Reply::Refused { code, detail })) => {
+                assert_eq!(code, "replayed");
+                assert!(!detail.contains('6') && !detail.contains('5'), "{detail}");
+            }
+            other => panic!("the replay was not refused: {other:?}"),
+        }
         assert!(send(live.agents_addr, &up).await, "the replay is refused");
         assert!(send(live.agents_addr, &older).await, "the older one too");
         assert!(

@@ -1139,6 +1139,9 @@ impl Listener {
             (Refused::UnknownNode, Some(node)) => {
                 format!("node {node} is not in the orchestrator's [registry]")
             }
+            // What the orchestrator last accepted from a node is not told
+            // to whoever sent a copy of one of its frames (the log has it).
+            (Refused::Replayed { .. }, _) => refused.detail_for_peer(),
             _ => refused.to_string(),
         };
         let reply = wire::encode_reply(&Reply::Refused {

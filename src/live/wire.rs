@@ -184,6 +184,18 @@ pub enum Refused {
 }
 
 impl Refused {
+    /// What the sender is told: for a replay, without the sequences (the
+    /// last accepted one is the orchestrator's to know; the log says it).
+    pub fn detail_for_peer(&self) -> String {
+        match self {
+            Refused::Replayed { seq, last } => format!(
+                "the frame's sequence does not exceed the last accepted one{}",
+                stepped_hint(*seq, *last)
+            ),
+            other => other.to_string(),
+        }
+    }
+
     /// A short label for metrics.
     pub fn code(&self) -> &'static str {
         match self {
