@@ -69,6 +69,21 @@ pub struct Etcd {
     /// The endpoint that answered last: tried first.
     preferred: AtomicUsize,
     timeout: Duration,
+    /// etcd's own auth: the user, its password, and the token they gave.
+    auth: Option<Auth>,
+}
+
+/// etcd's own authentication (its `Debug` shows no password or token).
+struct Auth {
+    user: String,
+    password: String,
+    token: std::sync::Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Auth {{ user: {:?}, .. }}", self.user)
+    }
 }
 
 impl Etcd {
@@ -86,7 +101,20 @@ impl Etcd {
             endpoints,
             preferred: AtomicUsize::new(0),
             timeout,
+            auth: None,
         })
+    }
+
+    /// Authenticates as `user` with `password` (etcd's own auth): every
+    /// call carries the token etcd gives for them, asked again when etcd
+    /// says it is no longer valid.
+    pub fn with_auth(mut self, user: &str, password: &str) -> Self {
+        self.auth = Some(Auth {
+            user: user.to_string(),
+            password: password.to_string(),
+            token: std::sync::Mutex::new(None),
+        });
+        self
     }
 
     /// The endpoints, as configured.
@@ -204,14 +232,62 @@ impl Etcd {
         }
     }
 
-    /// POSTs `body` to `path`, trying the endpoint that answered last
-    /// first, then the others.
+    /// POSTs `body` to `path` (see [`Etcd::call_with`]), with the auth
+    /// token if there is a user.
+    fn call(&self, path: &'static str, body: &Value) -> Result<Value, EtcdError> {
+        let Some(auth) = &self.auth else {
+            return self.call_with(path, body, None);
+        };
+        // The lock is let go before authenticating (which takes it).
+        let cached = lock(&auth.token).clone();
+        let token = match cached {
+            Some(token) => token,
+            None => self.authenticate(auth)?,
+        };
+        match self.call_with(path, body, Some(&token)) {
+            Err(EtcdError::Refused { message, .. }) if token_refused(&message) => {
+                // Expired (etcd's simple tokens last 5 minutes) or revoked:
+                // asked again, once.
+                let token = self.authenticate(auth)?;
+                self.call_with(path, body, Some(&token))
+            }
+            other => other,
+        }
+    }
+
+    /// A new token for `auth`'s user.
+    fn authenticate(&self, auth: &Auth) -> Result<String, EtcdError> {
+        let answer = self.call_with(
+            "/v3/auth/authenticate",
+            &json!({ "name": auth.user, "password": auth.password }),
+            None,
+        )?;
+        let token = answer["token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| EtcdError::Refused {
+                endpoint: self.endpoints(),
+                call: "/v3/auth/authenticate",
+                message: "no token in the answer".into(),
+            })?;
+        *lock(&auth.token) = Some(token.clone());
+        Ok(token)
+    }
+
+    /// POSTs `body` to `path` (with `token`, if any), trying the endpoint
+    /// that answered last first, then the others.
     ///
     /// One deadline covers the whole call: each endpoint left gets an
     /// equal share of what remains, so a member that accepts connections
     /// and never answers (paused, partitioned) costs a share, not the
     /// call.
-    fn call(&self, path: &'static str, body: &Value) -> Result<Value, EtcdError> {
+    fn call_with(
+        &self,
+        path: &'static str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> Result<Value, EtcdError> {
         let first = self.preferred.load(Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
         let mut failures = Vec::new();
@@ -228,7 +304,7 @@ impl Etcd {
                 ));
                 continue;
             }
-            match post(endpoint, path, body, share) {
+            match post(endpoint, path, body, token, share) {
                 Ok((200, answer)) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(answer);
@@ -253,6 +329,25 @@ impl Etcd {
         }
         Err(EtcdError::Unreachable(failures.join("; ")))
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether etcd refused a call for its token (expired, revoked, or the
+/// server restarted with its simple tokens gone).
+fn token_refused(message: &str) -> bool {
+    [
+        "invalid auth token",
+        "token is expired",
+        "user name is empty",
+        "authentication failed",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
 
 /// Errors that say "ask another member" rather than "no".
@@ -292,6 +387,7 @@ fn post(
     endpoint: &Endpoint,
     path: &str,
     body: &Value,
+    token: Option<&str>,
     timeout: Duration,
 ) -> std::io::Result<(u16, Value)> {
     let deadline = Instant::now() + timeout;
@@ -310,8 +406,11 @@ fn post(
     let mut stream = stream.ok_or(last)?;
     stream.set_nodelay(true)?;
     let body = body.to_string();
+    let authorization = token
+        .map(|t| format!("Authorization: {t}\r\n"))
+        .unwrap_or_default();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         endpoint.authority,
         body.len()
     );

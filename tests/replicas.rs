@@ -1113,3 +1113,119 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
         b.resign();
     });
 }
+
+/// One call of etcd's JSON gateway as `token` (none: unauthenticated),
+/// for setting auth up; etcd's answer.
+fn gateway(endpoint: &str, path: &str, body: serde_json::Value, token: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let authority = endpoint.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(authority).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let body = body.to_string();
+    let auth = token
+        .map(|t| format!("Authorization: {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+/// `[state] username` and `password_file`: etcd's own auth. With auth
+/// enabled on etcd, a replica without the user (or with a wrong
+/// password) is refused at start; with it, it leads and stores epochs.
+#[test]
+fn with_etcds_auth_a_replica_leads_as_its_user_and_without_it_is_refused() {
+    use base64::Engine as _;
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("auth");
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let call = |path: &str, body: serde_json::Value, token: Option<&str>| {
+        let answer = gateway(&server.endpoint, path, body, token);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    };
+    call(
+        "/v3/auth/role/add",
+        serde_json::json!({"name": "root"}),
+        None,
+    );
+    call(
+        "/v3/auth/user/add",
+        serde_json::json!({"name": "root", "password": "root-pw"}),
+        None,
+    );
+    call(
+        "/v3/auth/user/grant",
+        serde_json::json!({"user": "root", "role": "root"}),
+        None,
+    );
+    call(
+        "/v3/auth/role/add",
+        serde_json::json!({"name": "gate"}),
+        None,
+    );
+    call(
+        "/v3/auth/role/grant",
+        serde_json::json!({"name": "gate", "perm": {
+            "permType": "READWRITE", "key": b64("/poolgate/"), "range_end": b64("/poolgate0")
+        }}),
+        None,
+    );
+    call(
+        "/v3/auth/user/add",
+        serde_json::json!({"name": "gate", "password": "s3cret"}),
+        None,
+    );
+    call(
+        "/v3/auth/user/grant",
+        serde_json::json!({"user": "gate", "role": "gate"}),
+        None,
+    );
+    call("/v3/auth/enable", serde_json::json!({}), None);
+
+    let dir = std::env::temp_dir().join(format!("poolgate-auth-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let right = dir.join("right.pw");
+    let wrong = dir.join("wrong.pw");
+    std::fs::write(&right, "s3cret\n").unwrap();
+    std::fs::write(&wrong, "guess\n").unwrap();
+    let with = |file: &std::path::Path| {
+        config(
+            &server.endpoint,
+            &format!(
+                "username = \"gate\"\npassword_file = \"{}\"\n",
+                file.display()
+            ),
+        )
+    };
+    let refused = Replica::start(&config(&server.endpoint, ""))
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains(&server.endpoint), "{refused}");
+    let refused = Replica::start(&with(&wrong))
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("authentication failed"), "{refused}");
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&with(&right)).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let epoch = ready(&mut events).await;
+        assert!(epoch.0 >= 1);
+        live.stop().await;
+        replica.resign();
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -127,6 +127,10 @@ pub struct StateConfig {
     /// under which every record and request in etcd carries a MAC, shared
     /// by the replicas and the requesters.
     pub key: Option<PathBuf>,
+    /// `username` (with `password_file`): etcd's own auth, as this user.
+    pub username: Option<String>,
+    /// `password_file`: the file holding `username`'s password (one line).
+    pub password_file: Option<PathBuf>,
     /// `insecure`: plain `http://` endpoints, and no `key`, are accepted
     /// (said on every start). Without it, `[state] etcd` needs a `key`
     /// and refuses plain http.
@@ -150,6 +154,8 @@ impl Default for StateConfig {
             lease: DEFAULT_LEASE,
             prefix: None,
             key: None,
+            username: None,
+            password_file: None,
             insecure: false,
         }
     }
@@ -365,6 +371,8 @@ impl Config {
                     "prefix",
                     "key",
                     "insecure",
+                    "username",
+                    "password_file",
                 ],
             )?;
             if let Some(value) = table.get("path") {
@@ -412,6 +420,27 @@ impl Config {
             }
             if let Some(value) = table.get("insecure") {
                 state.insecure = doc.boolean(value, "state.insecure")?;
+            }
+            if let Some(value) = table.get("username") {
+                let (user, span) = doc.string(value, "state.username")?;
+                if user.is_empty() {
+                    return Err(doc.error(span, "state.username", "must not be empty"));
+                }
+                state.username = Some(user);
+            }
+            if let Some(value) = table.get("password_file") {
+                state.password_file =
+                    Some(PathBuf::from(doc.string(value, "state.password_file")?.0));
+            }
+            if state.username.is_some() != state.password_file.is_some() {
+                let (key, other) = match state.username {
+                    Some(_) => ("state.username", "password_file"),
+                    None => ("state.password_file", "username"),
+                };
+                let span = table
+                    .get(key.trim_start_matches("state."))
+                    .map_or(0..0, |v| v.span());
+                return Err(doc.error(span, key, format!("needs {other} too")));
             }
             if let Some(value) = table.get("etcd") {
                 if !state.insecure {
@@ -471,7 +500,11 @@ impl Config {
 
     /// Relative key paths, resolved from `dir` (the config file's folder).
     pub fn resolve_paths(&mut self, dir: &Path) {
-        for path in [&mut self.state.path, &mut self.state.key] {
+        for path in [
+            &mut self.state.path,
+            &mut self.state.key,
+            &mut self.state.password_file,
+        ] {
             if let Some(path) = path.as_mut().filter(|p| p.is_relative()) {
                 *path = dir.join(&*path);
             }
@@ -585,6 +618,17 @@ wait_timeout = "30s"
         assert_eq!(keyed.state.key, Some(PathBuf::from("state.key")));
         let (_, key, _) = error_of(&etcd("insecure = \"yes\"\n"));
         assert_eq!(key, "state.insecure");
+        let user = Config::parse(
+            &etcd("insecure = true\nusername = \"gate\"\npassword_file = \"pw\"\n"),
+            "c",
+        )
+        .unwrap();
+        assert_eq!(user.state.username.as_deref(), Some("gate"));
+        let (_, key, message) = error_of(&etcd("insecure = true\nusername = \"gate\"\n"));
+        assert_eq!(key, "state.username");
+        assert!(message.contains("password_file"), "{message}");
+        let (_, key, _) = error_of(&etcd("insecure = true\npassword_file = \"pw\"\n"));
+        assert_eq!(key, "state.password_file");
     }
 
     #[test]

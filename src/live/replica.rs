@@ -442,10 +442,6 @@ impl Replica {
     /// the key; no endpoint answering: an error naming them) and starts
     /// campaigning.
     pub fn start(config: &crate::Config) -> Result<Replica, LiveError> {
-        let bad = |message: String| LiveError::Setting {
-            key: "state.etcd",
-            message,
-        };
         let (etcd, prefix, fence, store, held) = open_store(config)?;
         let me = Leader {
             replica: replica_name(config),
@@ -453,9 +449,7 @@ impl Replica {
         };
         let ttl = config.state.lease;
         // Renewals must be answered well within the renew deadline.
-        let campaign_etcd = Arc::new(
-            Etcd::new(&config.state.etcd, (ttl / 4).min(Duration::from_secs(1))).map_err(bad)?,
-        );
+        let campaign_etcd = Arc::new(etcd_client(config, (ttl / 4).min(Duration::from_secs(1)))?);
         let campaign = Campaign::start(
             campaign_etcd,
             CampaignSettings {
@@ -728,7 +722,7 @@ fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
             });
         }
     }
-    let etcd = Arc::new(Etcd::new(&config.state.etcd, STORE_CALL).map_err(bad)?);
+    let etcd = Arc::new(etcd_client(config, STORE_CALL)?);
     let key = match &config.state.key {
         Some(path) => {
             let key = crate::keys::ClusterKey::load(path).map_err(|e| LiveError::Setting {
@@ -766,6 +760,36 @@ fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
     );
     let held = store.read_records()?;
     Ok((etcd, prefix, fence, store, held))
+}
+
+/// A client of `[state] etcd`, each call bounded by `timeout`,
+/// authenticated as `[state] username` with the password in
+/// `password_file` when they are given.
+fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<Etcd, LiveError> {
+    let etcd = Etcd::new(&config.state.etcd, timeout).map_err(|message| LiveError::Setting {
+        key: "state.etcd",
+        message,
+    })?;
+    let Some((user, file)) = config
+        .state
+        .username
+        .as_ref()
+        .zip(config.state.password_file.as_ref())
+    else {
+        return Ok(etcd);
+    };
+    let password = std::fs::read_to_string(file).map_err(|e| LiveError::Setting {
+        key: "state.password_file",
+        message: format!("{}: {e}", file.display()),
+    })?;
+    let password = password.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err(LiveError::Setting {
+            key: "state.password_file",
+            message: format!("{}: empty", file.display()),
+        });
+    }
+    Ok(etcd.with_auth(user, password))
 }
 
 /// Runs asked of whichever replica leads, by a process that is not a
