@@ -586,33 +586,42 @@ async fn run_replicated(
             message: "--resume: among replicas a committed run stays guarded by the leader; end it with --end".into(),
         });
     }
-    let mut replica = super::replica::Replica::start(config)?;
-    replica.warm_up().await?;
-    let _reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
-    let requests = replica.requests();
-    let record = record.map(Path::to_path_buf);
-    let leading = actix::spawn(async move {
-        loop {
-            let term = replica.terms() + 1;
-            let file = record.as_deref().map(|path| term_record_path(path, term));
-            let recording = match recording(file.as_deref()) {
-                Ok(recording) => recording,
-                Err(e) => return tracing::error!(error = %e, "--record"),
-            };
-            match replica.lead(recording).await {
-                Ok(live) => {
-                    tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
-                    replica.lost().await;
-                    live.stop().await;
-                    tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
-                }
-                Err(e) => {
-                    return tracing::warn!(error = %e, "this run cannot lead (another replica on this host holds its sockets?): it only asks the leader")
+    // A `run` whose sockets another process on this host holds (a `run`
+    // beside a `watch`) could not act if it won the leadership, and would
+    // hold it for a lease with nobody leading: it does not campaign, it
+    // only asks.
+    let (requests, _reloading, _leading) = if sockets_free(config) {
+        let mut replica = super::replica::Replica::start(config)?;
+        replica.warm_up().await?;
+        let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
+        let requests = replica.requests();
+        let record = record.map(Path::to_path_buf);
+        let leading = actix::spawn(async move {
+            loop {
+                let term = replica.terms() + 1;
+                let file = record.as_deref().map(|path| term_record_path(path, term));
+                let recording = match recording(file.as_deref()) {
+                    Ok(recording) => recording,
+                    Err(e) => return tracing::error!(error = %e, "--record"),
+                };
+                match replica.lead(recording).await {
+                    Ok(live) => {
+                        tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
+                        replica.lost().await;
+                        live.stop().await;
+                        tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
+                    }
+                    Err(e) => {
+                        return tracing::warn!(error = %e, "this run cannot lead: it only asks the leader")
+                    }
                 }
             }
-        }
-    });
-    let _leading = AbortOnDrop(leading);
+        });
+        (requests, Some(reloading), Some(AbortOnDrop(leading)))
+    } else {
+        tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
+        (super::replica::requests_of(config)?, None, None)
+    };
     let failed =
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
     let mut printer = Printer::new(output);
@@ -647,9 +656,24 @@ async fn run_replicated(
                         return Ok(2);
                     }
                     Ok(Some(outcome)) => {
+                        // Committed and over while this process was away
+                        // (paused, cut off): faulted is 3; ended by the
+                        // leader (its requester counted as gone) is not a
+                        // fault: the command never ran guarded.
+                        let faulted = outcome.status == "faulted";
+                        if !faulted {
+                            eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed ({}): its command was not started", outcome.status, outcome.reason.clone().unwrap_or_default());
+                        }
                         printer.print_told(outcome.event);
                         let _ = requests.forget(&run).await;
-                        return Ok(3);
+                        return Ok(if faulted { 3 } else { EXIT_UNGUARDED });
+                    }
+                    Ok(None) if session.is_lost() => {
+                        // The request went with the session: nobody will
+                        // commit it.
+                        eprintln!("poolgate run: run {run}: this process's etcd session expired before the run was committed (the request went with it): its command was not started");
+                        let _ = requests.withdraw(&run).await;
+                        return Ok(EXIT_UNGUARDED);
                     }
                     Ok(None) => {}
                     // etcd away for a moment: asked again.
@@ -786,6 +810,17 @@ async fn run_replicated(
     };
     drop(session);
     Ok(code)
+}
+
+/// Whether this host's agent listener and SWIM socket of `config` can be
+/// bound now (a `run` that cannot bind them cannot lead).
+fn sockets_free(config: &Config) -> bool {
+    let agents = config.agents.listen;
+    let swim = config.swim.bind;
+    let taken = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
+    let tcp = agents.port() == 0 || !std::net::TcpListener::bind(agents).is_err_and(|e| taken(&e));
+    let udp = swim.port() == 0 || !std::net::UdpSocket::bind(swim).is_err_and(|e| taken(&e));
+    tcp && udp
 }
 
 /// Stops the guarded command's whole group; says so when some of it could
