@@ -802,7 +802,7 @@ async fn hold_back_epoch_2(
     *store.failing.lock().unwrap() = false;
 }
 
-/// SPEC §12, outcomes written before they are told: a run's fault whose
+/// Outcomes written before they are told (docs/failover.md §2): a run's fault whose
 /// write fails is not told (an isolated leader faults nobody); told once a
 /// write of it succeeds. Same for a run's finish.
 #[test]

@@ -25,6 +25,15 @@ use rand::{RngExt, SeedableRng};
 use common::live::live_for;
 use common::make_ready;
 
+/// The tests here run one at a time: the hundred failovers time their
+/// takeovers, which another etcd and replica on this 2-core machine at
+/// the same moment would stretch.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn config(endpoint: &str) -> Config {
     etcd::replica_config(
         &[endpoint.to_string()],
@@ -60,6 +69,7 @@ const FAILOVERS: usize = 100;
 #[test]
 fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarded() {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("failovers");
     let etcd_port: u16 = server
         .endpoint
@@ -262,6 +272,7 @@ fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarde
 #[test]
 fn a_write_prepared_in_an_earlier_term_never_lands_in_a_later_one() {
     need_etcd!();
+    let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("past-write");
     let proxy = etcd::Proxy::start(server.port());
     let config = config(&proxy.endpoint());

@@ -1,6 +1,6 @@
 //! The nemesis (issue 28): randomized fault injection on real processes,
-//! judged by a checker written from SPEC §3, §9, §11 and §12 ("What must
-//! hold whatever fails"), not from the code.
+//! judged by a checker written from the promises of docs/failover.md and
+//! the README (durability, runs, liveness), not from the code.
 //!
 //! On 127.0.0.1 only: a 3-member etcd; two replicas (`poolgate watch
 //! --json`), each reaching every etcd member through a cuttable proxy of
@@ -83,7 +83,7 @@ const POOL: &str = "nemesis";
 const DEFAULT_LEASE_S: u64 = 3;
 /// `[run] unguarded_after`, whole seconds.
 const UNGUARDED_S: u64 = 5;
-/// SPEC §7: SIGTERM, then SIGKILL 5 s later.
+/// The README: SIGTERM, then SIGKILL 5 s later.
 const STOP_GRACE_S: u64 = 5;
 /// How long a command may outlive the exit of its `run` (issue 28).
 const COMMAND_GONE_WITHIN_MS: u64 = 15_000;
@@ -1082,7 +1082,7 @@ fn poll_keys(
 }
 
 /// The stored state as the checker reads it: the last issued epoch and
-/// the active run, wherever the record holds them (SPEC §9 names what is
+/// the active run, wherever the record holds them (the README names what is
 /// stored, not its layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stored {
@@ -1435,7 +1435,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
         }
     }
     // Committed and ended runs were written: a commit before it is told
-    // (SPEC §9), an end before it is told (SPEC §12).
+    // (README, durability), an end before it is told (docs/failover.md §2).
     if e.walked > 0 {
         for (run, tellers) in &committed_by {
             if stored_runs.get(run) != Some(&true) {
@@ -1514,7 +1514,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
         if let Some(command) = life.command {
             if committed.is_empty() && life.by_us != Some("sigkill") && life.exited.is_some() {
                 // `run` prints run_committed before it starts the command
-                // (SPEC §7); a line lost to SIGKILL excepted.
+                // (README); a line lost to SIGKILL excepted.
                 violations.push(format!(
                     "(3) {said}: its command (pid {}) ran but it never printed run_committed",
                     command.pid
@@ -1547,7 +1547,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
         }
         // A run a replica told faulted has its command stopped within
         // unguarded_after + the stop grace (+3 s), plus any time the
-        // requester was paused (SPEC §12: runs fail closed).
+        // requester was paused (docs/failover.md §3).
         for c in &committed {
             let Some(run) = c.json["run"].as_str() else {
                 continue;
@@ -1642,7 +1642,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
     }
 
     // (5) Faults naming a node no fault harmed before: allowed only as
-    // SPEC §11's fail-safe; listed, not failed.
+    // The liveness rules' fail-safe (README); listed, not failed.
     let mut unharmed = Vec::new();
     for x in replica_told.iter().filter(|x| x.event == "run_faulted") {
         let node = x.json["node"].as_str().unwrap_or("");
@@ -1699,8 +1699,7 @@ fn terms_of(polled: &[(u64, Version)], holders: &BTreeMap<String, String>) -> Ve
 }
 
 /// Leadership moves away from a replica that no fault touched in the
-/// lease (+2 s) before: after etcd faults only (SPEC §12: etcd's own
-/// elections are not ours), or after none at all.
+/// lease (+2 s) before: after etcd faults only (docs/failover.md §5), or after none at all.
 fn unexplained_moves(
     terms: &[TermSeen],
     trouble: &[(usize, u64, u64)],
@@ -1801,8 +1800,8 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
     std::fs::create_dir_all(&dir).expect("a folder");
     let cleanup = RemoveOnDrop(dir.clone(), keep);
     let binary = pinned_binary(&dir);
-    // Records and requests in etcd carry a MAC under a shared key (SPEC
-    // §12); plain http is accepted on loopback.
+    // Records and requests in etcd carry a MAC under a shared key
+    // (docs/failover.md §4); plain http is accepted on loopback.
     let state_key = dir.join("state.key");
     let keygen = Command::new(&binary)
         .args(["keygen", "--cluster", "--out"])
@@ -2198,7 +2197,7 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
     for m in moves_after_etcd.iter().chain(&moves_unexplained) {
         verdict.notes.push(m.clone());
     }
-    // SPEC §12: a leader that dies is replaced within the lease TTL plus
+    // docs/failover.md §5: a leader that dies is replaced within the lease TTL plus
     // one second (noted: etcd's own elections renew every lease).
     let takeovers = takeovers(&terms, &world.faults, start);
     let mut takeover_s = Vec::new();
@@ -2223,7 +2222,7 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
         eprintln!("nemesis: note: {note}");
     }
     eprintln!(
-        "nemesis: {} run_faulted naming a node no fault had harmed (SPEC §11 fail-safe):",
+        "nemesis: {} run_faulted naming a node no fault had harmed (a liveness fail-safe):",
         verdict.unharmed_faults.len()
     );
     for line in &verdict.unharmed_faults {

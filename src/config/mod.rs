@@ -83,7 +83,7 @@ pub struct Config {
     pub run: RunConfig,
 }
 
-/// `[run]`: `poolgate run` among replicas (SPEC §12, runs fail closed).
+/// `[run]`: `poolgate run` among replicas (docs/failover.md §3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
     /// `unguarded_after`: how long `run` goes on without confirming that

@@ -351,7 +351,8 @@ async fn announce(
 /// one is worth a try again. A connection that had frames accepted and
 /// then closed (a reset, not a freeze) is tried again first, alone: the
 /// replica it was connected to most likely still leads, and the node is
-/// back within the orchestrator's lost-connection grace (SPEC §12).
+/// back within the orchestrator's lost-connection grace (docs/failover.md
+/// §6).
 #[derive(Debug, Default)]
 struct Rotation {
     shunned: std::collections::HashSet<SocketAddr>,

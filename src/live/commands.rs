@@ -741,7 +741,7 @@ async fn run_replicated(
             ))));
         }
     };
-    // Fail closed (SPEC §12): the command runs only while this process
+    // Fail closed (docs/failover.md §3): the command runs only while this process
     // can confirm that its run is guarded.
     let unguarded_after = config.run.unguarded_after;
     let mut confirmed = tokio::time::Instant::now();
@@ -833,7 +833,7 @@ async fn stop_command(child: &mut super::guard::Guarded) {
 }
 
 /// `poolgate run`'s exit code when it stopped its command because it could
-/// not confirm that the run was still guarded (SPEC §12, runs fail closed).
+/// not confirm that the run was still guarded (docs/failover.md §3).
 pub const EXIT_UNGUARDED: i32 = 5;
 
 /// What became of `run`, read for up to a second (the leader writes it

@@ -501,7 +501,7 @@ async fn look(
     // A committed run whose requester is gone for good (its session
     // expired: it could not confirm its run guarded for that long, so it
     // stopped its command) is ended, and its end written with the reason
-    // (SPEC §12, runs fail closed). Requested runs no longer active are
+    // (docs/failover.md §3). Requested runs no longer active are
     // forgotten.
     for (run, _) in &requested {
         let Ok(id) = RunId::new(run) else { continue };

@@ -138,8 +138,7 @@ pub struct Standing {
     pub outcome: Option<Vec<u8>>,
 }
 
-/// What a term's writes are conditioned on (SPEC-wise: no write from the
-/// past).
+/// What a term's writes are conditioned on (docs/failover.md §1).
 #[derive(Debug)]
 struct Bound {
     /// The `leader` key's create revision for the term.

@@ -1,6 +1,5 @@
 //! `[state] key`: a keyed MAC (HMAC-SHA256) on every record and request a
-//! replica or a requester puts into etcd (SPEC §12, nothing trusted that
-//! anyone could write). What does not verify under the key is refused,
+//! replica or a requester puts into etcd (docs/failover.md §4). What does not verify under the key is refused,
 //! counted (`poolgate_state_unauthenticated_total`) and logged naming the
 //! key; it never changes the gate, a run or a sequence.
 //!
