@@ -140,10 +140,11 @@ pub struct StateConfig {
 /// `[state] lease`'s default.
 ///
 /// Long enough to ride through an election of etcd's own (etcd elects in
-/// about a second by default; the leader acts until two thirds of the TTL
-/// after its last renewal began, 3.3 s here), short enough that a leader
-/// that dies is replaced within 6 s.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
+/// one to two seconds at its defaults, and renews no lease meanwhile; the
+/// leader renews every sixth of the TTL and acts until two thirds of it
+/// after its last renewal began: at least 3 s here), short enough that a
+/// leader that dies is replaced within 7 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(6);
 
 impl Default for StateConfig {
     fn default() -> Self {

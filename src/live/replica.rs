@@ -3,7 +3,7 @@
 //! Each replica campaigns for the `leader` key under the state prefix,
 //! created on a lease of `[state] lease` in one transaction that succeeds
 //! only if the key does not exist. The leader renews its lease every
-//! quarter of the TTL and may act only until two thirds of the TTL after
+//! sixth of the TTL and may act only until two thirds of the TTL after
 //! the start of its last successful renewal, by its own monotonic clock
 //! (the lease cannot expire on etcd before the full TTL from then): a
 //! leader that cannot reach etcd stops acting before any other replica
@@ -173,6 +173,11 @@ struct Elector {
     failed_renewal: bool,
 }
 
+/// How many renewals a lease gets per TTL: with the renew deadline at two
+/// thirds of the TTL, a leader has at least half the TTL to ride out an
+/// etcd election that begins right after a renewal.
+pub const RENEWALS_PER_TTL: u32 = 6;
+
 /// How soon a failed renewal is tried again.
 pub const RENEW_RETRY: Duration = Duration::from_millis(100);
 
@@ -309,12 +314,12 @@ impl Elector {
 
     /// Renews a held term once, stepping down if it cannot.
     fn lead(&mut self, term: Held) -> Option<Held> {
-        // Renewed every quarter of the TTL; a renewal that failed is tried
+        // Renewed every sixth of the TTL; a renewal that failed is tried
         // again soon, so one slow answer does not cost the term.
         let every = if self.failed_renewal {
             RENEW_RETRY
         } else {
-            term.ttl / 4
+            term.ttl / RENEWALS_PER_TTL
         };
         let next = Instant::now() + every;
         while Instant::now() < next.min(term.until) {
@@ -449,7 +454,10 @@ impl Replica {
         };
         let ttl = config.state.lease;
         // Renewals must be answered well within the renew deadline.
-        let campaign_etcd = Arc::new(etcd_client(config, (ttl / 4).min(Duration::from_secs(1)))?);
+        let campaign_etcd = Arc::new(etcd_client(
+            config,
+            (ttl / RENEWALS_PER_TTL).min(Duration::from_secs(1)),
+        )?);
         let campaign = Campaign::start(
             campaign_etcd,
             CampaignSettings {
