@@ -825,3 +825,71 @@ fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
         assert_eq!(code, Some(3));
     });
 }
+
+/// Nemesis finding: a `run` paused while the leader committed its run, and
+/// paused past its session, found the run ended by the leader (its
+/// requester gone) and exited 3 as if it had faulted, printing no
+/// `run_faulted`. Its command never ran: it exits 5 and says why.
+#[test]
+fn a_run_ended_by_the_leader_while_its_requester_was_away_exits_5_not_3() {
+    need_etcd!();
+    let server = etcd::Etcd::start("away");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        // A 5 s session: the commit (node-1 back, one window) comes well
+        // within it, its expiry after.
+        let (mut cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(5)).await;
+        // Not ready: the run is asked, not committed.
+        cluster.kill(0);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !matches!(
+                live.gate.report().await.unwrap().phase,
+                poolgate::core::PoolPhase::Forming
+            ) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("not ready without node-1");
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let requests = format!("/poolgate/{}/guard/requests/", cluster.config.swim.label);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while server
+                .client()
+                .get_prefix(requests.as_bytes())
+                .unwrap()
+                .is_empty()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the run is asked");
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        // Committed while it is away; then its session (5 s) expires and
+        // the leader ends the run.
+        cluster.spawn(0).unwrap();
+        let mut events = live.gate.subscribe();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match events.recv().await {
+                    Some(poolgate::core::Event::RunFinished { .. }) => return,
+                    Some(_) => continue,
+                    None => panic!("the gate stopped"),
+                }
+            }
+        })
+        .await
+        .expect("the leader ends the run of a requester gone for good");
+        kill(pid, Signal::SIGCONT).unwrap();
+        assert_eq!(exit_code(&mut run).await, Some(5));
+        assert!(
+            !pid_file.exists(),
+            "the command of a run that was never seen committed was started"
+        );
+        live.stop().await;
+        replica.resign();
+    });
+}

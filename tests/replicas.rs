@@ -1121,9 +1121,9 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
     });
 }
 
-/// One call of etcd's JSON gateway as `token` (none: unauthenticated),
-/// for setting auth up; etcd's answer.
-fn gateway(endpoint: &str, path: &str, body: serde_json::Value, token: Option<&str>) -> String {
+/// One unauthenticated call of etcd's JSON gateway, for setting auth up;
+/// etcd's answer.
+fn gateway(endpoint: &str, path: &str, body: serde_json::Value) -> String {
     use std::io::{Read, Write};
     let authority = endpoint.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(authority).unwrap();
@@ -1131,12 +1131,9 @@ fn gateway(endpoint: &str, path: &str, body: serde_json::Value, token: Option<&s
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     let body = body.to_string();
-    let auth = token
-        .map(|t| format!("Authorization: {t}\r\n"))
-        .unwrap_or_default();
     write!(
         stream,
-        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -1155,48 +1152,35 @@ fn with_etcds_auth_a_replica_leads_as_its_user_and_without_it_is_refused() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("auth");
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    let call = |path: &str, body: serde_json::Value, token: Option<&str>| {
-        let answer = gateway(&server.endpoint, path, body, token);
+    let call = |path: &str, body: serde_json::Value| {
+        let answer = gateway(&server.endpoint, path, body);
         assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
     };
-    call(
-        "/v3/auth/role/add",
-        serde_json::json!({"name": "root"}),
-        None,
-    );
+    call("/v3/auth/role/add", serde_json::json!({"name": "root"}));
     call(
         "/v3/auth/user/add",
         serde_json::json!({"name": "root", "password": "root-pw"}),
-        None,
     );
     call(
         "/v3/auth/user/grant",
         serde_json::json!({"user": "root", "role": "root"}),
-        None,
     );
-    call(
-        "/v3/auth/role/add",
-        serde_json::json!({"name": "gate"}),
-        None,
-    );
+    call("/v3/auth/role/add", serde_json::json!({"name": "gate"}));
     call(
         "/v3/auth/role/grant",
         serde_json::json!({"name": "gate", "perm": {
             "permType": "READWRITE", "key": b64("/poolgate/"), "range_end": b64("/poolgate0")
         }}),
-        None,
     );
     call(
         "/v3/auth/user/add",
         serde_json::json!({"name": "gate", "password": "s3cret"}),
-        None,
     );
     call(
         "/v3/auth/user/grant",
         serde_json::json!({"user": "gate", "role": "gate"}),
-        None,
     );
-    call("/v3/auth/enable", serde_json::json!({}), None);
+    call("/v3/auth/enable", serde_json::json!({}));
 
     let dir = std::env::temp_dir().join(format!("poolgate-auth-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

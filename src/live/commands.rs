@@ -730,6 +730,24 @@ async fn run_replicated(
         }
         let _ = requests.forget(&run).await;
     };
+    // Read `committed`, but the run may have ended since (this process
+    // was paused): the command starts only on a run the state still holds.
+    if let Ok(super::requests::RunStanding::NotHeld | super::requests::RunStanding::Ended(_)) =
+        requests.standing(&run).await
+    {
+        let code = match told_end(&requests, &run).await {
+            Some(outcome) if outcome.status == "faulted" => {
+                printer.print_told(outcome.event);
+                3
+            }
+            outcome => {
+                eprintln!("poolgate run: run {run} ended before its command started ({}): the command was not started", outcome.and_then(|o| o.reason).unwrap_or_else(|| "no longer held by the stored state".into()));
+                EXIT_UNGUARDED
+            }
+        };
+        let _ = requests.forget(&run).await;
+        return Ok(code);
+    }
     let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
     let mut child = match spawned {
         Ok(child) => child,
