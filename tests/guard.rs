@@ -893,3 +893,82 @@ fn a_run_ended_by_the_leader_while_its_requester_was_away_exits_5_not_3() {
         replica.resign();
     });
 }
+
+/// Nemesis finding: a `run` whose session expired before its run was
+/// committed (paused past it) waited forever: its request had gone with
+/// the session, so nobody would ever commit it. It exits 5.
+#[test]
+fn a_run_whose_session_expired_before_its_commit_exits_5() {
+    need_etcd!();
+    let server = etcd::Etcd::start("lapsed");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (mut cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(2)).await;
+        cluster.kill(0);
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let alive = format!("/poolgate/{}/guard/alive/", cluster.config.swim.label);
+        let present = || {
+            !server
+                .client()
+                .get_prefix(alive.as_bytes())
+                .unwrap()
+                .is_empty()
+        };
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !present() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the run is asked");
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while present() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the paused requester's session expires");
+        kill(pid, Signal::SIGCONT).unwrap();
+        assert_eq!(exit_code(&mut run).await, Some(5));
+        assert!(!pid_file.exists(), "a command started");
+        live.stop().await;
+        replica.resign();
+    });
+}
+
+/// Nemesis finding: a `run` whose sockets another process on its host
+/// holds (beside a `watch`) campaigned anyway, won the leader key when
+/// it fell free, and held it for a lease with nobody acting. It only
+/// asks: the key stays free for a replica that can act.
+#[test]
+fn a_run_that_cannot_bind_its_sockets_never_takes_the_leader_key() {
+    need_etcd!();
+    let server = etcd::Etcd::start("no-campaign");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(10)).await;
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        // The replica that could act goes (its lease revoked at once).
+        live.stop().await;
+        replica.resign();
+        let leader = format!("/poolgate/{}/guard/leader", cluster.config.swim.label);
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            let held = server.client().get(leader.as_bytes()).unwrap();
+            assert!(held.is_none(), "the run took the leader key: {held:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = kill(Pid::from_raw(run.id().unwrap() as i32), Signal::SIGTERM);
+        let _ = exit_code(&mut run).await;
+        let gone = group_gone(group).await;
+        kill_group(group);
+        assert!(gone);
+    });
+}

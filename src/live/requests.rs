@@ -146,9 +146,15 @@ impl Requests {
         })
         .map_err(|e| StoreError(e.to_string()))?;
         let (store, run) = (Arc::clone(&self.store), run.clone());
+        // Both at once: a leader never sees one without the other.
         blocking(move || {
-            store.put_raw(&format!("alive/{run}"), b"{}", lease)?;
-            store.put_raw(&format!("requests/{run}"), &body, lease)
+            store.put_raw_all(
+                &[
+                    (&format!("alive/{run}"), b"{}"),
+                    (&format!("requests/{run}"), &body),
+                ],
+                lease,
+            )
         })
         .await?;
         Ok(session)

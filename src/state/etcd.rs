@@ -426,12 +426,18 @@ impl EtcdStore {
     /// Puts `value` under `name`, unconditioned (a request any replica or
     /// `run` may make), on `lease` (0: none).
     pub fn put_raw(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
+        self.put_raw_all(&[(name, value)], lease)
+    }
+
+    /// Puts each `(name, value)` of `puts` in one transaction, as
+    /// [`EtcdStore::put_raw`] does one.
+    pub fn put_raw_all(&self, puts: &[(&str, &[u8])], lease: i64) -> Result<(), StoreError> {
+        let puts = puts
+            .iter()
+            .map(|(name, value)| etcd::put(&self.key(name), &self.seal(name, value), lease))
+            .collect();
         self.etcd
-            .txn(
-                vec![],
-                vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
-                vec![],
-            )
+            .txn(vec![], puts, vec![])
             .map(drop)
             .map_err(|e| StoreError(e.to_string()))
     }
