@@ -4,14 +4,15 @@
 //!
 //! The gateway is part of every etcd v3 server, so nothing is generated at
 //! build time (no `protoc`) and a machine with only the Rust toolchain
-//! builds it. Calls are blocking, each bounded by a timeout, and run off
-//! the actors' thread (the store's writes on a blocking-pool thread, the
+//! builds it. Connections are kept alive between calls, over TLS to
+//! `https://` endpoints (a CA of one's own, a client certificate: see
+//! [`TlsFiles`]). Calls are blocking, each bounded by one deadline from
+//! name resolution to the answer's last byte, and run off the actors'
+//! thread (the store's writes on a blocking-pool thread, the
 //! leadership on a thread of its own). An endpoint that fails is left for
 //! the next one; the error of a call that no endpoint answered names them
 //! all.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,11 +41,15 @@ pub enum EtcdError {
     },
 }
 
-/// One `http://host:port` endpoint.
+/// One `http://host:port` or `https://host:port` endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Endpoint {
+    /// As configured.
     text: String,
-    authority: String,
+    /// `scheme://host:port`.
+    base: String,
+    /// Whether it is `https`.
+    tls: bool,
 }
 
 /// A key and what etcd holds under it.
@@ -71,6 +76,8 @@ pub struct Etcd {
     timeout: Duration,
     /// etcd's own auth: the user, its password, and the token they gave.
     auth: Option<Auth>,
+    /// The HTTP client: kept-alive connections, and the TLS of `https`.
+    agent: ureq::Agent,
 }
 
 /// etcd's own authentication (its `Debug` shows no password or token).
@@ -102,7 +109,26 @@ impl Etcd {
             preferred: AtomicUsize::new(0),
             timeout,
             auth: None,
+            agent: agent(ureq::tls::TlsConfig::default()),
         })
+    }
+
+    /// Speaks TLS to the `https` endpoints as `files` say: trusting the
+    /// authorities of `ca_file`, presenting `cert_file` and `key_file`.
+    /// Refused when no endpoint is `https` (the files would guard
+    /// nothing).
+    pub fn with_tls(mut self, files: &TlsFiles) -> Result<Self, String> {
+        if !files.any() {
+            return Ok(self);
+        }
+        if let Some(plain) = self.endpoints.iter().find(|e| !e.tls) {
+            return Err(format!(
+                "{}: TLS files are given, and this endpoint is plain http (give every endpoint as https://)",
+                plain.text
+            ));
+        }
+        self.agent = agent(files.config()?);
+        Ok(self)
     }
 
     /// Authenticates as `user` with `password` (etcd's own auth): every
@@ -304,7 +330,7 @@ impl Etcd {
                 ));
                 continue;
             }
-            match post(endpoint, path, body, token, share) {
+            match post(&self.agent, endpoint, path, body, token, share) {
                 Ok((200, answer)) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(answer);
@@ -364,145 +390,175 @@ fn unavailable(message: &str) -> bool {
 }
 
 fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
-    let Some(rest) = text.strip_prefix("http://") else {
-        return Err(format!(
-            "{text}: an etcd endpoint is http://host:port (https is not supported: reach a TLS cluster through a local gateway)"
-        ));
+    let form = "an etcd endpoint is http://host:port or https://host:port";
+    let (tls, rest) = match (text.strip_prefix("https://"), text.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return Err(format!("{text}: {form}")),
     };
     let authority = rest.trim_end_matches('/');
     let valid = authority
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
     if !valid || authority.contains('/') {
-        return Err(format!("{text}: an etcd endpoint is http://host:port"));
+        return Err(format!("{text}: {form}"));
     }
+    let scheme = if tls { "https" } else { "http" };
     Ok(Endpoint {
         text: text.to_string(),
-        authority: authority.to_string(),
+        base: format!("{scheme}://{authority}"),
+        tls,
     })
 }
 
-/// One request on a connection of its own; the status and the JSON body.
+/// The TLS of `https://` endpoints: whom to trust, and who we are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificates of the authorities that sign etcd's server
+    /// certificates (`[state] ca_file`); none: Mozilla's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The client's PEM certificate chain (`[state] cert_file`), with
+    /// `key_file`, for etcd's `--client-cert-auth`.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The client's PEM private key (`[state] key_file`).
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl TlsFiles {
+    /// Whether any file is given.
+    pub fn any(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+
+    /// The TLS configuration these files make; an error names the file
+    /// and the key (never what a key file holds).
+    fn config(&self) -> Result<ureq::tls::TlsConfig, String> {
+        use ureq::tls::{ClientCert, PemItem, RootCerts, TlsConfig};
+        let read = |path: &std::path::Path, key: &str| {
+            std::fs::read(path).map_err(|e| format!("{key} {}: {e}", path.display()))
+        };
+        let mut tls = TlsConfig::builder();
+        if let Some(path) = &self.ca_file {
+            let pem = read(path, "ca_file")?;
+            let mut roots = Vec::new();
+            for item in ureq::tls::parse_pem(&pem) {
+                if let Ok(PemItem::Certificate(cert)) = item {
+                    roots.push(cert);
+                }
+            }
+            if roots.is_empty() {
+                return Err(format!(
+                    "ca_file {}: no PEM certificate in it",
+                    path.display()
+                ));
+            }
+            tls = tls.root_certs(RootCerts::new_with_certs(&roots));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert_path), Some(key_path)) => {
+                let pem = read(cert_path, "cert_file")?;
+                let chain: Vec<_> = ureq::tls::parse_pem(&pem)
+                    .filter_map(|item| match item {
+                        Ok(PemItem::Certificate(cert)) => Some(cert),
+                        _ => None,
+                    })
+                    .collect();
+                if chain.is_empty() {
+                    return Err(format!(
+                        "cert_file {}: no PEM certificate in it",
+                        cert_path.display()
+                    ));
+                }
+                let pem = read(key_path, "key_file")?;
+                let key = ureq::tls::parse_pem(&pem)
+                    .find_map(|item| match item {
+                        Ok(PemItem::PrivateKey(key)) => Some(key),
+                        _ => None,
+                    })
+                    .ok_or_else(|| {
+                        format!(
+                            "key_file {}: no PEM private key in it",
+                            key_path.display()
+                        )
+                    })?;
+                tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+            }
+            (None, None) => {}
+            (Some(_), None) => return Err("cert_file needs key_file too".into()),
+            (None, Some(_)) => return Err("key_file needs cert_file too".into()),
+        }
+        Ok(tls.build())
+    }
+}
+
+/// The HTTP client every call goes through: connections kept alive
+/// between calls (a few per endpoint), no proxy from the environment, no
+/// redirect followed, statuses handed back rather than made errors.
+fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .max_redirects(0)
+        .max_idle_connections_per_host(4)
+        .max_idle_age(Duration::from_secs(30))
+        .user_agent("poolgate")
+        .tls_config(tls)
+        .build()
+        .into()
+}
+
+/// One request, bounded by `timeout` from name resolution to the last
+/// byte; the status and the first JSON value of the body.
 fn post(
+    agent: &ureq::Agent,
     endpoint: &Endpoint,
     path: &str,
     body: &Value,
     token: Option<&str>,
     timeout: Duration,
-) -> std::io::Result<(u16, Value)> {
-    let deadline = Instant::now() + timeout;
-    let addrs: Vec<_> = endpoint.authority.to_socket_addrs()?.collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "did not resolve");
-    let mut stream = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
+) -> Result<(u16, Value), String> {
+    let mut request = agent
+        .post(format!("{}{path}", endpoint.base))
+        .config()
+        .timeout_global(Some(timeout))
+        .build()
+        .header("Content-Type", "application/json");
+    if let Some(token) = token {
+        request = request.header("Authorization", token);
     }
-    let mut stream = stream.ok_or(last)?;
-    stream.set_nodelay(true)?;
-    let body = body.to_string();
-    let authorization = token
-        .map(|t| format!("Authorization: {t}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        endpoint.authority,
-        body.len()
-    );
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(request.as_bytes())?;
-    let mut response = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {timeout:?}"),
-            ));
-        }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => {
-                response.extend_from_slice(&chunk[..n]);
-                if response.len() > MAX_RESPONSE {
-                    return Err(std::io::Error::other(format!(
-                        "a response over {MAX_RESPONSE} bytes"
-                    )));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {timeout:?}"),
-                ))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    parse_response(&response)
+    let mut response = request.send(body.to_string()).map_err(|e| describe(&e, timeout))?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_RESPONSE as u64)
+        .read_to_vec()
+        .map_err(|e| describe(&e, timeout))?;
+    Ok((status, first_value(&bytes)?))
 }
 
-/// Status and JSON body of an HTTP/1.1 response read to its end
-/// (`Connection: close`), chunked or not.
-fn parse_response(response: &[u8]) -> std::io::Result<(u16, Value)> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("a response without headers"))?;
-    let head = std::str::from_utf8(&response[..split]).map_err(|_| bad("headers not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|code| code.parse::<u16>().ok())
-        .ok_or_else(|| bad("no HTTP status"))?;
-    let chunked = lines.any(|line| {
-        let lower = line.to_ascii_lowercase();
-        lower.starts_with("transfer-encoding:") && lower.contains("chunked")
-    });
-    let raw = &response[split + 4..];
-    let body = if chunked {
-        dechunk(raw).ok_or_else(|| bad("a chunked body cut short"))?
-    } else {
-        raw.to_vec()
-    };
-    // A streamed call (lease keep-alive) answers one JSON value per line.
+/// What went wrong with a call, in words an operator can act on.
+fn describe(error: &ureq::Error, timeout: Duration) -> String {
+    match error {
+        ureq::Error::Timeout(_) => format!("no answer within {timeout:?}"),
+        ureq::Error::BodyExceedsLimit(_) => format!("a response over {MAX_RESPONSE} bytes"),
+        other => other.to_string(),
+    }
+}
+
+/// The first JSON value of a body: a streamed call (lease keep-alive)
+/// answers one value per line.
+fn first_value(body: &[u8]) -> Result<Value, String> {
     let first = body
         .split(|b| *b == b'\n')
         .find(|line| !line.iter().all(u8::is_ascii_whitespace))
         .unwrap_or(&[]);
-    let value = if first.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(first).map_err(|_| {
-            bad("an answer that is not etcd's (not JSON): is this an etcd v3 client URL?")
-        })?
-    };
-    Ok((status, value))
-}
-
-fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&raw[..line_end]).ok()?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            return Some(body);
-        }
-        body.extend_from_slice(raw.get(..size)?);
-        raw = raw.get(size + 2..)?;
+    if first.is_empty() {
+        return Ok(Value::Null);
     }
+    serde_json::from_slice(first).map_err(|_| {
+        "an answer that is not etcd's (not JSON): is this an etcd v3 client URL?".to_string()
+    })
 }
 
 /// The base64 etcd's gateway speaks.
@@ -592,14 +648,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoints_are_http_host_port() {
-        assert!(parse_endpoint("http://127.0.0.1:2379").is_ok());
+    fn endpoints_are_http_or_https_host_port() {
+        assert!(!parse_endpoint("http://127.0.0.1:2379").unwrap().tls);
         assert!(parse_endpoint("http://etcd-1:2379/").is_ok());
+        let tls = parse_endpoint("https://etcd-1:2379").unwrap();
+        assert!(tls.tls);
+        assert_eq!(tls.base, "https://etcd-1:2379");
         for bad in [
-            "https://a:1",
+            "ftp://a:1",
             "127.0.0.1:2379",
             "http://a",
-            "http://:1",
+            "https://:1",
             "http://a:0",
             "http://a:1/x",
         ] {
@@ -608,17 +667,36 @@ mod tests {
     }
 
     #[test]
-    fn a_chunked_streamed_answer_gives_its_first_value() {
-        let response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n{\"a\":\"1\"}\r\n1\r\n\n\r\n0\r\n\r\n";
-        let (status, value) = parse_response(response).unwrap();
-        assert_eq!((status, int(&value["a"])), (200, 1));
-        let plain = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n\r\n{\"message\":\"no lea\"}";
-        assert_eq!(parse_response(plain).unwrap().0, 503);
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab")
-                .is_err()
-        );
-        assert!(parse_response(b"garbage").is_err());
+    fn a_streamed_answer_gives_its_first_value_and_what_is_not_json_is_named() {
+        assert_eq!(int(&first_value(b"{\"a\":\"1\"}\n{\"a\":\"2\"}\n").unwrap()["a"]), 1);
+        assert_eq!(first_value(b"\n  \n").unwrap(), Value::Null);
+        let why = first_value(b"<html>").unwrap_err();
+        assert!(why.contains("not JSON"), "{why}");
+    }
+
+    #[test]
+    fn tls_files_given_with_plain_endpoints_or_half_a_client_pair_are_refused() {
+        let etcd = || Etcd::new(&["http://127.0.0.1:2379".to_string()], Duration::from_secs(1)).unwrap();
+        let files = TlsFiles {
+            ca_file: Some("ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let why = etcd().with_tls(&files).unwrap_err();
+        assert!(why.contains("plain http"), "{why}");
+        let https = || Etcd::new(&["https://127.0.0.1:2379".to_string()], Duration::from_secs(1)).unwrap();
+        let half = TlsFiles {
+            cert_file: Some("client.pem".into()),
+            ..TlsFiles::default()
+        };
+        let why = https().with_tls(&half).unwrap_err();
+        assert!(why.contains("needs key_file"), "{why}");
+        let missing = TlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let why = https().with_tls(&missing).unwrap_err();
+        assert!(why.contains("ca_file /nonexistent/ca.pem"), "{why}");
+        assert!(https().with_tls(&TlsFiles::default()).is_ok());
     }
 
     #[test]

@@ -1220,3 +1220,94 @@ fn with_etcds_auth_a_replica_leads_as_its_user_and_without_it_is_refused() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A replica's config over the TLS etcd at `endpoint`, as an operator
+/// writes it: no `insecure`, a state key, and `tls` (the `ca_file`,
+/// `cert_file` and `key_file` lines, or none).
+fn tls_config(endpoint: &str, key: &std::path::Path, tls: &str) -> Config {
+    Config::parse(
+        &format!(
+            "[pool]\nid = \"pool-a\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"50ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"replicas\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nkey = \"{}\"\n{tls}",
+            key.display()
+        ),
+        "config.toml",
+    )
+    .expect("config")
+}
+
+#[test]
+fn over_tls_with_a_client_certificate_a_replica_leads_and_anything_less_is_refused() {
+    need_etcd!();
+    if let Some(why) = etcd::openssl_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _one_at_a_time = one_at_a_time();
+    let certs = etcd::Certs::make("tls");
+    let rogue = etcd::Certs::make("tls-rogue");
+    let server = etcd::Etcd::start_tls("tls", &certs);
+    assert!(server.endpoint.starts_with("https://"));
+    let key = certs.dir.join("state.key");
+    poolgate::keys::ClusterKey::generate().save(&key).unwrap();
+    let files = |ca: &etcd::Certs, client: &etcd::Certs| {
+        format!(
+            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            ca.dir.join("ca.pem").display(),
+            client.dir.join("client.pem").display(),
+            client.dir.join("client.key").display()
+        )
+    };
+    let refused = |config: &Config| {
+        Replica::start(config)
+            .map(drop)
+            .expect_err("refused")
+            .to_string()
+    };
+
+    // No client certificate: etcd refuses the handshake.
+    let ca_only = format!(
+        "ca_file = \"{}\"\n",
+        certs.dir.join("ca.pem").display()
+    );
+    let why = refused(&tls_config(&server.endpoint, &key, &ca_only));
+    assert!(why.contains(&server.endpoint), "{why}");
+    // A server certificate signed by a CA we do not trust.
+    let why = refused(&tls_config(&server.endpoint, &key, &files(&rogue, &certs)));
+    assert!(why.contains(&server.endpoint) && why.to_lowercase().contains("cert"), "{why}");
+    // A client certificate signed by a CA etcd does not trust.
+    let why = refused(&tls_config(&server.endpoint, &key, &files(&certs, &rogue)));
+    assert!(why.contains(&server.endpoint), "{why}");
+    // Plain http to the TLS port is refused at start, by name.
+    let plain = server.endpoint.replace("https://", "http://");
+    let error = Config::parse(
+        &format!("[pool]\nid = \"p\"\nmembers = [\"n\"]\n[readiness]\nconvergence_window = \"1s\"\n[state]\netcd = [\"{plain}\"]\nkey = \"k\"\n"),
+        "config.toml",
+    )
+    .map(drop)
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("plain http is refused"), "{error}");
+
+    // The whole of it: the replica leads, its state written over TLS.
+    let config = tls_config(&server.endpoint, &key, &files(&certs, &certs));
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let epoch = ready(&mut events).await;
+        assert!(epoch.0 >= 1);
+        live.stop().await;
+        replica.resign();
+    });
+    let stored = server
+        .client()
+        .with_tls(&certs.client())
+        .unwrap()
+        .get(b"/poolgate/replicas/pool-a/state")
+        .unwrap();
+    assert!(stored.is_some(), "the state was written through TLS");
+}

@@ -135,6 +135,10 @@ pub struct StateConfig {
     /// (said on every start). Without it, `[state] etcd` needs a `key`
     /// and refuses plain http.
     pub insecure: bool,
+    /// `ca_file`, `cert_file`, `key_file`: TLS to `https://` endpoints
+    /// (the authorities that sign etcd's certificates; the client's
+    /// certificate and key, for etcd's `--client-cert-auth`).
+    pub tls: crate::etcd::TlsFiles,
 }
 
 /// `[state] lease`'s default.
@@ -158,6 +162,7 @@ impl Default for StateConfig {
             username: None,
             password_file: None,
             insecure: false,
+            tls: crate::etcd::TlsFiles::default(),
         }
     }
 }
@@ -374,6 +379,9 @@ impl Config {
                     "insecure",
                     "username",
                     "password_file",
+                    "ca_file",
+                    "cert_file",
+                    "key_file",
                 ],
             )?;
             if let Some(value) = table.get("path") {
@@ -432,6 +440,41 @@ impl Config {
             if let Some(value) = table.get("password_file") {
                 state.password_file =
                     Some(PathBuf::from(doc.string(value, "state.password_file")?.0));
+            }
+            for (key, file) in [
+                ("ca_file", &mut state.tls.ca_file),
+                ("cert_file", &mut state.tls.cert_file),
+                ("key_file", &mut state.tls.key_file),
+            ] {
+                if let Some(value) = table.get(key) {
+                    let (path, span) = doc.string(value, &format!("state.{key}"))?;
+                    if path.is_empty() {
+                        return Err(doc.error(span, &format!("state.{key}"), "must not be empty"));
+                    }
+                    *file = Some(PathBuf::from(path));
+                }
+            }
+            if state.tls.cert_file.is_some() != state.tls.key_file.is_some() {
+                let (key, other) = match state.tls.cert_file {
+                    Some(_) => ("state.cert_file", "key_file"),
+                    None => ("state.key_file", "cert_file"),
+                };
+                let span = table
+                    .get(key.trim_start_matches("state."))
+                    .map_or(0..0, |v| v.span());
+                return Err(doc.error(span, key, format!("needs {other} too")));
+            }
+            if state.tls.any() && !state.etcd.iter().all(|e| e.starts_with("https://")) {
+                let key = ["ca_file", "cert_file", "key_file"]
+                    .into_iter()
+                    .find(|k| table.contains_key(*k))
+                    .unwrap_or("ca_file");
+                let span = table.get(key).map_or(0..0, |v| v.span());
+                return Err(doc.error(
+                    span,
+                    &format!("state.{key}"),
+                    "TLS files need [state] etcd endpoints, every one https://",
+                ));
             }
             if state.username.is_some() != state.password_file.is_some() {
                 let (key, other) = match state.username {
@@ -505,6 +548,9 @@ impl Config {
             &mut self.state.path,
             &mut self.state.key,
             &mut self.state.password_file,
+            &mut self.state.tls.ca_file,
+            &mut self.state.tls.cert_file,
+            &mut self.state.tls.key_file,
         ] {
             if let Some(path) = path.as_mut().filter(|p| p.is_relative()) {
                 *path = dir.join(&*path);
@@ -630,6 +676,47 @@ wait_timeout = "30s"
         assert!(message.contains("password_file"), "{message}");
         let (_, key, _) = error_of(&etcd("insecure = true\npassword_file = \"pw\"\n"));
         assert_eq!(key, "state.password_file");
+    }
+
+    #[test]
+    fn tls_files_go_with_https_endpoints_in_pairs_and_resolve_beside_the_config() {
+        let etcd = |endpoint: &str, extra: &str| {
+            format!("{GOOD}\n[state]\netcd = [\"{endpoint}\"]\nkey = \"state.key\"\n{extra}")
+        };
+        let https = "https://etcd-1:2379";
+        let mut both = Config::parse(
+            &etcd(
+                https,
+                "ca_file = \"ca.pem\"\ncert_file = \"client.pem\"\nkey_file = \"client.key\"\n",
+            ),
+            "c",
+        )
+        .unwrap();
+        assert!(!both.state.insecure, "https with a key needs no insecure");
+        both.resolve_paths(Path::new("/etc/poolgate"));
+        assert_eq!(
+            both.state.tls.ca_file,
+            Some(PathBuf::from("/etc/poolgate/ca.pem"))
+        );
+        assert_eq!(
+            both.state.tls.key_file,
+            Some(PathBuf::from("/etc/poolgate/client.key"))
+        );
+        let (_, key, message) = error_of(&etcd(https, "cert_file = \"client.pem\"\n"));
+        assert_eq!(key, "state.cert_file");
+        assert!(message.contains("key_file"), "{message}");
+        let (_, key, _) = error_of(&etcd(https, "key_file = \"client.key\"\n"));
+        assert_eq!(key, "state.key_file");
+        let (_, key, message) = error_of(&etcd(
+            "http://etcd-1:2379",
+            "insecure = true\nca_file = \"ca.pem\"\n",
+        ));
+        assert_eq!(key, "state.ca_file");
+        assert!(message.contains("https"), "{message}");
+        let (_, key, _) = error_of(&etcd(https, "ca_file = \"\"\n"));
+        assert_eq!(key, "state.ca_file");
+        let (_, key, _) = error_of(&etcd(https, "ca = \"ca.pem\"\n"));
+        assert_eq!(key, "state.ca");
     }
 
     #[test]

@@ -770,14 +770,20 @@ fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
     Ok((etcd, prefix, fence, store, held))
 }
 
-/// A client of `[state] etcd`, each call bounded by `timeout`,
-/// authenticated as `[state] username` with the password in
+/// A client of `[state] etcd`, each call bounded by `timeout`, over TLS
+/// as `ca_file`, `cert_file` and `key_file` say, authenticated as `[state] username` with the password in
 /// `password_file` when they are given.
 fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<Etcd, LiveError> {
     let etcd = Etcd::new(&config.state.etcd, timeout).map_err(|message| LiveError::Setting {
         key: "state.etcd",
         message,
     })?;
+    let etcd = etcd
+        .with_tls(&config.state.tls)
+        .map_err(|message| LiveError::Setting {
+            key: "state",
+            message,
+        })?;
     let Some((user, file)) = config
         .state
         .username

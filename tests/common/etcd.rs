@@ -67,14 +67,37 @@ impl Etcd {
 
     /// Starts a one-member cluster and waits until it answers.
     pub fn start(name: &str) -> Etcd {
+        Etcd::start_with(name, None)
+    }
+
+    /// Starts a one-member cluster serving its clients over TLS with the
+    /// server certificate of `certs`, asking each client for a
+    /// certificate its CA signed (`--client-cert-auth`).
+    pub fn start_tls(name: &str, certs: &Certs) -> Etcd {
+        Etcd::start_with(name, Some(certs))
+    }
+
+    fn start_with(name: &str, tls: Option<&Certs>) -> Etcd {
         let dir = std::env::temp_dir().join(format!("poolgate-etcd-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd folder");
         let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(certs) = tls {
+            command
+                .arg("--cert-file")
+                .arg(certs.dir.join("server.pem"))
+                .arg("--key-file")
+                .arg(certs.dir.join("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(certs.dir.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "e0", "--data-dir"])
             .arg(dir.join("data"))
             .args([
@@ -105,6 +128,10 @@ impl Etcd {
             Duration::from_millis(500),
         )
         .expect("endpoint");
+        let client = match tls {
+            Some(certs) => client.with_tls(&certs.client()).expect("tls files"),
+            None => client,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while client.get(b"probe").is_err() {
             assert!(
@@ -135,6 +162,99 @@ impl Drop for Etcd {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Why `openssl` cannot make certificates here, if it cannot (under
+/// `CI`, a failure instead: `.ci/run` installs it).
+pub fn openssl_missing() -> Option<String> {
+    let found = Command::new("openssl")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return None;
+    }
+    let why = "the `openssl` command is not installed (Debian: openssl)".to_string();
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "under CI the TLS tests must run: {why}"
+    );
+    Some(why)
+}
+
+/// A test CA of its own, a server certificate for 127.0.0.1 and a client
+/// certificate, all made by `openssl` in a folder removed on drop, valid
+/// for a day.
+pub struct Certs {
+    /// The folder: `ca.pem`, `server.{pem,key}`, `client.{pem,key}`.
+    pub dir: PathBuf,
+}
+
+impl Certs {
+    /// Makes them, under `name`.
+    pub fn make(name: &str) -> Certs {
+        let dir =
+            std::env::temp_dir().join(format!("poolgate-certs-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("certs folder");
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=poolgate test CA"]);
+        openssl(&ca);
+        for (who, usage) in [
+            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            std::fs::write(dir.join(format!("{who}.ext")), usage).expect("ext");
+            let (key, csr, pem, ext, subject) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.pem"),
+                format!("{who}.ext"),
+                format!("/CN={who}"),
+            );
+            let mut req = vec!["req", "-new"];
+            req.extend(ec);
+            req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+            openssl(&req);
+            openssl(&[
+                "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", &pem, "-days", "1", "-extfile", &ext,
+            ]);
+        }
+        Certs { dir }
+    }
+
+    /// What a client of `start_tls`'s etcd is given: the CA, its
+    /// certificate and key.
+    pub fn client(&self) -> poolgate::etcd::TlsFiles {
+        poolgate::etcd::TlsFiles {
+            ca_file: Some(self.dir.join("ca.pem")),
+            cert_file: Some(self.dir.join("client.pem")),
+            key_file: Some(self.dir.join("client.key")),
+        }
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -225,6 +225,8 @@ pub struct SwimMember {
     rejoins: crate::live::throttle::Throttle,
     /// The attachment whose gate the sink feeds (see [`Attach`]).
     attached: Option<u64>,
+    /// What the attached term is not told of the view before it began.
+    before_term: super::fresh::BeforeTerm,
 }
 
 impl SwimMember {
@@ -280,6 +282,7 @@ impl SwimMember {
             signed: None,
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             attached: None,
+            before_term: super::fresh::BeforeTerm::default(),
         };
         Ok((member.start(), addr))
     }
@@ -311,6 +314,9 @@ impl SwimMember {
         };
         let mut new = 0;
         for fact in facts {
+            if !self.before_term.admits(&fact) {
+                continue;
+            }
             let update = &fact.update;
             tracing::trace!(node = %update.node, addr = %fact.addr, state = %update.state, incarnation = update.incarnation, "SWIM fact");
             new += usize::from(sink(fact));
@@ -339,6 +345,17 @@ impl SwimMember {
     /// Hands the sink every member of foca's whole view (the wanted ones);
     /// the sink's table keeps what differs from what it holds, and says so.
     fn reconcile(&mut self) {
+        let facts = self.whole_view();
+        let new = self.emit(facts);
+        if new > 0 {
+            metrics::counter!("poolgate_swim_reconciled_total").increment(new as u64);
+            tracing::debug!(count = new, "SWIM states found by the whole-view check");
+        }
+    }
+
+    /// One fact per member of foca's whole membership (the newest
+    /// generation of each name and address).
+    fn whole_view(&mut self) -> Vec<SwimFact> {
         let own = self.foca.identity().clone();
         // One state per (name, address): the newest generation's (an
         // earlier life still listed as down must not speak over it).
@@ -352,12 +369,7 @@ impl SwimMember {
             }
         }
         let states: Vec<foca::Member<SwimIdentity>> = newest.into_values().cloned().collect();
-        let facts = self.tracker.changed(states, Vec::new());
-        let new = self.emit(facts);
-        if new > 0 {
-            metrics::counter!("poolgate_swim_reconciled_total").increment(new as u64);
-            tracing::debug!(count = new, "SWIM states found by the whole-view check");
-        }
+        self.tracker.changed(states, Vec::new())
     }
 
     /// Declares down every member held suspect at one incarnation for
@@ -707,8 +719,20 @@ impl Handler<Attach> for SwimMember {
         self.tracker.only(msg.only);
         self.sink = Some(msg.sink);
         self.attached = Some(msg.token);
-        // The new sink starts from the whole view.
-        self.reconcile();
+        // The new term starts from the whole view, fresh: members in
+        // doubt before it began are held back until alive again.
+        let view = self.whole_view();
+        let (before_term, told) = super::fresh::BeforeTerm::attach(view);
+        self.before_term = before_term;
+        let held = self.before_term.held();
+        if held > 0 {
+            metrics::counter!("poolgate_swim_held_before_term_total").increment(held as u64);
+            tracing::info!(
+                held,
+                "a fresh view: members suspect or down before this term began are not told to it until they are alive again"
+            );
+        }
+        self.emit(told);
     }
 }
 

@@ -15,9 +15,11 @@
 //! - [`identity`]: who a member is (node id, socket address, generation).
 //! - [`watch`]: the codec that notes what foca changed.
 //! - [`tracker`]: what foca applied → SWIM facts (pure, stateless).
+//! - [`fresh`]: what a term is not told of the view before it began.
 //! - [`member`]: the actor that owns foca, the socket and foca's timers.
 
 pub mod drive;
+pub mod fresh;
 pub mod identity;
 pub mod member;
 pub mod tracker;
