@@ -476,10 +476,7 @@ impl TlsFiles {
                         _ => None,
                     })
                     .ok_or_else(|| {
-                        format!(
-                            "key_file {}: no PEM private key in it",
-                            key_path.display()
-                        )
+                        format!("key_file {}: no PEM private key in it", key_path.display())
                     })?;
                 tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
             }
@@ -526,7 +523,9 @@ fn post(
     if let Some(token) = token {
         request = request.header("Authorization", token);
     }
-    let mut response = request.send(body.to_string()).map_err(|e| describe(&e, timeout))?;
+    let mut response = request
+        .send(body.to_string())
+        .map_err(|e| describe(&e, timeout))?;
     let status = response.status().as_u16();
     let bytes = response
         .body_mut()
@@ -668,7 +667,10 @@ mod tests {
 
     #[test]
     fn a_streamed_answer_gives_its_first_value_and_what_is_not_json_is_named() {
-        assert_eq!(int(&first_value(b"{\"a\":\"1\"}\n{\"a\":\"2\"}\n").unwrap()["a"]), 1);
+        assert_eq!(
+            int(&first_value(b"{\"a\":\"1\"}\n{\"a\":\"2\"}\n").unwrap()["a"]),
+            1
+        );
         assert_eq!(first_value(b"\n  \n").unwrap(), Value::Null);
         let why = first_value(b"<html>").unwrap_err();
         assert!(why.contains("not JSON"), "{why}");
@@ -676,14 +678,26 @@ mod tests {
 
     #[test]
     fn tls_files_given_with_plain_endpoints_or_half_a_client_pair_are_refused() {
-        let etcd = || Etcd::new(&["http://127.0.0.1:2379".to_string()], Duration::from_secs(1)).unwrap();
+        let etcd = || {
+            Etcd::new(
+                &["http://127.0.0.1:2379".to_string()],
+                Duration::from_secs(1),
+            )
+            .unwrap()
+        };
         let files = TlsFiles {
             ca_file: Some("ca.pem".into()),
             ..TlsFiles::default()
         };
         let why = etcd().with_tls(&files).unwrap_err();
         assert!(why.contains("plain http"), "{why}");
-        let https = || Etcd::new(&["https://127.0.0.1:2379".to_string()], Duration::from_secs(1)).unwrap();
+        let https = || {
+            Etcd::new(
+                &["https://127.0.0.1:2379".to_string()],
+                Duration::from_secs(1),
+            )
+            .unwrap()
+        };
         let half = TlsFiles {
             cert_file: Some("client.pem".into()),
             ..TlsFiles::default()

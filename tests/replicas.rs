@@ -1268,15 +1268,15 @@ fn over_tls_with_a_client_certificate_a_replica_leads_and_anything_less_is_refus
     };
 
     // No client certificate: etcd refuses the handshake.
-    let ca_only = format!(
-        "ca_file = \"{}\"\n",
-        certs.dir.join("ca.pem").display()
-    );
+    let ca_only = format!("ca_file = \"{}\"\n", certs.dir.join("ca.pem").display());
     let why = refused(&tls_config(&server.endpoint, &key, &ca_only));
     assert!(why.contains(&server.endpoint), "{why}");
     // A server certificate signed by a CA we do not trust.
     let why = refused(&tls_config(&server.endpoint, &key, &files(&rogue, &certs)));
-    assert!(why.contains(&server.endpoint) && why.to_lowercase().contains("cert"), "{why}");
+    assert!(
+        why.contains(&server.endpoint) && why.to_lowercase().contains("cert"),
+        "{why}"
+    );
     // A client certificate signed by a CA etcd does not trust.
     let why = refused(&tls_config(&server.endpoint, &key, &files(&certs, &rogue)));
     assert!(why.contains(&server.endpoint), "{why}");
@@ -1310,4 +1310,107 @@ fn over_tls_with_a_client_certificate_a_replica_leads_and_anything_less_is_refus
         .get(b"/poolgate/replicas/pool-a/state")
         .unwrap();
     assert!(stored.is_some(), "the state was written through TLS");
+}
+
+#[test]
+fn a_new_term_faults_nobody_for_what_its_warm_member_saw_before_it_led() {
+    // Issue 28, reproduction 4: a replica that regains leadership acted
+    // first on what its warm SWIM member held from before: a node it held
+    // down while nobody led, alive again, faulted the restored run with
+    // reason `dead`. A term starts from a fresh view: the node held down
+    // is told to it only once alive again, and the run is confirmed.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("fresh");
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, mut first) = one_node_cluster_on(&server).await;
+        first.state.restore_grace = Duration::from_secs(20);
+        let mut second = first.clone();
+        let free = |_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        second.swim.bind = free(());
+        second.agents.listen = free(());
+        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
+        // node-1 reaches either replica's listener.
+        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+        let listed = format!("agents = \"{}\"", first.agents.listen);
+        let both = format!(
+            "agents = [\"{}\", \"{}\"]",
+            first.agents.listen, second.agents.listen
+        );
+        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        cluster.spawn(0).unwrap();
+        let epoch = ready(&mut events).await;
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![node.clone()], Some(epoch))
+            .await
+            .unwrap();
+        let knows = |want: usize| {
+            let b = &b;
+            async move {
+                tokio::time::timeout(Duration::from_secs(20), async {
+                    while b.swim_members().await.unwrap_or(0) != want {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .is_ok()
+            }
+        };
+        assert!(knows(2).await, "the follower never learnt node-1");
+        // Nobody leads while node-1 is paused past its suspicion: only
+        // b's warm member sees it go (and a's member, gone with a), and
+        // holds it down.
+        live.shutdown();
+        a.resign();
+        cluster.signal(0, nix::sys::signal::Signal::SIGSTOP);
+        assert!(
+            knows(0).await,
+            "the follower's member never held node-1 down"
+        );
+
+        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        let mut events = next.gate.subscribe();
+        cluster.signal(0, nix::sys::signal::Signal::SIGCONT);
+        let seen = tokio::time::timeout(Duration::from_secs(15), async {
+            let mut seen = Vec::new();
+            loop {
+                let event = events.recv().await.expect("the term's events");
+                let done = matches!(event, Event::PoolReady { .. } | Event::RunFaulted { .. });
+                seen.push(event);
+                if done {
+                    return seen;
+                }
+            }
+        })
+        .await
+        .expect("node-1 back, or the run faulted");
+        assert!(
+            matches!(seen.last(), Some(Event::PoolReady { .. })),
+            "the new term faulted for what its member saw before it led: {seen:?}"
+        );
+        assert_eq!(next.gate.report().await.unwrap().run, Some(run));
+        next.stop().await;
+        b.resign();
+        cluster.kill(0);
+    });
 }

@@ -213,13 +213,31 @@ impl Certs {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
         let mut ca = vec!["req", "-x509"];
         ca.extend(ec);
-        ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=poolgate test CA"]);
+        ca.extend([
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=poolgate test CA",
+        ]);
         openssl(&ca);
         for (who, usage) in [
-            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),
             ("client", "extendedKeyUsage=clientAuth\n"),
         ] {
             std::fs::write(dir.join(format!("{who}.ext")), usage).expect("ext");
@@ -235,8 +253,21 @@ impl Certs {
             req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
             openssl(&req);
             openssl(&[
-                "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", &pem, "-days", "1", "-extfile", &ext,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "1",
+                "-extfile",
+                &ext,
             ]);
         }
         Certs { dir }
