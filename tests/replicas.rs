@@ -1414,3 +1414,92 @@ fn a_new_term_faults_nobody_for_what_its_warm_member_saw_before_it_led() {
         cluster.kill(0);
     });
 }
+
+#[test]
+fn a_node_restarted_under_a_new_leader_is_not_fought_by_the_deposed_leaders_member() {
+    // Issue 28, reproduction 7 (the rejoin storm): a leader's SWIM member,
+    // detached when its term ended, kept deciding address conflicts by
+    // the identities its last term's nodes had signed. A node restarted
+    // later (a new generation at its address) lost every conflict at that
+    // member, renewed its identity, lost again: thousands of renewals,
+    // and the pool not ready under the new leader until the ex-leader was
+    // restarted.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("storm");
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, first) = one_node_cluster_on(&server).await;
+        let mut second = first.clone();
+        let free = |_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        second.swim.bind = free(());
+        second.agents.listen = free(());
+        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
+        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+        let listed = format!("agents = \"{}\"", first.agents.listen);
+        let both = format!(
+            "agents = [\"{}\", \"{}\"]",
+            first.agents.listen, second.agents.listen
+        );
+        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+
+        // a reaches etcd through a proxy the test cuts.
+        let proxy = etcd::Proxy::start(server.port());
+        let mut first = first;
+        first.state.etcd = vec![proxy.endpoint()];
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        // a is cut from etcd until deposed, and follows on, its member
+        // warm; b leads.
+        proxy.set_cut(true);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while a.leads() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("a is deposed");
+        live.shutdown();
+        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        proxy.set_cut(false);
+        let mut events = next.gate.subscribe();
+        ready(&mut events).await;
+        // node-1 restarts: a new generation at the same address.
+        cluster.kill(0);
+        cluster.spawn(0).unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(20), ready(&mut events)).await;
+        // Then five seconds of the pool as it is, both members warm.
+        let lost = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Event::ReadinessLost { .. } = events.recv().await.expect("events") {
+                    return;
+                }
+            }
+        })
+        .await;
+        let log = std::fs::read_to_string(cluster.dir.join("node-1.log")).unwrap_or_default();
+        let renewals = log.matches("rejoined under a renewed identity").count();
+        eprintln!("node-1 renewed its identity {renewals} times");
+        assert!(
+            back.is_ok() && lost.is_err(),
+            "node-1 not ready and staying so under the new leader ({renewals} renewals in its log)"
+        );
+        assert!(renewals <= 2, "{renewals} renewals of node-1's identity");
+        next.stop().await;
+        b.resign();
+        a.resign();
+        cluster.kill(0);
+    });
+}

@@ -752,6 +752,13 @@ impl Handler<Detach> for SwimMember {
         if self.attached == Some(msg.0) {
             self.sink = None;
             self.attached = None;
+            // The term's signed identities stop being kept when the term
+            // ends: held on, they would decide address conflicts by a
+            // node's last life (a node restarted under the next leader
+            // would lose every conflict here, and renew, and lose again).
+            // A follower decides them as every other member does.
+            self.signed = None;
+            self.before_term = super::fresh::BeforeTerm::default();
         }
     }
 }
