@@ -715,6 +715,86 @@ async fn quiet_for(events: &mut poolgate::EventStream, span: Duration) -> Result
 }
 
 #[test]
+fn invented_members_at_a_third_partys_address_get_a_bounded_few_datagrams() {
+    // Issue 28, reproduction 10: with the cluster key, 20 announcements of
+    // invented members at a third party's address made the orchestrator
+    // and the nodes send that address 1,224 datagrams in 20 s. What a
+    // member sends to an address it has not heard from is bounded.
+    use poolgate::live::swim::reflect::{UNHEARD_SENDS, UNHEARD_WINDOW};
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(2, false)).await.unwrap();
+        let orchestrator = cluster.orchestrator().unwrap();
+        let gate = orchestrator.gate.clone();
+        let seed = orchestrator.swim_addr;
+        let mut events = gate.subscribe();
+        for i in 0..2 {
+            cluster.spawn(i).unwrap();
+        }
+        ready(&mut events).await;
+        // The third party: a socket that never answers, counting.
+        let victim = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let victim_addr = victim.local_addr().unwrap();
+        victim
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let counting = std::thread::spawn(move || {
+            let (mut datagrams, mut bytes) = (0usize, 0usize);
+            let mut buffer = [0u8; 65_536];
+            let end = Instant::now() + UNHEARD_WINDOW * 2;
+            while Instant::now() < end {
+                if let Ok(n) = victim.recv(&mut buffer) {
+                    datagrams += 1;
+                    bytes += n;
+                }
+            }
+            (datagrams, bytes)
+        });
+        let forgers: Vec<_> = (0..20)
+            .map(|i| {
+                forger(
+                    &cluster,
+                    &format!("evil-{i}"),
+                    victim_addr,
+                    boot_generation(),
+                )
+            })
+            .collect();
+        // The insider announces them again and again.
+        let announcing = {
+            let forgers = forgers.clone();
+            actix::spawn(async move {
+                loop {
+                    for forger in &forgers {
+                        forger.do_send(Join { seeds: vec![seed] });
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            })
+        };
+        let quiet = quiet_for(&mut events, UNHEARD_WINDOW * 2).await;
+        announcing.abort();
+        let (datagrams, bytes) = counting.join().unwrap();
+        for forger in &forgers {
+            forger.do_send(poolgate::live::swim::member::Crash);
+        }
+        // Three honest members (the orchestrator's and two nodes'), each
+        // in the windows that begin within the 20 s counted (two, a
+        // third at the edge). Without the bound: about 2,000 datagrams.
+        let bound = 3 * 3 * UNHEARD_SENDS as usize;
+        eprintln!("the third party received {datagrams} datagrams, {bytes} bytes in 20 s");
+        assert!(
+            datagrams > 0,
+            "the invented members were never probed: the test proves nothing"
+        );
+        assert!(
+            datagrams <= bound,
+            "{datagrams} datagrams ({bytes} bytes), over {bound}"
+        );
+        assert_eq!(quiet, Ok(()), "the honest pool stays ready");
+    });
+}
+
+#[test]
 fn a_forged_identity_at_a_nodes_signed_address_neither_outranks_nor_evicts_it() {
     // Issue 20: "node-1 @ node-1's signed address" at generation + 10^9,
     // from another port, made the gate see node-1 suspect, then dead, and

@@ -227,6 +227,8 @@ pub struct SwimMember {
     attached: Option<u64>,
     /// What the attached term is not told of the view before it began.
     before_term: super::fresh::BeforeTerm,
+    /// Where this member may send, by what it has heard.
+    bound: super::reflect::SendBound,
 }
 
 impl SwimMember {
@@ -283,6 +285,7 @@ impl SwimMember {
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             attached: None,
             before_term: super::fresh::BeforeTerm::default(),
+            bound: super::reflect::SendBound::default(),
         };
         Ok((member.start(), addr))
     }
@@ -296,6 +299,7 @@ impl SwimMember {
             node: &self.foca.identity().node,
             rejoins: &mut self.rejoins,
             own_generation: self.own_generation.as_ref(),
+            bound: &mut self.bound,
         };
         let replaced = drive::drain(&mut self.runtime, &mut host);
         let changed = drive::track(
@@ -499,7 +503,7 @@ fn receive(
             tokio::select! {
                 _ = &mut stopped => return,
                 received = socket.recv_from(&mut buffer) => match received {
-                    Ok((len, _from)) => {
+                    Ok((len, from)) => {
                         let key = recent.key(&buffer[..len]);
                         if recent.seen(key) {
                             metrics::counter!("poolgate_gossip_duplicates_total").increment(1);
@@ -510,7 +514,7 @@ fn receive(
                             continue;
                         };
                         recent.remember(key, std::time::Instant::now());
-                        if member.try_send(Datagram { data }).is_err() {
+                        if member.try_send(Datagram { data, from }).is_err() {
                             if !member.connected() {
                                 return;
                             }
@@ -540,6 +544,8 @@ impl Message for Join {
 pub struct Datagram {
     /// Its bytes.
     pub data: Vec<u8>,
+    /// Where it came from.
+    pub from: SocketAddr,
 }
 
 impl Message for Datagram {
@@ -596,15 +602,24 @@ struct UdpHost<'a, 'c> {
     node: &'a str,
     rejoins: &'a mut crate::live::throttle::Throttle,
     own_generation: Option<&'a tokio::sync::watch::Sender<u64>>,
+    bound: &'a mut super::reflect::SendBound,
 }
 
 impl drive::Host for UdpHost<'_, '_> {
     fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+        if !self.bound.may_send(to.addr, std::time::Instant::now()) {
+            metrics::counter!("poolgate_swim_sends_withheld_total").increment(1);
+            return;
+        }
         let sealed = read(self.keyring).seal(&data);
         send(self.sender, &sealed, to.addr);
         if is_probe(&data) {
             self.ctx.run_later(PROBE_COPY_AFTER, move |member, _| {
-                send(&member.sender, &sealed, to.addr)
+                if member.bound.may_send(to.addr, std::time::Instant::now()) {
+                    send(&member.sender, &sealed, to.addr)
+                } else {
+                    metrics::counter!("poolgate_swim_sends_withheld_total").increment(1);
+                }
             });
         }
     }
@@ -805,8 +820,10 @@ impl Handler<Datagram> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Datagram, ctx: &mut Context<Self>) {
-        // A datagram foca cannot use (garbage, oversized, our own) is
-        // dropped: the network is not trusted to be well-formed.
+        // A datagram that opened under the keyring makes its source heard
+        // (see `reflect`). One foca cannot use (garbage, oversized, our
+        // own) is dropped: the network is not trusted to be well-formed.
+        self.bound.heard(msg.from, std::time::Instant::now());
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
         let result = with_signed(self.signed.as_ref(), || {
             foca.handle_data(&msg.data, runtime)

@@ -16,12 +16,14 @@
 //! - [`watch`]: the codec that notes what foca changed.
 //! - [`tracker`]: what foca applied → SWIM facts (pure, stateless).
 //! - [`fresh`]: what a term is not told of the view before it began.
+//! - [`reflect`]: what goes to an address never heard from (bounded).
 //! - [`member`]: the actor that owns foca, the socket and foca's timers.
 
 pub mod drive;
 pub mod fresh;
 pub mod identity;
 pub mod member;
+pub mod reflect;
 pub mod tracker;
 pub mod watch;
 
