@@ -51,35 +51,59 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::parse(&text, "announce")?;
     config.registry = registry;
 
-    // Frames per connection: every node's state flips each round.
-    let mut accepted: Vec<Vec<u8>> = vec![Vec::new(); CONNECTIONS];
-    for round in 0..rounds {
-        for (i, (node, key)) in keys.iter().enumerate() {
-            let state = Announcement {
-                available: round % 2 == 0,
-                identity: Some(wire::identity_text(node.as_str().as_bytes())),
-                swim: None,
-                generation: None,
-                fault: None,
-                leaving: false,
-                heartbeat_ms: None,
-            };
-            let seq = round as u64 + 1;
-            accepted[i % CONNECTIONS].extend(wire::encode(
+    // Frames per connection: every node's state flips each round, signed
+    // over the connection's challenge (made once each connection has
+    // asked for it, before the clock starts).
+    let signers = keys.clone();
+    let frames_for = move |connection: usize, nonce: &wire::Nonce| {
+        let mut bytes = Vec::new();
+        for round in 0..rounds {
+            for (i, (node, key)) in signers.iter().enumerate() {
+                if i % CONNECTIONS != connection {
+                    continue;
+                }
+                let state = Announcement {
+                    available: round % 2 == 0,
+                    identity: Some(wire::identity_text(node.as_str().as_bytes())),
+                    swim: None,
+                    generation: None,
+                    fault: None,
+                    leaving: false,
+                    heartbeat_ms: None,
+                };
+                let seq = round as u64 + 1;
+                bytes.extend(wire::encode(
+                    key,
+                    "poolgate",
+                    node.as_str(),
+                    seq,
+                    Some(nonce),
+                    &state,
+                ));
+            }
+        }
+        bytes
+    };
+    let asking: Vec<Vec<u8>> = (0..CONNECTIONS)
+        .map(|connection| {
+            let (node, key) = &keys[connection % keys.len()];
+            wire::encode(
                 key,
                 "poolgate",
                 node.as_str(),
-                seq,
-                &state,
-            ));
-        }
-    }
+                1,
+                None,
+                &Announcement::default(),
+            )
+        })
+        .collect();
     let frames = nodes * rounds;
     let one_refused = wire::encode(
         &NodeKey::generate(),
         "poolgate",
         "stranger",
         1,
+        None,
         &Announcement::default(),
     );
 
@@ -92,6 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "poolgate",
             "stranger",
             seq,
+            None,
             &Announcement::default(),
         ));
     }
@@ -107,10 +132,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .enable_all()
                 .build()?;
             runtime.block_on(async move {
+                let mut opened = Vec::new();
+                for (connection, first) in asking.iter().enumerate() {
+                    let (stream, nonce) = challenged(addr, first).await?;
+                    opened.push((stream, frames_for(connection, &nonce)));
+                }
                 let started = Instant::now();
                 let mut tasks = Vec::new();
-                for bytes in accepted {
-                    tasks.push(tokio::spawn(send_all(addr, bytes)));
+                for (stream, bytes) in opened {
+                    tasks.push(tokio::spawn(send_on(stream, bytes)));
                 }
                 for task in tasks {
                     task.await.map_err(std::io::Error::other)??;
@@ -123,7 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 while !rest.is_empty() {
                     let length =
                         4 + u32::from_be_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
-                    send_all(addr, rest[..length].to_vec()).await?;
+                    let stream = tokio::net::TcpStream::connect(addr).await?;
+                    send_on(stream, rest[..length].to_vec()).await?;
                     rest = &rest[length..];
                     refused_count += 1;
                     if refused_count == 2000 {
@@ -188,13 +219,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "poolgate",
         keys[0].0.as_str(),
         1,
+        None,
         &Announcement::default(),
     );
     let forged_frame = wire::decode_frame(&forged[4..]).map_err(|e| e.to_string())?;
     let pinned = keys[0].1.public();
     let started = Instant::now();
     for _ in 0..2000 {
-        assert!(forged_frame.open(&pinned, "poolgate").is_err());
+        assert!(forged_frame.open(&pinned, "poolgate", None).is_err());
     }
     let refused_signature = started.elapsed() / 2000;
 
@@ -256,10 +288,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Writes `bytes` on a new connection, then waits until the orchestrator
-/// closes it (it has read, and applied, everything).
-async fn send_all(addr: std::net::SocketAddr, bytes: Vec<u8>) -> Result<(), std::io::Error> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
+/// A new connection that has sent its first frame (`first`) and read the
+/// orchestrator's challenge: the connection and the challenge.
+async fn challenged(
+    addr: std::net::SocketAddr,
+    first: &[u8],
+) -> Result<(tokio::net::TcpStream, wire::Nonce), std::io::Error> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(first).await?;
+    match wire::read_reply(&mut stream).await {
+        Ok(Some(wire::Reply::Challenge { nonce })) => wire::challenge_nonce(&nonce)
+            .map(|nonce| (stream, nonce))
+            .ok_or_else(|| std::io::Error::other("a challenge that is not 16 bytes")),
+        other => Err(std::io::Error::other(format!("no challenge: {other:?}"))),
+    }
+}
+
+/// Writes `bytes` on `stream`, then waits until the orchestrator closes it
+/// (it has read, and applied, everything).
+async fn send_on(stream: tokio::net::TcpStream, bytes: Vec<u8>) -> Result<(), std::io::Error> {
     let (mut reader, mut writer) = stream.into_split();
     // The orchestrator acknowledges every frame: read its replies while
     // writing, or both sides' buffers fill.

@@ -92,7 +92,7 @@ fn valid_frame() -> (Vec<u8>, poolgate::live::keys::PublicKey) {
         leaving: false,
         heartbeat_ms: Some(1000),
     };
-    let framed = poolgate::live::wire::encode(&key, "poolgate", "n1", 7, &state);
+    let framed = poolgate::live::wire::encode(&key, "poolgate", "n1", 7, None, &state);
     (framed[4..].to_vec(), key.public())
 }
 
@@ -108,7 +108,7 @@ fn the_agent_frame_decoder_refuses_or_decodes_and_never_accepts_a_changed_frame(
             if let Ok(decoded) = wire::decode_frame(&bytes) {
                 // Only the untouched frame may open: any change to what is
                 // signed breaks the signature (or the JSON around it).
-                if decoded.open(&key, "poolgate").is_ok() {
+                if decoded.open(&key, "poolgate", None).is_ok() {
                     prop_assert_eq!((decoded.node.as_str(), decoded.seq), ("n1", 7));
                 }
             }
@@ -117,7 +117,7 @@ fn the_agent_frame_decoder_refuses_or_decodes_and_never_accepts_a_changed_frame(
         .unwrap();
     assert!(wire::decode_frame(frame)
         .unwrap()
-        .open(&key, "poolgate")
+        .open(&key, "poolgate", None)
         .is_ok());
 }
 

@@ -241,6 +241,99 @@ async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
     !matches!(reply, Ok(Ok(Some(wire::Reply::Accepted { .. }))))
 }
 
+/// One announcement on a new connection, as a node makes it: the first
+/// frame asks for the connection's challenge, then the same, signed over
+/// it. `None` when accepted, else what was answered; and the frame signed
+/// over the challenge (what someone on the path would capture).
+async fn announce_once(
+    agents: SocketAddr,
+    key: &NodeKey,
+    label: &str,
+    node: &str,
+    seq: u64,
+    state: &Announcement,
+) -> (Option<String>, Vec<u8>) {
+    let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
+    stream
+        .write_all(&wire::encode(key, label, node, seq, None, state))
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+    let nonce = match reply {
+        Ok(Ok(Some(wire::Reply::Challenge { nonce }))) => wire::challenge_nonce(&nonce).unwrap(),
+        other => return (Some(format!("{other:?}")), Vec::new()),
+    };
+    let bound = wire::encode(key, label, node, seq, Some(&nonce), state);
+    stream.write_all(&bound).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+    match reply {
+        Ok(Ok(Some(wire::Reply::Accepted { .. }))) => (None, bound),
+        other => (Some(format!("{other:?}")), bound),
+    }
+}
+
+#[test]
+fn a_frame_captured_before_a_restart_without_a_state_file_is_refused_after_it() {
+    // Issue 28, reproduction 11: without a state file an orchestrator
+    // restarted remembers no sequence, and an agent frame captured before
+    // the restart was accepted after it. Frames are bound to the
+    // connection's challenge now: what was captured opens nowhere else.
+    let key = NodeKey::generate();
+    let config = one_node_orchestrator(&key);
+    assert!(config.state.path.is_none());
+    let state = Announcement {
+        available: true,
+        identity: Some(wire::identity_text(b"n1 material")),
+        swim: None,
+        generation: None,
+        fault: None,
+        leaving: false,
+        heartbeat_ms: None,
+    };
+    let (first, captured) = {
+        let (config, signer, announced) = (config.clone(), key.clone(), state.clone());
+        let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = std::sync::Arc::clone(&captured);
+        live(async move {
+            let live = Orchestrator::start(&config).await.unwrap();
+            let (answer, bound) =
+                announce_once(live.agents_addr, &signer, "poolgate", "n1", 5, &announced).await;
+            assert_eq!(answer, None, "accepted in the first life");
+            *keep.lock().unwrap() = bound;
+            live.stop().await;
+        });
+        let first = wire::encode(&key, "poolgate", "n1", 5, None, &state);
+        let captured = captured.lock().unwrap().clone();
+        (first, captured)
+    };
+    live(async move {
+        let live = Orchestrator::start(&config).await.unwrap();
+        let not_available = |report: poolgate::core::PoolReport| {
+            report.candidates[0].verdict.has(Blocker::NotAvailable)
+        };
+        // Both captured frames on one connection, as the node sent them.
+        let mut stream = tokio::net::TcpStream::connect(live.agents_addr)
+            .await
+            .unwrap();
+        stream.write_all(&first).await.unwrap();
+        let challenge = wire::read_reply(&mut stream).await;
+        assert!(
+            matches!(challenge, Ok(Some(wire::Reply::Challenge { .. }))),
+            "{challenge:?}"
+        );
+        stream.write_all(&captured).await.unwrap();
+        match wire::read_reply(&mut stream).await {
+            Ok(Some(wire::Reply::Refused { code, .. })) => assert_eq!(code, "bad_signature"),
+            other => panic!("the captured frame was not refused: {other:?}"),
+        }
+        assert!(
+            not_available(live.gate.report().await.unwrap()),
+            "nothing of the captured frames was applied"
+        );
+        live.stop().await;
+    });
+}
+
 #[test]
 fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
     live(async {
@@ -256,16 +349,23 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             leaving: false,
             heartbeat_ms: None,
         };
-        let up = wire::encode(&key, "poolgate", "n1", 5, &available(true));
-        let down = wire::encode(&key, "poolgate", "n1", 6, &available(false));
-        let older = wire::encode(&key, "poolgate", "n1", 3, &available(true));
+        let up = wire::encode(&key, "poolgate", "n1", 5, None, &available(true));
+        let older = wire::encode(&key, "poolgate", "n1", 3, None, &available(true));
         let blocked = |report: poolgate::core::PoolReport| {
             report.candidates[0].verdict.has(Blocker::NotAvailable)
         };
-        assert!(!send(live.agents_addr, &up).await, "accepted");
+        let agents = live.agents_addr;
+        let (answer, bound_up) =
+            announce_once(agents, &key, "poolgate", "n1", 5, &available(true)).await;
+        assert_eq!(answer, None, "accepted");
         assert!(!blocked(live.gate.report().await.unwrap()));
-        assert!(!send(live.agents_addr, &down).await, "accepted");
+        let (answer, _) = announce_once(agents, &key, "poolgate", "n1", 6, &available(false)).await;
+        assert_eq!(answer, None, "accepted");
         assert!(blocked(live.gate.report().await.unwrap()));
+        // The "available" frame captured after the challenge, sent first
+        // on a connection of its own: signed over another connection's
+        // challenge, it opens on none.
+        assert!(send(agents, &bound_up).await, "a captured frame is refused");
         // The captured "available" frame, sent again; then an older one.
         // The refusal says nothing of the last accepted sequence (issue
         // 28, reproduction 11: it told whoever replayed a frame).
@@ -287,7 +387,7 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             "nothing changed"
         );
         // A frame signed for another cluster label is refused as well.
-        let other = wire::encode(&key, "other-cluster", "n1", 9, &available(true));
+        let other = wire::encode(&key, "other-cluster", "n1", 9, None, &available(true));
         assert!(send(live.agents_addr, &other).await);
         assert!(blocked(live.gate.report().await.unwrap()));
     });
@@ -635,13 +735,16 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
         leaving: false,
         heartbeat_ms: None,
     };
-    let captured = wire::encode(&key, "poolgate", "n1", 5, &state);
+    let captured = wire::encode(&key, "poolgate", "n1", 5, None, &state);
     live({
         let config = config.clone();
-        let captured = captured.clone();
+        let key = key.clone();
+        let state = state.clone();
         async move {
             let live = Orchestrator::start(&config).await.unwrap();
-            assert!(!send(live.agents_addr, &captured).await, "accepted");
+            let (answer, _) =
+                announce_once(live.agents_addr, &key, "poolgate", "n1", 5, &state).await;
+            assert_eq!(answer, None, "accepted");
             // Past the interval at which sequences are written.
             tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
         }
@@ -652,11 +755,8 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
             send(live.agents_addr, &captured).await,
             "the replay is refused after a restart"
         );
-        let newer = wire::encode(&key, "poolgate", "n1", 6, &state);
-        assert!(
-            !send(live.agents_addr, &newer).await,
-            "a newer frame is accepted"
-        );
+        let (answer, _) = announce_once(live.agents_addr, &key, "poolgate", "n1", 6, &state).await;
+        assert_eq!(answer, None, "a newer frame is accepted");
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1026,21 +1126,15 @@ fn a_stolen_keys_last_sequence_does_not_lock_out_the_key_registered_in_its_place
     live_for(Duration::from_secs(30), async move {
         let live = Orchestrator::start(&first).await.unwrap();
         let label = first.swim.label.clone();
-        let stolen_frame = wire::encode(&thief, &label, "n1", u64::MAX, &announcing("n1"));
-        assert_eq!(
-            answer_to(live.agents_addr, &stolen_frame).await,
-            None,
-            "the thief's frame"
-        );
+        let agents = live.agents_addr;
+        let (answer, _) =
+            announce_once(agents, &thief, &label, "n1", u64::MAX, &announcing("n1")).await;
+        assert_eq!(answer, None, "the thief's frame");
         live.register(node("n1"), new.public()).await.unwrap();
-        let legit = wire::encode(&new, &label, "n1", 1000, &announcing("n1"));
-        assert_eq!(
-            answer_to(live.agents_addr, &legit).await,
-            None,
-            "the new key's first frame refused"
-        );
+        let (answer, _) = announce_once(agents, &new, &label, "n1", 1000, &announcing("n1")).await;
+        assert_eq!(answer, None, "the new key's first frame refused");
         // The old key's frames are refused from now on.
-        let again = wire::encode(&thief, &label, "n1", 5, &announcing("n1"));
+        let again = wire::encode(&thief, &label, "n1", 5, None, &announcing("n1"));
         assert!(answer_to(live.agents_addr, &again).await.is_some());
         // Written (every 100 ms) before the stop.
         tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
@@ -1051,17 +1145,21 @@ fn a_stolen_keys_last_sequence_does_not_lock_out_the_key_registered_in_its_place
     live_for(Duration::from_secs(30), async move {
         let live = Orchestrator::start(&config).await.unwrap();
         let label = config.swim.label.clone();
-        let replayed = wire::encode(&fresh, &label, "n1", 1000, &announcing("n1"));
+        let replayed = wire::encode(&fresh, &label, "n1", 1000, None, &announcing("n1"));
         assert!(
             answer_to(live.agents_addr, &replayed).await.is_some(),
             "the new key's own sequences hold across the restart"
         );
-        let legit = wire::encode(&fresh, &label, "n1", 1001, &announcing("n1"));
-        assert_eq!(
-            answer_to(live.agents_addr, &legit).await,
-            None,
-            "after the restart"
-        );
+        let (answer, _) = announce_once(
+            live.agents_addr,
+            &fresh,
+            &label,
+            "n1",
+            1001,
+            &announcing("n1"),
+        )
+        .await;
+        assert_eq!(answer, None, "after the restart");
         live.stop().await;
     });
     let _ = std::fs::remove_dir_all(&dir);

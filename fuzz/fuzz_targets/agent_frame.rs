@@ -11,6 +11,6 @@ fuzz_target!(|data: &[u8]| {
         // A fixed valid key: the check must refuse, not panic.
         let key = PublicKey::parse("ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=")
             .unwrap_or_else(|_| unreachable!("a valid key"));
-        let _ = frame.open(&key, "poolgate");
+        let _ = frame.open(&key, "poolgate", None);
     }
 });

@@ -460,11 +460,14 @@ async fn session(
     let mut heard = tokio::time::Instant::now();
     let mut send_now = true;
     let mut next_beat = tokio::time::Instant::now();
+    // The orchestrator's challenge for this connection: the first frame
+    // asks for it, every later one is signed over it.
+    let mut challenge: Option<wire::Nonce> = None;
     loop {
         if send_now {
             let state = updates.borrow_and_update().clone();
             let seq = to.sequences.take();
-            let frame = fitting_frame(to, seq, state);
+            let frame = fitting_frame(to, seq, challenge.as_ref(), state);
             match tokio::time::timeout(silence, writer.write_all(&frame)).await {
                 Ok(Ok(())) => {}
                 _ => {
@@ -496,6 +499,15 @@ async fn session(
                     }
                     accepted = true;
                     heard = tokio::time::Instant::now();
+                }
+                Some(Ok(Some(Reply::Challenge { nonce }))) => {
+                    let Some(nonce) = wire::challenge_nonce(&nonce).filter(|_| challenge.is_none()) else {
+                        return Session::Lost { accepted, why: "unreadable reply" };
+                    };
+                    // The announcement again, at once, over the challenge.
+                    challenge = Some(nonce);
+                    heard = tokio::time::Instant::now();
+                    send_now = true;
                 }
                 Some(Ok(Some(Reply::Refused { code, detail }))) => {
                     return Session::Refused { code, detail };
@@ -558,8 +570,13 @@ async fn health(
 /// and identity material to 16 KiB before this, which keeps any frame far
 /// below the limit; should one still be over, the reason goes short, and
 /// the fault is still told.
-fn fitting_frame(to: &AnnounceTo, seq: u64, mut state: Announcement) -> Vec<u8> {
-    let frame = wire::encode(&to.key, &to.label, &to.node, seq, &state);
+fn fitting_frame(
+    to: &AnnounceTo,
+    seq: u64,
+    challenge: Option<&wire::Nonce>,
+    mut state: Announcement,
+) -> Vec<u8> {
+    let frame = wire::encode(&to.key, &to.label, &to.node, seq, challenge, &state);
     if frame.len() <= wire::MAX_FRAME + 4 {
         return frame;
     }
@@ -567,7 +584,7 @@ fn fitting_frame(to: &AnnounceTo, seq: u64, mut state: Announcement) -> Vec<u8> 
     if state.fault.is_some() {
         state.fault = Some("fault reason too long to send".into());
     }
-    wire::encode(&to.key, &to.label, &to.node, seq, &state)
+    wire::encode(&to.key, &to.label, &to.node, seq, challenge, &state)
 }
 
 /// How much of a health check's stderr is kept: its end, where the last

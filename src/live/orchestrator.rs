@@ -981,6 +981,8 @@ impl Listener {
         let mut deadline = FIRST_FRAME.min(self.idle);
         let mut last_body: Option<(NodeId, Announcement)> = None;
         let mut first = true;
+        // The connection's challenge, once its first frame asked for it.
+        let mut challenge: Option<wire::Nonce> = None;
         loop {
             let read =
                 tokio::time::timeout(deadline, wire::read_prefixed(&mut stream, wire::MAX_FRAME));
@@ -990,7 +992,17 @@ impl Listener {
                     return last_body;
                 }
                 Ok(Ok(Some(bytes))) if first && status::is_status_query(&bytes) => {
-                    self.status(&mut stream).await;
+                    let local = stream.local_addr().map(|a| a.ip());
+                    if local.is_ok_and(|local| status::answers(peer.ip(), local)) {
+                        self.status(&mut stream).await;
+                    } else {
+                        metrics::counter!("poolgate_status_refused_total").increment(1);
+                        let refusal = wire::encode_reply(&Reply::Refused {
+                            code: "status_local_only".into(),
+                            detail: "status is answered to processes on the orchestrator's own host only".into(),
+                        });
+                        let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&refusal)).await;
+                    }
                     return None;
                 }
                 Ok(Ok(Some(bytes))) => match wire::decode_frame(&bytes) {
@@ -1025,7 +1037,7 @@ impl Listener {
             };
             // The signature first: what the orchestrator knows of a node
             // (its last sequence) is said only to the node itself.
-            let announcement = match frame.open(&key, &self.label) {
+            let announcement = match frame.open(&key, &self.label, challenge.as_ref()) {
                 Ok(announcement) => announcement,
                 Err(refused) => {
                     self.refuse(&mut stream, peer, Some(&node), &refused).await;
@@ -1040,6 +1052,21 @@ impl Listener {
                 };
                 self.refuse(&mut stream, peer, Some(&node), &replayed).await;
                 return last_body;
+            }
+            if challenge.is_none() {
+                // The connection's first frame is not applied: it is
+                // answered with the connection's challenge, and only
+                // frames signed over it count (a frame captured on
+                // another connection, of this life or an earlier one, or
+                // of another replica, never does).
+                let nonce: wire::Nonce = rand::random();
+                let reply = wire::encode_reply(&wire::challenge(&nonce));
+                let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    return last_body;
+                }
+                challenge = Some(nonce);
+                continue;
             }
             {
                 let mut known = lock(&self.nodes);

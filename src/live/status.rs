@@ -127,6 +127,22 @@ pub fn address(config: &Config) -> SocketAddr {
     addr
 }
 
+/// Whether a status question from `peer`, reaching the listener at
+/// `local`, is answered: from the orchestrator's own host only (a
+/// loopback address, or the listener's own address). What the pool is
+/// made of, and what blocks it, is nobody else's business; a remote
+/// peer is refused and told so.
+pub fn answers(peer: std::net::IpAddr, local: std::net::IpAddr) -> bool {
+    let mapped = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    let (peer, local) = (mapped(peer), mapped(local));
+    peer.is_loopback() || peer == local
+}
+
 /// Asks the orchestrator at `addr`; its answer, or why there is none.
 pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
     let exchange = async {
@@ -151,7 +167,15 @@ pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
             .await
             .map_err(|e| format!("{addr}: {e}"))?
             .ok_or_else(|| format!("{addr} closed without an answer (not a poolgate orchestrator of this version?)"))?;
-        serde_json::from_slice(&bytes).map_err(|_| format!("{addr}: the answer is not a status"))
+        let answer: Value = serde_json::from_slice(&bytes)
+            .map_err(|_| format!("{addr}: the answer is not a status"))?;
+        if answer["reply"] == "refused" {
+            return Err(format!(
+                "{addr} refused: {}",
+                answer["detail"].as_str().unwrap_or("no reason given")
+            ));
+        }
+        Ok(answer)
     };
     tokio::time::timeout(STATUS_WAIT, exchange)
         .await
@@ -197,4 +221,23 @@ pub fn render(answer: &Value) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn status_is_answered_on_the_orchestrators_own_host_only() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let listener = ip("10.0.0.1");
+        assert!(super::answers(ip("127.0.0.1"), listener));
+        assert!(super::answers(ip("127.0.0.2"), ip("127.0.0.1")));
+        assert!(super::answers(ip("::1"), ip("::1")));
+        assert!(super::answers(ip("10.0.0.1"), listener));
+        assert!(super::answers(ip("::ffff:10.0.0.1"), listener));
+        assert!(!super::answers(ip("10.0.0.2"), listener));
+        assert!(!super::answers(
+            ip("::ffff:10.0.0.2"),
+            ip("::ffff:10.0.0.1")
+        ));
+    }
 }

@@ -74,8 +74,10 @@ pub const MAX_REPLY: usize = 4096;
 
 /// What the orchestrator answers on an agent connection: each accepted
 /// frame is acknowledged (so a node knows its orchestrator is there), and a
-/// refusal says why before the connection closes. Length-prefixed JSON
-/// like the frames: `{"reply":"accepted","seq":…}`,
+/// refusal says why before the connection closes; the first frame of a
+/// connection is answered with the connection's challenge. Length-prefixed
+/// JSON like the frames: `{"reply":"challenge","nonce":"…"}`,
+/// `{"reply":"accepted","seq":…}`,
 /// `{"reply":"refused","code":"unknown_node","detail":"…"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
@@ -85,6 +87,14 @@ pub enum Reply {
         /// Its sequence.
         seq: u64,
     },
+    /// The connection's challenge, in base64: the answer to its first
+    /// frame (which is not applied). Every later frame on the connection
+    /// is signed over it, so no frame made for another connection (an
+    /// earlier life of this orchestrator, another replica) is accepted.
+    Challenge {
+        /// [`NONCE_LEN`] bytes, base64.
+        nonce: String,
+    },
     /// The frame was refused; the connection closes.
     Refused {
         /// The refusal's code ([`Refused::code`]).
@@ -92,6 +102,18 @@ pub enum Reply {
         /// In words (never key or identity bytes).
         detail: String,
     },
+}
+
+/// The challenge reply for `nonce`.
+pub fn challenge(nonce: &Nonce) -> Reply {
+    Reply::Challenge {
+        nonce: B64.encode(nonce),
+    }
+}
+
+/// The nonce of a challenge reply, if it is one.
+pub fn challenge_nonce(text: &str) -> Option<Nonce> {
+    B64.decode(text.as_bytes()).ok()?.try_into().ok()
 }
 
 /// A reply, length prefix included, ready to write.
@@ -221,29 +243,49 @@ fn stepped_hint(seq: u64, last: u64) -> &'static str {
     }
 }
 
-fn signed_bytes(label: &str, node: &str, seq: u64, body: &str) -> Vec<u8> {
-    let mut message = Vec::with_capacity(32 + label.len() + node.len() + body.len());
-    message.extend_from_slice(b"poolgate/announce/v1\0");
+/// The bytes of an orchestrator's challenge on one agent connection: a
+/// node's frames on that connection are signed over them, so a frame is
+/// good on the connection it was made for only.
+pub const NONCE_LEN: usize = 16;
+
+/// A connection's challenge.
+pub type Nonce = [u8; NONCE_LEN];
+
+/// What a frame's signature covers: the cluster label, the node, the
+/// sequence, the connection's challenge (none on the first frame of a
+/// connection, which only asks for it) and the body.
+fn signed_bytes(label: &str, node: &str, seq: u64, nonce: Option<&Nonce>, body: &str) -> Vec<u8> {
+    let mut message = Vec::with_capacity(48 + label.len() + node.len() + body.len());
+    match nonce {
+        None => message.extend_from_slice(b"poolgate/announce/v1\0"),
+        Some(_) => message.extend_from_slice(b"poolgate/announce/v2\0"),
+    }
     message.extend_from_slice(label.as_bytes());
     message.push(0);
     message.extend_from_slice(node.as_bytes());
     message.push(0);
     message.extend_from_slice(&seq.to_be_bytes());
+    if let Some(nonce) = nonce {
+        message.extend_from_slice(nonce);
+    }
     message.extend_from_slice(body.as_bytes());
     message
 }
 
-/// A signed frame, length prefix included, ready to write.
+/// A signed frame, length prefix included, ready to write: over the
+/// connection's challenge `nonce` once the orchestrator gave it (the
+/// first frame of a connection has none, and is answered with one).
 pub fn encode(
     key: &NodeKey,
     label: &str,
     node: &str,
     seq: u64,
+    nonce: Option<&Nonce>,
     announcement: &Announcement,
 ) -> Vec<u8> {
     // Serialising these plain types cannot fail.
     let body = serde_json::to_string(announcement).unwrap_or_default();
-    let sig = key.sign(&signed_bytes(label, node, seq, &body));
+    let sig = key.sign(&signed_bytes(label, node, seq, nonce, &body));
     let envelope = Envelope {
         v: VERSION,
         node: node.to_string(),
@@ -300,10 +342,16 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Frame, Refused> {
 }
 
 impl Frame {
-    /// Checks the signature against `key` and the cluster `label`, and
-    /// returns what the node announced.
-    pub fn open(&self, key: &PublicKey, label: &str) -> Result<Announcement, Refused> {
-        let message = signed_bytes(label, &self.node, self.seq, &self.body);
+    /// Checks the signature against `key`, the cluster `label` and the
+    /// connection's challenge `nonce` (none: the first frame of a
+    /// connection), and returns what the node announced.
+    pub fn open(
+        &self,
+        key: &PublicKey,
+        label: &str,
+        nonce: Option<&Nonce>,
+    ) -> Result<Announcement, Refused> {
+        let message = signed_bytes(label, &self.node, self.seq, nonce, &self.body);
         if !key.verifies(&message, &self.sig) {
             return Err(Refused::BadSignature);
         }
@@ -408,23 +456,50 @@ mod tests {
     #[actix_rt::test]
     async fn a_frame_signed_by_the_pinned_key_opens_to_what_was_announced() {
         let key = NodeKey::generate();
-        let bytes = encode(&key, "poolgate", "n1", 7, &announcement());
+        let bytes = encode(&key, "poolgate", "n1", 7, None, &announcement());
         let frame = read_back(&bytes).await.unwrap().unwrap();
         assert_eq!((frame.node.as_str(), frame.seq), ("n1", 7));
         assert_eq!(
-            frame.open(&key.public(), "poolgate").unwrap(),
+            frame.open(&key.public(), "poolgate", None).unwrap(),
             announcement()
         );
         // Another key, another cluster label: refused.
         let other = NodeKey::generate();
         assert_eq!(
-            frame.open(&other.public(), "poolgate"),
+            frame.open(&other.public(), "poolgate", None),
             Err(Refused::BadSignature)
         );
         assert_eq!(
-            frame.open(&key.public(), "other"),
+            frame.open(&key.public(), "other", None),
             Err(Refused::BadSignature)
         );
+    }
+
+    #[actix_rt::test]
+    async fn a_frame_made_for_one_connections_challenge_opens_on_that_connection_only() {
+        let key = NodeKey::generate();
+        let (ours, theirs) = ([1u8; NONCE_LEN], [2u8; NONCE_LEN]);
+        let bytes = encode(&key, "poolgate", "n1", 8, Some(&ours), &announcement());
+        let frame = read_back(&bytes).await.unwrap().unwrap();
+        assert!(frame.open(&key.public(), "poolgate", Some(&ours)).is_ok());
+        for other in [Some(&theirs), None] {
+            assert_eq!(
+                frame.open(&key.public(), "poolgate", other),
+                Err(Refused::BadSignature)
+            );
+        }
+        // Nor does a first frame (no challenge) open as an answer to one.
+        let first = encode(&key, "poolgate", "n1", 8, None, &announcement());
+        let first = read_back(&first).await.unwrap().unwrap();
+        assert_eq!(
+            first.open(&key.public(), "poolgate", Some(&ours)),
+            Err(Refused::BadSignature)
+        );
+        let Reply::Challenge { nonce } = challenge(&ours) else {
+            unreachable!()
+        };
+        assert_eq!(challenge_nonce(&nonce), Some(ours));
+        assert_eq!(challenge_nonce("AAAA"), None);
     }
 
     #[actix_rt::test]
