@@ -1,11 +1,19 @@
 //! `commit_plan` latency over each state store, in one run: memory (no
-//! store), the redb file, and etcd (a one-member and a three-member
-//! cluster this example starts on 127.0.0.1; `etcd` must be installed). Each round plans,
-//! commits and finishes one run on a ready pool; the commit is durable
-//! before it returns.
+//! store), the redb file, and etcd (a one-member cluster over plain http
+//! and over TLS with a client certificate, and a three-member cluster,
+//! all started by this example on 127.0.0.1; `etcd` and `openssl` must be
+//! installed). Each round plans, commits and finishes one run on a ready
+//! pool; the commit is durable before it returns.
+//!
+//! Then the etcd requests per second of a quiet leader (a replica leading
+//! a pool with nothing happening, for `--quiet` seconds), counted by etcd
+//! itself (`grpc_server_started_total` on its `/metrics`): the leader as
+//! built (it watches the run requests, and looks once a second besides)
+//! against the look it made before the watch (four ranges every 100 ms),
+//! replayed with the same client.
 //!
 //! ```text
-//! cargo run --release --example store_latency -- --json [--rounds 200]
+//! cargo run --release --example store_latency -- --json [--rounds 200] [--quiet 10]
 //! ```
 
 use std::sync::Arc;
@@ -86,13 +94,67 @@ fn free_port() -> u16 {
         .expect("port")
 }
 
+/// A CA, a server certificate for 127.0.0.1 and a client certificate,
+/// made by `openssl` under `dir`.
+fn make_certs(dir: &std::path::Path) -> poolgate::etcd::TlsFiles {
+    std::fs::create_dir_all(dir).expect("certs folder");
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl (Debian: openssl) runs");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=bench CA"]);
+    openssl(&ca);
+    for (who, ext) in [
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{who}.ext")), ext).expect("ext");
+        let (key, csr, pem, ext, subject) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.pem"),
+            format!("{who}.ext"),
+            format!("/CN={who}"),
+        );
+        let mut req = vec!["req", "-new"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+        openssl(&req);
+        openssl(&[
+            "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", &pem, "-days", "1", "-extfile", &ext,
+        ]);
+    }
+    poolgate::etcd::TlsFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client.key")),
+    }
+}
+
 /// Starts an etcd cluster of `n` members on 127.0.0.1 under `dir`: its
-/// processes and client endpoints.
-fn start_etcd(dir: &std::path::Path, n: usize) -> (Vec<std::process::Child>, Vec<String>) {
+/// processes and client endpoints. With `tls`, the clients speak TLS
+/// with `dir/../certs`' server certificate and must show a client
+/// certificate.
+fn start_etcd(
+    dir: &std::path::Path,
+    n: usize,
+    tls: Option<&std::path::Path>,
+) -> (Vec<std::process::Child>, Vec<String>) {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let urls: Vec<(String, String)> = (0..n)
         .map(|_| {
             (
-                format!("http://127.0.0.1:{}", free_port()),
+                format!("{scheme}://127.0.0.1:{}", free_port()),
                 format!("http://127.0.0.1:{}", free_port()),
             )
         })
@@ -107,7 +169,18 @@ fn start_etcd(dir: &std::path::Path, n: usize) -> (Vec<std::process::Child>, Vec
         .iter()
         .enumerate()
         .map(|(i, (client, peer))| {
-            std::process::Command::new("etcd")
+            let mut command = std::process::Command::new("etcd");
+            if let Some(certs) = tls {
+                command
+                    .arg("--cert-file")
+                    .arg(certs.join("server.pem"))
+                    .arg("--key-file")
+                    .arg(certs.join("server.key"))
+                    .arg("--trusted-ca-file")
+                    .arg(certs.join("ca.pem"))
+                    .arg("--client-cert-auth");
+            }
+            command
                 .args(["--name", &format!("e{i}"), "--data-dir"])
                 .arg(dir.join(format!("e{i}")))
                 .args([
@@ -137,9 +210,12 @@ fn start_etcd(dir: &std::path::Path, n: usize) -> (Vec<std::process::Child>, Vec
 
 /// A store on the etcd at `endpoints`, fenced by a leader key this
 /// process makes (it leads for the whole run).
-fn etcd_store(endpoints: &[String]) -> Arc<dyn StateStore> {
-    let api =
-        Arc::new(poolgate::etcd::Etcd::new(endpoints, Duration::from_secs(2)).expect("endpoint"));
+fn etcd_store(endpoints: &[String], tls: &poolgate::etcd::TlsFiles) -> Arc<dyn StateStore> {
+    let api = Arc::new(
+        poolgate::etcd::Etcd::new(endpoints, Duration::from_secs(2))
+            .and_then(|etcd| etcd.with_tls(tls))
+            .expect("endpoint"),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while api.get(b"probe").is_err() {
         assert!(Instant::now() < deadline, "etcd did not start");
@@ -176,10 +252,21 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("poolgate-store-latency-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch");
-    let (mut one, one_endpoints) = start_etcd(&dir.join("one"), 1);
-    let (mut three, three_endpoints) = start_etcd(&dir.join("three"), 3);
-    let one_store = etcd_store(&one_endpoints);
-    let three_store = etcd_store(&three_endpoints);
+    let quiet = args
+        .iter()
+        .position(|a| a == "--quiet")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10u64);
+    let certs = dir.join("certs");
+    let tls = make_certs(&certs);
+    let plain = poolgate::etcd::TlsFiles::default();
+    let (mut one, one_endpoints) = start_etcd(&dir.join("one"), 1, None);
+    let (mut secure, secure_endpoints) = start_etcd(&dir.join("tls"), 1, Some(&certs));
+    let (mut three, three_endpoints) = start_etcd(&dir.join("three"), 3, None);
+    let one_store = etcd_store(&one_endpoints, &plain);
+    let tls_store = etcd_store(&secure_endpoints, &tls);
+    let three_store = etcd_store(&three_endpoints, &plain);
     let (redb_store, _) = poolgate::state::RedbStore::open(&dir.join("state.db")).expect("redb");
     let redb_store: Arc<dyn StateStore> = redb_store;
 
@@ -192,22 +279,38 @@ fn main() {
                 measure(Some(one_store), rounds).await,
             ),
             summary(
+                "etcd (1 member, loopback, TLS + client cert)",
+                measure(Some(tls_store), rounds).await,
+            ),
+            summary(
                 "etcd (3 members, loopback)",
                 measure(Some(three_store), rounds).await,
             ),
         ]
     });
-    for child in one.iter_mut().chain(three.iter_mut()) {
+    let load = quiet_leader(&one_endpoints[0], Duration::from_secs(quiet));
+    for child in one.iter_mut().chain(secure.iter_mut()).chain(three.iter_mut()) {
         let _ = child.kill();
         let _ = child.wait();
     }
     let _ = std::fs::remove_dir_all(&dir);
+    for r in &load {
+        if json {
+            println!("{r}");
+        } else {
+            println!(
+                "quiet leader, {:<40} {:>7.1} etcd requests/s",
+                r["leader"].as_str().unwrap_or("?"),
+                r["requests_per_s"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
     for r in &results {
         if json {
             println!("{r}");
         } else {
             println!(
-                "{:<28} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
+                "{:<46} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
                 r["store"].as_str().unwrap_or("?"),
                 r["p50_ms"],
                 r["p99_ms"],
@@ -215,4 +318,73 @@ fn main() {
             );
         }
     }
+}
+
+/// etcd's count of the requests it started (every RPC, the gateway's
+/// included), read from its `/metrics`.
+fn requests_started(endpoint: &str) -> f64 {
+    let text = ureq::get(format!("{endpoint}/metrics"))
+        .call()
+        .expect("etcd's metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("etcd's metrics");
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_started_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The requests per second etcd at `endpoint` serves over `span` to a
+/// quiet leader: a replica leading a pool with nothing happening, as
+/// built; then the look the leader made before it watched (the four
+/// request ranges every 100 ms, and its lease renewed every second),
+/// replayed with the same client.
+fn quiet_leader(endpoint: &str, span: Duration) -> Vec<serde_json::Value> {
+    let config = poolgate::Config::parse(
+        &format!(
+            "[pool]\nid = \"pool-q\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"1s\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"quiet\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{endpoint}\"]\ninsecure = true\n"
+        ),
+        "inline",
+    )
+    .expect("config");
+    let per_s = |before: f64, after: f64| (after - before) / span.as_secs_f64();
+    let watching = actix::System::new().block_on(async {
+        let mut replica = poolgate::live::replica::Replica::start(&config).expect("replica");
+        let live = replica.lead(None).await.expect("leads");
+        // Settled: its term begun, its first looks made.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = requests_started(endpoint);
+        tokio::time::sleep(span).await;
+        let after = requests_started(endpoint);
+        live.stop().await;
+        replica.resign();
+        per_s(before, after)
+    });
+    let etcd = poolgate::etcd::Etcd::new(&[endpoint.to_string()], Duration::from_secs(2))
+        .expect("endpoint");
+    let (lease, _) = etcd.grant(Duration::from_secs(6)).expect("lease");
+    let before = requests_started(endpoint);
+    let started = Instant::now();
+    let mut renewed = Instant::now();
+    while started.elapsed() < span {
+        for dir in ["finish/", "requests/", "alive/", "requested/"] {
+            etcd.get_prefix(format!("/poolgate/quiet/pool-q/{dir}").as_bytes())
+                .expect("range");
+        }
+        if renewed.elapsed() >= Duration::from_secs(1) {
+            etcd.keep_alive(lease).expect("renewed");
+            renewed = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let polling = per_s(before, requests_started(endpoint));
+    let _ = etcd.revoke(lease);
+    vec![
+        serde_json::json!({ "metric": "quiet_leader_etcd_requests_per_s", "leader": "as built (watch + 1 look/s)", "requests_per_s": watching }),
+        serde_json::json!({ "metric": "quiet_leader_etcd_requests_per_s", "leader": "before the watch (4 ranges / 100 ms)", "requests_per_s": polling }),
+    ]
 }

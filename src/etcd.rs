@@ -281,6 +281,73 @@ impl Etcd {
         }
     }
 
+    /// Watches the keys from `key` up to `range_end` (excluded) for
+    /// `span` at most, calling `changed` once for each batch of changes
+    /// etcd reports; `Ok` when the span ends, `Err` when the watch could
+    /// not be made or broke (the caller looks for itself meanwhile, and
+    /// watches again). One endpoint per call: the one that answered last.
+    pub fn watch_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        span: Duration,
+        mut changed: impl FnMut(),
+    ) -> Result<(), EtcdError> {
+        use std::io::{BufRead as _, Read as _};
+        let index = self.preferred.load(Ordering::Relaxed) % self.endpoints.len();
+        let endpoint = &self.endpoints[index];
+        let unreachable = |e: String| EtcdError::Unreachable(format!("{}: {e}", endpoint.text));
+        let body = json!({ "create_request": { "key": b64(key), "range_end": b64(range_end) } });
+        let mut request = self
+            .agent
+            .post(format!("{}/v3/watch", endpoint.base))
+            .config()
+            .timeout_global(Some(span))
+            .build()
+            .header("Content-Type", "application/json");
+        let token = self.auth.as_ref().and_then(|auth| lock(&auth.token).clone());
+        if let Some(token) = &token {
+            request = request.header("Authorization", token.as_str());
+        }
+        let mut response = request
+            .send(body.to_string())
+            .map_err(|e| unreachable(describe(&e, span)))?;
+        if response.status().as_u16() != 200 {
+            // Moved on: the next call tries the next endpoint.
+            self.preferred.store(index + 1, Ordering::Relaxed);
+            return Err(unreachable(format!("HTTP {}", response.status())));
+        }
+        let reader = response.body_mut().with_config().limit(u64::MAX).reader();
+        let mut lines = std::io::BufReader::new(reader);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let limit = u64::try_from(MAX_RESPONSE).unwrap_or(u64::MAX);
+            match (&mut lines).take(limit + 1).read_line(&mut line) {
+                Ok(0) => return Err(unreachable("the watch ended".into())),
+                Ok(_) if line.len() > MAX_RESPONSE => {
+                    return Err(unreachable(format!("a watch message over {MAX_RESPONSE} bytes")))
+                }
+                Ok(_) => {
+                    let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                        return Err(unreachable("a watch message that is not JSON".into()));
+                    };
+                    let result = &message["result"];
+                    if !message["error"].is_null() || result["canceled"].as_bool() == Some(true) {
+                        return Err(unreachable(format!("the watch was cancelled: {line}")));
+                    }
+                    if result["events"].as_array().is_some_and(|e| !e.is_empty()) {
+                        changed();
+                    }
+                }
+                // The span is over (ureq's deadline): a watch well kept.
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Ok(()),
+                Err(e) if e.to_string().contains("timeout") => return Ok(()),
+                Err(e) => return Err(unreachable(e.to_string())),
+            }
+        }
+    }
+
     /// A new token for `auth`'s user.
     fn authenticate(&self, auth: &Auth) -> Result<String, EtcdError> {
         let answer = self.call_with(
@@ -640,6 +707,11 @@ pub fn put(key: &[u8], value: &[u8], lease: i64) -> Value {
 /// A transaction operation: read `key`.
 pub fn range(key: &[u8]) -> Value {
     json!({ "request_range": { "key": b64(key) } })
+}
+
+/// A transaction's read of every key under `prefix`.
+pub fn prefix_range(prefix: &[u8]) -> Value {
+    json!({ "request_range": { "key": b64(prefix), "range_end": b64(&prefix_end(prefix)) } })
 }
 
 #[cfg(test)]

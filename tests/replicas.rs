@@ -996,8 +996,9 @@ fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
         put("runs/r1", br#"{"status":"faulted","event":null}"#);
         put("alive/evil", b"{}");
         put("requests/evil", br#"{"required":["node-1"],"lease":0}"#);
-        // Ten of the leader's looks later: nothing of it was believed.
-        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
+        // Looked at once (the leader watches the requests), and then
+        // some: nothing of it was believed.
+        tokio::time::sleep(poolgate::live::requests::LEADER_LOOK_EVERY * 2).await;
         assert_eq!(live.gate.report().await.unwrap().run, Some(run.clone()));
         assert_eq!(
             requests.outcome(&run).await.unwrap().map(|o| o.status),
@@ -1014,7 +1015,7 @@ fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
         })
         .await
         .expect("the requester's own end is taken");
-        tokio::time::sleep(poolgate::live::requests::LOOK_EVERY * 10).await;
+        tokio::time::sleep(poolgate::live::requests::LEADER_LOOK_EVERY * 2).await;
         assert_eq!(
             live.gate.report().await.unwrap().run,
             None,
@@ -1502,4 +1503,48 @@ fn a_node_restarted_under_a_new_leader_is_not_fought_by_the_deposed_leaders_memb
         a.resign();
         cluster.kill(0);
     });
+}
+
+#[test]
+fn a_watch_tells_of_a_change_under_its_range_and_of_nothing_outside_it() {
+    // The leader looks at the run requests when etcd tells it they
+    // changed (and once a second besides), not ten times a second.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("watch");
+    let client = std::sync::Arc::new(server.client());
+    let (told, seen) = std::sync::mpsc::channel();
+    let watching = {
+        let client = std::sync::Arc::clone(&client);
+        std::thread::spawn(move || {
+            client.watch_range(b"w/", b"w0", Duration::from_secs(4), || {
+                let _ = told.send(());
+            })
+        })
+    };
+    // Outside the range: nothing told, whatever the timing.
+    client.put(b"x/1", b"outside").unwrap();
+    client.put(b"w0", b"just past the range").unwrap();
+    // Inside: told, once the watch stands (put again until it is).
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut puts = 0;
+    let told_in_time = loop {
+        client.put(b"w/1", format!("{puts}").as_bytes()).unwrap();
+        puts += 1;
+        if seen.recv_timeout(Duration::from_millis(100)).is_ok() {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+    };
+    assert!(told_in_time, "no change told in 3 s ({puts} puts)");
+    let _ = seen.try_iter().count();
+    // With the watch standing, changes outside its range tell nothing.
+    client.put(b"x/2", b"outside").unwrap();
+    client.put(b"w0", b"just past the range, again").unwrap();
+    client.delete(b"x/1").unwrap();
+    // The span ends the watch well.
+    assert!(watching.join().unwrap().is_ok());
+    assert_eq!(seen.try_iter().count(), 0, "told of keys outside the range");
 }

@@ -31,9 +31,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::etcd::EtcdStore;
 
-/// How often the leader looks at the requests, and a requester at what
-/// became of its run.
+/// How often a requester looks at what became of its run.
 pub const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the leader looks at the requests when nothing told it to:
+/// it watches their keys and looks at once on a change; this is the
+/// floor should a change go unseen (a watch broken and made again).
+pub const LEADER_LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one watch of the requests lasts before it is made again (the
+/// watching thread ends within this of its term).
+pub const WATCH_SPAN: Duration = Duration::from_secs(5);
 
 /// A run asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,8 +292,9 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
 /// The leader's side, for one term: serves the requests on `gate` until
 /// the task is aborted (the term ends).
 pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
+    let mut changed = watch_requests(Arc::clone(&store));
     let mut serving = Serving::new(gate, store, members);
-    let mut tick = tokio::time::interval(LOOK_EVERY);
+    let mut tick = tokio::time::interval(LEADER_LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
     loop {
@@ -297,6 +306,7 @@ pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
                 }
                 None => return,
             },
+            Some(()) = changed.recv() => serving.look().await,
             _ = tick.tick() => serving.look().await,
         };
         if let Err(e) = result {
@@ -305,6 +315,35 @@ pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
             }
         }
     }
+}
+
+/// Watches the requests' keys on a thread of its own (the etcd client
+/// blocks): one message on the channel per batch of changes, at most one
+/// waiting. The thread ends within [`WATCH_SPAN`] of the receiver's drop
+/// (the term's end); a watch that breaks is made again a second later.
+fn watch_requests(store: Arc<EtcdStore>) -> tokio::sync::mpsc::Receiver<()> {
+    let (tell, changed) = tokio::sync::mpsc::channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("poolgate-watch".into())
+        .spawn(move || {
+            let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+            while !tell.is_closed() {
+                let watched = store.watch_requests(WATCH_SPAN, || {
+                    let _ = tell.try_send(());
+                });
+                if let Err(e) = watched {
+                    metrics::counter!("poolgate_etcd_watch_broken_total").increment(1);
+                    if let Some(held) = said.allow(std::time::Instant::now()) {
+                        tracing::debug!(error = %e, held, "watch of the run requests broke: looked at every second meanwhile");
+                    }
+                    std::thread::sleep(LEADER_LOOK_EVERY);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no thread to watch the run requests: looked at every second");
+    }
+    changed
 }
 
 /// What the leader's side keeps for one term (see [`serve`]).
@@ -482,13 +521,15 @@ async fn look(
     orphans: &mut std::collections::BTreeSet<RunId>,
 ) -> Result<(), StoreError> {
     let listed = Arc::clone(store);
+    // One transaction: one request to etcd, and one revision's view of
+    // the four (an end, a request and its requester's presence seen as
+    // they stood together).
     let (finishes, requests, alive, requested) = blocking(move || {
-        Ok((
-            listed.list_raw("finish/")?,
-            listed.list_raw("requests/")?,
-            listed.list_raw("alive/")?,
-            listed.list_raw("requested/")?,
-        ))
+        let mut lists = listed
+            .list_raw_all(&["finish/", "requests/", "alive/", "requested/"])?
+            .into_iter();
+        let mut next = || lists.next().unwrap_or_default();
+        Ok((next(), next(), next(), next()))
     })
     .await?;
     let present = |run: &str| alive.iter().any(|(name, _)| name == run);

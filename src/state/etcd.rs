@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
@@ -411,16 +411,58 @@ impl EtcdStore {
             .etcd
             .get_prefix(&self.key(dir))
             .map_err(|e| StoreError(e.to_string()))?;
+        Ok(self.named(dir, kvs))
+    }
+
+    /// Watches the requests' keys (`alive/`, `finish/`, `requested/`,
+    /// `requests/`, and what sorts between them: the prefix's `cluster`,
+    /// `format` and `leader`, seldom written) for `span` at most,
+    /// calling `changed` for each batch of changes (see
+    /// [`Etcd::watch_range`]).
+    pub fn watch_requests(&self, span: Duration, changed: impl FnMut()) -> Result<(), StoreError> {
+        self.etcd
+            .watch_range(&self.key("alive/"), &self.key("requests0"), span, changed)
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// What [`EtcdStore::list_raw`] gives for each of `dirs`, read in one
+    /// transaction (one request, one revision: a consistent look).
+    pub fn list_raw_all(&self, dirs: &[&str]) -> Result<Vec<Vec<(String, Vec<u8>)>>, StoreError> {
+        let ranges = dirs
+            .iter()
+            .map(|dir| etcd::prefix_range(&self.key(dir)))
+            .collect();
+        let (_, answer) = self
+            .etcd
+            .txn(vec![], ranges, vec![])
+            .map_err(|e| StoreError(e.to_string()))?;
+        let responses = answer["responses"].as_array().cloned().unwrap_or_default();
+        if responses.len() != dirs.len() {
+            return Err(StoreError(format!(
+                "etcd answered {} reads of {}",
+                responses.len(),
+                dirs.len()
+            )));
+        }
+        Ok(dirs
+            .iter()
+            .zip(responses)
+            .map(|(dir, response)| self.named(dir, etcd::kvs(&response["response_range"])))
+            .collect())
+    }
+
+    /// The keys under `dir` by name, each value opened (what fails its
+    /// MAC is left out, counted and logged by `open`).
+    fn named(&self, dir: &str, kvs: Vec<etcd::Kv>) -> Vec<(String, Vec<u8>)> {
         let full = format!("{}{dir}", self.prefix);
-        Ok(kvs
-            .into_iter()
+        kvs.into_iter()
             .filter_map(|kv| {
                 let key = String::from_utf8(kv.key).ok()?;
                 let name = key.strip_prefix(&full)?.to_string();
                 let value = self.open(&format!("{dir}{name}"), kv.value)?;
                 Some((name, value))
             })
-            .collect())
+            .collect()
     }
 
     /// Puts `value` under `name`, unconditioned (a request any replica or
