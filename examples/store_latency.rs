@@ -108,13 +108,31 @@ fn make_certs(dir: &std::path::Path) -> poolgate::etcd::TlsFiles {
             .expect("openssl (Debian: openssl) runs");
         assert!(status.success(), "openssl {args:?}");
     };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut ca = vec!["req", "-x509"];
     ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=bench CA"]);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=bench CA",
+    ]);
     openssl(&ca);
     for (who, ext) in [
-        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        ),
         ("client", "extendedKeyUsage=clientAuth\n"),
     ] {
         std::fs::write(dir.join(format!("{who}.ext")), ext).expect("ext");
@@ -130,8 +148,21 @@ fn make_certs(dir: &std::path::Path) -> poolgate::etcd::TlsFiles {
         req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
         openssl(&req);
         openssl(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &pem, "-days", "1", "-extfile", &ext,
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
         ]);
     }
     poolgate::etcd::TlsFiles {
@@ -289,7 +320,11 @@ fn main() {
         ]
     });
     let load = quiet_leader(&one_endpoints[0], Duration::from_secs(quiet));
-    for child in one.iter_mut().chain(secure.iter_mut()).chain(three.iter_mut()) {
+    for child in one
+        .iter_mut()
+        .chain(secure.iter_mut())
+        .chain(three.iter_mut())
+    {
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -305,7 +305,10 @@ impl Etcd {
             .timeout_global(Some(span))
             .build()
             .header("Content-Type", "application/json");
-        let token = self.auth.as_ref().and_then(|auth| lock(&auth.token).clone());
+        let token = self
+            .auth
+            .as_ref()
+            .and_then(|auth| lock(&auth.token).clone());
         if let Some(token) = &token {
             request = request.header("Authorization", token.as_str());
         }
@@ -326,7 +329,9 @@ impl Etcd {
             match (&mut lines).take(limit + 1).read_line(&mut line) {
                 Ok(0) => return Err(unreachable("the watch ended".into())),
                 Ok(_) if line.len() > MAX_RESPONSE => {
-                    return Err(unreachable(format!("a watch message over {MAX_RESPONSE} bytes")))
+                    return Err(unreachable(format!(
+                        "a watch message over {MAX_RESPONSE} bytes"
+                    )))
                 }
                 Ok(_) => {
                     let Ok(message) = serde_json::from_str::<Value>(&line) else {
