@@ -1779,6 +1779,30 @@ fn takeovers(terms: &[TermSeen], faults: &[Fault], start: u64) -> Vec<(u64, Opti
     out
 }
 
+/// Whether a run a replica told committed had not yet been told ended
+/// (faulted, finished) by any replica at `wall`.
+fn committed_at(told: &[Told], wall: u64) -> bool {
+    let by_replicas = told
+        .iter()
+        .filter(|x| x.wall <= wall && matches!(x.who.role, Role::Replica));
+    let mut open: BTreeSet<String> = BTreeSet::new();
+    for x in by_replicas {
+        let Some(run) = x.json["run"].as_str() else {
+            continue;
+        };
+        match x.event.as_str() {
+            "run_committed" => {
+                open.insert(run.to_string());
+            }
+            "run_faulted" | "run_finished" => {
+                open.remove(run);
+            }
+            _ => {}
+        }
+    }
+    !open.is_empty()
+}
+
 // ---------------------------------------------------------------------------
 // The test.
 
@@ -2200,6 +2224,17 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
     // docs/failover.md §5: a leader that dies is replaced within the lease TTL plus
     // one second (noted: etcd's own elections renew every lease).
     let takeovers = takeovers(&terms, &world.faults, start);
+    // The guard gap: a run committed when its leader was killed went
+    // unguarded until the next term began (which restores and guards it
+    // at once): the longest of those.
+    let guard_gaps_s: Vec<f64> = takeovers
+        .iter()
+        .filter(|(kill, _, _)| committed_at(&told, *kill))
+        .map(|(kill, next, _)| {
+            let until = next.unwrap_or(replicas_stopped_at);
+            ((until.saturating_sub(*kill)) as f64 / 10.0).round() / 100.0
+        })
+        .collect();
     let mut takeover_s = Vec::new();
     for (kill, next, etcd) in &takeovers {
         let took = next.map(|n| (n - kill) as f64 / 1000.0);
@@ -2264,6 +2299,8 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
         "state_walked": walked_len,
         "leader_terms_polled": terms_by_holder,
         "takeovers_after_leader_kill_s": takeover_s,
+        "guard_gaps_s": guard_gaps_s,
+        "guard_gap_max_s": guard_gaps_s.iter().copied().fold(0.0_f64, f64::max),
         "leader_moves_after_etcd_faults_only": moves_after_etcd.len(),
         "leader_moves_after_no_fault": moves_unexplained.len(),
         "replica_exits": replica_exits,
