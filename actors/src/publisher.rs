@@ -4,14 +4,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
-
 use poolgate_core::{Event, NodeId};
 
 pub use tokio::sync::mpsc::error::TryRecvError;
 
 /// How many events wait for one subscriber at most; a subscriber that
-/// falls further behind loses the newest and is told ([`EventStream::lagged`]).
+/// falls further behind loses readiness events first, never a run's
+/// outcome while any other event waits, and is told
+/// ([`EventStream::lagged`]).
 pub const EVENT_QUEUE: usize = 1024;
 
 /// Sends every event to every subscriber, in the order published.
@@ -19,7 +19,8 @@ pub const EVENT_QUEUE: usize = 1024;
 /// Each subscriber has its own bounded queue of [`EVENT_QUEUE`] events
 /// (events are few: one per readiness or run transition, never one per
 /// observation); one that never reads costs at most that, and counts what
-/// it lost. The events of the gate's start (the restore events) are kept
+/// it lost: readiness chatter first, a run's outcome never while chatter
+/// waits. The events of the gate's start (the restore events) are kept
 /// for the first subscriber if none is there yet, so they reach an
 /// embedder that subscribes after an `.await`. A dropped subscription is
 /// removed at the next publish.
@@ -59,34 +60,156 @@ struct Subscribers {
 
 #[derive(Debug)]
 struct Subscriber {
-    tx: mpsc::Sender<Event>,
-    lost: Arc<AtomicU64>,
+    queue: Arc<Queue>,
+}
+
+/// One subscription's queue, shared by the publisher (which offers) and
+/// the stream (which takes): at most [`EVENT_QUEUE`] events, readiness
+/// chatter shed first (see [`Queue::offer`]).
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<Held>,
+    ready: tokio::sync::Notify,
+    lost: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    events: std::collections::VecDeque<Event>,
+    /// No event will come any more (the publisher closed, or is gone).
+    ended: bool,
+    /// The stream was dropped: the publisher forgets the queue.
+    dropped: bool,
 }
 
 /// A subscription to the gate's events, in the order they were published.
 #[derive(Debug)]
 pub struct EventStream {
-    rx: mpsc::Receiver<Event>,
-    lost: Arc<AtomicU64>,
+    queue: Arc<Queue>,
+}
+
+/// Whether `event` ends (or commits) a run: never shed for lag.
+fn is_outcome(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::RunCommitted { .. }
+            | Event::RunFaulted { .. }
+            | Event::RunFinished { .. }
+            | Event::PlanningAborted { .. }
+    )
+}
+
+impl Queue {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `event`; `false` once the stream is dropped. A full queue
+    /// sheds readiness chatter, never a run's outcome: an outcome takes
+    /// the place of the oldest event that is not one (that event is
+    /// lost and counted); other events beyond the bound are lost and
+    /// counted. Only a queue holding nothing but [`EVENT_QUEUE`] unread
+    /// outcomes loses one.
+    fn offer(&self, event: Event) -> bool {
+        let mut held = self.held();
+        if held.dropped {
+            return false;
+        }
+        if held.events.len() >= EVENT_QUEUE {
+            let shed = match is_outcome(&event) {
+                true => held.events.iter().position(|e| !is_outcome(e)),
+                false => None,
+            };
+            match shed {
+                Some(oldest) => {
+                    held.events.remove(oldest);
+                }
+                None => {
+                    drop(held);
+                    self.lose();
+                    return true;
+                }
+            }
+            self.lose();
+        }
+        held.events.push_back(event);
+        drop(held);
+        self.ready.notify_one();
+        true
+    }
+
+    fn lose(&self) {
+        if self.lost.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                queue = EVENT_QUEUE,
+                "an event subscriber fell behind: it loses readiness events from now on, never a run's outcome (EventStream::lagged counts them)"
+            );
+        }
+        metrics::counter!("poolgate_events_lagged_total").increment(1);
+    }
+
+    fn end(&self) {
+        self.held().ended = true;
+        self.ready.notify_one();
+    }
+
+    /// The oldest event waiting.
+    fn take(&self) -> Result<Event, TryRecvError> {
+        let mut held = self.held();
+        match held.events.pop_front() {
+            Some(event) => Ok(event),
+            None if held.ended => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.queue.end();
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        self.queue.held().dropped = true;
+    }
 }
 
 impl EventStream {
     /// The next event; `None` once the gate's actors have stopped and every
-    /// `Gate` handle is dropped (a handle keeps the stream open).
+    /// `Gate` handle is dropped (a handle keeps the stream open), or the
+    /// gate was stopped, and every event published before is read.
     pub async fn recv(&mut self) -> Option<Event> {
-        self.rx.recv().await
+        loop {
+            // Registered before the look, so a wake between the look and
+            // the wait is not missed.
+            let notified = self.queue.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.queue.take() {
+                Ok(event) => return Some(event),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) => notified.await,
+            }
+        }
     }
 
     /// The next event if one is waiting ([`TryRecvError::Empty`] if none,
     /// [`TryRecvError::Disconnected`] once the stream is over).
     pub fn try_recv(&mut self) -> Result<Event, TryRecvError> {
-        self.rx.try_recv()
+        self.queue.take()
     }
 
     /// How many events this subscription lost by falling [`EVENT_QUEUE`]
-    /// events behind (0 for a subscriber that keeps up).
+    /// events behind (0 for a subscriber that keeps up). Readiness events
+    /// are lost first; a run's outcome (`run_committed`, `run_faulted`,
+    /// `run_finished`, `planning_aborted`) only when [`EVENT_QUEUE`]
+    /// outcomes wait unread.
     pub fn lagged(&self) -> u64 {
-        self.lost.load(Ordering::Relaxed)
+        self.queue.lost.load(Ordering::Relaxed)
     }
 }
 
@@ -103,7 +226,7 @@ impl Publisher {
         };
         let (stream, subscriber) = channel();
         for event in backlog {
-            subscriber.offer(event);
+            subscriber.queue.offer(event);
         }
         if !self.closed.load(std::sync::atomic::Ordering::Acquire) {
             inner.add(subscriber);
@@ -182,7 +305,7 @@ impl Publisher {
             }
             inner
                 .live
-                .retain(|subscriber| subscriber.offer(event.clone()));
+                .retain(|subscriber| subscriber.queue.offer(event.clone()));
         }
     }
 
@@ -200,39 +323,19 @@ impl Subscribers {
     /// made and dropped meanwhile (each `wait_ready` makes one) must not
     /// pile up.
     fn add(&mut self, subscriber: Subscriber) {
-        self.live.retain(|s| !s.tx.is_closed());
+        self.live.retain(|s| !s.queue.held().dropped);
         self.live.push(subscriber);
     }
 }
 
 fn channel() -> (EventStream, Subscriber) {
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    let lost = Arc::new(AtomicU64::new(0));
-    let stream = EventStream {
-        rx,
-        lost: Arc::clone(&lost),
-    };
-    (stream, Subscriber { tx, lost })
-}
-
-impl Subscriber {
-    /// Queues `event`; `false` once the subscription is dropped.
-    fn offer(&self, event: Event) -> bool {
-        match self.tx.try_send(event) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                if self.lost.fetch_add(1, Ordering::Relaxed) == 0 {
-                    tracing::warn!(
-                        queue = EVENT_QUEUE,
-                        "an event subscriber fell behind: it loses events from now on (EventStream::lagged counts them)"
-                    );
-                }
-                metrics::counter!("poolgate_events_lagged_total").increment(1);
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
-    }
+    let queue = Arc::new(Queue::default());
+    (
+        EventStream {
+            queue: Arc::clone(&queue),
+        },
+        Subscriber { queue },
+    )
 }
 
 /// Each decision as a tracing event with structured fields (identity shows
@@ -289,6 +392,91 @@ fn log_decision(event: &Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use poolgate_core::{Epoch, PoolId, Reason, RunId, Time};
+
+    fn chatter(i: u64) -> Event {
+        Event::ReadinessLost {
+            at: Time::from_millis(i),
+            pool: PoolId::new("p").unwrap(),
+            epoch: Epoch(i),
+            node: Some(NodeId::new("n1").unwrap()),
+            reason: Reason::Suspect,
+        }
+    }
+
+    fn fault(i: u64) -> Event {
+        Event::RunFaulted {
+            at: Time::from_millis(i),
+            run: RunId::new(&format!("r{i}")).unwrap(),
+            node: NodeId::new("n1").unwrap(),
+            reason: Reason::Dead,
+        }
+    }
+
+    #[test]
+    fn a_slow_subscriber_loses_readiness_chatter_never_a_runs_outcome() {
+        // Issue 29, reproduction 4: after 1,200 unread readiness events,
+        // run_faulted was lost (lagged() = 181).
+        let publisher = Publisher::default();
+        let mut slow = publisher.subscribe();
+        let mut events: Vec<Event> = (0..1200).map(chatter).collect();
+        events.push(fault(1200));
+        events.push(chatter(1201));
+        publisher.publish(&mut events);
+        let mut read = Vec::new();
+        while let Ok(event) = slow.try_recv() {
+            read.push(event);
+        }
+        assert_eq!(read.len(), EVENT_QUEUE);
+        assert_eq!(slow.lagged(), 1202 - EVENT_QUEUE as u64);
+        // The outcome is there, after every event kept that came before it.
+        let at = read
+            .iter()
+            .position(|e| *e == fault(1200))
+            .expect("run_faulted kept");
+        assert!(read[..at].iter().all(|e| e.at().as_millis() < 1200));
+        assert_eq!(
+            at,
+            EVENT_QUEUE - 1,
+            "nothing after it was kept (the queue was full)"
+        );
+        // In order throughout.
+        assert!(read.windows(2).all(|w| w[0].at() < w[1].at()));
+    }
+
+    #[test]
+    fn only_a_queue_of_unread_outcomes_loses_an_outcome_and_counts_it() {
+        let publisher = Publisher::default();
+        let mut slow = publisher.subscribe();
+        let mut events: Vec<Event> = (0..EVENT_QUEUE as u64 + 3).map(fault).collect();
+        publisher.publish(&mut events);
+        assert_eq!(slow.lagged(), 3);
+        let mut count = 0;
+        while slow.try_recv().is_ok() {
+            count += 1;
+        }
+        assert_eq!(count, EVENT_QUEUE);
+    }
+
+    #[actix_rt::test]
+    async fn a_stream_ends_when_the_publisher_closes_after_what_was_published() {
+        let publisher = Publisher::default();
+        let mut stream = publisher.subscribe();
+        publisher.publish(&mut vec![chatter(1)]);
+        let waiting = tokio::spawn(async move {
+            let first = stream.recv().await;
+            let second = stream.recv().await;
+            (first, second)
+        });
+        tokio::task::yield_now().await;
+        publisher.close();
+        let (first, second) = waiting.await.unwrap();
+        assert_eq!(first, Some(chatter(1)));
+        assert_eq!(second, None);
+        // A subscription made after the close ends at once.
+        assert_eq!(publisher.subscribe().recv().await, None);
+    }
 
     #[test]
     fn subscriptions_made_and_dropped_on_a_quiet_gate_do_not_pile_up() {
