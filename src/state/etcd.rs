@@ -99,6 +99,9 @@ pub fn default_prefix(label: &str, pool: &str) -> String {
 /// What the prefix holds: the gate's state and the agent sequences.
 pub type Held = (Durable, BTreeMap<String, u64>);
 
+/// The keys under one folder of the prefix, by name, each with its value.
+pub type Listing = Vec<(String, Vec<u8>)>;
+
 /// The durable state in etcd.
 #[derive(Debug)]
 pub struct EtcdStore {
@@ -406,7 +409,7 @@ impl EtcdStore {
     }
 
     /// Every `(name, value)` under `dir` (a name ending in `/`).
-    pub fn list_raw(&self, dir: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    pub fn list_raw(&self, dir: &str) -> Result<Listing, StoreError> {
         let kvs = self
             .etcd
             .get_prefix(&self.key(dir))
@@ -427,7 +430,7 @@ impl EtcdStore {
 
     /// What [`EtcdStore::list_raw`] gives for each of `dirs`, read in one
     /// transaction (one request, one revision: a consistent look).
-    pub fn list_raw_all(&self, dirs: &[&str]) -> Result<Vec<Vec<(String, Vec<u8>)>>, StoreError> {
+    pub fn list_raw_all(&self, dirs: &[&str]) -> Result<Vec<Listing>, StoreError> {
         let ranges = dirs
             .iter()
             .map(|dir| etcd::prefix_range(&self.key(dir)))
@@ -453,7 +456,7 @@ impl EtcdStore {
 
     /// The keys under `dir` by name, each value opened (what fails its
     /// MAC is left out, counted and logged by `open`).
-    fn named(&self, dir: &str, kvs: Vec<etcd::Kv>) -> Vec<(String, Vec<u8>)> {
+    fn named(&self, dir: &str, kvs: Vec<etcd::Kv>) -> Listing {
         let full = format!("{}{dir}", self.prefix);
         kvs.into_iter()
             .filter_map(|kv| {
