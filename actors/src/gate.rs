@@ -114,6 +114,38 @@ pub struct Gate {
     publisher: Publisher,
     clock: Clock,
     recording: Option<crate::recording::Recording>,
+    /// Shared by every clone: the last one dropped stops the gate.
+    _last: Arc<StopWhenDropped>,
+}
+
+/// Stops the gate when the last handle goes: its actors hold one another
+/// (the pool its node actors' addresses, each node actor the pool's), so
+/// without this they would outlive every handle.
+#[derive(Debug)]
+struct StopWhenDropped {
+    pool: Addr<PoolActor>,
+    publisher: Publisher,
+    recording: Option<crate::recording::Recording>,
+}
+
+impl Drop for StopWhenDropped {
+    fn drop(&mut self) {
+        stop_gate(&self.pool, &self.publisher, self.recording.as_ref());
+    }
+}
+
+/// Nothing is published or recorded from now on, every subscription ends,
+/// and every actor of the gate stops.
+fn stop_gate(
+    pool: &Addr<PoolActor>,
+    publisher: &Publisher,
+    recording: Option<&crate::recording::Recording>,
+) {
+    publisher.close();
+    if let Some(recording) = recording {
+        recording.close();
+    }
+    pool.do_send(crate::messages::Shutdown);
 }
 
 impl Gate {
@@ -151,24 +183,40 @@ impl Gate {
         let router = Arc::new(Router::default());
         let recording = settings.record.clone();
         let pool = PoolActor::launch(settings, clock, publisher.clone(), Arc::clone(&router));
+        let last = Arc::new(StopWhenDropped {
+            pool: pool.clone(),
+            publisher: publisher.clone(),
+            recording: recording.clone(),
+        });
         Gate {
             pool,
             router,
             publisher,
             clock,
             recording,
+            _last: last,
         }
     }
 
-    /// Stops the gate acting, at once: nothing is published or recorded
-    /// from now on, every subscription ends, and every input and command
-    /// is refused with [`GateError::Stopped`]. For a replica that stops
-    /// leading (SPEC §12); the actors go when the `System` stops.
+    /// Stops the gate, at once and for good: nothing is published or
+    /// recorded from now on, every subscription ends (after the events
+    /// already published), every input, command and report is refused
+    /// with [`GateError::Stopped`], and every actor of the gate stops
+    /// (its node actors and run actor at once; the pool actor once the
+    /// last handle is dropped). Dropping the last handle without calling
+    /// it does the same.
     pub fn stop(&self) {
-        self.publisher.close();
-        if let Some(recording) = &self.recording {
-            recording.close();
-        }
+        stop_gate(&self.pool, &self.publisher, self.recording.as_ref());
+    }
+
+    /// How many of the gate's actors are alive (the pool actor, the node
+    /// actors, the run actor), read through a probe that holds no handle:
+    /// for tests that the gate's actors go when it stops or its last
+    /// handle is dropped.
+    #[doc(hidden)]
+    pub fn actor_probe(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let live = Arc::clone(&self.router.live);
+        move || live.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stops the gate acting the moment `fence` says no (checked before
@@ -345,6 +393,9 @@ impl Gate {
 
     /// Where the pool stands, per candidate: ready or what blocks it.
     pub async fn report(&self) -> Result<PoolReport, GateError> {
+        if self.is_stopped() {
+            return Err(GateError::Stopped);
+        }
         let at = self.clock.now();
         self.pool
             .send(GetReport { at })
@@ -372,6 +423,9 @@ impl Gate {
 
     /// The earliest timer the pool has pending.
     pub async fn pending_deadline(&self) -> Result<Option<Time>, GateError> {
+        if self.is_stopped() {
+            return Err(GateError::Stopped);
+        }
         let at = self.clock.now();
         self.pool
             .send(PendingDeadline { at })

@@ -83,6 +83,24 @@ impl Message for ApplyObservations {
     type Result = Vec<Outcome>;
 }
 
+/// `Gate` → `PoolActor`: the gate stops for good (`Gate::stop`, or the
+/// last handle dropped): every node actor and the run actor are stopped,
+/// and the pool actor keeps nothing running.
+#[derive(Debug)]
+pub struct Shutdown;
+
+impl Message for Shutdown {
+    type Result = ();
+}
+
+/// `PoolActor` → `NodeActor`: stop (the gate stopped).
+#[derive(Debug)]
+pub struct StopNode;
+
+impl Message for StopNode {
+    type Result = ();
+}
+
 /// `PoolActor` → `NodeActor`: re-send the node's verdict to a restarted
 /// pool actor.
 #[derive(Debug)]

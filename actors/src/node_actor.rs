@@ -20,6 +20,8 @@ pub struct NodeActor {
     /// Where changes, and the actor's end, are told: the pool actor.
     pool: Recipient<FromNode>,
     ignored: Arc<IgnoredCounts>,
+    /// The gate's count of its running actors (see `Router::live`).
+    live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl NodeActor {
@@ -29,6 +31,7 @@ impl NodeActor {
         key: SlotKey,
         pool: Recipient<FromNode>,
         ignored: Arc<IgnoredCounts>,
+        live: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Self {
         Self {
             node,
@@ -36,6 +39,7 @@ impl NodeActor {
             facts: NodeFacts::default(),
             pool,
             ignored,
+            live,
         }
     }
 }
@@ -43,10 +47,15 @@ impl NodeActor {
 impl Actor for NodeActor {
     type Context = Context<Self>;
 
+    fn started(&mut self, _ctx: &mut Context<Self>) {
+        self.live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Runs however the actor ends (stopped, or failed in a handler): the
     /// pool decides whether that matters (a current candidate's actor is
     /// replaced; one of a former candidate is not).
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.pool.do_send(FromNode::Stopped(NodeActorStopped {
             key: self.key,
             node: self.node.clone(),
@@ -93,6 +102,14 @@ impl Handler<crate::messages::InjectFault> for NodeActor {
             }
             InjectFault::Stop => ctx.stop(),
         }
+    }
+}
+
+impl Handler<crate::messages::StopNode> for NodeActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: crate::messages::StopNode, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

@@ -176,6 +176,9 @@ pub(crate) struct PoolActor {
     /// first subscriber).
     at_start: bool,
     recording: Option<Recording>,
+    /// Stopped for good ([`crate::messages::Shutdown`]): nothing runs,
+    /// nothing is restarted.
+    shut: bool,
 }
 
 /// How often a failed write of the durable state is tried again while an
@@ -191,6 +194,9 @@ impl PoolActor {
         publisher: Publisher,
         router: Arc<Router>,
     ) -> Addr<PoolActor> {
+        router
+            .live
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         actix::Supervisor::start(move |ctx| {
             let now = clock.now();
             let (mut core, added) =
@@ -221,6 +227,7 @@ impl PoolActor {
                 save_failing: false,
                 at_start: true,
                 recording: settings.record,
+                shut: false,
             };
             if let Some(recording) = &actor.recording {
                 recording.start(
@@ -231,7 +238,7 @@ impl PoolActor {
                 );
             }
             if let Some(guard) = restored {
-                actor.run = Some(RunActor::new(guard).start());
+                actor.run = Some(RunActor::new(guard, Arc::clone(&actor.router.live)).start());
             }
             for (node, key) in added {
                 actor.start_node(ctx, node, key);
@@ -433,6 +440,7 @@ impl PoolActor {
             key,
             ctx.address().recipient(),
             Arc::clone(&self.router.ignored),
+            Arc::clone(&self.router.live),
         )
         .start();
         self.router.insert(node, addr);
@@ -604,10 +612,23 @@ impl PoolActor {
     }
 }
 
+/// Counted out when the actor itself goes (its supervisor ends once no
+/// handle holds its address), not at each restart.
+impl Drop for PoolActor {
+    fn drop(&mut self) {
+        self.router
+            .live
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Actor for PoolActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.shut {
+            return; // stopped for good: nothing runs
+        }
         self.keep_recording_flushed(ctx);
         // A write that failed (an epoch, a run's end) is tried again until
         // it succeeds; then what waited for it is told.
@@ -644,6 +665,11 @@ impl actix::Supervised for PoolActor {
     /// fresh window is needed, the epoch keeps rising, and each node actor
     /// reports its facts again.
     fn restarting(&mut self, ctx: &mut Context<Self>) {
+        if self.shut {
+            // Stopped for good (`Shutdown`): the context is kept only while
+            // a handle still holds the address, with nothing running.
+            return;
+        }
         // The old timers died with the old context; epochs held back for
         // a write are moot (readiness starts over).
         self.timer = TimerSlot::default();
@@ -670,10 +696,40 @@ impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     }
 }
 
+impl Handler<crate::messages::Shutdown> for PoolActor {
+    type Result = ();
+
+    /// The gate stopped for good: every node actor and the run actor are
+    /// stopped, the store and the recording let go, and the actor's own
+    /// context stops (its supervisor keeps an idle one while a handle
+    /// holds the address; the last handle dropped ends it).
+    fn handle(&mut self, _msg: crate::messages::Shutdown, ctx: &mut Context<Self>) {
+        if self.shut {
+            return;
+        }
+        self.shut = true;
+        for node in self.router.drain() {
+            node.do_send(crate::messages::StopNode);
+        }
+        self.run = None;
+        self.store = None;
+        self.untold.clear();
+        self.unwritten.clear();
+        self.out.clear();
+        if let Some(recording) = self.recording.take() {
+            recording.close();
+        }
+        ctx.stop();
+    }
+}
+
 impl Handler<FromNode> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: FromNode, ctx: &mut Context<Self>) {
+        if self.shut {
+            return;
+        }
         match msg {
             FromNode::Changed(change) => self.node_changed(change, ctx),
             FromNode::Stopped(stopped) => self.node_actor_stopped(stopped, ctx),
@@ -887,7 +943,7 @@ impl PoolActor {
         }
         self.flush(ctx);
         let guard = result?;
-        self.run = Some(RunActor::new(guard).start());
+        self.run = Some(RunActor::new(guard, Arc::clone(&self.router.live)).start());
         Ok(())
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Router {
     nodes: RwLock<HashMap<NodeId, Addr<NodeActor>>>,
     /// What was ignored, and why; shared with the node actors.
     pub(crate) ignored: Arc<IgnoredCounts>,
+    /// How many of this gate's actors run (node actors and the run
+    /// actor): each counts itself in when it starts and out when it stops.
+    pub(crate) live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Router {
@@ -30,6 +33,11 @@ impl Router {
 
     pub(crate) fn remove(&self, node: &NodeId) -> Option<Addr<NodeActor>> {
         self.write().remove(node)
+    }
+
+    /// Every node actor's address, the map left empty.
+    pub(crate) fn drain(&self) -> Vec<Addr<NodeActor>> {
+        self.write().drain().map(|(_, addr)| addr).collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<NodeId, Addr<NodeActor>>> {

@@ -15,12 +15,14 @@ use poolgate_core::{Event, Refusal, RunGuard};
 #[derive(Debug)]
 pub struct RunActor {
     guard: RunGuard,
+    /// The gate's count of its running actors (see `Router::live`).
+    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl RunActor {
     /// The actor of a run whose plan was just committed.
-    pub fn new(guard: RunGuard) -> Self {
-        Self { guard }
+    pub fn new(guard: RunGuard, live: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        Self { guard, live }
     }
 
     /// The answer with what the guard produced; the actor stops once the
@@ -48,6 +50,14 @@ impl RunActor {
 
 impl Actor for RunActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, _ctx: &mut Context<Self>) {
+        self.live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Handler<RequiredNodeChanged> for RunActor {
