@@ -1067,3 +1067,34 @@ fn dropping_the_last_handle_stops_the_gate_and_gives_back_every_actor() {
         assert!(other.report().await.is_ok());
     });
 }
+
+#[test]
+fn an_input_stamped_far_ahead_of_the_clock_is_refused_and_the_gate_goes_on() {
+    // Issue 29, reproduction 5: Gate::submit stamped 10^12 ms was taken
+    // (Ok(Changed)), and wait_ready did not complete within a virtual day.
+    use poolgate::core::{Input, Observation};
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let far = Time::from_millis(1_000_000_000_000);
+        let input = Input::Observation {
+            node: node("n1"),
+            observation: Observation::Known,
+        };
+        match gate.submit(far, input).await {
+            Err(e @ GateError::StampAhead { .. }) => assert_eq!(e.code(), "stamp_ahead"),
+            other => panic!("a stamp 10^12 ms ahead was taken: {other:?}"),
+        }
+        // Within the bound, a stamp ahead is taken (a replay's way).
+        let near = gate.clock().now() + std::time::Duration::from_millis(1);
+        let input = Input::Observation {
+            node: node("n1"),
+            observation: Observation::Known,
+        };
+        assert!(gate.submit(near, input).await.is_ok());
+        // And the gate goes on: ready within its window.
+        all_ready(&gate).await;
+        let ready =
+            tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_ready()).await;
+        assert!(ready.is_ok(), "the gate froze");
+    });
+}

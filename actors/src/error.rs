@@ -31,6 +31,17 @@ pub enum GateError {
     /// The settings are not valid (see [`crate::GateSettings::check`]).
     #[error("invalid gate settings: {0}")]
     InvalidSettings(String),
+    /// An input stamped further ahead of the gate's clock than
+    /// [`crate::gate::SUBMIT_AHEAD`] ([`crate::Gate::submit`]): applied,
+    /// it would move the gate's time on by as much, and every window and
+    /// timer would wait for the clock to get there.
+    #[error("an input stamped {at} ms, more than {ahead} ms ahead of the gate's clock ({now} ms)", at = .at.as_millis(), now = .now.as_millis(), ahead = crate::gate::SUBMIT_AHEAD.as_millis())]
+    StampAhead {
+        /// The input's stamp.
+        at: poolgate_core::Time,
+        /// The gate's clock when it came.
+        now: poolgate_core::Time,
+    },
     /// [`crate::Gate::try_start`] was called outside a running actix `System`.
     #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
     NoSystem,
@@ -48,6 +59,7 @@ impl GateError {
             GateError::Stopped => "stopped",
             GateError::NoSystem => "no_system",
             GateError::InvalidSettings(_) => "invalid_settings",
+            GateError::StampAhead { .. } => "stamp_ahead",
         }
     }
 }

@@ -62,6 +62,9 @@ pub struct ReadyProof {
 
 pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 
+/// How far ahead of the gate's clock [`Gate::submit`] takes a stamp.
+pub const SUBMIT_AHEAD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The handle of a running gate. Cheap to clone.
 ///
 /// Start it inside an actix `System`, feed it facts, and plan on the proof
@@ -436,8 +439,14 @@ impl Gate {
     /// Applies an input stamped with an explicit instant. For replaying
     /// recorded input on a virtual clock: stamps must not go backwards, and
     /// an input stamped `T` must arrive before the clock reaches `T` for it
-    /// to be applied before timers due at `T`.
+    /// to be applied before timers due at `T`, and no more than
+    /// [`SUBMIT_AHEAD`] before ([`GateError::StampAhead`]: applied, it
+    /// would move the gate's time on by as much).
     pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
+        let now = self.clock.now();
+        if at.offset() > now.offset().saturating_add(SUBMIT_AHEAD) {
+            return Err(GateError::StampAhead { at, now });
+        }
         match input {
             Input::Observation { node, observation } => self
                 .route(at, node, observation)

@@ -955,9 +955,12 @@ wait_timeout = "30s"
         ));
         assert_eq!(key, "state.lease");
         assert!(message.contains("whole seconds"), "{message}");
-        let (_, key, message) = error_of(&format!("{base}etcd = [\"https://e:2379\"]\n"));
+        // https is taken; without a state key it is refused for that.
+        let (_, key, _) = error_of(&format!("{base}etcd = [\"https://e:2379\"]\n"));
+        assert_eq!(key, "state.key");
+        let (_, key, message) = error_of(&format!("{base}etcd = [\"ftp://e:2379\"]\n"));
         assert_eq!(key, "state.etcd");
-        assert!(message.contains("https"), "{message}");
+        assert!(message.contains("https://host:port"), "{message}");
         let (_, key, _) = error_of(&format!(
             "{base}path = \"s.db\"\netcd = [\"http://127.0.0.1:2379\"]\n"
         ));
