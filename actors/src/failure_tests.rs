@@ -263,3 +263,104 @@ fn a_convergence_timer_that_fires_after_the_view_changed_is_ignored() {
         assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(1) });
     });
 }
+
+/// Plans and commits run `r` over `required` on the ready pool.
+async fn commit(gate: &Subsystem, required: &[&str]) -> RunId {
+    let run = RunId::new("r").unwrap();
+    let at = gate.clock.now();
+    gate.pool
+        .send(BeginPlanning {
+            at,
+            run: run.clone(),
+            epoch: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    gate.pool
+        .send(CommitPlan {
+            at,
+            run: run.clone(),
+            required: required.iter().map(|n| node(n)).collect(),
+            epoch: None,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    run
+}
+
+#[test]
+fn a_run_actor_that_fails_faults_its_run_internal_and_never_drops_it() {
+    // Issue 29, reproduction 1: a panic in what the run actor runs (the
+    // fence, a metrics recorder) left events `readiness_lost` only, no
+    // `run_faulted`; the report said no run; finish_run said UnknownRun;
+    // and a new run was admitted.
+    on_virtual_time(async {
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        let run = commit(&gate, &["a", "b"]).await;
+        gate.pool.do_send(InjectPoolFault::PanicRunActor);
+        gate.advance_to(1100).await;
+        // The next change of a required node finds the run's actor gone.
+        assert_eq!(
+            gate.observe(
+                "b",
+                Observation::Swim {
+                    state: SwimState::Suspect,
+                    incarnation: 1
+                }
+            )
+            .await,
+            Outcome::Changed
+        );
+        gate.advance_to(1200).await;
+        let events = gate.drain();
+        let faults: Vec<&Event> = events
+            .iter()
+            .filter(|e| matches!(e, Event::RunFaulted { .. }))
+            .collect();
+        assert!(
+            matches!(
+                faults.as_slice(),
+                [Event::RunFaulted { run: r, reason: Reason::Internal, .. }] if *r == run
+            ),
+            "{events:?}"
+        );
+    });
+}
+
+#[test]
+fn finishing_a_run_whose_actor_failed_faults_it_internal_first() {
+    on_virtual_time(async {
+        let mut gate = start(&["a"]);
+        gate.make_ready("a").await;
+        gate.advance_to(1001).await;
+        let run = commit(&gate, &["a"]).await;
+        gate.pool.do_send(InjectPoolFault::PanicRunActor);
+        gate.advance_to(1100).await;
+        let finished = gate
+            .pool
+            .send(crate::messages::FinishRun {
+                at: gate.clock.now(),
+                run: run.clone(),
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(finished, Err(Refusal::UnknownRun(_))),
+            "{finished:?}"
+        );
+        gate.advance_to(1200).await;
+        let events = gate.drain();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                Event::RunFaulted { run: r, reason: Reason::Internal, node: n, .. } if *r == run && *n == node("a")
+            )),
+            "{events:?}"
+        );
+    });
+}

@@ -329,6 +329,9 @@ impl Message for InjectFault {
 pub enum InjectPoolFault {
     /// Panic inside a handler, where the core is called.
     Panic,
+    /// Make the committed run's actor panic on this message, outside any
+    /// guarded code (as an embedder's hook it calls would).
+    PanicRunActor,
 }
 
 #[cfg(test)]

@@ -538,14 +538,37 @@ impl PoolActor {
         };
         let answer = addr.send(message);
         ctx.wait(answer.into_actor(self).map(move |answer, act, ctx| {
-            // A closed mailbox means the run's actor is gone: its run ended.
+            // The run's actor stops only once it answered that its run
+            // ended: a closed mailbox is its failure (a panic in it, or
+            // in what it calls), and the run is faulted `internal`.
             let (status, events) = match answer {
                 Ok(RunAnswer { status, events }) => (status, events),
-                Err(_) => (RunStatus::Ended, Vec::new()),
+                Err(_) => (RunStatus::Ended, act.run_actor_lost(&run)),
             };
             act.run_answered(&run, status == RunStatus::Ended, events);
             act.flush(ctx);
         }));
+    }
+
+    /// The committed run's actor is gone without having answered that its
+    /// run ended: the run's guard went with it, so the run faults with
+    /// reason `internal` (the gate's failure), never dropped in silence.
+    fn run_actor_lost(&mut self, run: &RunId) -> Vec<Event> {
+        let Some((committed, node)) = self.core.committed_run() else {
+            return Vec::new();
+        };
+        if committed != run {
+            return Vec::new();
+        }
+        let node = node.clone();
+        metrics::counter!("poolgate_actor_restarts_total", "actor" => "run").increment(1);
+        tracing::error!(%run, "run actor failed: its run faults (reason internal)");
+        vec![Event::RunFaulted {
+            at: self.applied_at(self.clock.now()),
+            run: run.clone(),
+            node,
+            reason: poolgate_core::Reason::Internal,
+        }]
     }
 
     /// Takes what the committed run answered: its events go out with the
@@ -691,8 +714,17 @@ impl actix::Supervised for PoolActor {
 impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: crate::messages::InjectPoolFault, ctx: &mut Context<Self>) {
-        self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
+    fn handle(&mut self, msg: crate::messages::InjectPoolFault, ctx: &mut Context<Self>) {
+        match msg {
+            crate::messages::InjectPoolFault::Panic => {
+                self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
+            }
+            crate::messages::InjectPoolFault::PanicRunActor => {
+                if let Some(run) = &self.run {
+                    run.do_send(crate::messages::InjectFault::Panic);
+                }
+            }
+        }
     }
 }
 
@@ -957,8 +989,10 @@ impl Handler<FinishRun> for PoolActor {
         self.flush(ctx);
         let (Ok(()), Some(addr)) = (admitted.clone(), self.run.clone()) else {
             if admitted.is_ok() {
-                // Committed, but its actor is gone: the run has ended.
-                self.core.run_ended(&msg.run);
+                // Committed, but no actor guards it: faulted `internal`.
+                let events = self.run_actor_lost(&msg.run);
+                self.run_answered(&msg.run, true, events);
+                self.flush(ctx);
             }
             let refused = admitted.and(Err(Refusal::UnknownRun(msg.run)));
             return AtomicResponse::new(Box::pin(fut::ready(refused)));
@@ -971,11 +1005,11 @@ impl Handler<FinishRun> for PoolActor {
             answer
                 .into_actor(self)
                 .then(move |answer, act: &mut Self, _| {
-                    // A closed mailbox means the run's actor is gone: its
-                    // run ended before this command.
+                    // A closed mailbox means the run's actor failed: the
+                    // run faults `internal`, and the finish finds no run.
                     let RunAnswer { status, events } = answer.unwrap_or_else(|_| RunAnswer {
                         status: Err(Refusal::UnknownRun(run.clone())),
-                        events: Vec::new(),
+                        events: act.run_actor_lost(&run),
                     });
                     let ended = !matches!(status, Err(Refusal::NotCommitted { .. }));
                     act.run_answered(&run, ended, events);

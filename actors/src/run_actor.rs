@@ -93,3 +93,12 @@ impl Handler<FinishCommitted> for RunActor {
         self.answer(ctx, result, out)
     }
 }
+
+#[cfg(test)]
+impl Handler<crate::messages::InjectFault> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: crate::messages::InjectFault, _ctx: &mut Context<Self>) {
+        panic!("injected run actor fault");
+    }
+}

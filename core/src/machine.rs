@@ -201,6 +201,17 @@ impl PoolMachine {
         }
     }
 
+    /// The committed run, if one is, and the first of its required nodes
+    /// (sorted): what a fault of the run as a whole names.
+    pub fn committed_run(&self) -> Option<(&RunId, &NodeId)> {
+        match &self.run {
+            ActiveRun::Committed { stored, .. } => {
+                stored.required.first().map(|(node, _)| (&stored.run, node))
+            }
+            _ => None,
+        }
+    }
+
     /// The committed run, if `node` is one of its required nodes: its
     /// changes go to that run's guard.
     pub fn committed_run_requiring(&self, node: &NodeId) -> Option<&RunId> {
