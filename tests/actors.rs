@@ -1098,3 +1098,47 @@ fn an_input_stamped_far_ahead_of_the_clock_is_refused_and_the_gate_goes_on() {
         assert!(ready.is_ok(), "the gate froze");
     });
 }
+
+#[test]
+fn a_fence_that_panics_stops_the_gate_acting_and_nothing_hangs() {
+    // Issue 29, reproduction 2: a fence that panicked in the pool's
+    // publish took the pool actor down unrestarted: report and finish_run
+    // answered Stopped, membership still Ok, is_stopped false, and the
+    // subscriber waited for ever.
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        let mut events = gate.subscribe();
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trigger = std::sync::Arc::clone(&armed);
+        gate.fence_with(move || {
+            if trigger.load(std::sync::atomic::Ordering::Relaxed) {
+                panic!("the embedder's fence failed");
+            }
+            true
+        });
+        ready_pool(&gate).await;
+        commit_r1(&gate, &["n1"]).await;
+        armed.store(true, std::sync::atomic::Ordering::Relaxed);
+        let suspect = poolgate::core::MembershipUpdate {
+            node: node("n1"),
+            state: SwimState::Suspect,
+            incarnation: 2,
+        };
+        // No panic reaches the caller; the gate has stopped acting.
+        assert!(matches!(
+            gate.membership(suspect).await,
+            Err(GateError::Stopped)
+        ));
+        assert!(gate.is_stopped());
+        assert!(matches!(gate.report().await, Err(GateError::Stopped)));
+        assert!(matches!(
+            gate.finish_run(run("r1")).await,
+            Err(GateError::Stopped)
+        ));
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while events.recv().await.is_some() {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the subscriber waited for ever");
+    });
+}

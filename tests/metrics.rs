@@ -141,3 +141,98 @@ fn metrics_follow_a_scripted_scenario() {
         Some(0.0)
     );
 }
+
+/// A recorder whose `poolgate_runs_faulted_total` panics when counted.
+struct PanicsOnRunsFaulted;
+
+struct PanicOnIncrement;
+
+impl metrics::CounterFn for PanicOnIncrement {
+    fn increment(&self, _: u64) {
+        panic!("the embedder's recorder failed");
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::Recorder for PanicsOnRunsFaulted {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        if key.name() == "poolgate_runs_faulted_total" {
+            metrics::Counter::from_arc(std::sync::Arc::new(PanicOnIncrement))
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[test]
+fn a_metrics_recorder_that_panics_costs_its_figure_never_a_runs_fault() {
+    // Issue 29, reproduction 1: a recorder that panicked on
+    // poolgate_runs_faulted_total left events readiness_lost only: the
+    // run's fault was never told, and the run was dropped.
+    let recorder = PanicsOnRunsFaulted;
+    metrics::with_local_recorder(&recorder, || {
+        on_virtual_time(async {
+            let gate = Gate::start(
+                config(&["n1"], 1000, OnReadinessLost::Wait, None)
+                    .gate_settings()
+                    .unwrap(),
+            );
+            let mut events = gate.subscribe();
+            make_ready(&gate, "n1").await;
+            let ready = gate.wait_ready().await.unwrap();
+            let run = RunId::new("r1").unwrap();
+            gate.begin_planning(run.clone(), Some(ready.epoch))
+                .await
+                .unwrap();
+            gate.commit_plan(run.clone(), vec![node("n1")], Some(ready.epoch))
+                .await
+                .unwrap();
+            swim(&gate, "n1", SwimState::Suspect, 1).await;
+            let faulted = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                loop {
+                    match events.recv().await {
+                        Some(poolgate::core::Event::RunFaulted { run: r, .. }) => return Some(r),
+                        Some(_) => continue,
+                        None => return None,
+                    }
+                }
+            })
+            .await;
+            assert_eq!(faulted, Ok(Some(run.clone())), "the fault was told");
+            assert_eq!(gate.report().await.unwrap().run, None);
+            // The gate goes on: another run can be planned once ready.
+            assert!(!gate.is_stopped());
+        })
+    });
+}

@@ -364,3 +364,35 @@ fn finishing_a_run_whose_actor_failed_faults_it_internal_first() {
         );
     });
 }
+
+#[test]
+fn a_pool_actor_lost_to_an_unguarded_panic_ends_every_stream_and_stops_its_nodes() {
+    // Issue 29, reproduction 2: the subscriber waited for ever (60 s of
+    // virtual time: no event, no end) once the pool actor was gone.
+    on_virtual_time(async {
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        let _ = gate.drain();
+        gate.pool.do_send(InjectPoolFault::PanicUnguarded);
+        let ended = tokio::time::timeout(Duration::from_secs(60), async {
+            while gate.events.recv().await.is_some() {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the stream never ended");
+        assert!(
+            gate.router.route(&node("a")).is_none(),
+            "node actors let go"
+        );
+        assert!(
+            gate.pool
+                .send(GetReport {
+                    at: gate.clock.now()
+                })
+                .await
+                .is_err(),
+            "the pool actor is gone"
+        );
+    });
+}

@@ -332,6 +332,9 @@ pub enum InjectPoolFault {
     /// Make the committed run's actor panic on this message, outside any
     /// guarded code (as an embedder's hook it calls would).
     PanicRunActor,
+    /// Panic in the pool actor's handler outside its guarded code (as a
+    /// tracing layer of the embedder's would).
+    PanicUnguarded,
 }
 
 #[cfg(test)]

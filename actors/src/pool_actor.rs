@@ -339,7 +339,9 @@ impl PoolActor {
                 }
             }
             Err(e) => {
-                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                telemetry::guarded(|| {
+                    metrics::counter!("poolgate_state_write_errors_total").increment(1)
+                });
                 if std::mem::replace(&mut self.save_failing, true) {
                     tracing::debug!(error = %e, "durable state not written (again)");
                 } else {
@@ -561,7 +563,7 @@ impl PoolActor {
             return Vec::new();
         }
         let node = node.clone();
-        metrics::counter!("poolgate_actor_restarts_total", "actor" => "run").increment(1);
+        telemetry::actor_restarted("run");
         tracing::error!(%run, "run actor failed: its run faults (reason internal)");
         vec![Event::RunFaulted {
             at: self.applied_at(self.clock.now()),
@@ -642,6 +644,27 @@ impl Drop for PoolActor {
         self.router
             .live
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if self.shut {
+            return;
+        }
+        // Gone without a `Shutdown`: a panic outside its guarded code (a
+        // hook of the embedder's, a tracing layer) ended its task, and its
+        // supervisor with it. The gate cannot go on: every subscription
+        // ends and every call answers `Stopped`, its node actors stop; a
+        // committed run is named, its requester's stream ending with it.
+        let pool = self.core.readiness().id().clone();
+        match self.core.committed_run() {
+            Some((run, _)) => {
+                tracing::error!(%pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
+            }
+            None => {
+                tracing::error!(%pool, "the pool actor failed and cannot be restarted: the gate stopped")
+            }
+        }
+        self.publisher.close();
+        for node in self.router.drain() {
+            node.do_send(crate::messages::StopNode);
+        }
     }
 }
 
@@ -718,6 +741,9 @@ impl Handler<crate::messages::InjectPoolFault> for PoolActor {
         match msg {
             crate::messages::InjectPoolFault::Panic => {
                 self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
+            }
+            crate::messages::InjectPoolFault::PanicUnguarded => {
+                panic!("injected unguarded pool actor fault");
             }
             crate::messages::InjectPoolFault::PanicRunActor => {
                 if let Some(run) = &self.run {

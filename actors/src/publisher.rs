@@ -147,7 +147,9 @@ impl Queue {
                 "an event subscriber fell behind: it loses readiness events from now on, never a run's outcome (EventStream::lagged counts them)"
             );
         }
-        metrics::counter!("poolgate_events_lagged_total").increment(1);
+        crate::telemetry::guarded(|| {
+            metrics::counter!("poolgate_events_lagged_total").increment(1)
+        });
     }
 
     fn end(&self) {
@@ -279,7 +281,7 @@ impl Publisher {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return true;
         }
-        if self.fence.get().is_some_and(|fence| !fence()) {
+        if self.fence.get().is_some_and(|fence| !fence_allows(fence)) {
             self.close();
             return true;
         }
@@ -325,6 +327,18 @@ impl Subscribers {
     fn add(&mut self, subscriber: Subscriber) {
         self.live.retain(|s| !s.queue.held().dropped);
         self.live.push(subscriber);
+    }
+}
+
+/// Asks the embedder's fence; a fence that panics says no (the gate
+/// stops acting: the safe side of a leadership it cannot confirm).
+fn fence_allows(fence: &Fence) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fence())) {
+        Ok(allows) => allows,
+        Err(_) => {
+            tracing::error!("the gate's fence panicked: the gate stops acting");
+            false
+        }
     }
 }
 

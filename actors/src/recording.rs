@@ -126,7 +126,9 @@ impl Recording {
             sink.flushed = std::time::Instant::now();
         }
         if let Err(e) = written {
-            metrics::counter!("poolgate_record_errors_total").increment(1);
+            crate::telemetry::guarded(|| {
+                metrics::counter!("poolgate_record_errors_total").increment(1)
+            });
             tracing::error!(error = %e, "recording: a record could not be written");
         }
     }

@@ -10,34 +10,56 @@
 //! | `poolgate_runs_faulted_total` | counter | `reason` |
 //! | `poolgate_candidates_blocked` | gauge | `condition`: each blocker |
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use poolgate_core::{Blocker, Reason, Verdict};
 
+/// Runs `emit` (a call into the embedder's metrics recorder) so that a
+/// recorder that panics costs its own figure, never the actor that
+/// counts: the panic is caught and said once per process.
+pub fn guarded(emit: impl FnOnce()) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(emit)).is_err()
+        && !SAID.swap(true, Ordering::Relaxed)
+    {
+        tracing::error!("the metrics recorder panicked: the figure is lost, the gate goes on");
+    }
+}
+
 /// One observation's fate.
 pub fn observation(outcome: &'static str) {
-    metrics::counter!("poolgate_observations_total", "outcome" => outcome).increment(1);
+    guarded(|| metrics::counter!("poolgate_observations_total", "outcome" => outcome).increment(1));
 }
 
 /// A refused input or command.
 pub fn rejected(error: &'static str) {
-    metrics::counter!("poolgate_rejected_total", "error" => error).increment(1);
+    guarded(|| metrics::counter!("poolgate_rejected_total", "error" => error).increment(1));
 }
 
 /// The convergence window started over (a change while converging or
 /// ready).
 pub fn window_restart(cause: Reason) {
-    metrics::counter!("poolgate_window_restarts_total", "cause" => cause.as_str()).increment(1);
+    guarded(|| {
+        metrics::counter!("poolgate_window_restarts_total", "cause" => cause.as_str()).increment(1)
+    });
 }
 
 /// How long forming took, to `PoolReady`.
 pub fn time_to_ready(seconds: f64) {
-    metrics::histogram!("poolgate_time_to_ready_seconds").record(seconds);
+    guarded(|| metrics::histogram!("poolgate_time_to_ready_seconds").record(seconds));
 }
 
 /// A run faulted.
 pub fn run_faulted(reason: Reason) {
-    metrics::counter!("poolgate_runs_faulted_total", "reason" => reason.as_str()).increment(1);
+    guarded(|| {
+        metrics::counter!("poolgate_runs_faulted_total", "reason" => reason.as_str()).increment(1)
+    });
+}
+
+/// One of the gate's actors failed and was restarted (or its run faulted
+/// in its place).
+pub fn actor_restarted(actor: &'static str) {
+    guarded(|| metrics::counter!("poolgate_actor_restarts_total", "actor" => actor).increment(1));
 }
 
 /// How many candidates each condition blocks, kept incrementally (O(1)
@@ -59,8 +81,10 @@ impl BlockedGauges {
         }
         self.counts = counts;
         for (i, blocker) in Blocker::ALL.iter().enumerate() {
-            metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
-                .set(counts[i] as f64);
+            guarded(|| {
+                metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
+                    .set(counts[i] as f64)
+            });
         }
     }
 
@@ -70,8 +94,11 @@ impl BlockedGauges {
             let delta = i64::from(after.has(*blocker)) - i64::from(before.has(*blocker));
             if delta != 0 {
                 self.counts[i] += delta;
-                metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
-                    .set(self.counts[i] as f64);
+                let count = self.counts[i];
+                guarded(|| {
+                    metrics::gauge!("poolgate_candidates_blocked", "condition" => blocker.as_str())
+                        .set(count as f64)
+                });
             }
         }
     }
