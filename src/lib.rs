@@ -115,6 +115,11 @@ pub mod state;
 pub use config::NodeConfig;
 pub use config::{Config, ConfigError, SettingsError};
 pub use poolgate_actors::core::{self, Input};
+/// Testing an embedder's code against the gate (feature `testing`):
+/// virtual time, scripted inputs, an actor made to fail on its next
+/// message.
+#[cfg(feature = "testing")]
+pub use poolgate_actors::testing;
 pub use poolgate_actors::{
     Accepted, Clock, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome,
     ReadyProof, Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,

@@ -259,3 +259,77 @@ fn a_batch_about_a_stranger_is_counted_as_its_observations_are() {
         assert_eq!(after_empty, 0, "an empty batch ignores nothing");
     });
 }
+
+#[test]
+fn an_embedder_tests_its_code_with_the_gates_testing_module() {
+    // Issue 29, reproduction 6: the paused-clock helper lived in the
+    // private tests/common; nothing let an embedder make an actor fail.
+    use poolgate_actors::testing::{advance_by, fail_next, make_ready, on_virtual_time, Actor};
+    on_virtual_time(async {
+        let settings = poolgate::Config::parse(
+            "[pool]\nid = \"p\"\nmembers = [\"n1\", \"n2\"]\n[readiness]\nconvergence_window = \"30s\"\n",
+            "embedder",
+        )
+        .unwrap()
+        .gate_settings()
+        .unwrap();
+        let gate = poolgate::Gate::start(settings);
+        let mut events = gate.subscribe();
+        let (n1, n2) = (
+            poolgate::core::NodeId::new("n1").unwrap(),
+            poolgate::core::NodeId::new("n2").unwrap(),
+        );
+        make_ready(&gate, &n1, b"n1").await.unwrap();
+        make_ready(&gate, &n2, b"n2").await.unwrap();
+        let started = std::time::Instant::now();
+        advance_by(std::time::Duration::from_secs(30)).await;
+        let ready = gate.wait_ready().await.unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "virtual time"
+        );
+        let run = poolgate::core::RunId::new("r").unwrap();
+        gate.begin_planning(run.clone(), Some(ready.epoch))
+            .await
+            .unwrap();
+        gate.commit_plan(run.clone(), vec![n1.clone()], Some(ready.epoch))
+            .await
+            .unwrap();
+        // The run's actor fails on its next message: the run faults
+        // `internal` when the next change of n1 reaches it.
+        fail_next(&gate, Actor::Run);
+        advance_by(std::time::Duration::from_millis(10)).await;
+        gate.membership(poolgate::core::MembershipUpdate {
+            node: n1.clone(),
+            state: poolgate::core::SwimState::Alive,
+            incarnation: 2,
+        })
+        .await
+        .unwrap();
+        let reason = loop {
+            match events.recv().await.expect("events") {
+                poolgate::core::Event::RunFaulted { reason, .. } => break reason,
+                _ => continue,
+            }
+        };
+        assert_eq!(reason, poolgate::core::Reason::Internal);
+        // A node actor made to fail is restarted empty: n2 is not ready
+        // until it reports again.
+        fail_next(&gate, Actor::Node(n2.clone()));
+        gate.membership(poolgate::core::MembershipUpdate {
+            node: n2.clone(),
+            state: poolgate::core::SwimState::Alive,
+            incarnation: 2,
+        })
+        .await
+        .unwrap();
+        advance_by(std::time::Duration::from_millis(10)).await;
+        let report = gate.report().await.unwrap();
+        let n2_ready = report
+            .candidates
+            .iter()
+            .find(|c| c.node == n2)
+            .is_some_and(|c| c.verdict.is_ready());
+        assert!(!n2_ready, "n2's facts went with its actor");
+    });
+}

@@ -212,6 +212,21 @@ impl Gate {
         stop_gate(&self.pool, &self.publisher, self.recording.as_ref());
     }
 
+    /// Makes `actor` fail on its next message ([`crate::testing::fail_next`]).
+    #[cfg(feature = "testing")]
+    pub(crate) fn inject(&self, actor: crate::testing::Actor) {
+        use crate::messages::{InjectFault, InjectPoolFault};
+        match actor {
+            crate::testing::Actor::Pool => self.pool.do_send(InjectPoolFault::Panic),
+            crate::testing::Actor::Run => self.pool.do_send(InjectPoolFault::PanicRunActor),
+            crate::testing::Actor::Node(node) => {
+                if let Some(addr) = self.router.route(&node) {
+                    addr.do_send(InjectFault::Panic);
+                }
+            }
+        }
+    }
+
     /// How many of the gate's actors are alive (the pool actor, the node
     /// actors, the run actor), read through a probe that holds no handle:
     /// for tests that the gate's actors go when it stops or its last

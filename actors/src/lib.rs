@@ -90,6 +90,8 @@ mod router;
 mod run_actor;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 #[cfg(test)]
 mod failure_tests;

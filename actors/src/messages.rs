@@ -309,22 +309,23 @@ answered_as_is!(RunAnswer);
 answered_as_is!(RunAnswer<Result<(), Refusal>>);
 
 /// Failures a test can inject into a node actor.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy)]
 pub enum InjectFault {
     /// Panic inside the handler, where observations are applied.
     Panic,
     /// Stop the actor.
+    #[cfg_attr(not(test), allow(dead_code))]
     Stop,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Message for InjectFault {
     type Result = ();
 }
 
 /// Failures a test can inject into the pool actor.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy)]
 pub enum InjectPoolFault {
     /// Panic inside a handler, where the core is called.
@@ -334,10 +335,11 @@ pub enum InjectPoolFault {
     PanicRunActor,
     /// Panic in the pool actor's handler outside its guarded code (as a
     /// tracing layer of the embedder's would).
+    #[cfg_attr(not(test), allow(dead_code))]
     PanicUnguarded,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Message for InjectPoolFault {
     type Result = ();
 }

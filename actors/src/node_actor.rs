@@ -90,7 +90,7 @@ impl NodeActor {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Handler<crate::messages::InjectFault> for NodeActor {
     type Result = ();
 

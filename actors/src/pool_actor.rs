@@ -733,7 +733,7 @@ impl actix::Supervised for PoolActor {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 

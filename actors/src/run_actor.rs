@@ -94,7 +94,7 @@ impl Handler<FinishCommitted> for RunActor {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl Handler<crate::messages::InjectFault> for RunActor {
     type Result = ();
 
