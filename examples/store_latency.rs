@@ -1,8 +1,8 @@
 //! `commit_plan` latency over each state store, in one run: memory (no
 //! store), the redb file, and etcd (a one-member cluster over plain http
 //! and over TLS with a client certificate, and a three-member cluster,
-//! all started by this example on 127.0.0.1; `etcd` and `openssl` must be
-//! installed). Each round plans, commits and finishes one run on a ready
+//! all started by this example on 127.0.0.1 as the tests start them,
+//! `tests/common/etcd.rs`; `etcd` and `openssl` must be installed). Each round plans, commits and finishes one run on a ready
 //! pool; the commit is durable before it returns.
 //!
 //! Then the etcd requests per second of a quiet leader (a replica leading
@@ -15,6 +15,12 @@
 //! ```text
 //! cargo run --release --example store_latency -- --json [--rounds 200] [--quiet 10]
 //! ```
+
+// The etcd servers and test certificates the tests use: one way to start
+// them.
+#[path = "../tests/common/etcd.rs"]
+#[macro_use]
+mod etcd;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,158 +93,6 @@ fn summary(name: &str, mut took: Vec<Duration>) -> serde_json::Value {
     serde_json::json!({ "store": name, "rounds": took.len(), "p50_ms": at(0.5), "p99_ms": at(0.99), "max_ms": at(1.0) })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate,
-/// made by `openssl` under `dir`.
-fn make_certs(dir: &std::path::Path) -> poolgate::etcd::TlsFiles {
-    std::fs::create_dir_all(dir).expect("certs folder");
-    let openssl = |args: &[&str]| {
-        let status = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl (Debian: openssl) runs");
-        assert!(status.success(), "openssl {args:?}");
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=bench CA",
-    ]);
-    openssl(&ca);
-    for (who, ext) in [
-        (
-            "server",
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
-        ),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        std::fs::write(dir.join(format!("{who}.ext")), ext).expect("ext");
-        let (key, csr, pem, ext, subject) = (
-            format!("{who}.key"),
-            format!("{who}.csr"),
-            format!("{who}.pem"),
-            format!("{who}.ext"),
-            format!("/CN={who}"),
-        );
-        let mut req = vec!["req", "-new"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
-        openssl(&req);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-        ]);
-    }
-    poolgate::etcd::TlsFiles {
-        ca_file: Some(dir.join("ca.pem")),
-        cert_file: Some(dir.join("client.pem")),
-        key_file: Some(dir.join("client.key")),
-    }
-}
-
-/// Starts an etcd cluster of `n` members on 127.0.0.1 under `dir`: its
-/// processes and client endpoints. With `tls`, the clients speak TLS
-/// with `dir/../certs`' server certificate and must show a client
-/// certificate.
-fn start_etcd(
-    dir: &std::path::Path,
-    n: usize,
-    tls: Option<&std::path::Path>,
-) -> (Vec<std::process::Child>, Vec<String>) {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let urls: Vec<(String, String)> = (0..n)
-        .map(|_| {
-            (
-                format!("{scheme}://127.0.0.1:{}", free_port()),
-                format!("http://127.0.0.1:{}", free_port()),
-            )
-        })
-        .collect();
-    let initial = urls
-        .iter()
-        .enumerate()
-        .map(|(i, (_, peer))| format!("e{i}={peer}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let children = urls
-        .iter()
-        .enumerate()
-        .map(|(i, (client, peer))| {
-            let mut command = std::process::Command::new("etcd");
-            if let Some(certs) = tls {
-                command
-                    .arg("--cert-file")
-                    .arg(certs.join("server.pem"))
-                    .arg("--key-file")
-                    .arg(certs.join("server.key"))
-                    .arg("--trusted-ca-file")
-                    .arg(certs.join("ca.pem"))
-                    .arg("--client-cert-auth");
-            }
-            command
-                .args(["--name", &format!("e{i}"), "--data-dir"])
-                .arg(dir.join(format!("e{i}")))
-                .args([
-                    "--listen-client-urls",
-                    client,
-                    "--advertise-client-urls",
-                    client,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    peer,
-                    "--initial-advertise-peer-urls",
-                    peer,
-                ])
-                .args(["--initial-cluster", &initial])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("etcd (Debian: etcd-server) starts")
-        })
-        .collect();
-    (
-        children,
-        urls.into_iter().map(|(client, _)| client).collect(),
-    )
-}
-
 /// A store on the etcd at `endpoints`, fenced by a leader key this
 /// process makes (it leads for the whole run).
 fn etcd_store(endpoints: &[String], tls: &poolgate::etcd::TlsFiles) -> Arc<dyn StateStore> {
@@ -289,15 +143,15 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|r| r.parse().ok())
         .unwrap_or(10u64);
-    let certs = dir.join("certs");
-    let tls = make_certs(&certs);
+    let certs = etcd::Certs::make("bench");
+    let tls = certs.client();
     let plain = poolgate::etcd::TlsFiles::default();
-    let (mut one, one_endpoints) = start_etcd(&dir.join("one"), 1, None);
-    let (mut secure, secure_endpoints) = start_etcd(&dir.join("tls"), 1, Some(&certs));
-    let (mut three, three_endpoints) = start_etcd(&dir.join("three"), 3, None);
-    let one_store = etcd_store(&one_endpoints, &plain);
-    let tls_store = etcd_store(&secure_endpoints, &tls);
-    let three_store = etcd_store(&three_endpoints, &plain);
+    let one = etcd::Etcd::start("bench-one");
+    let secure = etcd::Etcd::start_tls("bench-tls", &certs);
+    let three = etcd::Cluster::start("bench-three", 3);
+    let one_store = etcd_store(std::slice::from_ref(&one.endpoint), &plain);
+    let tls_store = etcd_store(std::slice::from_ref(&secure.endpoint), &tls);
+    let three_store = etcd_store(&three.endpoints(), &plain);
     let (redb_store, _) = poolgate::state::RedbStore::open(&dir.join("state.db")).expect("redb");
     let redb_store: Arc<dyn StateStore> = redb_store;
 
@@ -319,15 +173,8 @@ fn main() {
             ),
         ]
     });
-    let load = quiet_leader(&one_endpoints[0], Duration::from_secs(quiet));
-    for child in one
-        .iter_mut()
-        .chain(secure.iter_mut())
-        .chain(three.iter_mut())
-    {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    let load = quiet_leader(&one.endpoint, Duration::from_secs(quiet));
+    drop((one, secure, three, certs));
     let _ = std::fs::remove_dir_all(&dir);
     for r in &load {
         if json {

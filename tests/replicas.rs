@@ -578,27 +578,9 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("warm");
     live_for(Duration::from_secs(60), async {
-        let (mut cluster, first) = one_node_cluster_on(&server).await;
-        let mut second = first.clone();
-        let free = |_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        };
-        second.swim.bind = free(());
-        second.agents.listen = free(());
-        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
         // The node reaches either replica's listener; its SWIM seed is the
         // first leader's member alone.
-        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
-        let listed = format!("agents = \"{}\"", first.agents.listen);
-        assert!(node_toml.contains(&listed), "{node_toml}");
-        let both = format!(
-            "agents = [\"{}\", \"{}\"]",
-            first.agents.listen, second.agents.listen
-        );
-        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
 
         let mut a = Replica::start(&first).unwrap();
         let live = a.lead(None).await.unwrap();
@@ -661,6 +643,34 @@ async fn one_node_cluster_on(
     config.state.lease = Duration::from_secs(2);
     config.state.insecure = true;
     (cluster, config)
+}
+
+/// [`one_node_cluster_on`] with a second replica's config: its SWIM member
+/// and agent listener on free ports, the first replica's member its only
+/// seed; node-1 reaches either replica's listener.
+async fn two_replicas_one_node(
+    server: &etcd::Etcd,
+) -> (poolgate::live::cluster::LocalCluster, Config, Config) {
+    let (cluster, first) = one_node_cluster_on(server).await;
+    let mut second = first.clone();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    second.swim.bind = free();
+    second.agents.listen = free();
+    second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
+    let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+    let listed = format!("agents = \"{}\"", first.agents.listen);
+    assert!(node_toml.contains(&listed), "{node_toml}");
+    let both = format!(
+        "agents = [\"{}\", \"{}\"]",
+        first.agents.listen, second.agents.listen
+    );
+    std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+    (cluster, first, second)
 }
 
 /// The first line of the file at `path` that holds `needle`, once it is
@@ -1324,26 +1334,9 @@ fn a_new_term_faults_nobody_for_what_its_warm_member_saw_before_it_led() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("fresh");
     live_for(Duration::from_secs(90), async {
-        let (mut cluster, mut first) = one_node_cluster_on(&server).await;
+        let (mut cluster, mut first, mut second) = two_replicas_one_node(&server).await;
         first.state.restore_grace = Duration::from_secs(20);
-        let mut second = first.clone();
-        let free = |_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        };
-        second.swim.bind = free(());
-        second.agents.listen = free(());
-        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
-        // node-1 reaches either replica's listener.
-        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
-        let listed = format!("agents = \"{}\"", first.agents.listen);
-        let both = format!(
-            "agents = [\"{}\", \"{}\"]",
-            first.agents.listen, second.agents.listen
-        );
-        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+        second.state.restore_grace = Duration::from_secs(20);
 
         let mut a = Replica::start(&first).unwrap();
         let live = a.lead(None).await.unwrap();
@@ -1429,24 +1422,7 @@ fn a_node_restarted_under_a_new_leader_is_not_fought_by_the_deposed_leaders_memb
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("storm");
     live_for(Duration::from_secs(90), async {
-        let (mut cluster, first) = one_node_cluster_on(&server).await;
-        let mut second = first.clone();
-        let free = |_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        };
-        second.swim.bind = free(());
-        second.agents.listen = free(());
-        second.swim.seeds = vec![poolgate::live::endpoint::Endpoint::from(first.swim.bind)];
-        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
-        let listed = format!("agents = \"{}\"", first.agents.listen);
-        let both = format!(
-            "agents = [\"{}\", \"{}\"]",
-            first.agents.listen, second.agents.listen
-        );
-        std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
 
         // a reaches etcd through a proxy the test cuts.
         let proxy = etcd::Proxy::start(server.port());

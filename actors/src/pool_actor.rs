@@ -716,6 +716,7 @@ impl actix::Supervised for PoolActor {
             // a handle still holds the address, with nothing running.
             return;
         }
+        telemetry::actor_restarted("pool");
         // The old timers died with the old context; epochs held back for
         // a write are moot (readiness starts over).
         self.timer = TimerSlot::default();
@@ -809,6 +810,7 @@ impl PoolActor {
         {
             return;
         }
+        telemetry::actor_restarted("node");
         self.start_node(ctx, msg.node.clone(), msg.key);
         if before == Verdict::NOTHING_KNOWN {
             return;

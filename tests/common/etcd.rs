@@ -9,10 +9,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Why etcd cannot run here, if it cannot.
-pub fn missing() -> Option<String> {
-    let found = Command::new("etcd")
-        .arg("--version")
+/// Why `program` (run with `version`, to see it answer) is missing here,
+/// if it is: named with its Debian `package`. Under `CI` a failure
+/// instead: `.ci/run` installs it, and a CI run that skipped its tests
+/// would prove nothing.
+fn missing_command(program: &str, version: &str, package: &str) -> Option<String> {
+    let found = Command::new(program)
+        .arg(version)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -20,12 +23,17 @@ pub fn missing() -> Option<String> {
     if found {
         return None;
     }
-    let why = "the `etcd` binary is not installed (Debian: etcd-server)".to_string();
+    let why = format!("`{program}` is not installed (Debian: {package})");
     assert!(
         std::env::var_os("CI").is_none(),
-        "under CI the etcd tests must run: {why}"
+        "under CI these tests must run: {why}"
     );
     Some(why)
+}
+
+/// Why etcd cannot run here, if it cannot.
+pub fn missing() -> Option<String> {
+    missing_command("etcd", "--version", "etcd-server")
 }
 
 /// Skips the calling test with one line if etcd is missing.
@@ -166,24 +174,9 @@ impl Drop for Etcd {
     }
 }
 
-/// Why `openssl` cannot make certificates here, if it cannot (under
-/// `CI`, a failure instead: `.ci/run` installs it).
+/// Why `openssl` cannot make certificates here, if it cannot.
 pub fn openssl_missing() -> Option<String> {
-    let found = Command::new("openssl")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return None;
-    }
-    let why = "the `openssl` command is not installed (Debian: openssl)".to_string();
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "under CI the TLS tests must run: {why}"
-    );
-    Some(why)
+    missing_command("openssl", "version", "openssl")
 }
 
 /// A test CA of its own, a server certificate for 127.0.0.1 and a client
