@@ -25,6 +25,14 @@ pub enum GateError {
     /// the core never says it.
     #[error("not durable: {0}")]
     NotDurable(String),
+    /// The pool's actor failed while it handled this (a panic: in its
+    /// code, or in a hook of the embedder's it called, such as a tracing
+    /// layer) and was restarted from the core: readiness starts over, a
+    /// committed run is still guarded or faulted `internal`, and the
+    /// events tell what, if anything, the command did. Said in a log line
+    /// and counted (`poolgate_actor_restarts_total{actor="pool"}`).
+    #[error("the gate's pool actor failed while handling this and was restarted")]
+    Internal,
     /// The gate's actors have stopped (the `System` is shutting down).
     #[error("the gate has stopped")]
     Stopped,
@@ -56,6 +64,7 @@ impl GateError {
             GateError::InvalidIdentity(_) => "invalid_identity",
             GateError::InvalidPool(_) => "invalid_pool",
             GateError::NotDurable(_) => "not_durable",
+            GateError::Internal => "internal",
             GateError::Stopped => "stopped",
             GateError::NoSystem => "no_system",
             GateError::InvalidSettings(_) => "invalid_settings",

@@ -107,6 +107,7 @@ impl Subsystem {
             })
             .await
             .unwrap()
+            .unwrap()
             .phase
     }
 
@@ -350,7 +351,7 @@ fn finishing_a_run_whose_actor_failed_faults_it_internal_first() {
             .await
             .unwrap();
         assert!(
-            matches!(finished, Err(Refusal::UnknownRun(_))),
+            matches!(finished, Err(GateError::Refused(Refusal::UnknownRun(_)))),
             "{finished:?}"
         );
         gate.advance_to(1200).await;
@@ -366,7 +367,7 @@ fn finishing_a_run_whose_actor_failed_faults_it_internal_first() {
 }
 
 #[test]
-fn a_pool_actor_lost_to_an_unguarded_panic_ends_every_stream_and_stops_its_nodes() {
+fn a_pool_actor_whose_restart_fails_ends_every_stream_and_stops_its_nodes() {
     // Issue 29, reproduction 2: the subscriber waited for ever (60 s of
     // virtual time: no event, no end) once the pool actor was gone.
     on_virtual_time(async {
@@ -375,7 +376,7 @@ fn a_pool_actor_lost_to_an_unguarded_panic_ends_every_stream_and_stops_its_nodes
         gate.make_ready("b").await;
         gate.advance_to(1001).await;
         let _ = gate.drain();
-        gate.pool.do_send(InjectPoolFault::PanicUnguarded);
+        gate.pool.do_send(InjectPoolFault::PanicAndFailRestart);
         let ended = tokio::time::timeout(Duration::from_secs(60), async {
             while gate.events.recv().await.is_some() {}
         })
@@ -393,6 +394,141 @@ fn a_pool_actor_lost_to_an_unguarded_panic_ends_every_stream_and_stops_its_nodes
                 .await
                 .is_err(),
             "the pool actor is gone"
+        );
+    });
+}
+
+/// A tracing subscriber of an embedder's that panics on an event of the
+/// pool actor's, `remaining` times (`u32::MAX`: always) once armed.
+struct PanickingLayer {
+    remaining: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl tracing::Subscriber for PanickingLayer {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        use std::sync::atomic::Ordering;
+        if !event.metadata().target().ends_with("pool_actor") {
+            return;
+        }
+        let take = |n: u32| (n > 0).then(|| if n == u32::MAX { n } else { n - 1 });
+        if self
+            .remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
+            .is_ok()
+        {
+            panic!("the embedder's tracing layer panicked");
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Installs a [`PanickingLayer`] on this thread (the actors' thread in
+/// these tests), disarmed; the counter arms it.
+fn panicking_layer() -> (
+    tracing::subscriber::DefaultGuard,
+    Arc<std::sync::atomic::AtomicU32>,
+) {
+    let remaining = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let layer = PanickingLayer {
+        remaining: Arc::clone(&remaining),
+    };
+    (tracing::subscriber::set_default(layer), remaining)
+}
+
+#[test]
+fn a_tracing_layer_that_panics_in_the_pool_actor_restarts_it_and_the_run_stays_guarded() {
+    // Issue 29, reproduction 2: a panic in the pool actor outside the
+    // core (a tracing layer) ended the gate; the committed run went
+    // unguarded. Now the actor restarts from the core; the run's actor,
+    // not the pool's, still guards the run.
+    on_virtual_time(async {
+        let (_layer, arm) = panicking_layer();
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        let run = commit(&gate, &["a"]).await;
+        let _ = gate.drain();
+        // The pool logs each view change it hears: that line panics once.
+        arm.store(1, std::sync::atomic::Ordering::SeqCst);
+        let suspect = Observation::Swim {
+            state: SwimState::Suspect,
+            incarnation: 1,
+        };
+        gate.observe("b", suspect.clone()).await;
+        tokio::task::yield_now().await;
+        assert_eq!(
+            arm.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "it panicked"
+        );
+        // Restarted: readiness starts over, the run is still committed.
+        assert!(!matches!(gate.phase().await, PoolPhase::Ready { .. }));
+        let report = gate
+            .pool
+            .send(GetReport {
+                at: gate.clock.now(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(report.run.as_ref(), Some(&run), "{report:?}");
+        // Still guarded: its required node's loss faults it.
+        gate.observe("a", suspect).await;
+        gate.advance_to(1100).await;
+        let faults: Vec<Event> = gate
+            .drain()
+            .into_iter()
+            .filter(|e| matches!(e, Event::RunFaulted { .. }))
+            .collect();
+        assert!(
+            matches!(
+                faults.as_slice(),
+                [Event::RunFaulted { run: r, node: n, reason: Reason::Suspect, .. }] if *r == run && *n == node("a")
+            ),
+            "{faults:?}"
+        );
+    });
+}
+
+#[test]
+fn a_pool_actor_that_fails_at_every_restart_is_given_up_and_nothing_hangs() {
+    // A fault that comes back at every restart (a layer that always
+    // panics) must not restart the actor for ever: after ten failures
+    // within ten seconds the gate ends, its stream with it.
+    on_virtual_time(async {
+        let (_layer, arm) = panicking_layer();
+        let mut gate = start(&["a", "b"]);
+        gate.make_ready("a").await;
+        gate.make_ready("b").await;
+        gate.advance_to(1001).await;
+        let _ = gate.drain();
+        arm.store(u32::MAX, std::sync::atomic::Ordering::SeqCst);
+        gate.observe(
+            "b",
+            Observation::Swim {
+                state: SwimState::Suspect,
+                incarnation: 1,
+            },
+        )
+        .await;
+        let ended = tokio::time::timeout(Duration::from_secs(60), async {
+            while gate.events.recv().await.is_some() {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the stream never ended");
+        assert!(
+            gate.router.route(&node("a")).is_none(),
+            "node actors let go"
         );
     });
 }

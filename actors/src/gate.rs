@@ -418,7 +418,7 @@ impl Gate {
         self.pool
             .send(GetReport { at })
             .await
-            .map_err(|_| GateError::Stopped)
+            .map_err(|_| GateError::Stopped)?
     }
 
     /// Waits until the pool is ready and returns the proof.
@@ -448,7 +448,7 @@ impl Gate {
         self.pool
             .send(PendingDeadline { at })
             .await
-            .map_err(|_| GateError::Stopped)
+            .map_err(|_| GateError::Stopped)?
     }
 
     /// Applies an input stamped with an explicit instant. For replaying

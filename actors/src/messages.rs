@@ -175,7 +175,7 @@ pub struct DefinePool {
 }
 
 impl Message for DefinePool {
-    type Result = Result<(), Refusal>;
+    type Result = Result<(), GateError>;
 }
 
 /// Handle → `PoolActor`: begin planning a run on the ready pool (SPEC §3).
@@ -221,7 +221,7 @@ pub struct FinishRun {
 }
 
 impl Message for FinishRun {
-    type Result = Result<(), Refusal>;
+    type Result = Result<(), GateError>;
 }
 
 /// `PoolActor` → `RunActor`: the committed run is finished (a
@@ -244,7 +244,7 @@ pub struct GetReport {
 }
 
 impl Message for GetReport {
-    type Result = PoolReport;
+    type Result = Result<PoolReport, GateError>;
 }
 
 /// Handle → `PoolActor`: the earliest timer pending (the replay runs the
@@ -256,7 +256,7 @@ pub struct PendingDeadline {
 }
 
 impl Message for PendingDeadline {
-    type Result = Option<Time>;
+    type Result = Result<Option<Time>, GateError>;
 }
 
 /// `PoolActor` → `RunActor`: a node the committed plan requires changed.
@@ -328,15 +328,16 @@ impl Message for InjectFault {
 #[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy)]
 pub enum InjectPoolFault {
-    /// Panic inside a handler, where the core is called.
+    /// Panic in a handler (as the core, the actor's code, or a tracing
+    /// layer of the embedder's would).
     Panic,
-    /// Make the committed run's actor panic on this message, outside any
-    /// guarded code (as an embedder's hook it calls would).
+    /// Make the committed run's actor panic on this message (as an
+    /// embedder's hook it calls would).
     PanicRunActor,
-    /// Panic in the pool actor's handler outside its guarded code (as a
-    /// tracing layer of the embedder's would).
+    /// Panic in a handler, then again in the restart: the gate cannot go
+    /// on.
     #[cfg_attr(not(test), allow(dead_code))]
-    PanicUnguarded,
+    PanicAndFailRestart,
 }
 
 #[cfg(any(test, feature = "testing"))]

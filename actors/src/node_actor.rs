@@ -33,6 +33,8 @@ impl NodeActor {
         ignored: Arc<IgnoredCounts>,
         live: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Self {
+        // Counted out when dropped (see `Drop`).
+        live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Self {
             node,
             key,
@@ -46,15 +48,13 @@ impl NodeActor {
 
 impl Actor for NodeActor {
     type Context = Context<Self>;
+}
 
-    fn started(&mut self, _ctx: &mut Context<Self>) {
-        self.live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Runs however the actor ends (stopped, or failed in a handler): the
-    /// pool decides whether that matters (a current candidate's actor is
-    /// replaced; one of a former candidate is not).
-    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+/// Runs however the actor ends (stopped; failed in a handler, the panic
+/// caught or not): the pool decides whether that matters (a current
+/// candidate's actor is replaced; one of a former candidate is not).
+impl Drop for NodeActor {
+    fn drop(&mut self) {
         self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.pool.do_send(FromNode::Stopped(NodeActorStopped {
             key: self.key,

@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::fut::{self, ActorFuture, ActorFutureExt, WrapFuture};
-use actix::{
-    Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Handler, MessageResult,
-};
+use actix::{Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Handler};
 
 use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
@@ -176,9 +174,14 @@ pub(crate) struct PoolActor {
     /// first subscriber).
     at_start: bool,
     recording: Option<Recording>,
-    /// Stopped for good ([`crate::messages::Shutdown`]): nothing runs,
-    /// nothing is restarted.
+    /// Stopped for good ([`crate::messages::Shutdown`], or a restart
+    /// given up): nothing runs, nothing is restarted.
     shut: bool,
+    /// When the actor failed, within the last [`RESTART_PERIOD`].
+    failures: Vec<Time>,
+    /// A test's: the next restart panics.
+    #[cfg(any(test, feature = "testing"))]
+    fail_restart: bool,
 }
 
 /// How often a failed write of the durable state is tried again while an
@@ -228,6 +231,9 @@ impl PoolActor {
                 at_start: true,
                 recording: settings.record,
                 shut: false,
+                failures: Vec::new(),
+                #[cfg(any(test, feature = "testing"))]
+                fail_restart: false,
             };
             if let Some(recording) = &actor.recording {
                 recording.start(
@@ -295,13 +301,15 @@ impl PoolActor {
             return then(self, ctx, Ok(()));
         }
         ctx.wait(self.write(Some(state)).map(move |result, act, ctx| {
-            let stored = result.is_ok();
-            then(act, ctx, result);
-            if stored && act.has_released() {
-                // Epochs held back for an earlier failed write are stored
-                // now: told at once, not at the next input.
-                act.flush(ctx);
-            }
+            act.contained(ctx, |act, ctx| {
+                let stored = result.is_ok();
+                then(act, ctx, result);
+                if stored && act.has_released() {
+                    // Epochs held back for an earlier failed write are
+                    // stored now: told at once, not at the next input.
+                    act.flush(ctx);
+                }
+            });
         }));
     }
 
@@ -534,21 +542,26 @@ impl PoolActor {
         RunActor: Handler<M>,
     {
         let Some(addr) = self.run.clone() else {
-            self.core.run_ended(&run);
+            // No actor guards it (it failed before it could): the run
+            // faults `internal`, never dropped.
+            let events = self.run_actor_lost(&run);
+            self.run_answered(&run, true, events);
             self.flush(ctx);
             return;
         };
         let answer = addr.send(message);
         ctx.wait(answer.into_actor(self).map(move |answer, act, ctx| {
-            // The run's actor stops only once it answered that its run
-            // ended: a closed mailbox is its failure (a panic in it, or
-            // in what it calls), and the run is faulted `internal`.
-            let (status, events) = match answer {
-                Ok(RunAnswer { status, events }) => (status, events),
-                Err(_) => (RunStatus::Ended, act.run_actor_lost(&run)),
-            };
-            act.run_answered(&run, status == RunStatus::Ended, events);
-            act.flush(ctx);
+            act.contained(ctx, |act, ctx| {
+                // The run's actor stops only once it answered that its run
+                // ended: a closed mailbox is its failure (a panic in it, or
+                // in what it calls), and the run is faulted `internal`.
+                let (status, events) = match answer {
+                    Ok(RunAnswer { status, events }) => (status, events),
+                    Err(_) => (RunStatus::Ended, act.run_actor_lost(&run)),
+                };
+                act.run_answered(&run, status == RunStatus::Ended, events);
+                act.flush(ctx);
+            });
         }));
     }
 
@@ -585,25 +598,6 @@ impl PoolActor {
         if ended {
             self.core.run_ended(run);
             self.run = None;
-        }
-    }
-
-    /// Runs `step` on the core; a panic in it stops the actor, and its
-    /// supervisor restarts it (see `Supervised::restarting`).
-    fn guarded<R>(
-        &mut self,
-        ctx: &mut Context<Self>,
-        step: impl FnOnce(&mut PoolMachine, &mut Vec<Event>) -> R,
-    ) -> Option<R> {
-        let (core, out) = (&mut self.core, &mut self.out);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(core, out))) {
-            Ok(result) => Some(result),
-            Err(_) => {
-                let pool = self.core.readiness().id();
-                tracing::error!(%pool, "pool actor failed; restarting it");
-                ctx.stop();
-                None
-            }
         }
     }
 
@@ -647,23 +641,15 @@ impl Drop for PoolActor {
         if self.shut {
             return;
         }
-        // Gone without a `Shutdown`: a panic outside its guarded code (a
-        // hook of the embedder's, a tracing layer) ended its task, and its
-        // supervisor with it. The gate cannot go on: every subscription
-        // ends and every call answers `Stopped`, its node actors stop; a
-        // committed run is named, its requester's stream ending with it.
-        let pool = self.core.readiness().id().clone();
-        match self.core.committed_run() {
-            Some((run, _)) => {
-                tracing::error!(%pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
-            }
-            None => {
-                tracing::error!(%pool, "the pool actor failed and cannot be restarted: the gate stopped")
-            }
-        }
-        self.publisher.close();
-        for node in self.router.drain() {
-            node.do_send(crate::messages::StopNode);
+        if std::thread::panicking() {
+            // Gone in a panic the actor could not contain (in its
+            // restart): its task ended, and its supervisor with it.
+            self.give_up();
+        } else {
+            // Gone with its System (ended, or its runtime dropped): not a
+            // failure, but the gate cannot go on all the same.
+            self.shut = true;
+            self.publisher.close();
         }
     }
 }
@@ -682,11 +668,11 @@ impl Actor for PoolActor {
             ctx.run_interval(SAVE_RETRY, |act, ctx| {
                 if act.save_failing {
                     // A write that succeeds releases what it stored.
-                    act.save_then(ctx, |_, _, _| {});
+                    act.contained(ctx, |act, ctx| act.save_then(ctx, |_, _, _| {}));
                 }
             });
         }
-        self.flush(ctx);
+        self.contained(ctx, |act, ctx| act.flush(ctx));
     }
 }
 
@@ -697,10 +683,12 @@ pub const RECORDING_FLUSH: Duration = Duration::from_secs(1);
 impl PoolActor {
     fn keep_recording_flushed(&self, ctx: &mut Context<Self>) {
         if self.recording.is_some() {
-            ctx.run_interval(RECORDING_FLUSH, |act, _| {
-                if let Some(recording) = &act.recording {
-                    recording.flush();
-                }
+            ctx.run_interval(RECORDING_FLUSH, |act, ctx| {
+                act.contained(ctx, |act, _| {
+                    if let Some(recording) = &act.recording {
+                        recording.flush();
+                    }
+                });
             });
         }
     }
@@ -709,21 +697,32 @@ impl PoolActor {
 impl actix::Supervised for PoolActor {
     /// After a failure readiness starts over: every summary is forgotten, a
     /// fresh window is needed, the epoch keeps rising, and each node actor
-    /// reports its facts again.
+    /// reports its facts again. The committed run stays with its actor,
+    /// which is not the pool's and did not fail with it; a run the core
+    /// holds committed with no actor left to guard it faults `internal`.
+    /// Runs' outcomes not yet told are told (stored first), never dropped.
+    /// A panic in here ends the supervisor, and the gate with it (see
+    /// `Drop`).
     fn restarting(&mut self, ctx: &mut Context<Self>) {
         if self.shut {
-            // Stopped for good (`Shutdown`): the context is kept only while
-            // a handle still holds the address, with nothing running.
+            // Stopped for good (`Shutdown`, or a restart given up): the
+            // context is kept only while a handle still holds the address,
+            // with nothing running.
             return;
         }
         telemetry::actor_restarted("pool");
+        #[cfg(any(test, feature = "testing"))]
+        if std::mem::take(&mut self.fail_restart) {
+            panic!("injected failure of the pool actor's restart");
+        }
         // The old timers died with the old context; epochs held back for
         // a write are moot (readiness starts over).
         self.timer = TimerSlot::default();
         self.untold.clear();
-        self.out.clear();
+        self.out.retain(crate::publisher::is_outcome);
         let now = self.applied_at(self.clock.now());
         self.core.restart(now, &mut self.out);
+        self.reguard(now);
         self.recount_blocked();
         for candidate in self.core.readiness().candidates() {
             if let Some(addr) = self.router.route(&candidate.node) {
@@ -734,24 +733,119 @@ impl actix::Supervised for PoolActor {
     }
 }
 
+/// A pool actor that fails [`RESTARTS_IN_PERIOD`] times within this
+/// period (by the gate's clock) is given up: the gate ends rather than
+/// restart in a loop (a fault that comes back at every restart).
+pub const RESTART_PERIOD: Duration = Duration::from_secs(10);
+
+/// See [`RESTART_PERIOD`].
+pub const RESTARTS_IN_PERIOD: usize = 10;
+
+impl PoolActor {
+    /// Runs `work` (a handler's, or a callback's of the actor's own); a
+    /// panic anywhere in it (the core, the actor's code, or a hook of the
+    /// embedder's it calls, such as a tracing layer) stops the actor, and
+    /// its supervisor restarts it from the core, the one copy of the
+    /// pool's state (see `Supervised::restarting`). `None` on a failure.
+    fn contained<R>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        work: impl FnOnce(&mut Self, &mut Context<Self>) -> R,
+    ) -> Option<R> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(self, ctx))) {
+            Ok(result) => Some(result),
+            Err(_) => {
+                self.failed(ctx);
+                None
+            }
+        }
+    }
+
+    /// The actor failed: its supervisor restarts it, unless it failed
+    /// [`RESTARTS_IN_PERIOD`] times within [`RESTART_PERIOD`]; then the
+    /// gate ends (see [`PoolActor::give_up`]).
+    fn failed(&mut self, ctx: &mut Context<Self>) {
+        let now = self.clock.now();
+        self.failures.retain(|at| now - *at < RESTART_PERIOD);
+        self.failures.push(now);
+        let pool = self.core.readiness().id().clone();
+        if self.failures.len() >= RESTARTS_IN_PERIOD {
+            telemetry::logged(
+                || tracing::error!(%pool, failures = RESTARTS_IN_PERIOD, within = ?RESTART_PERIOD, "pool actor failed too often; given up"),
+            );
+            self.give_up();
+        } else {
+            telemetry::logged(|| tracing::error!(%pool, "pool actor failed; restarting it"));
+        }
+        ctx.stop();
+    }
+
+    /// The gate cannot go on (its pool actor failed and cannot be
+    /// restarted): every subscription ends and every call answers
+    /// `Stopped`, the node actors stop; a committed run is named (its
+    /// requester's stream ends with the rest).
+    fn give_up(&mut self) {
+        if std::mem::replace(&mut self.shut, true) {
+            return;
+        }
+        let pool = self.core.readiness().id().clone();
+        telemetry::logged(|| match self.core.committed_run() {
+            Some((run, _)) => {
+                tracing::error!(%pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
+            }
+            None => {
+                tracing::error!(%pool, "the pool actor failed and cannot be restarted: the gate stopped")
+            }
+        });
+        self.publisher.close();
+        for node in self.router.drain() {
+            node.do_send(crate::messages::StopNode);
+        }
+        self.run = None;
+        self.store = None;
+        if let Some(recording) = self.recording.take() {
+            recording.close();
+        }
+    }
+
+    /// After a restart: a run the core holds committed whose actor is
+    /// gone (the failure came between the commit and the actor's start,
+    /// or took the actor too) faults `internal`.
+    fn reguard(&mut self, at: Time) {
+        let Some((run, _)) = self.core.committed_run() else {
+            return;
+        };
+        if self.run.as_ref().is_some_and(|addr| addr.connected()) {
+            return;
+        }
+        let run = run.clone();
+        let mut events = self.run_actor_lost(&run);
+        for event in &mut events {
+            if let Event::RunFaulted { at: told, .. } = event {
+                *told = at;
+            }
+        }
+        self.run_answered(&run, true, events);
+    }
+}
+
 #[cfg(any(test, feature = "testing"))]
 impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: crate::messages::InjectPoolFault, ctx: &mut Context<Self>) {
-        match msg {
-            crate::messages::InjectPoolFault::Panic => {
-                self.guarded(ctx, |_, _| panic!("injected pool actor fault"));
-            }
-            crate::messages::InjectPoolFault::PanicUnguarded => {
-                panic!("injected unguarded pool actor fault");
-            }
+        self.contained(ctx, |act, _| match msg {
+            crate::messages::InjectPoolFault::Panic => panic!("injected pool actor fault"),
             crate::messages::InjectPoolFault::PanicRunActor => {
-                if let Some(run) = &self.run {
+                if let Some(run) = &act.run {
                     run.do_send(crate::messages::InjectFault::Panic);
                 }
             }
-        }
+            crate::messages::InjectPoolFault::PanicAndFailRestart => {
+                act.fail_restart = true;
+                panic!("injected pool actor fault")
+            }
+        });
     }
 }
 
@@ -789,10 +883,10 @@ impl Handler<FromNode> for PoolActor {
         if self.shut {
             return;
         }
-        match msg {
-            FromNode::Changed(change) => self.node_changed(change, ctx),
-            FromNode::Stopped(stopped) => self.node_actor_stopped(stopped, ctx),
-        }
+        self.contained(ctx, |act, ctx| match msg {
+            FromNode::Changed(change) => act.node_changed(change, ctx),
+            FromNode::Stopped(stopped) => act.node_actor_stopped(stopped, ctx),
+        });
     }
 }
 
@@ -849,14 +943,10 @@ impl PoolActor {
             observation,
             ..
         } = msg;
-        let before = self.guarded(ctx, |core, out| {
-            let before = core.node_changed(key, at, &change, out);
-            core.set_detail(key, detail);
-            before
-        });
-        // Nothing more on a failure (the actor restarts) or for a node actor
-        // of an earlier pool definition.
-        let Some(Some(before)) = before else {
+        let before = self.core.node_changed(key, at, &change, &mut self.out);
+        self.core.set_detail(key, detail);
+        // Nothing more for a node actor of an earlier pool definition.
+        let Some(before) = before else {
             return;
         };
         if let (Some(recording), Some(observation)) = (&self.recording, &observation) {
@@ -873,27 +963,36 @@ impl Handler<TimerDue> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: TimerDue, ctx: &mut Context<Self>) {
+        self.contained(ctx, |act, ctx| act.timer_due(msg, ctx));
+    }
+}
+
+impl PoolActor {
+    fn timer_due(&mut self, msg: TimerDue, ctx: &mut Context<Self>) {
         let Some(at) = self.timer.fired(msg.generation) else {
             return;
         };
         let due = self.core.deadline().filter(|deadline| *deadline <= at);
-        if self
-            .guarded(ctx, |core, out| core.on_deadline(at, out))
-            .is_some()
-        {
-            if let Some(deadline) = due {
-                // Inputs reaching the pool from now on come after it.
-                self.fired_through = self.fired_through.max(deadline + Duration::from_millis(1));
-            }
-            self.flush(ctx);
+        self.core.on_deadline(at, &mut self.out);
+        if let Some(deadline) = due {
+            // Inputs reaching the pool from now on come after it.
+            self.fired_through = self.fired_through.max(deadline + Duration::from_millis(1));
         }
+        self.flush(ctx);
     }
 }
 
 impl Handler<DefinePool> for PoolActor {
-    type Result = Result<(), Refusal>;
+    type Result = Result<(), GateError>;
 
-    fn handle(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Result<(), Refusal> {
+    fn handle(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Result<(), GateError> {
+        self.contained(ctx, |act, ctx| act.define(msg, ctx))
+            .unwrap_or(Err(GateError::Internal))
+    }
+}
+
+impl PoolActor {
+    fn define(&mut self, msg: DefinePool, ctx: &mut Context<Self>) -> Result<(), GateError> {
         let at = self.applied_at(msg.at);
         self.settle(at, ctx);
         let result = self.core.define(&msg.definition, at, &mut self.out);
@@ -914,7 +1013,7 @@ impl Handler<DefinePool> for PoolActor {
             self.recount_blocked();
         }
         self.flush(ctx);
-        result.map(drop)
+        Ok(result.map(drop)?)
     }
 }
 
@@ -922,6 +1021,13 @@ impl Handler<BeginPlanning> for PoolActor {
     type Result = Result<Epoch, GateError>;
 
     fn handle(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, GateError> {
+        self.contained(ctx, |act, ctx| act.begin(msg, ctx))
+            .unwrap_or(Err(GateError::Internal))
+    }
+}
+
+impl PoolActor {
+    fn begin(&mut self, msg: BeginPlanning, ctx: &mut Context<Self>) -> Result<Epoch, GateError> {
         let at = self.applied_at(msg.at);
         let current = self.core.readiness().ready_epoch();
         if let (Some(stored), Some(epoch)) = (self.stored_epoch, current) {
@@ -947,10 +1053,28 @@ impl Handler<BeginPlanning> for PoolActor {
     }
 }
 
+/// An answer that is ready now.
+fn answered<T: 'static>(
+    result: Result<T, GateError>,
+) -> AtomicResponse<PoolActor, Result<T, GateError>> {
+    AtomicResponse::new(Box::pin(fut::ready(result)))
+}
+
 impl Handler<CommitPlan> for PoolActor {
     type Result = AtomicResponse<Self, Result<(), GateError>>;
 
     fn handle(&mut self, msg: CommitPlan, ctx: &mut Context<Self>) -> Self::Result {
+        self.contained(ctx, |act, ctx| act.commit(msg, ctx))
+            .unwrap_or_else(|| answered(Err(GateError::Internal)))
+    }
+}
+
+impl PoolActor {
+    fn commit(
+        &mut self,
+        msg: CommitPlan,
+        ctx: &mut Context<Self>,
+    ) -> AtomicResponse<Self, Result<(), GateError>> {
         let at = self.applied_at(msg.at);
         let admitted = self
             .core
@@ -959,12 +1083,12 @@ impl Handler<CommitPlan> for PoolActor {
             Ok(admitted) => admitted,
             Err(refused) => {
                 self.flush(ctx);
-                return AtomicResponse::new(Box::pin(fut::ready(Err(refused.into()))));
+                return answered(Err(refused.into()));
             }
         };
         let Some(store) = self.store.clone() else {
             let committed = self.commit_admitted(admitted, at, ctx);
-            return AtomicResponse::new(Box::pin(fut::ready(committed.map_err(Into::into))));
+            return answered(committed.map_err(Into::into));
         };
         // Durable before `run_committed` is told (SPEC §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
@@ -974,20 +1098,21 @@ impl Handler<CommitPlan> for PoolActor {
         let write = tokio::task::spawn_blocking(move || store.save(&written));
         AtomicResponse::new(Box::pin(write.into_actor(self).map(
             move |joined, act: &mut Self, ctx| {
-                let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
-                act.saved(&state, &result);
-                if let Err(e) = result {
-                    tracing::error!(error = %e, run = %admitted.run(), "commit not made durable; refused");
-                    act.flush(ctx);
-                    return Err(GateError::NotDurable(e.to_string()));
-                }
-                Ok(act.commit_admitted(admitted, at, ctx)?)
+                act.contained(ctx, |act, ctx| {
+                    let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
+                    act.saved(&state, &result);
+                    if let Err(e) = result {
+                        tracing::error!(error = %e, run = %admitted.run(), "commit not made durable; refused");
+                        act.flush(ctx);
+                        return Err(GateError::NotDurable(e.to_string()));
+                    }
+                    Ok(act.commit_admitted(admitted, at, ctx)?)
+                })
+                .unwrap_or(Err(GateError::Internal))
             },
         )))
     }
-}
 
-impl PoolActor {
     /// Commits a plan the core admitted (and, with a store, whose commit
     /// is stored), and starts the run's actor.
     fn commit_admitted(
@@ -998,20 +1123,34 @@ impl PoolActor {
     ) -> Result<(), Refusal> {
         let recorded = self.recording.as_ref().map(|_| admitted.command());
         let result = self.core.commit_admitted(admitted, at, &mut self.out);
-        if let (Ok(_), Some(recording), Some(command)) = (&result, &self.recording, &recorded) {
-            recording.command(at, command);
+        if let Ok(guard) = result {
+            self.run = Some(RunActor::new(guard, Arc::clone(&self.router.live)).start());
+            if let (Some(recording), Some(command)) = (&self.recording, &recorded) {
+                recording.command(at, command);
+            }
+            self.flush(ctx);
+            return Ok(());
         }
         self.flush(ctx);
-        let guard = result?;
-        self.run = Some(RunActor::new(guard, Arc::clone(&self.router.live)).start());
-        Ok(())
+        result.map(drop)
     }
 }
 
 impl Handler<FinishRun> for PoolActor {
-    type Result = AtomicResponse<Self, Result<(), Refusal>>;
+    type Result = AtomicResponse<Self, Result<(), GateError>>;
 
     fn handle(&mut self, msg: FinishRun, ctx: &mut Context<Self>) -> Self::Result {
+        self.contained(ctx, |act, ctx| act.finish(msg, ctx))
+            .unwrap_or_else(|| answered(Err(GateError::Internal)))
+    }
+}
+
+impl PoolActor {
+    fn finish(
+        &mut self,
+        msg: FinishRun,
+        ctx: &mut Context<Self>,
+    ) -> AtomicResponse<Self, Result<(), GateError>> {
         let at = self.applied_at(msg.at);
         let admitted = self.core.may_finish(&msg.run, at, &mut self.out);
         self.flush(ctx);
@@ -1023,7 +1162,7 @@ impl Handler<FinishRun> for PoolActor {
                 self.flush(ctx);
             }
             let refused = admitted.and(Err(Refusal::UnknownRun(msg.run)));
-            return AtomicResponse::new(Box::pin(fut::ready(refused)));
+            return answered(refused.map_err(Into::into));
         };
         let run = msg.run;
         let answer = addr.send(FinishCommitted { at });
@@ -1059,33 +1198,39 @@ impl Handler<FinishRun> for PoolActor {
                     })
                 })
                 .map(|status, act, ctx| {
-                    act.flush(ctx);
-                    status
+                    act.contained(ctx, |act, ctx| act.flush(ctx))
+                        .map_or(Err(GateError::Internal), |()| Ok(status?))
                 }),
         ))
     }
 }
 
 impl Handler<GetReport> for PoolActor {
-    type Result = MessageResult<GetReport>;
+    type Result = Result<poolgate_core::PoolReport, GateError>;
 
     fn handle(&mut self, msg: GetReport, ctx: &mut Context<Self>) -> Self::Result {
-        let at = self.applied_at(msg.at);
-        self.settle(at, ctx);
-        let ignored = &self.router.ignored;
-        MessageResult(self.core.report(
-            IgnoredCounts::read(&ignored.stale),
-            IgnoredCounts::read(&ignored.non_candidate),
-        ))
+        self.contained(ctx, |act, ctx| {
+            let at = act.applied_at(msg.at);
+            act.settle(at, ctx);
+            let ignored = &act.router.ignored;
+            act.core.report(
+                IgnoredCounts::read(&ignored.stale),
+                IgnoredCounts::read(&ignored.non_candidate),
+            )
+        })
+        .ok_or(GateError::Internal)
     }
 }
 
 impl Handler<PendingDeadline> for PoolActor {
-    type Result = Option<Time>;
+    type Result = Result<Option<Time>, GateError>;
 
-    fn handle(&mut self, msg: PendingDeadline, ctx: &mut Context<Self>) -> Option<Time> {
-        let at = self.applied_at(msg.at);
-        self.settle(at, ctx);
-        self.core.deadline()
+    fn handle(&mut self, msg: PendingDeadline, ctx: &mut Context<Self>) -> Self::Result {
+        self.contained(ctx, |act, ctx| {
+            let at = act.applied_at(msg.at);
+            act.settle(at, ctx);
+            act.core.deadline()
+        })
+        .ok_or(GateError::Internal)
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::telemetry;
 use poolgate_core::{Event, NodeId};
 
 pub use tokio::sync::mpsc::error::TryRecvError;
@@ -89,7 +90,7 @@ pub struct EventStream {
 }
 
 /// Whether `event` ends (or commits) a run: never shed for lag.
-fn is_outcome(event: &Event) -> bool {
+pub(crate) fn is_outcome(event: &Event) -> bool {
     matches!(
         event,
         Event::RunCommitted { .. }
@@ -298,7 +299,7 @@ impl Publisher {
         }
         let mut inner = self.lock();
         for event in events.drain(..) {
-            log_decision(&event);
+            telemetry::logged(|| log_decision(&event));
             if keep && !inner.subscribed {
                 let held = inner.before_first.get_or_insert_with(Vec::new);
                 if held.len() < EVENT_QUEUE {

@@ -22,6 +22,8 @@ pub struct RunActor {
 impl RunActor {
     /// The actor of a run whose plan was just committed.
     pub fn new(guard: RunGuard, live: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        // Counted out when dropped (see `Drop`).
+        live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Self { guard, live }
     }
 
@@ -50,12 +52,11 @@ impl RunActor {
 
 impl Actor for RunActor {
     type Context = Context<Self>;
+}
 
-    fn started(&mut self, _ctx: &mut Context<Self>) {
-        self.live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+/// Counted out however the actor ends, a panic included.
+impl Drop for RunActor {
+    fn drop(&mut self) {
         self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -22,7 +22,23 @@ pub fn guarded(emit: impl FnOnce()) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(emit)).is_err()
         && !SAID.swap(true, Ordering::Relaxed)
     {
-        tracing::error!("the metrics recorder panicked: the figure is lost, the gate goes on");
+        logged(|| {
+            tracing::error!("the metrics recorder panicked: the figure is lost, the gate goes on")
+        });
+    }
+}
+
+/// Runs `log` (a tracing call, which runs the embedder's layers) so that
+/// a layer that panics costs that line, never the actor that logs. The
+/// panic is counted (`poolgate_hook_panics_total{hook="tracing"}`), not
+/// logged: the layer that panicked would be the one to say it.
+pub fn logged(log: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(log)).is_err() {
+        // A recorder that panics too loses this figure (not said: said
+        // through the layer that just panicked).
+        let _ = std::panic::catch_unwind(|| {
+            metrics::counter!("poolgate_hook_panics_total", "hook" => "tracing").increment(1)
+        });
     }
 }
 
