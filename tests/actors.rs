@@ -1142,3 +1142,461 @@ fn a_fence_that_panics_stops_the_gate_acting_and_nothing_hangs() {
         assert!(ended.is_ok(), "the subscriber waited for ever");
     });
 }
+
+/// Supervision under random inputs and random failures (issue 29): the
+/// gate's actors are made to fail at random points, through the testing
+/// module (`fail_next`) and through the embedder's own hooks (a tracing
+/// layer and a metrics recorder that panic), between random SWIM facts,
+/// plans, finishes and time. The checker is written from the contract's
+/// promises, not from the actors' code:
+/// - no epoch is told twice (each `pool_ready` tells a later epoch);
+/// - a committed run ends at most once, and is never lost: at the end it
+///   has ended, or the gate still names it and the loss of a node it
+///   requires faults it;
+/// - every call answers and every stream ends or keeps delivering: each
+///   call is bounded in virtual time, and a gate that gave up ends its
+///   stream.
+mod supervision {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use poolgate::core::{AgentReport, MembershipUpdate, RegistryFact};
+    use poolgate::{EventStream, Gate, GateError};
+    use poolgate_actors::core::{Epoch, Event, NodeId, OnReadinessLost, RunId, SwimState};
+    use poolgate_actors::testing::{fail_next, Actor};
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestRunner};
+
+    use super::common::{config, node, on_virtual_time};
+
+    const NODES: usize = 4;
+    /// Longer than anything the gate waits for by itself: a call or a
+    /// stream still waiting after this much virtual time hangs.
+    const HANG: Duration = Duration::from_secs(3600);
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Ready(usize),
+        Swim(usize, SwimState),
+        Unavailable(usize),
+        Advance(u64),
+        Plan(Vec<usize>),
+        Finish,
+        Fail(Target),
+        /// The tracing layer or the metrics recorder panics on its next
+        /// `n` calls from the actors.
+        HookPanics(Hook, u32),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Target {
+        Pool,
+        Node(usize),
+        Run,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Hook {
+        Tracing,
+        Metrics,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let i = 0..NODES;
+        prop_oneof![
+            4 => i.clone().prop_map(Step::Ready),
+            3 => (i.clone(), prop_oneof![Just(SwimState::Alive), Just(SwimState::Suspect), Just(SwimState::Dead)])
+                .prop_map(|(i, s)| Step::Swim(i, s)),
+            1 => i.clone().prop_map(Step::Unavailable),
+            4 => (0u64..2500).prop_map(Step::Advance),
+            3 => prop::collection::btree_set(i.clone(), 1..=NODES)
+                .prop_map(|s| Step::Plan(s.into_iter().collect())),
+            1 => Just(Step::Finish),
+            2 => prop_oneof![Just(Target::Pool), Just(Target::Run), i.prop_map(Target::Node)]
+                .prop_map(Step::Fail),
+            2 => (prop_oneof![Just(Hook::Tracing), Just(Hook::Metrics)], 1u32..4)
+                .prop_map(|(h, n)| Step::HookPanics(h, n)),
+        ]
+    }
+
+    /// A subscriber that panics on an event of the actors' modules while
+    /// armed (the embedder's tracing layer).
+    struct Layer(Arc<AtomicU32>);
+
+    impl tracing::Subscriber for Layer {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let target = event.metadata().target();
+            let actors = ["pool_actor", "node_actor", "run_actor", "publisher"];
+            if actors.iter().any(|a| target.ends_with(a)) && take(&self.0) {
+                panic!("the embedder's tracing layer panicked");
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A metrics recorder that panics while armed.
+    struct Recorder(Arc<AtomicU32>);
+
+    impl Recorder {
+        fn check(&self) {
+            if take(&self.0) {
+                panic!("the embedder's metrics recorder panicked");
+            }
+        }
+    }
+
+    impl metrics::Recorder for Recorder {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            self.check();
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            self.check();
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            self.check();
+            metrics::Histogram::noop()
+        }
+    }
+
+    fn take(armed: &AtomicU32) -> bool {
+        armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// What the checker knows from the events alone.
+    #[derive(Default, Debug)]
+    struct Seen {
+        last_epoch: Option<Epoch>,
+        /// Committed runs not ended, with the nodes they require.
+        open: BTreeMap<RunId, Vec<NodeId>>,
+        ended: BTreeSet<RunId>,
+        /// Nodes whose runs were asked for, by run (from the commits).
+        asked: BTreeMap<RunId, Vec<NodeId>>,
+    }
+
+    impl Seen {
+        fn take(&mut self, events: &mut EventStream) -> Result<(), TestCaseError> {
+            while let Ok(event) = events.try_recv() {
+                self.one(&event)?;
+            }
+            Ok(())
+        }
+
+        fn one(&mut self, event: &Event) -> Result<(), TestCaseError> {
+            match event {
+                Event::PoolReady { epoch, .. } => {
+                    prop_assert!(
+                        self.last_epoch.is_none_or(|last| *epoch > last),
+                        "epoch {epoch:?} told after {:?}",
+                        self.last_epoch
+                    );
+                    self.last_epoch = Some(*epoch);
+                }
+                Event::RunCommitted { run, .. } => {
+                    prop_assert!(!self.ended.contains(run), "{run} committed after it ended");
+                    let required = self.asked.get(run).cloned().unwrap_or_default();
+                    self.open.insert(run.clone(), required);
+                }
+                Event::RunFaulted { run, .. } | Event::RunFinished { run, .. } => {
+                    prop_assert!(
+                        self.open.remove(run).is_some(),
+                        "{run} ended but was not open: {event:?}"
+                    );
+                    self.ended.insert(run.clone());
+                }
+                _ => {}
+            }
+            Ok(())
+        }
+    }
+
+    /// Bounds a call in virtual time: a call still waiting after [`HANG`]
+    /// hangs.
+    async fn bounded<T>(call: impl std::future::Future<Output = T>) -> Result<T, TestCaseError> {
+        tokio::time::timeout(HANG, call)
+            .await
+            .map_err(|_| TestCaseError::fail("a call hung"))
+    }
+
+    /// What the cases exercised, to print (a property that is never put
+    /// to the test proves nothing).
+    #[derive(Default, Debug)]
+    struct Tally {
+        committed: u64,
+        ended: u64,
+        checked_at_end: u64,
+        failures_asked: u64,
+        hook_panics: u64,
+        gates_ended: u64,
+    }
+
+    impl Tally {
+        fn add(&mut self, other: &Tally) {
+            self.committed += other.committed;
+            self.ended += other.ended;
+            self.checked_at_end += other.checked_at_end;
+            self.failures_asked += other.failures_asked;
+            self.hook_panics += other.hook_panics;
+            self.gates_ended += other.gates_ended;
+        }
+    }
+
+    async fn scenario(
+        steps: Vec<Step>,
+        stop_at_end: bool,
+        tally: &mut Tally,
+    ) -> Result<(), TestCaseError> {
+        let layer_armed = Arc::new(AtomicU32::new(0));
+        let recorder_armed = Arc::new(AtomicU32::new(0));
+        let _layer = tracing::subscriber::set_default(Layer(Arc::clone(&layer_armed)));
+        let recorder = Recorder(Arc::clone(&recorder_armed));
+        let _recorder = metrics::set_default_local_recorder(&recorder);
+        let names: Vec<String> = (1..=NODES).map(|i| format!("n{i}")).collect();
+        let members: Vec<&str> = names.iter().map(String::as_str).collect();
+        let gate = Gate::start(
+            config(&members, 1000, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap(),
+        );
+        let mut events = gate.subscribe();
+        let mut seen = Seen::default();
+        let mut incarnation = [0u64; NODES];
+        let mut runs = 0;
+        let (mut armed_at, mut armed_metrics) = (0u32, 0u32);
+        // Every case starts from a ready pool: the steps plan on it, fail
+        // its actors and harm its nodes.
+        let mut steps = steps;
+        steps.splice(
+            0..0,
+            (0..NODES).map(Step::Ready).chain([Step::Advance(1001)]),
+        );
+        for step in steps {
+            match step {
+                Step::Ready(i) => {
+                    let n = node(&names[i]);
+                    incarnation[i] += 1;
+                    let _ = bounded(gate.registry(RegistryFact::Known { node: n.clone() })).await?;
+                    let _ = bounded(gate.membership(MembershipUpdate {
+                        node: n.clone(),
+                        state: SwimState::Alive,
+                        incarnation: incarnation[i],
+                    }))
+                    .await?;
+                    let _ = bounded(gate.agent(AgentReport::Available { node: n.clone() })).await?;
+                    let _ = bounded(gate.identity(n, names[i].as_bytes().to_vec())).await?;
+                }
+                Step::Swim(i, state) => {
+                    incarnation[i] += 1;
+                    let update = MembershipUpdate {
+                        node: node(&names[i]),
+                        state,
+                        incarnation: incarnation[i],
+                    };
+                    let _ = bounded(gate.membership(update)).await?;
+                }
+                Step::Unavailable(i) => {
+                    let report = AgentReport::Unavailable {
+                        node: node(&names[i]),
+                    };
+                    let _ = bounded(gate.agent(report)).await?;
+                }
+                Step::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Step::Plan(required) => {
+                    runs += 1;
+                    let run = RunId::new(&format!("r{runs}")).unwrap();
+                    let required: Vec<NodeId> = required.iter().map(|i| node(&names[*i])).collect();
+                    seen.asked.insert(run.clone(), required.clone());
+                    if bounded(gate.begin_planning(run.clone(), None))
+                        .await?
+                        .is_ok()
+                    {
+                        let _ = bounded(gate.commit_plan(run, required, None)).await?;
+                    }
+                }
+                Step::Finish => {
+                    if let Some(run) = seen.open.keys().next().cloned() {
+                        let _ = bounded(gate.finish_run(run)).await?;
+                    }
+                }
+                Step::Fail(target) => {
+                    tally.failures_asked += 1;
+                    match target {
+                        Target::Pool => fail_next(&gate, Actor::Pool),
+                        Target::Run => fail_next(&gate, Actor::Run),
+                        Target::Node(i) => fail_next(&gate, Actor::Node(node(&names[i]))),
+                    }
+                }
+                Step::HookPanics(hook, n) => {
+                    // What the last arming did not use was not a panic.
+                    tally.hook_panics += u64::from(armed_at - layer_armed.load(Ordering::SeqCst))
+                        + u64::from(armed_metrics - recorder_armed.load(Ordering::SeqCst));
+                    let (armed, at) = match hook {
+                        Hook::Tracing => (&layer_armed, &mut armed_at),
+                        Hook::Metrics => (&recorder_armed, &mut armed_metrics),
+                    };
+                    armed.store(n, Ordering::SeqCst);
+                    *at = n;
+                    let other = match hook {
+                        Hook::Tracing => (&recorder_armed, &mut armed_metrics),
+                        Hook::Metrics => (&layer_armed, &mut armed_at),
+                    };
+                    *other.1 = other.0.load(Ordering::SeqCst);
+                }
+            }
+            // The failures asked for come at the actors' next messages.
+            let _ = bounded(gate.report()).await?;
+            seen.take(&mut events)?;
+        }
+        tally.hook_panics += u64::from(armed_at - layer_armed.swap(0, Ordering::SeqCst))
+            + u64::from(armed_metrics - recorder_armed.swap(0, Ordering::SeqCst));
+        tally.committed += seen.open.len() as u64 + seen.ended.len() as u64;
+        tally.ended += seen.ended.len() as u64;
+        if stop_at_end {
+            gate.stop();
+        }
+        if gate.is_stopped() {
+            tally.gates_ended += 1;
+            // The gate cannot go on: its stream ends, its calls say so.
+            while let Some(event) = bounded(events.recv()).await? {
+                seen.one(&event)?;
+            }
+            let report = bounded(gate.report()).await?;
+            prop_assert!(matches!(report, Err(GateError::Stopped)), "{report:?}");
+            return Ok(());
+        }
+        // Every committed run not ended is still the gate's, and the loss
+        // of a node it requires faults it.
+        let report = bounded(gate.report())
+            .await?
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (run, required) in seen.open.clone() {
+            tally.checked_at_end += 1;
+            prop_assert_eq!(
+                report.run.as_ref(),
+                Some(&run),
+                "committed run {} lost",
+                run
+            );
+            let lost = required.first().cloned().unwrap();
+            let i = names
+                .iter()
+                .position(|n| n.as_str() == lost.as_str())
+                .unwrap();
+            incarnation[i] += 1;
+            let dead = MembershipUpdate {
+                node: lost,
+                state: SwimState::Dead,
+                incarnation: incarnation[i],
+            };
+            let _ = bounded(gate.membership(dead)).await?;
+            let ended = bounded(async {
+                while let Some(event) = events.recv().await {
+                    seen.one(&event)?;
+                    if !seen.open.contains_key(&run) {
+                        return Ok(());
+                    }
+                }
+                Err(TestCaseError::fail(format!("{run}: the stream ended")))
+            })
+            .await;
+            ended.map_err(|_| TestCaseError::fail(format!("{run} never faulted")))??;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn random_failures_of_actors_and_hooks_lose_no_run_tell_no_epoch_twice_and_hang_nothing() {
+        let seed = std::env::var("POOLGATE_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(29);
+        let cases = std::env::var("POOLGATE_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1000);
+        println!("supervision seed: {seed}, {cases} cases (POOLGATE_SEED, POOLGATE_CASES)");
+        let mut runner = TestRunner::new(RunnerConfig {
+            cases,
+            rng_seed: RngSeed::Fixed(seed),
+            failure_persistence: None,
+            ..RunnerConfig::default()
+        });
+        // The panics asked for are expected by the thousand: not printed.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("");
+            if !(message.starts_with("injected") || message.starts_with("the embedder's")) {
+                previous(info);
+            }
+        }));
+        let tally = std::cell::RefCell::new(Tally::default());
+        runner
+            .run(
+                &(
+                    prop::collection::vec(step(), 1..60),
+                    prop::bool::weighted(0.2),
+                ),
+                |(steps, stop_at_end)| {
+                    let mut result = Ok(());
+                    let mut this = Tally::default();
+                    on_virtual_time(async {
+                        result = scenario(steps, stop_at_end, &mut this).await
+                    });
+                    tally.borrow_mut().add(&this);
+                    result
+                },
+            )
+            .unwrap();
+        let tally = tally.into_inner();
+        println!("supervision: {tally:?}");
+        assert!(tally.committed > 0 && tally.checked_at_end > 0 && tally.hook_panics > 0);
+    }
+}

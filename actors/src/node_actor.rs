@@ -9,7 +9,7 @@ use crate::messages::{
     ApplyObservation, ApplyObservations, FromNode, NodeActorStopped, NodeChanged, Outcome, Resync,
 };
 use crate::telemetry::{self, IgnoredCounts};
-use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, Reason, SlotKey, Verdict};
+use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, SlotKey, Verdict};
 
 /// The actor of one candidate node.
 #[derive(Debug)]
@@ -124,7 +124,10 @@ impl Handler<Resync> for NodeActor {
                 node: self.node.clone(),
                 at: msg.at,
                 change: NodeChange {
-                    reason: Reason::ViewChanged,
+                    // Reported afresh, after the pool's restart: a run
+                    // that requires the node and was not told of its loss
+                    // hears why it is not ready.
+                    reason: self.facts.reason(),
                     before: Verdict::NOTHING_KNOWN,
                     after: verdict,
                     fingerprint: self.facts.fingerprint(),

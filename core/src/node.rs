@@ -366,10 +366,15 @@ pub struct NodeChange {
 }
 
 impl NodeChange {
-    /// Whether this change takes a node out of an active run (SPEC §3): it
-    /// stopped being ready, or it kept being ready under another identity.
+    /// Whether this change, of a node that a committed run requires (ready
+    /// when the plan was committed, and ever since as far as the run was
+    /// told), takes it out of the run (SPEC §3): it is not ready, or it
+    /// kept being ready under another identity. Not ready before as well is
+    /// a loss too: a change the run was not told of came in between (the
+    /// pool's actor failed while handling it, and its restart reported the
+    /// node afresh).
     pub fn loses_required_node(&self) -> bool {
-        (self.before.is_ready() && !self.after.is_ready()) || self.reason == Reason::IdentityChanged
+        !self.after.is_ready() || self.reason == Reason::IdentityChanged
     }
 }
 
@@ -482,6 +487,24 @@ impl NodeFacts {
             .with(Blocker::NotAvailable, !self.available)
             .with(Blocker::NoIdentity, self.identity.is_none())
             .with(Blocker::Faulted, self.fault.is_some())
+    }
+
+    /// Why the node is not ready, as a change that made it so would say
+    /// (the first blocker, in report order); `ViewChanged` when it is
+    /// ready. For a node reported afresh, with no change to name.
+    pub fn reason(&self) -> Reason {
+        match self.verdict().blockers().next() {
+            None => Reason::ViewChanged,
+            Some(Blocker::Unknown) => Reason::Unknown,
+            Some(Blocker::NotLive) => match self.membership.state() {
+                Some(SwimState::Left) => Reason::Left,
+                _ => Reason::Dead,
+            },
+            Some(Blocker::Suspect) => Reason::Suspect,
+            Some(Blocker::NotAvailable) => Reason::Unavailable,
+            Some(Blocker::NoIdentity) => Reason::NoIdentity,
+            Some(Blocker::Faulted) => Reason::Faulted,
+        }
     }
 
     /// The SWIM view of the node.
