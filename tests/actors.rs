@@ -1143,6 +1143,45 @@ fn a_fence_that_panics_stops_the_gate_acting_and_nothing_hangs() {
     });
 }
 
+#[test]
+fn an_input_sent_as_its_node_actor_fails_is_applied_by_the_restarted_actor() {
+    // Found measuring restarts (issue 29): the input that reached the
+    // failed actor's closed mailbox was answered `NotCandidate` and lost,
+    // for a node that is a candidate.
+    on_virtual_time(async {
+        let gate = gate_wait(None);
+        all_ready(&gate).await;
+        poolgate_actors::testing::fail_next(
+            &gate,
+            poolgate_actors::testing::Actor::Node(node("n1")),
+        );
+        let outcome = gate
+            .membership(poolgate::core::MembershipUpdate {
+                node: node("n1"),
+                state: SwimState::Alive,
+                incarnation: 2,
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Changed);
+        let report = gate.report().await.unwrap();
+        assert_eq!(report.ignored_non_candidate, 0);
+        let n1 = report
+            .candidates
+            .iter()
+            .find(|c| c.node == node("n1"))
+            .unwrap();
+        assert_eq!(
+            n1.detail.membership,
+            Membership::Seen {
+                state: SwimState::Alive,
+                incarnation: 2
+            },
+            "{n1:?}"
+        );
+    });
+}
+
 /// Supervision under random inputs and random failures (issue 29): the
 /// gate's actors are made to fail at random points, through the testing
 /// module (`fail_next`) and through the embedder's own hooks (a tracing

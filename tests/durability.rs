@@ -549,6 +549,50 @@ fn a_subscriber_that_never_reads_is_bounded_and_told_it_lagged() {
 }
 
 #[test]
+fn a_subscriber_that_never_reads_through_100_000_readiness_events_still_gets_the_runs_fault() {
+    // Issue 29, reproduction 4: after 1,200 unread readiness events the
+    // run's `run_faulted` was the event lost (lagged 181).
+    on_virtual_time(async {
+        let gate = Gate::start(
+            config(&["a", "b"], 1, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap(),
+        );
+        make_ready(&gate, "a").await;
+        make_ready(&gate, "b").await;
+        advance_to(&gate, 2).await;
+        let r1 = poolgate::core::RunId::new("r1").unwrap();
+        gate.begin_planning(r1.clone(), None).await.unwrap();
+        gate.commit_plan(r1.clone(), vec![node("a")], None)
+            .await
+            .unwrap();
+        let mut idle = gate.subscribe_from_now();
+        let mut reader = gate.subscribe_from_now();
+        // b (not required) flaps: each round is `readiness_lost` then,
+        // a window later, `pool_ready`.
+        let mut told = 0u64;
+        let mut incarnation = 1;
+        while told < 100_000 {
+            incarnation += 1;
+            swim(&gate, "b", poolgate::core::SwimState::Suspect, incarnation).await;
+            incarnation += 1;
+            swim(&gate, "b", poolgate::core::SwimState::Alive, incarnation).await;
+            advance_to(&gate, now_ms(&gate) + 2).await;
+            told += drain(&mut reader).len() as u64;
+        }
+        swim(&gate, "a", poolgate::core::SwimState::Dead, 9).await;
+        let kept = drain(&mut idle);
+        assert!(idle.lagged() > 90_000, "lagged {}", idle.lagged());
+        let faulted: Vec<_> = kept
+            .iter()
+            .filter(|e| matches!(e, Event::RunFaulted { run, .. } if *run == r1))
+            .collect();
+        assert_eq!(faulted.len(), 1, "{:?}", names(&kept));
+        assert!(kept.len() <= poolgate::EVENT_QUEUE);
+    });
+}
+
+#[test]
 fn a_runs_end_whose_write_failed_is_written_once_the_store_is_back() {
     // Adversary: `run_finished` went out, the write failed, and the file
     // held the run as committed for good (the next `run` found it).

@@ -27,8 +27,9 @@ use actix::Addr;
 use crate::clock::Clock;
 use crate::messages::{
     ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, FinishRun,
-    GetReport, Outcome, PendingDeadline,
+    GetReport, Outcome, PendingDeadline, ReplaceNode,
 };
+use crate::node_actor::NodeActor;
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
 use crate::router::Router;
@@ -331,13 +332,16 @@ impl Gate {
             }
             return Ok(vec![Outcome::NotCandidate; count]);
         };
-        match addr.send(ApplyObservations { at, observations }).await {
-            Ok(mut outcomes) => {
+        match self
+            .to_node(addr, &node, ApplyObservations { at, observations })
+            .await
+        {
+            Some(mut outcomes) => {
                 // The actor failed part way: the rest was not applied.
                 outcomes.resize(count, Outcome::Failed);
                 Ok(outcomes)
             }
-            Err(_) => {
+            None => {
                 for _ in 0..count {
                     IgnoredCounts::bump(&self.router.ignored.non_candidate);
                 }
@@ -516,14 +520,44 @@ impl Gate {
             self.not_candidate(&node);
             return Ok(Outcome::NotCandidate);
         };
-        match addr.send(ApplyObservation { at, observation }).await {
-            Ok(outcome) => Ok(outcome),
+        match self
+            .to_node(addr, &node, ApplyObservation { at, observation })
+            .await
+        {
+            Some(outcome) => Ok(outcome),
             // The node left the pool while the observation was in flight.
-            Err(_) => {
+            None => {
                 IgnoredCounts::bump(&self.router.ignored.non_candidate);
                 Ok(Outcome::NotCandidate)
             }
         }
+    }
+
+    /// Sends `message` to `node`'s actor at `addr`. An actor that ended
+    /// with it in flight (it failed) is replaced by the pool, and the
+    /// message goes to the new one: an input is applied, not lost to a
+    /// restart. `None` once the node is no longer a candidate.
+    async fn to_node<M>(
+        &self,
+        addr: Addr<NodeActor>,
+        node: &NodeId,
+        message: M,
+    ) -> Option<M::Result>
+    where
+        M: actix::Message + Clone + Send + 'static,
+        M::Result: Send,
+        NodeActor: actix::Handler<M>,
+    {
+        if let Ok(answer) = addr.send(message.clone()).await {
+            return Some(answer);
+        }
+        let replaced = self
+            .pool
+            .send(ReplaceNode { node: node.clone() })
+            .await
+            .ok()
+            .flatten()?;
+        replaced.send(message).await.ok()
     }
 
     fn not_candidate(&self, node: &NodeId) {

@@ -57,7 +57,7 @@ answered_as_is!(Outcome);
 
 /// Handle → `NodeActor`: apply one observation, stamped with the instant
 /// it entered the gate.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApplyObservation {
     /// The instant the observation entered the gate.
     pub at: Time,
@@ -71,7 +71,7 @@ impl Message for ApplyObservation {
 
 /// Handle → `NodeActor`: apply several observations of the node in order,
 /// at one instant (what one agent frame says), in one trip.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApplyObservations {
     /// The instant they entered the gate.
     pub at: Time,
@@ -245,6 +245,20 @@ pub struct GetReport {
 
 impl Message for GetReport {
     type Result = Result<PoolReport, GateError>;
+}
+
+/// Handle → `PoolActor`: the actor of candidate `node` ended with an
+/// input in flight (it failed); its replacement, started now if the pool
+/// has not yet, so that the input is applied, not lost. `None` for a node
+/// that is no longer a candidate.
+#[derive(Debug)]
+pub struct ReplaceNode {
+    /// The candidate.
+    pub node: NodeId,
+}
+
+impl Message for ReplaceNode {
+    type Result = Option<actix::Addr<crate::node_actor::NodeActor>>;
 }
 
 /// Handle → `PoolActor`: the earliest timer pending (the replay runs the

@@ -1222,6 +1222,34 @@ impl Handler<GetReport> for PoolActor {
     }
 }
 
+impl Handler<crate::messages::ReplaceNode> for PoolActor {
+    type Result = Option<Addr<NodeActor>>;
+
+    fn handle(
+        &mut self,
+        msg: crate::messages::ReplaceNode,
+        ctx: &mut Context<Self>,
+    ) -> Self::Result {
+        if self.shut {
+            return None;
+        }
+        self.contained(ctx, |act, ctx| {
+            let key = act.core.readiness().key_of(&msg.node)?;
+            // What `node_actor_stopped` does when the actor's end is told
+            // (it may still be on its way); done once either way.
+            act.node_actor_stopped(
+                NodeActorStopped {
+                    key,
+                    node: msg.node.clone(),
+                },
+                ctx,
+            );
+            act.router.route(&msg.node)
+        })
+        .flatten()
+    }
+}
+
 impl Handler<PendingDeadline> for PoolActor {
     type Result = Result<Option<Time>, GateError>;
 

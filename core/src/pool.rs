@@ -405,6 +405,11 @@ impl PoolReadiness {
         self.by_id.contains_key(node)
     }
 
+    /// The slot of candidate `node`, if it is one.
+    pub fn key_of(&self, node: &NodeId) -> Option<SlotKey> {
+        self.by_id.get(node).copied()
+    }
+
     /// How many candidates there are, and how many of them are not ready.
     pub fn counts(&self) -> (usize, usize) {
         (self.by_id.len(), self.not_ready)
