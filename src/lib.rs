@@ -114,7 +114,14 @@ pub mod state;
 #[cfg(feature = "live")]
 pub use config::NodeConfig;
 pub use config::{Config, ConfigError, SettingsError};
-pub use poolgate_actors::core::{self, Input};
+pub use poolgate_actors::core::Input;
+
+/// The gate's core: its ids, inputs, events, reasons and refusals
+/// (`poolgate-core`, re-exported whole, with its pages here).
+pub mod core {
+    #[doc(inline)]
+    pub use poolgate_actors::core::*;
+}
 /// Testing an embedder's code against the gate (feature `testing`):
 /// virtual time, scripted inputs, an actor made to fail on its next
 /// message.

@@ -101,6 +101,11 @@ pub use error::GateError;
 pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
 pub use pool_actor::{duration_problem, GateSettings, MAX_SETTING};
-pub use poolgate_core as core;
+/// The gate's core: its ids, inputs, events, reasons and refusals
+/// (`poolgate-core`, re-exported whole, with its pages here).
+pub mod core {
+    #[doc(inline)]
+    pub use poolgate_core::*;
+}
 pub use recording::Recording;
 pub use store::{DurableSettings, StateStore, StoreError};
