@@ -9,20 +9,16 @@ pub mod procs;
 use std::future::Future;
 use std::time::Duration;
 
-use poolgate::core::{AgentReport, MembershipUpdate, RegistryFact};
+use poolgate::core::MembershipUpdate;
 use poolgate::Config;
 use poolgate::{EventStream, Gate};
 use poolgate_actors::core::{Event, NodeId, OnReadinessLost, SwimState, Time};
 
 /// Runs `test` inside an actix system on tokio's paused clock: time only
 /// moves when every task is idle, so timers fire at exact virtual instants.
+/// The testing module's, as an embedder's tests would use it.
 pub fn on_virtual_time<F: Future<Output = ()>>(test: F) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    actix::System::with_tokio_rt(move || runtime).block_on(test);
+    poolgate_actors::testing::on_virtual_time(test)
 }
 
 /// A config over `members` with the given window and policy.
@@ -77,23 +73,11 @@ pub fn names(events: &[Event]) -> Vec<&'static str> {
 }
 
 /// Feeds the four facts that make a node ready (it is known, alive at
-/// incarnation 1, available, and has identity material).
+/// incarnation 1, available, and has identity material), through the
+/// testing module, as an embedder's tests would.
 pub async fn make_ready(gate: &Gate, name: &str) {
-    let node = node(name);
-    gate.registry(RegistryFact::Known { node: node.clone() })
-        .await
-        .unwrap();
-    gate.membership(MembershipUpdate {
-        node: node.clone(),
-        state: SwimState::Alive,
-        incarnation: 1,
-    })
-    .await
-    .unwrap();
-    gate.agent(AgentReport::Available { node: node.clone() })
-        .await
-        .unwrap();
-    gate.agent(AgentReport::identity(node, format!("key-of-{name}").into_bytes()).unwrap())
+    let identity = format!("key-of-{name}").into_bytes();
+    poolgate_actors::testing::make_ready(gate, &node(name), &identity)
         .await
         .unwrap();
 }
