@@ -1,4 +1,4 @@
-//! What durability and recording cost (SPEC §9), each against its baseline
+//! What durability and recording cost (design §9), each against its baseline
 //! in the same run, on the real clock:
 //!
 //! - `commit_plan` latency with the redb state file vs in memory;

@@ -1,5 +1,5 @@
 //! A small etcd v3 client over etcd's JSON gateway (`POST /v3/...`,
-//! HTTP/1.1, keys and values in base64), enough for the replicas of SPEC
+//! HTTP/1.1, keys and values in base64), enough for the replicas of design
 //! §12: ranges, conditioned transactions and leases.
 //!
 //! The gateway is part of every etcd v3 server, so nothing is generated at

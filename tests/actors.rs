@@ -1,6 +1,6 @@
 //! Actor-level tests of the contract: the real `NodeActor` / `PoolActor` /
 //! `RunActor` subsystem behind the embedding API, on tokio's paused clock.
-//! One test (at least) per line of `membership-and-pool-readiness.md`.
+//! One test (at least) per promise of the contract (docs/design.md §1–§3).
 
 mod common;
 
@@ -735,7 +735,7 @@ fn an_empty_plan_is_refused_and_planning_goes_on() {
 
 /// Live inputs meet timers at the pool: one that arrives after the timer
 /// due at `T` fired is applied at `T + 1 ms`, so that inputs applied at `T`
-/// always come before timers due at `T` (SPEC §2), as in replay.
+/// always come before timers due at `T` (design §2), as in replay.
 #[test]
 fn a_live_input_after_the_timer_at_its_instant_is_applied_a_millisecond_later() {
     on_virtual_time(async {

@@ -1,4 +1,4 @@
-//! Nothing lost across a restart (SPEC §9): replays sharing `--state`
+//! Nothing lost across a restart (design §9): replays sharing `--state`
 //! behave as a gate restarted between them; the store is written before
 //! what it holds is told; bad state files are errors, never a reset.
 
@@ -459,7 +459,7 @@ fn a_state_file_of_format_1_without_checksums_is_still_read() {
 #[test]
 fn replay_uses_only_its_state_flag_never_the_configurations_state_path() {
     // The shipped config names a state file for the live gate; replays of
-    // it must stay independent of each other (SPEC §9: `--state`).
+    // it must stay independent of each other (design §9: `--state`).
     let dir = scratch("config-path");
     let config = format!("{CONFIG}path = \"live.db\"\n");
     std::fs::write(dir.join("config.toml"), config).unwrap();

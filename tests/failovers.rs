@@ -1,4 +1,4 @@
-//! A hundred forced failovers among three replicas on a real etcd (SPEC
+//! A hundred forced failovers among three replicas on a real etcd (design
 //! §12, issue 22), in random order: a clean stop (the lease revoked), a
 //! crash (the lease left to expire) and restart, and isolation from etcd
 //! (every connection to it refused until healed). A run committed in the

@@ -1,4 +1,4 @@
-//! On separate hosts, as the README deploys it (SPEC §10): every test
+//! On separate hosts, as the README deploys it (design §10): every test
 //! builds its own rig of network namespaces (`common/rig.rs`), writes the
 //! README's configurations with hostnames and `0.0.0.0` binds
 //! (`common/deploy.rs`), and runs real `poolgate` processes in it. Each is
@@ -678,7 +678,7 @@ fn epochs_printed(process: &Process) -> Vec<u64> {
 
 #[test]
 fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
-    // SPEC §12, issue 22: the leader's host cut off from etcd and the
+    // design §12, issue 22: the leader's host cut off from etcd and the
     // nodes; it steps down before its lease can expire, the other replica
     // leads only after, from both replicas' own timestamped logs; no
     // epoch is issued twice; healed, the old leader follows.
@@ -785,7 +785,7 @@ fn replicas_on_etcd_a_leader_isolated_stops_acting_before_another_leads() {
 
 #[test]
 fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() {
-    // SPEC §12: `run` started while a `watch` replica leads has the leader
+    // design §12: `run` started while a `watch` replica leads has the leader
     // plan and commit for it; the command runs; when that leader dies,
     // the run's own replica (the only other) takes over and guards the
     // run from etcd; a required node lost then faults it and `run` stops

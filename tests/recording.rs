@@ -1,4 +1,4 @@
-//! A live run recorded is replayed event for event (SPEC §9): random inputs
+//! A live run recorded is replayed event for event (design §9): random inputs
 //! applied to a gate on the real clock, from two feeders at once, with a
 //! recording; `replay` of the recording prints exactly the events the live
 //! gate published: same events, same `at_ms`, same order.

@@ -1,4 +1,4 @@
-//! Orchestrator replicas on a real etcd (SPEC §12), in one process: one
+//! Orchestrator replicas on a real etcd (design §12), in one process: one
 //! leader at a time, writes fenced by leadership, epochs continued across
 //! a change of leader, and bad etcd input refused by name. Each test
 //! starts its own etcd on 127.0.0.1 (free ports) and is bounded in time;
@@ -425,7 +425,7 @@ fn the_term_after_a_takeover_replays_from_its_recording_event_for_event() {
 
 #[test]
 fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
-    // SPEC §12: `run` among replicas has the leader plan and commit for
+    // design §12: `run` among replicas has the leader plan and commit for
     // it; the leader writes what became of it; an end asked for is done.
     need_etcd!();
     let _one_at_a_time = one_at_a_time();

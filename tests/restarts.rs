@@ -1,4 +1,4 @@
-//! Restarts at random points (issue 20, SPEC §9): random inputs and
+//! Restarts at random points (issue 20, design §9): random inputs and
 //! commands to a gate with a store that sometimes fails, the gate stopped
 //! at random points (a stop right after a write is a stop between the
 //! durable write and the publish: the next life starts from what was

@@ -3,7 +3,7 @@
 //! events, one JSON object per line) or `NAME.error` (the error of a bad
 //! line). `NAME.toml` is the config if present, `config.toml` otherwise.
 //!
-//! Events of one instant may come in any order (SPEC §5), so both sides are
+//! Events of one instant may come in any order (design §5), so both sides are
 //! compared with each instant's events sorted. To write the expected files
 //! after a deliberate change, run with `POOLGATE_BLESS=1` and review the
 //! diff line by line.

@@ -1,4 +1,4 @@
-//! Nobody gets in who does not belong (SPEC §8), tried for real: node
+//! Nobody gets in who does not belong (design §8), tried for real: node
 //! processes on 127.0.0.1, orchestrators in this process or as
 //! `poolgate watch` (whose own metrics are scraped), hostile members,
 //! frames and floods. Each test gives up after 60 s; every process it

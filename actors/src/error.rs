@@ -19,7 +19,7 @@ pub enum GateError {
     /// A pool definition is not valid.
     #[error(transparent)]
     InvalidPool(#[from] DefinitionError),
-    /// What the command needs could not be made durable (SPEC §9): the
+    /// What the command needs could not be made durable (design §9): the
     /// commit's write failed, or the pool's epoch is not stored yet;
     /// nothing changed. The store's failure, not a rule of the pool's:
     /// the core never says it.

@@ -1,4 +1,4 @@
-//! The one public face of the actor subsystem (SPEC §6): start the gate
+//! The one public face of the actor subsystem (design §6): start the gate
 //! inside a running actix `System`, feed it the three kinds of input,
 //! subscribe to its events, ask where it stands, and drive planning.
 //!
@@ -279,7 +279,7 @@ impl Gate {
         self.publisher.subscribe_from_now()
     }
 
-    /// Feeds a SWIM membership fact, admitted by SWIM's precedence (SPEC
+    /// Feeds a SWIM membership fact, admitted by SWIM's precedence (design
     /// §1): only `alive` at a higher incarnation refutes a suspicion. A
     /// source that keeps no incarnations (heartbeats, a cloud API) goes
     /// through [`core::PlainMembership`](crate::core::PlainMembership),

@@ -165,7 +165,7 @@ impl Message for TimerDue {
     type Result = ();
 }
 
-/// Handle → `PoolActor`: replace the candidate pool (SPEC §2).
+/// Handle → `PoolActor`: replace the candidate pool (design §2).
 #[derive(Debug)]
 pub struct DefinePool {
     /// The instant the command entered the gate.
@@ -178,7 +178,7 @@ impl Message for DefinePool {
     type Result = Result<(), GateError>;
 }
 
-/// Handle → `PoolActor`: begin planning a run on the ready pool (SPEC §3).
+/// Handle → `PoolActor`: begin planning a run on the ready pool (design §3).
 #[derive(Debug)]
 pub struct BeginPlanning {
     /// The instant the command entered the gate.

@@ -468,7 +468,7 @@ impl PoolActor {
     ///
     /// The pool is where inputs and timers meet, so this is where their
     /// order is fixed. Inputs stamped `T` come before timers due at `T`
-    /// (SPEC §2); an input that reaches the pool after a timer due at `T`
+    /// (design §2); an input that reaches the pool after a timer due at `T`
     /// fired is therefore applied at `T + 1 ms` at the earliest. The clock
     /// reads whole milliseconds, so the applied instants, recorded, replay
     /// to the same events.
@@ -1090,7 +1090,7 @@ impl PoolActor {
             let committed = self.commit_admitted(admitted, at, ctx);
             return answered(committed.map_err(Into::into));
         };
-        // Durable before `run_committed` is told (SPEC §9); a failed write
+        // Durable before `run_committed` is told (design §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
         // thread; the pool handles nothing else until it is done.
         let state = self.core.durable_with(&admitted);

@@ -35,7 +35,7 @@ pub struct Publisher {
     closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Whether the gate may still act (a replica's leadership, SPEC §12).
+/// Whether the gate may still act (a replica's leadership, design §12).
 pub type Fence = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl std::fmt::Debug for Publisher {

@@ -1,6 +1,6 @@
 //! `--record FILE`: every input the gate applied, in the replay format
 //! ([`crate::replay_format`]),
-//! stamped with the millisecond it was applied at (SPEC §9), so that
+//! stamped with the millisecond it was applied at (design §9), so that
 //! `poolgate replay FILE` prints exactly the events the live gate
 //! published.
 //!

@@ -1,4 +1,4 @@
-//! The replay format (SPEC §5, §9): JSON Lines, one record per line, each
+//! The replay format (design §5, §9): JSON Lines, one record per line, each
 //! an object with its instant (`at_ms`) and its `type`. The recording
 //! writes it ([`crate::Recording`]) and `poolgate replay` reads it: each
 //! record type, its fields, their checks and what they mean to the gate

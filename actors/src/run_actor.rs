@@ -1,6 +1,6 @@
 //! `RunActor`: one per committed run. It holds the run's [`RunGuard`] from
 //! the commit on, when provisioning begins, and owns its faults: the loss
-//! of a required node faults the run at once (SPEC §3). It hears of the
+//! of a required node faults the run at once (design §3). It hears of the
 //! required nodes' changes from the pool actor, in order, and answers each
 //! with the run's [`RunStatus`] and the events its guard produced: the pool
 //! stores the run's end before it tells them, so a run's outcome is never

@@ -1,4 +1,4 @@
-//! The seam where what must survive a restart is kept (SPEC §9): the last
+//! The seam where what must survive a restart is kept (design §9): the last
 //! epoch issued and the active run. The gate writes through a
 //! [`StateStore`] before it publishes what it stored; an embedded,
 //! crash-safe implementation lives in the `poolgate` crate (redb), and a

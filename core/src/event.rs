@@ -1,4 +1,4 @@
-//! What the gate tells the orchestrator (SPEC §5's event table, typed).
+//! What the gate tells the orchestrator (design §5's event table, typed).
 
 use std::collections::BTreeMap;
 
@@ -18,7 +18,7 @@ pub enum AbortReason {
     ReadinessLost,
     /// Readiness did not come back within `wait_timeout` under `wait`.
     WaitTimeout,
-    /// The gate restarted while the run was planning (SPEC §9).
+    /// The gate restarted while the run was planning (design §9).
     Restarted,
 }
 
@@ -41,7 +41,7 @@ pub enum AbortReason {
 /// assert_eq!(serde_json::to_string(&event).unwrap(), line);
 /// ```
 ///
-/// it is the replay format's event line (SPEC §5), read back the same
+/// it is the replay format's event line (design §5), read back the same
 /// (ids checked as when made).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, serde::Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]

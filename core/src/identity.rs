@@ -9,7 +9,7 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-/// Largest identity material accepted, in bytes (SPEC §1).
+/// Largest identity material accepted, in bytes (design §1).
 pub const MAX_IDENTITY_BYTES: usize = 16 * 1024;
 
 /// Why identity material was refused. The node keeps the identity it had.

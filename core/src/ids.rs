@@ -2,7 +2,7 @@
 //!
 //! An id is made once, at the edge (config, replay, embedding API), and is
 //! valid from then on: 1 to 128 bytes of UTF-8 with no control characters
-//! (SPEC §1). Ids are cheap to clone (`Arc<str>`), because the same node id
+//! (design §1). Ids are cheap to clone (`Arc<str>`), because the same node id
 //! travels in every message about that node.
 
 use std::fmt;
@@ -62,7 +62,7 @@ macro_rules! string_id {
         pub struct $name(Arc<str>);
 
         impl $name {
-            /// Checks `text` (SPEC §1) and wraps it.
+            /// Checks `text` (design §1) and wraps it.
             pub fn new(text: &str) -> Result<Self, InvalidId> {
                 validate($kind, text)?;
                 Ok(Self(Arc::from(text)))
@@ -134,7 +134,7 @@ string_id!(
 );
 
 /// The number of one `PoolReady`: 1, 2, … per gate, never reused, so a
-/// token from an earlier readiness cannot commit a plan (SPEC §2–3).
+/// token from an earlier readiness cannot commit a plan (design §2–3).
 #[derive(
     Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, serde::Deserialize,
 )]

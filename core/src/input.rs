@@ -2,7 +2,7 @@
 //! command for the pool.
 //!
 //! The embedding API takes the three kinds of observation through their own
-//! types (SPEC §6): [`MembershipUpdate`] from SWIM, [`AgentReport`] from a
+//! types (design §6): [`MembershipUpdate`] from SWIM, [`AgentReport`] from a
 //! node agent, [`RegistryFact`] from the orchestrator's registry. Each
 //! converts into an [`Input`]; the scenario parser builds `Input`s directly.
 
@@ -28,16 +28,16 @@ pub enum Input {
 /// What the orchestrator asks of the pool.
 #[derive(Debug, Clone)]
 pub enum Command {
-    /// Replace the candidate pool (SPEC §2).
+    /// Replace the candidate pool (design §2).
     DefinePool(PoolDefinition),
-    /// Begin planning a run on the ready pool (SPEC §3).
+    /// Begin planning a run on the ready pool (design §3).
     BeginPlanning {
         /// The run to plan.
         run: RunId,
         /// The epoch the caller saw ready, as proof, if it has one.
         epoch: Option<Epoch>,
     },
-    /// Commit a run's plan: provisioning begins (SPEC §3).
+    /// Commit a run's plan: provisioning begins (design §3).
     CommitPlan {
         /// The planning run.
         run: RunId,

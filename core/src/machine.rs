@@ -1,5 +1,5 @@
 //! The pool's gate: its readiness, and every decision about runs that the
-//! pool makes (SPEC §2–§3): planning admission, the wait/abort policy until
+//! pool makes (design §2–§3): planning admission, the wait/abort policy until
 //! a plan is committed, and handing the committed run over to its guard.
 //!
 //! [`PoolMachine`] composes [`PoolReadiness`] with the planning run's
@@ -13,7 +13,7 @@
 //! `T`. Every input first fires the deadlines (convergence, wait) due
 //! strictly before it, in time order; [`PoolMachine::on_deadline`] fires those
 //! at or before its instant. When `PoolReady` and a wait timeout fall due
-//! at the same instant, `PoolReady` wins (SPEC §3).
+//! at the same instant, `PoolReady` wins (design §3).
 
 use std::time::Duration;
 
@@ -42,12 +42,12 @@ enum ActiveRun {
     /// (faulted or finished).
     Committed {
         stored: DurableRun,
-        /// A restored run's confirmation deadline (SPEC §9).
+        /// A restored run's confirmation deadline (design §9).
         confirm_by: Option<Time>,
     },
 }
 
-/// What a gate keeps across restarts (SPEC §9): the last epoch it issued
+/// What a gate keeps across restarts (design §9): the last epoch it issued
 /// and its active run. Serde, so a `StateStore` (poolgate-actors)
 /// of one's own (a database, etcd) can keep it as it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -106,7 +106,7 @@ impl AdmittedCommit {
     }
 }
 
-/// Where the pool stands, and why (SPEC §6's readiness report).
+/// Where the pool stands, and why (design §6's readiness report).
 #[derive(Clone, Debug)]
 pub struct PoolReport {
     /// The pool's id.
@@ -274,7 +274,7 @@ impl PoolMachine {
         before
     }
 
-    /// Replaces the candidate set (SPEC §2); refused while a run is
+    /// Replaces the candidate set (design §2); refused while a run is
     /// committed.
     pub fn define(
         &mut self,
@@ -301,7 +301,7 @@ impl PoolMachine {
         self.planning_hears(start, out);
     }
 
-    /// Begins planning `run` (SPEC §3): only while Ready, on the current
+    /// Begins planning `run` (design §3): only while Ready, on the current
     /// epoch if one is given, one run at a time. Returns the epoch the run
     /// is bound to.
     pub fn begin(
@@ -320,7 +320,7 @@ impl PoolMachine {
         Ok(current)
     }
 
-    /// Commits the planning run's plan (SPEC §3): provisioning begins, and
+    /// Commits the planning run's plan (design §3): provisioning begins, and
     /// the run's guard is handed over for the run's actor to keep.
     ///
     /// Checked in this order: a plan that requires no node
@@ -407,7 +407,7 @@ impl PoolMachine {
         })
     }
 
-    /// What to store for `admitted` before it is committed (SPEC §9: a
+    /// What to store for `admitted` before it is committed (design §9: a
     /// commit is durable before `run_committed` is told); handed out, as
     /// [`PoolMachine::take_durable_change`] hands out.
     pub fn durable_with(&mut self, admitted: &AdmittedCommit) -> Durable {
@@ -420,7 +420,7 @@ impl PoolMachine {
     }
 
     /// The durable state, if it changed since it was last handed out: to
-    /// be stored before the events produced meanwhile are told (SPEC §9:
+    /// be stored before the events produced meanwhile are told (design §9:
     /// an epoch is never told before it is stored; a planning run's start,
     /// abort and resumption, a commit and a run's end are stored too).
     /// The pool's shell stores what this gives, as raft-rs's `Ready`
@@ -580,7 +580,7 @@ impl PoolMachine {
         self.confirm_due.take()
     }
 
-    /// Restores what a gate kept before a restart (SPEC §9): epochs
+    /// Restores what a gate kept before a restart (design §9): epochs
     /// continue above the last one issued; a planning run is aborted
     /// (`restarted`); a committed run is guarded again, its required nodes
     /// to be confirmed within `grace`: its guard is returned for the run's

@@ -1,5 +1,5 @@
 //! One candidate's facts, how an observation changes them, and the verdict
-//! "ready" or "blocked by …" over them (SPEC §1).
+//! "ready" or "blocked by …" over them (design §1).
 //!
 //! [`NodeFacts::apply`] is the only way facts change. It answers
 //! [`Applied::Changed`] only when the view really changed: a duplicate is not
@@ -70,7 +70,7 @@ pub enum Membership {
 }
 
 impl Membership {
-    /// SWIM precedence (SPEC §1, as in memberlist and foca): whether an
+    /// SWIM precedence (design §1, as in memberlist and foca): whether an
     /// observation of `state` at `incarnation` may replace this one.
     ///
     /// - alive at j: j > i, or nothing seen yet;
@@ -143,7 +143,7 @@ pub const MAX_REASON_BYTES: usize = 1024;
 
 /// A node's own words for its fault, made safe to keep and show.
 ///
-/// A fault is never lost to its wording (SPEC §5): any text is accepted;
+/// A fault is never lost to its wording (design §5): any text is accepted;
 /// each control character becomes U+FFFD and the result is cut to
 /// [`MAX_REASON_BYTES`] on a character boundary.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -348,7 +348,7 @@ pub enum Applied {
     Changed(NodeChange),
     /// The observation repeated what the view already said.
     Duplicate,
-    /// A SWIM observation older than the view (SPEC §1 precedence); ignored.
+    /// A SWIM observation older than the view (design §1 precedence); ignored.
     Stale,
 }
 
@@ -368,7 +368,7 @@ pub struct NodeChange {
 impl NodeChange {
     /// Whether this change, of a node that a committed run requires (ready
     /// when the plan was committed, and ever since as far as the run was
-    /// told), takes it out of the run (SPEC §3): it is not ready, or it
+    /// told), takes it out of the run (design §3): it is not ready, or it
     /// kept being ready under another identity. Not ready before as well is
     /// a loss too: a change the run was not told of came in between (the
     /// pool's actor failed while handling it, and its restart reported the
@@ -378,7 +378,7 @@ impl NodeChange {
     }
 }
 
-/// Everything the gate holds about one candidate (SPEC §1).
+/// Everything the gate holds about one candidate (design §1).
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct NodeFacts {
     known: bool,
@@ -653,7 +653,7 @@ mod tests {
         assert!(!change.loses_required_node());
     }
 
-    /// The precedence table of SPEC §1, row by row: (current, observed, admitted).
+    /// The precedence table of design §1, row by row: (current, observed, admitted).
     #[test]
     fn swim_precedence_follows_the_spec_table() {
         use SwimState::*;

@@ -1,6 +1,6 @@
 //! A membership source without incarnations, made safe to feed the gate.
 //!
-//! The gate admits membership facts by SWIM's precedence (SPEC §1,
+//! The gate admits membership facts by SWIM's precedence (design §1,
 //! [`Membership::admits`](crate::Membership::admits)): a suspicion is
 //! refuted only by `alive` at a *higher* incarnation, so a source that
 //! says `alive` at the same incarnation after `suspect` is silently

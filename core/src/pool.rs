@@ -1,4 +1,4 @@
-//! The pool's readiness and its convergence window (SPEC §2).
+//! The pool's readiness and its convergence window (design §2).
 //!
 //! [`PoolReadiness`] keeps, per candidate, the latest verdict its node actor
 //! reported, and a count of candidates that are not ready, so one change
@@ -235,7 +235,7 @@ impl PoolReadiness {
         (pool, added)
     }
 
-    /// Replaces the candidate set (SPEC §2): nodes that stay keep their
+    /// Replaces the candidate set (design §2): nodes that stay keep their
     /// summary, new ones start with none, readiness restarts.
     pub fn redefine(
         &mut self,
@@ -329,7 +329,7 @@ impl PoolReadiness {
     /// Only the timer's own instant counts, never the latest input's: a
     /// timer armed for an earlier deadline that fires after an input stamped
     /// `T` was applied must not fire a deadline due at `T`, because inputs
-    /// stamped `T` come before timers due at `T` (SPEC §2). A timer that
+    /// stamped `T` come before timers due at `T` (design §2). A timer that
     /// finds nothing due is a no-op; the caller re-arms it.
     pub fn on_deadline(&mut self, now: Time, out: &mut Vec<Event>) {
         if let PoolPhase::Converging { deadline } = self.phase {

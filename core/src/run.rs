@@ -1,11 +1,11 @@
-//! The guard of one run (SPEC §3): planning only on a ready pool, the
+//! The guard of one run (design §3): planning only on a ready pool, the
 //! wait/abort policy when readiness is lost before commit, and fault handling
 //! for the required nodes once the plan is committed.
 //!
 //! Calling contract, as for the pool: every input first fires the wait
 //! deadline if it fell strictly before the input's `at`; `on_deadline` fires
 //! it at or before `now`. A `PoolReady` at the very instant the wait runs out
-//! is an input at that instant, so it wins (SPEC §3).
+//! is an input at that instant, so it wins (design §3).
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -203,7 +203,7 @@ impl RunGuard {
         }
     }
 
-    /// A committed run restored after a restart of the gate (SPEC §9): it
+    /// A committed run restored after a restart of the gate (design §9): it
     /// is guarded again, and each required node must be seen ready with its
     /// committed fingerprint by `confirm_by`, else the run faults
     /// (`unconfirmed`); a different fingerprint is `identity_changed`.
@@ -264,7 +264,7 @@ impl RunGuard {
     }
 
     /// A candidate's view changed. After commit, the loss of a required node
-    /// faults the run at once (SPEC §3); other nodes do not matter.
+    /// faults the run at once (design §3); other nodes do not matter.
     pub fn node_changed(
         &mut self,
         at: Time,

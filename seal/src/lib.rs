@@ -1,4 +1,4 @@
-//! Gossip sealing for poolgate (SPEC §8): every SWIM datagram is
+//! Gossip sealing for poolgate (design §8): every SWIM datagram is
 //! `nonce (24 bytes) ‖ ciphertext`, XChaCha20-Poly1305 under the first key
 //! of the ring with the cluster label as associated data; opening tries
 //! every key of the ring.

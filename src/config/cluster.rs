@@ -1,4 +1,4 @@
-//! The live cluster's sections of `config.toml` (SPEC §7–§10): `[swim]`,
+//! The live cluster's sections of `config.toml` (design §7–§10): `[swim]`,
 //! `[agents]`, `[registry]` and `[demo]`, their types and their checks.
 //! Built with the `live` feature only; without it those sections are
 //! refused by name.
@@ -19,7 +19,7 @@ use crate::keys::PublicKey;
 
 /// Members asked to probe a silent member before it is suspected. foca's
 /// default is 3; with 3, 1% packet loss made a false suspicion about once
-/// per 125 node-hours in simulation, and SPEC faults a committed run on a
+/// per 125 node-hours in simulation, and the gate faults a committed run on a
 /// suspicion of a required node (8 false run faults per hour at 1,000
 /// required nodes). With 6: none in 1,000 node-hours (BENCHMARKS.md). But
 /// at 10% UDP loss on the multi-host rig, 6 gave 2 false run faults in 10

@@ -1,7 +1,7 @@
 //! `host:port` as an operator writes it in a configuration: an IP literal
 //! (`10.0.0.1:7946`, `[fd00::1]:7946`) or a hostname (`orch-1:7947`),
 //! resolved when it is used, so a name that moves to another machine is
-//! followed (SPEC §10).
+//! followed (design §10).
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -1,5 +1,5 @@
 //! `config.toml`: the pool, the convergence window and the planning policy
-//! (SPEC §4). Every error names the key and the line it is on.
+//! (design §4). Every error names the key and the line it is on.
 //!
 //! - this file: the [`Config`] schema, the gate's sections and `[state]`;
 //! - `doc`: the spanned-TOML checker every section is read through;
@@ -105,7 +105,7 @@ impl Default for RunConfig {
     }
 }
 
-/// `[state]`: the durable state (SPEC §9).
+/// `[state]`: the durable state (design §9).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateConfig {
     /// `path`: the state file; absent = memory only.
@@ -114,7 +114,7 @@ pub struct StateConfig {
     /// have to be seen ready again with their committed fingerprints.
     pub restore_grace: Duration,
     /// `etcd`: the etcd v3 endpoints (`http://host:port`) of replicated
-    /// state (SPEC §12), instead of `path`; empty = not replicated.
+    /// state (design §12), instead of `path`; empty = not replicated.
     pub etcd: Vec<String>,
     /// `lease`: the leadership lease's TTL (whole seconds; etcd raises it
     /// to its minimum). A leader stops acting two thirds of it after its

@@ -1,4 +1,4 @@
-//! `node.toml`: one node agent (`poolgate node`, SPEC §7).
+//! `node.toml`: one node agent (`poolgate node`, design §7).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,7 +10,7 @@ use super::endpoint::Endpoint;
 use super::{ConfigError, SwimConfig};
 use toml::de::{DeTable, DeValue};
 
-/// `node.toml`: one node agent (`poolgate node`, SPEC §7).
+/// `node.toml`: one node agent (`poolgate node`, design §7).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
     /// `[node] name`: the node's id, as the pool and registry name it.

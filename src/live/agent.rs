@@ -1,4 +1,4 @@
-//! `poolgate node`: the agent daemon on every candidate node (SPEC §7).
+//! `poolgate node`: the agent daemon on every candidate node (design §7).
 //!
 //! It joins SWIM through the seeds (and joins again whenever it knows no
 //! other member, like `serf agent -retry-join`), then keeps the
@@ -313,7 +313,7 @@ async fn announce(
                 }
             }
             (addr, Session::Refused { code, .. }) if code == super::replica::NOT_LEADER => {
-                // A follower replica (SPEC §12): the leader is another of
+                // A follower replica (design §12): the leader is another of
                 // the listed addresses; tried next, at once while some are
                 // left to try this round (a pause once all refused).
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
@@ -588,7 +588,7 @@ fn fitting_frame(
 }
 
 /// How much of a health check's stderr is kept: its end, where the last
-/// line is (the reason is cut to 1 KiB anyway, SPEC §5).
+/// line is (the reason is cut to 1 KiB anyway, design §5).
 pub const STDERR_TAIL: usize = 4 * 1024;
 
 /// How long a hung health check has between SIGTERM and SIGKILL.

@@ -1,5 +1,5 @@
 //! `poolgate watch` and `poolgate run`: the orchestrator's side on the
-//! command line (SPEC §7).
+//! command line (design §7).
 //!
 //! Both start an [`Orchestrator`] and print the gate's events: one JSON
 //! object per line (`--json`, the replay format), the explain view
@@ -285,7 +285,7 @@ impl Watching<'_> {
     }
 }
 
-/// `watch` as one of several replicas (`[state] etcd`, SPEC §12): follows
+/// `watch` as one of several replicas (`[state] etcd`, design §12): follows
 /// until it leads, prints the events of each term it leads (recording
 /// term n into `FILE` for the first, `FILE.n` after), and follows again
 /// when it steps down. A signal resigns (the lease revoked: another
@@ -361,7 +361,7 @@ async fn watch_replica(
     }
 }
 
-/// Where a replica records its `term`-th term (SPEC §12): `FILE` for the
+/// Where a replica records its `term`-th term (design §12): `FILE` for the
 /// first, `FILE.n` after.
 fn term_record_path(path: &Path, term: u64) -> std::path::PathBuf {
     match term {
@@ -551,7 +551,7 @@ pub async fn run(
     }
 }
 
-/// `poolgate run` among replicas (`[state] etcd`, SPEC §12): the run is
+/// `poolgate run` among replicas (`[state] etcd`, design §12): the run is
 /// asked of whichever replica leads, through etcd, and this process is a
 /// replica too (it leads when it can, and then serves every request, its
 /// own included). Once the leader committed it, the command runs; a
@@ -635,7 +635,7 @@ async fn run_replicated(
     // The request and its outcome live on this process's etcd session:
     // if it goes before a commit (crash, cut off for a lease), the request
     // goes with it; a run committed stays guarded by whichever replica
-    // leads (SPEC §12) until it faults or is ended.
+    // leads (design §12) until it faults or is ended.
     let session = requests
         .ask(&run, required, config.run.unguarded_after)
         .await

@@ -1,5 +1,5 @@
 //! Generations that rise across restarts whatever the wall clock does
-//! (SPEC §10).
+//! (design §10).
 //!
 //! A member's SWIM generation and the high bits of its agent frame
 //! sequences (its *life*) must exceed everything an earlier life of the

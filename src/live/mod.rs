@@ -1,4 +1,4 @@
-//! The live cluster (SPEC §7–§8): node agents on other machines, the
+//! The live cluster (design §7–§8): node agents on other machines, the
 //! orchestrator's side that hears them, and the demo.
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
@@ -59,7 +59,7 @@ pub enum LiveError {
         source: std::io::Error,
     },
     /// A SWIM member bound to an unspecified address with nothing to
-    /// advertise (SPEC §10).
+    /// advertise (design §10).
     #[error(
         "swim.advertise: the SWIM address {0} is unspecified, so other members cannot reach it; set [swim] advertise = \"host:port\" to the address they reach this member at"
     )]
@@ -80,7 +80,7 @@ pub enum LiveError {
         /// What failed.
         message: String,
     },
-    /// Neither cluster keys nor `insecure = true` (SPEC §8).
+    /// Neither cluster keys nor `insecure = true` (design §8).
     #[error(
         "[swim] has no cluster_keys: give the gossip keyring (poolgate keygen --cluster), or set insecure = true"
     )]

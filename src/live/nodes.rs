@@ -2,7 +2,7 @@
 //! sequence last accepted, whether it is leaving, and the SWIM identity it
 //! signed (address and generation), against which every SWIM fact about
 //! it is checked: a fact about node N counts only for the identity N
-//! signed (SPEC §11). Any other identity at N's address is an impostor:
+//! signed (design §11). Any other identity at N's address is an impostor:
 //! counted, never able to make N live, suspect, dead or outranked; N
 //! reported dead because another identity took its address is not taken
 //! either (N's heartbeats on its agent connection say whether it lives).
@@ -513,7 +513,7 @@ mod tests {
     }
 
     /// Whether a gate holding `told` of the node applies a `left` at
-    /// `incarnation` (SPEC §1: one at a lower incarnation is stale).
+    /// `incarnation` (design §1: one at a lower incarnation is stale).
     fn gate_admits_left(told: &MembershipUpdate, incarnation: u64) -> bool {
         poolgate_actors::core::Membership::Seen {
             state: told.state,
@@ -541,7 +541,7 @@ mod tests {
     fn a_leave_is_not_made_stale_by_identities_an_insider_invents_elsewhere() {
         // Adversary finding: eight members calling themselves node-4 at
         // other addresses evicted the signed identity's facts, and its
-        // leave was told at 0, stale for the gate (SPEC §7: it sees left).
+        // leave was told at 0, stale for the gate (design §7: it sees left).
         let (mut nodes, node, _, told) = signed_alive(Some(5));
         invent_eight(&mut nodes);
         assert!(gate_admits_left(&told, left_at(&nodes, &node)));

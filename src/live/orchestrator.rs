@@ -1,6 +1,6 @@
 //! The orchestrator's side of the live cluster, as one embeddable piece:
 //! the gate, a SWIM member whose membership feeds it, and the agent
-//! listener where node agents announce themselves (SPEC §7).
+//! listener where node agents announce themselves (design §7).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -125,7 +125,7 @@ fn pinned(registry: &Registry, node: &NodeId) -> Option<PublicKey> {
 }
 
 /// Loads the gossip keyring of `[swim]`: its keys, or none when
-/// `insecure = true`; with neither, refuses to start (SPEC §8).
+/// `insecure = true`; with neither, refuses to start (design §8).
 pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
     if swim.cluster_keys.is_empty() && swim.cluster_key_material.is_empty() {
         if !swim.insecure {
@@ -720,7 +720,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Which replica leads, as `poolgate status` says it (one orchestrator: no
-/// replicas yet, SPEC §12).
+/// replicas yet, design §12).
 const LEADER: &str = "this orchestrator (no replicas configured)";
 
 /// How often the per-node readiness gauge is brought up to date.
@@ -747,7 +747,7 @@ async fn keep_readiness_gauge(gate: Gate) {
 
 /// How long a node's agent connection may be gone (closed without
 /// `leaving`, or silent for a few heartbeats) before the node is not
-/// available: a reconnect within it changes nothing (SPEC §11).
+/// available: a reconnect within it changes nothing (design §11).
 pub const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long a new agent connection has to send its first frame.
@@ -942,7 +942,7 @@ impl Listener {
     /// Serves one agent connection; when it ends (closed, silent for a few
     /// heartbeats, failed) without the node's `leaving`, the node is made
     /// not available unless a newer connection of it is accepted within
-    /// [`LOST_GRACE`] (SPEC §11): a node the orchestrator cannot hear
+    /// [`LOST_GRACE`] (design §11): a node the orchestrator cannot hear
     /// cannot stay ready on the state it last announced.
     async fn connection(&self, stream: TcpStream, peer: SocketAddr, id: u64) {
         let Some((node, last)) = self.serve_connection(stream, peer, id).await else {

@@ -1,4 +1,4 @@
-//! Leadership among orchestrator replicas on etcd (SPEC §12).
+//! Leadership among orchestrator replicas on etcd (design §12).
 //!
 //! Each replica campaigns for the `leader` key under the state prefix,
 //! created on a lease of `[state] lease` in one transaction that succeeds
@@ -383,7 +383,7 @@ impl Elector {
     }
 }
 
-/// An orchestrator replica (SPEC §12): campaigns on etcd, follows (its
+/// An orchestrator replica (design §12): campaigns on etcd, follows (its
 /// agent listener refusing nodes with a pointer to the leader) and, for
 /// each term it leads, runs an [`Orchestrator`] over the state in etcd.
 ///

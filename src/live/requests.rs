@@ -1,4 +1,4 @@
-//! Runs asked of whichever replica leads (SPEC §12): `poolgate run` among
+//! Runs asked of whichever replica leads (design §12): `poolgate run` among
 //! replicas writes its request into etcd, the leader plans and commits it
 //! on a ready pool and writes what became of it; a takeover changes
 //! nothing for the requester, since the next leader reads the same keys.

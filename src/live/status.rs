@@ -1,5 +1,5 @@
 //! `poolgate status`: asks a running orchestrator why each node is or is
-//! not ready (SPEC §10).
+//! not ready (design §10).
 //!
 //! The question goes to the orchestrator's agent listener (`[agents]
 //! listen`, so the same `config.toml` finds it): a length-prefixed
@@ -84,7 +84,7 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
     })
 }
 
-/// A follower replica's answer: who leads (SPEC §12).
+/// A follower replica's answer: who leads (design §12).
 pub fn follower_answer(pool: &str, leader: Option<&dyn std::fmt::Display>) -> Value {
     let leader = match leader {
         Some(l) => l.to_string(),

@@ -1,4 +1,4 @@
-//! What crosses the network, and how it is protected (SPEC §7–§8).
+//! What crosses the network, and how it is protected (design §7–§8).
 //!
 //! **Agent frames** (node → orchestrator, TCP): a 4-byte big-endian length,
 //! then that many bytes of JSON:
@@ -44,7 +44,7 @@ pub struct Announcement {
     /// The SWIM address the node answers on.
     pub swim: Option<SocketAddr>,
     /// The generation of the node's SWIM identity: with `swim` and the
-    /// node's name, the one identity whose SWIM facts count (SPEC §11).
+    /// node's name, the one identity whose SWIM facts count (design §11).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
     /// Why the node is faulted, if it is.

@@ -1,5 +1,5 @@
 //! `poolgate replay`: the real actor subsystem on recorded observations and
-//! a virtual clock (SPEC §5).
+//! a virtual clock (design §5).
 //!
 //! The gate runs on tokio's paused clock. Before the records stamped `T`
 //! are fed, the clock is moved to 1 ms before `T` (everything due earlier
@@ -117,7 +117,7 @@ pub enum ReplayError {
     State(#[from] crate::state::StateError),
 }
 
-/// Replays `input` and writes each event to `out` as a line: JSON (SPEC
+/// Replays `input` and writes each event to `out` as a line: JSON (design
 /// §5), or readable text (`human`). Returns the timeline when
 /// `options.timeline` is set.
 pub fn to_writer<R: BufRead, W: Write>(
@@ -226,7 +226,7 @@ where
             }
         }
     }
-    // Only `--state` (SPEC §9): a replay of a configuration that names a
+    // Only `--state` (design §9): a replay of a configuration that names a
     // state file for its live gate must not continue that gate's epochs.
     let mut config = config.clone();
     config.state.path = None;

@@ -1,11 +1,11 @@
-//! Replay output: one JSON object per line (SPEC §5), or a readable line
+//! Replay output: one JSON object per line (design §5), or a readable line
 //! for a person.
 
 use poolgate_actors::core::{Event, NodeId};
 
 use super::ReplayEvent;
 
-/// The event as one line of JSON, as SPEC §5 specifies.
+/// The event as one line of JSON, as design §5 specifies.
 pub fn json_line(event: &ReplayEvent) -> String {
     // Serialising these types cannot fail: every map key is a string.
     serde_json::to_string(event).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))

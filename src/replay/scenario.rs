@@ -1,4 +1,4 @@
-//! The scenario format of `poolgate replay` (SPEC §5): JSON Lines, one
+//! The scenario format of `poolgate replay` (design §5): JSON Lines, one
 //! record per line, `at_ms` non-decreasing.
 //!
 //! [`ScenarioReader`] reads one line at a time with a bounded buffer, so a
@@ -121,7 +121,7 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
 
 /// The gate's settings as a recording's first record gives them
 /// (`{"at_ms":0,"type":"settings","window_ms":…,"on_readiness_lost":…,
-/// "wait_timeout_ms":…|null}`, SPEC §9); `Ok(None)` for any other record.
+/// "wait_timeout_ms":…|null}`, design §9); `Ok(None)` for any other record.
 pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, PlanningPolicy)>, String> {
     replay_format::read_settings(text)
 }

@@ -1,5 +1,5 @@
 //! `[state] etcd`: the durable state of orchestrator replicas in etcd v3
-//! (SPEC §12), under a prefix naming the cluster label and the pool.
+//! (design §12), under a prefix naming the cluster label and the pool.
 //!
 //! Keys under the prefix: `leader` (the leading replica, on its lease),
 //! `format`, `cluster` (label and pool, so a prefix of another cluster is

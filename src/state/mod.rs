@@ -1,4 +1,4 @@
-//! The orchestrator's durable state (SPEC §9): what the gate must not
+//! The orchestrator's durable state (design §9): what the gate must not
 //! forget (the last epoch issued, the active run with the fingerprints of
 //! its required nodes) and the last agent frame sequence per node.
 //!
@@ -12,7 +12,7 @@
 //! - `redb` (feature `redb`, on by default): `[state] path`, one
 //!   crash-safe file on this machine.
 //! - [`etcd`]: `[state] etcd`, shared by orchestrator replicas, every write
-//!   conditioned on leadership (SPEC §12).
+//!   conditioned on leadership (design §12).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ pub struct StateError {
 }
 
 /// What the orchestrator keeps beside the gate's state: the last agent
-/// frame sequence accepted per node key (`node@keyid`, SPEC §8: replay
+/// frame sequence accepted per node key (`node@keyid`, design §8: replay
 /// protection across restarts).
 pub trait OrchestratorStore: StateStore {
     /// The stored sequences (empty if none were ever written).

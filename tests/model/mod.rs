@@ -1,4 +1,4 @@
-//! An independent model of the gate, written from the words of SPEC §1–3
+//! An independent model of the gate, written from the words of design §1–3
 //! and §5 (the quoted lines), not from the core's code: facts in maps,
 //! readiness by a full scan, timers by comparison. It reads scenario records
 //! as JSON and produces the events a replay must print.

@@ -89,7 +89,7 @@ pub type MembershipSink = Box<dyn FnMut(SwimFact) -> bool + Send>;
 /// twice and the receiver drops the copy it already has ([`Recent`]), so a
 /// probe leg is lost only when both copies are: at 15% random loss a
 /// direct probe then fails 4.4% of the time instead of 28%, and an
-/// indirect path of four legs 8.7% instead of 48%. SPEC faults a committed
+/// indirect path of four legs 8.7% instead of 48%. the gate faults a committed
 /// run at the first suspicion of a required node and foca has no fallback
 /// of its own (memberlist probes over TCP when UDP probes fail); on the
 /// multi-host rig at 15% loss the copies took poolgate from one false
@@ -654,7 +654,7 @@ fn read(keyring: &RwLock<Keyring>) -> std::sync::RwLockReadGuard<'_, Keyring> {
 }
 
 /// Tell `0` this member's generation now and whenever foca renews its
-/// identity (a node signs it in its frames, SPEC §11).
+/// identity (a node signs it in its frames, design §11).
 #[derive(Debug)]
 pub struct WatchGeneration(pub tokio::sync::watch::Sender<u64>);
 
