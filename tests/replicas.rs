@@ -834,23 +834,7 @@ fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("settled");
-    let prefix = "/poolgate/settled/pool-a/";
-    let api = Arc::new(server.client());
-    api.put(format!("{prefix}leader").as_bytes(), b"{}")
-        .unwrap();
-    let created = api
-        .get(format!("{prefix}leader").as_bytes())
-        .unwrap()
-        .unwrap()
-        .create_revision;
-    let fence = Arc::new(Fence::default());
-    fence.set(Term {
-        created,
-        until: std::time::Instant::now() + Duration::from_secs(600),
-    });
-    let (store, _) = EtcdStore::new(api, prefix, "settled", "pool-a", fence)
-        .bind(created)
-        .unwrap();
+    let store = a_term_of(&server, "settled");
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
         let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
@@ -893,6 +877,157 @@ fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
             Some("faulted".to_string()),
             "the requester is told its run faulted"
         );
+        gate.stop();
+    });
+}
+
+/// A store bound to a term of its own on `server` (a `leader` key put by
+/// hand, the fence held for ten minutes): the leader's side of the
+/// requests, driven by the test.
+fn a_term_of(server: &etcd::Etcd, label: &str) -> Arc<EtcdStore> {
+    let prefix = format!("/poolgate/{label}/pool-a/");
+    let api = Arc::new(server.client());
+    api.put(format!("{prefix}leader").as_bytes(), b"{}")
+        .unwrap();
+    let created = api
+        .get(format!("{prefix}leader").as_bytes())
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let fence = Arc::new(Fence::default());
+    fence.set(Term {
+        created,
+        until: std::time::Instant::now() + Duration::from_secs(600),
+    });
+    let (store, _) = EtcdStore::new(api, &prefix, label, "pool-a", fence)
+        .bind(created)
+        .unwrap();
+    store
+}
+
+#[test]
+fn a_run_whose_planning_was_abandoned_is_never_planned_again_under_its_id() {
+    // Nemesis finding (seed 112232919240855, 30 minutes): a run's planning
+    // was aborted, but its request stayed in etcd, and the leader planned,
+    // committed and finished the same run: two ends told for one run. Now
+    // the abort is written as the run's outcome (`aborted`) and takes the
+    // request; the requester asks again under a new id.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("aborted");
+    let store = a_term_of(&server, "aborted");
+    let config = config(
+        &server.endpoint,
+        "[planning]\non_readiness_lost = \"abort\"\n",
+    );
+    live_for(Duration::from_secs(60), async {
+        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        let mut serving = poolgate::live::requests::Serving::new(
+            gate.clone(),
+            Arc::clone(&store),
+            vec![node.clone()],
+        );
+        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let _session = requests
+            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(30))
+            .await
+            .unwrap();
+        make_ready(&gate, "node-1").await;
+        gate.wait_ready().await.unwrap();
+        // The leader began planning it; readiness is lost before the
+        // commit, and the policy aborts the planning.
+        gate.begin_planning(run.clone(), None).await.unwrap();
+        common::swim(&gate, "node-1", poolgate::core::SwimState::Suspect, 1).await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                serving.settle_published().await.unwrap();
+                if let Ok(Some(o)) = requests.outcome(&run).await {
+                    return o;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .map(|o| assert_eq!(o.status, "aborted", "{o:?}"))
+        .expect("the abort is written as the run's outcome");
+        // Ready again, the leader looks: the run is not planned again.
+        common::swim(&gate, "node-1", poolgate::core::SwimState::Alive, 2).await;
+        gate.wait_ready().await.unwrap();
+        serving.look().await.unwrap();
+        assert_eq!(gate.report().await.unwrap().run, None, "planned again");
+        assert_eq!(store.get_raw("requests/r1").unwrap(), None);
+        gate.stop();
+    });
+}
+
+#[test]
+fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
+    // The nemesis's interleaving: the term before began planning the run
+    // and ended; the new term's gate aborts it as it starts (design §9),
+    // before the requests' server subscribes. The server writes that end
+    // first.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("restarted");
+    let store = a_term_of(&server, "restarted");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        let run = poolgate::core::RunId::new("r1").unwrap();
+        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
+        let _session = requests
+            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let planning = Durable {
+            last_epoch: 1,
+            run: Some(poolgate::core::DurableRun {
+                run: run.clone(),
+                epoch: poolgate::core::Epoch(1),
+                committed: false,
+                required: vec![(node.clone(), None)],
+            }),
+        };
+        store.save(&planning).unwrap();
+        let settings = config
+            .gate_settings()
+            .unwrap()
+            .with_durable(poolgate::DurableSettings {
+                store: Arc::clone(&store) as Arc<dyn StateStore>,
+                restored: planning,
+                restore_grace: Duration::from_secs(5),
+            })
+            .unwrap();
+        let gate = poolgate::Gate::try_start(settings).unwrap();
+        let serving = actix::spawn(poolgate::live::requests::serve(
+            gate.clone(),
+            Arc::clone(&store),
+            vec![node],
+            Some(run.clone()),
+        ));
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(10),
+            outcome_of(&requests, &run, "aborted"),
+        )
+        .await
+        .expect("the abort at start is written as the run's outcome");
+        assert!(
+            matches!(outcome.event, Some(Event::PlanningAborted { .. })),
+            "{outcome:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while store.get_raw("requests/r1").unwrap().is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the request taken");
+        make_ready(&gate, "node-1").await;
+        gate.wait_ready().await.unwrap();
+        assert_eq!(gate.report().await.unwrap().run, None, "planned again");
+        serving.abort();
         gate.stop();
     });
 }

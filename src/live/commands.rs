@@ -489,10 +489,10 @@ pub async fn run(
                 in_the_way(&other);
                 return Ok(EXIT_OTHER_RUN);
             }
-            let run =
+            let mut run =
                 RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
             let committed = tokio::select! {
-                committed = plan_and_commit(&gate, &mut events, &mut printer, &run, &required, request.timeout) => committed?,
+                committed = plan_and_commit(&gate, &mut events, &mut printer, &mut run, &required, request.timeout) => committed?,
                 signal = &mut stop => return Ok(128 + signal),
             };
             if let Err(code) = committed {
@@ -626,17 +626,20 @@ async fn run_replicated(
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
     let mut printer = Printer::new(output);
     // Unique across hosts and containers, where pids repeat.
-    let run = RunId::new(&format!(
-        "run-{}-{:06x}",
-        std::process::id(),
-        rand::random::<u32>() & 0xff_ffff
-    ))
-    .map_err(GateError::from)?;
+    let new_run = || {
+        RunId::new(&format!(
+            "run-{}-{:06x}",
+            std::process::id(),
+            rand::random::<u32>() & 0xff_ffff
+        ))
+        .map_err(GateError::from)
+    };
+    let mut run = new_run()?;
     // The request and its outcome live on this process's etcd session:
     // if it goes before a commit (crash, cut off for a lease), the request
     // goes with it; a run committed stays guarded by whichever replica
     // leads (design §12) until it faults or is ended.
-    let session = requests
+    let mut session = requests
         .ask(&run, required, config.run.unguarded_after)
         .await
         .map_err(failed)?;
@@ -650,6 +653,19 @@ async fn run_replicated(
                     Ok(Some(outcome)) if outcome.status == "committed" => {
                         printer.print_told(outcome.event);
                         break;
+                    }
+                    Ok(Some(outcome)) if outcome.status == "aborted" => {
+                        // Its planning was abandoned (a new leader found it
+                        // planning, or readiness was lost under `abort`):
+                        // that run is over, and the same plan is asked
+                        // again as a new run, within the same timeout.
+                        printer.print_told(outcome.event);
+                        let _ = requests.forget(&run).await;
+                        run = new_run()?;
+                        session = requests
+                            .ask(&run, required, config.run.unguarded_after)
+                            .await
+                            .map_err(failed)?;
                     }
                     Ok(Some(outcome)) if outcome.status == "refused" => {
                         eprintln!("poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
@@ -938,7 +954,7 @@ async fn plan_and_commit(
     gate: &Gate,
     events: &mut EventStream,
     printer: &mut Printer,
-    run: &RunId,
+    run: &mut RunId,
     required: &[NodeId],
     timeout: Option<Duration>,
 ) -> Result<Result<(), i32>, LiveError> {
@@ -946,6 +962,7 @@ async fn plan_and_commit(
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
     let mut planning = false;
+    let (first, mut attempt) = (run.clone(), 1);
     loop {
         let proof = tokio::select! {
             proof = wait_ready(gate, events, printer) => proof?,
@@ -980,7 +997,11 @@ async fn plan_and_commit(
             {
                 Ok(()) => return Ok(Ok(())),
                 Err(GateError::Refused(Refusal::UnknownRun(_))) => {
-                    // Aborted by the policy: planned again at once.
+                    // Aborted by the policy: that run is over (a run
+                    // ends once), and the plan is planned again at once
+                    // as a new run.
+                    attempt += 1;
+                    *run = RunId::new(&format!("{first}-{attempt}")).map_err(GateError::from)?;
                     planning = false;
                     continue;
                 }
@@ -1182,9 +1203,10 @@ mod tests {
             gate.wait_ready().await.unwrap();
             store.failing.store(2, Ordering::SeqCst);
             let mut printer = Printer::new(Output::Json);
-            let run = RunId::new("r1").unwrap();
+            let mut run = RunId::new("r1").unwrap();
             let limit = Some(Duration::from_secs(20));
-            let result = plan_and_commit(&gate, &mut events, &mut printer, &run, &[a], limit).await;
+            let result =
+                plan_and_commit(&gate, &mut events, &mut printer, &mut run, &[a], limit).await;
             assert!(matches!(result, Ok(Ok(()))), "{result:?}");
             assert_eq!(store.failed.load(Ordering::SeqCst), 2, "both failures seen");
             assert_eq!(gate.report().await.unwrap().run, Some(run));

@@ -567,6 +567,13 @@ impl Replica {
                 )));
             }
             self.seen_epoch = restored.last_epoch;
+            // A run found planning is aborted as the gate starts (design
+            // §9): its end is the requests' server's first write.
+            let aborted_at_start = restored
+                .run
+                .as_ref()
+                .filter(|run| !run.committed)
+                .map(|run| run.run.clone());
             let term_store = store;
             let store: Arc<dyn crate::state::OrchestratorStore> = term_store.clone();
             let settings = self.config.gate_settings().and_then(|settings| {
@@ -595,6 +602,7 @@ impl Replica {
                         live.gate.clone(),
                         term_store,
                         self.config.pool.members().to_vec(),
+                        aborted_at_start,
                     )));
                     self.terms += 1;
                     tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");

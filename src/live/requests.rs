@@ -291,9 +291,25 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
 
 /// The leader's side, for one term: serves the requests on `gate` until
 /// the task is aborted (the term ends).
-pub async fn serve(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) {
+///
+/// `aborted_at_start` is the run the term found planning in etcd: the
+/// gate aborted it as it started (`planning_aborted`, `restarted`),
+/// before this task could subscribe; its end is written first.
+pub async fn serve(
+    gate: Gate,
+    store: Arc<EtcdStore>,
+    members: Vec<NodeId>,
+    aborted_at_start: Option<RunId>,
+) {
     let mut changed = watch_requests(Arc::clone(&store));
     let mut serving = Serving::new(gate, store, members);
+    if let Some(run) = aborted_at_start {
+        serving.unsettled.push_back(Event::PlanningAborted {
+            at: poolgate_actors::core::Time::ZERO,
+            run,
+            reason: poolgate_actors::core::AbortReason::Restarted,
+        });
+    }
     let mut tick = tokio::time::interval(LEADER_LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
@@ -426,6 +442,9 @@ async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), StoreError> 
         Event::RunCommitted { run, .. } => (run.clone(), "committed"),
         Event::RunFaulted { run, .. } => (run.clone(), "faulted"),
         Event::RunFinished { run, .. } => (run.clone(), "finished"),
+        // A run's planning that was abandoned is its end: the same run is
+        // never planned again (its requester asks anew, under a new id).
+        Event::PlanningAborted { run, .. } => (run.clone(), "aborted"),
         _ => return Ok(()),
     };
     write_outcome(store, &run, status, Some(event), None).await
