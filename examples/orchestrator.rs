@@ -8,7 +8,7 @@
 //!
 //! The config needs `[registry]` (the nodes and their pinned keys) and
 //! `[swim] cluster_keys` (or `insecure = true`); start `poolgate node` on
-//! each node (README, "Deploy on real machines").
+//! each node (docs/operator.md, "Deploy on real machines").
 
 use poolgate::core::RunId;
 use poolgate::live::Orchestrator;

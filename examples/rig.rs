@@ -1,5 +1,5 @@
 //! Figures from the multi-host rig (BENCHMARKS.md, "Separate hosts"): the
-//! README deployment on network-namespace hosts, real processes, faults
+//! operator guide's deployment (docs/operator.md) on network-namespace hosts, real processes, faults
 //! from nftables. Needs root, `ip netns` and `nft` (and `serf` for the
 //! side-by-side loss figure).
 //!

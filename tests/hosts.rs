@@ -1,6 +1,6 @@
-//! On separate hosts, as the README deploys it (design §10): every test
+//! On separate hosts, as docs/operator.md deploys it (design §10): every test
 //! builds its own rig of network namespaces (`common/rig.rs`), writes the
-//! README's configurations with hostnames and `0.0.0.0` binds
+//! operator guide's configurations with hostnames and `0.0.0.0` binds
 //! (`common/deploy.rs`), and runs real `poolgate` processes in it. Each is
 //! bounded in time; where the machine cannot make namespaces each says so
 //! in one line and does nothing (under `CI` it fails instead).

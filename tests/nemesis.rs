@@ -1,6 +1,6 @@
 //! The nemesis (issue 28): randomized fault injection on real processes,
 //! judged by a checker written from the promises of docs/failover.md and
-//! the README (durability, runs, liveness), not from the code.
+//! docs/design.md and docs/failover.md (durability, runs, liveness), not from the code.
 //!
 //! On 127.0.0.1 only: a 3-member etcd; two replicas (`poolgate watch
 //! --json`), each reaching every etcd member through a cuttable proxy of
@@ -83,7 +83,7 @@ const POOL: &str = "nemesis";
 const DEFAULT_LEASE_S: u64 = 3;
 /// `[run] unguarded_after`, whole seconds.
 const UNGUARDED_S: u64 = 5;
-/// The README: SIGTERM, then SIGKILL 5 s later.
+/// docs/operator.md: SIGTERM, then SIGKILL 5 s later.
 const STOP_GRACE_S: u64 = 5;
 /// How long a command may outlive the exit of its `run` (issue 28).
 const COMMAND_GONE_WITHIN_MS: u64 = 15_000;
@@ -1082,7 +1082,7 @@ fn poll_keys(
 }
 
 /// The stored state as the checker reads it: the last issued epoch and
-/// the active run, wherever the record holds them (the README names what is
+/// the active run, wherever the record holds them (docs/operator.md names what is
 /// stored, not its layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stored {
@@ -1435,7 +1435,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
         }
     }
     // Committed and ended runs were written: a commit before it is told
-    // (README, durability), an end before it is told (docs/failover.md §2).
+    // (design §9), an end before it is told (docs/failover.md §2).
     if e.walked > 0 {
         for (run, tellers) in &committed_by {
             if stored_runs.get(run) != Some(&true) {
@@ -1514,7 +1514,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
         if let Some(command) = life.command {
             if committed.is_empty() && life.by_us != Some("sigkill") && life.exited.is_some() {
                 // `run` prints run_committed before it starts the command
-                // (README); a line lost to SIGKILL excepted.
+                // (design §9); a line lost to SIGKILL excepted.
                 violations.push(format!(
                     "(3) {said}: its command (pid {}) ran but it never printed run_committed",
                     command.pid
@@ -1642,7 +1642,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
     }
 
     // (5) Faults naming a node no fault harmed before: allowed only as
-    // The liveness rules' fail-safe (README); listed, not failed.
+    // The liveness rules' fail-safe (design §11); listed, not failed.
     let mut unharmed = Vec::new();
     for x in replica_told.iter().filter(|x| x.event == "run_faulted") {
         let node = x.json["node"].as_str().unwrap_or("");

@@ -273,7 +273,7 @@ fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyo
     let config = config_of(&endpoints, "", "4s");
     // A member that is not etcd's raft leader (losing the raft leader
     // costs an election of about a second, which a 2 s lease may not
-    // ride out: README), asked right before it is killed: on a loaded
+    // ride out: docs/operator.md), asked right before it is killed: on a loaded
     // machine etcd's leadership can move while the replicas start.
     let a_follower = |endpoints: &[String]| {
         (0..3)
@@ -689,7 +689,7 @@ fn line_in(path: &std::path::Path, needle: &str, within: Duration) -> Option<Str
 
 #[test]
 fn sighup_reloads_the_keys_of_run_among_replicas_and_does_not_end_it() {
-    // Adversary finding: `pkill -HUP poolgate` (the README's key rotation)
+    // Adversary finding: `pkill -HUP poolgate` (the operator guide's key rotation)
     // ended `poolgate run` among replicas by the signal's default action,
     // its command with it, leaving its committed run guarded for good.
     need_etcd!();

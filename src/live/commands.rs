@@ -1166,7 +1166,7 @@ mod tests {
     fn run_asks_again_when_the_store_could_not_write() {
         // Adversary finding: a store's failure is `GateError::NotDurable`,
         // no longer a `Refusal`; `run` gave up at the first one, before
-        // COMMAND started, instead of asking again as the README says.
+        // COMMAND started, instead of asking again as the operator guide says.
         actix::System::new().block_on(async {
             let a = NodeId::new("a").unwrap();
             let store = Arc::new(Flaky::default());

@@ -1,4 +1,4 @@
-//! The README's "Deploy on real machines", done on the rig: keys made with
+//! docs/operator.md's "Deploy on real machines", done on the rig: keys made with
 //! `poolgate keygen`, a `node.toml` on every node's host, the
 //! orchestrator's `config.toml` on its host, every address a hostname,
 //! every socket bound to `0.0.0.0`.
@@ -56,7 +56,7 @@ pub struct Deployment {
     extra_swim: String,
 }
 
-/// Options beside the README's defaults.
+/// Options beside the operator guide's defaults.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// `[readiness] convergence_window` (default 2 s).

@@ -1,7 +1,7 @@
 //! The multi-host rig: hosts as Linux network namespaces, each with its
 //! own address on a bridge that lives in a namespace of its own (nothing is
 //! added to the machine's own namespace), each running real `poolgate`
-//! processes started as the README deploys them. Faults: nftables inside a
+//! processes started as docs/operator.md deploys them. Faults: nftables inside a
 //! host's namespace (random loss, a partition between two hosts, all of a
 //! host's traffic dropped) and links set down.
 //!
