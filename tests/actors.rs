@@ -1284,61 +1284,6 @@ mod supervision {
         fn exit(&self, _: &tracing::span::Id) {}
     }
 
-    /// A metrics recorder that panics while armed.
-    struct Recorder(Arc<AtomicU32>);
-
-    impl Recorder {
-        fn check(&self) {
-            if take(&self.0) {
-                panic!("the embedder's metrics recorder panicked");
-            }
-        }
-    }
-
-    impl metrics::Recorder for Recorder {
-        fn describe_counter(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_gauge(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_histogram(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn register_counter(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Counter {
-            self.check();
-            metrics::Counter::noop()
-        }
-        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            self.check();
-            metrics::Gauge::noop()
-        }
-        fn register_histogram(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Histogram {
-            self.check();
-            metrics::Histogram::noop()
-        }
-    }
-
     fn take(armed: &AtomicU32) -> bool {
         armed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -1431,7 +1376,8 @@ mod supervision {
         let layer_armed = Arc::new(AtomicU32::new(0));
         let recorder_armed = Arc::new(AtomicU32::new(0));
         let _layer = tracing::subscriber::set_default(Layer(Arc::clone(&layer_armed)));
-        let recorder = Recorder(Arc::clone(&recorder_armed));
+        let armed = Arc::clone(&recorder_armed);
+        let recorder = super::common::PanickingRecorder(move |_: &metrics::Key| take(&armed));
         let _recorder = metrics::set_default_local_recorder(&recorder);
         let names: Vec<String> = (1..=NODES).map(|i| format!("n{i}")).collect();
         let members: Vec<&str> = names.iter().map(String::as_str).collect();

@@ -142,65 +142,13 @@ fn metrics_follow_a_scripted_scenario() {
     );
 }
 
-/// A recorder whose `poolgate_runs_faulted_total` panics when counted.
-struct PanicsOnRunsFaulted;
-
-struct PanicOnIncrement;
-
-impl metrics::CounterFn for PanicOnIncrement {
-    fn increment(&self, _: u64) {
-        panic!("the embedder's recorder failed");
-    }
-    fn absolute(&self, _: u64) {}
-}
-
-impl metrics::Recorder for PanicsOnRunsFaulted {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        if key.name() == "poolgate_runs_faulted_total" {
-            metrics::Counter::from_arc(std::sync::Arc::new(PanicOnIncrement))
-        } else {
-            metrics::Counter::noop()
-        }
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 #[test]
 fn a_metrics_recorder_that_panics_costs_its_figure_never_a_runs_fault() {
     // Issue 29, reproduction 1: a recorder that panicked on
     // poolgate_runs_faulted_total left events readiness_lost only: the
     // run's fault was never told, and the run was dropped.
-    let recorder = PanicsOnRunsFaulted;
+    let recorder =
+        common::PanickingRecorder(|key: &metrics::Key| key.name() == "poolgate_runs_faulted_total");
     metrics::with_local_recorder(&recorder, || {
         on_virtual_time(async {
             let gate = Gate::start(

@@ -837,21 +837,13 @@ fn a_run_that_faults_before_the_leaders_look_still_has_its_outcome_written() {
     let store = a_term_of(&server, "settled");
     let config = config(&server.endpoint, "");
     live_for(Duration::from_secs(60), async {
-        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
-        let node = poolgate::core::NodeId::new("node-1").unwrap();
-        let mut serving = poolgate::live::requests::Serving::new(
-            gate.clone(),
-            Arc::clone(&store),
-            vec![node.clone()],
-        );
-        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
-        let run = poolgate::core::RunId::new("r1").unwrap();
-        let _session = requests
-            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(5))
-            .await
-            .unwrap();
-        make_ready(&gate, "node-1").await;
-        gate.wait_ready().await.unwrap();
+        let LeaderAsked {
+            gate,
+            mut serving,
+            requests,
+            run,
+            _session,
+        } = leader_asked(&config, &store, Duration::from_secs(5)).await;
         // Looks until the leader committed it and wrote so.
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {
@@ -905,6 +897,38 @@ fn a_term_of(server: &etcd::Etcd, label: &str) -> Arc<EtcdStore> {
     store
 }
 
+/// The leader's side on a ready pool of node-1, asked run r1 (by a
+/// requester whose session lives `ttl`), before its first look.
+struct LeaderAsked {
+    gate: poolgate::Gate,
+    serving: poolgate::live::requests::Serving,
+    requests: poolgate::live::requests::Requests,
+    run: poolgate::core::RunId,
+    _session: poolgate::live::requests::Session,
+}
+
+async fn leader_asked(config: &Config, store: &Arc<EtcdStore>, ttl: Duration) -> LeaderAsked {
+    let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
+    let node = poolgate::core::NodeId::new("node-1").unwrap();
+    let serving =
+        poolgate::live::requests::Serving::new(gate.clone(), Arc::clone(store), vec![node.clone()]);
+    let requests = poolgate::live::requests::Requests::new(Arc::clone(store));
+    let run = poolgate::core::RunId::new("r1").unwrap();
+    let session = requests
+        .ask(&run, std::slice::from_ref(&node), ttl)
+        .await
+        .unwrap();
+    make_ready(&gate, "node-1").await;
+    gate.wait_ready().await.unwrap();
+    LeaderAsked {
+        gate,
+        serving,
+        requests,
+        run,
+        _session: session,
+    }
+}
+
 #[test]
 fn a_run_whose_planning_was_abandoned_is_never_planned_again_under_its_id() {
     // Nemesis finding (seed 112232919240855, 30 minutes): a run's planning
@@ -921,21 +945,13 @@ fn a_run_whose_planning_was_abandoned_is_never_planned_again_under_its_id() {
         "[planning]\non_readiness_lost = \"abort\"\n",
     );
     live_for(Duration::from_secs(60), async {
-        let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
-        let node = poolgate::core::NodeId::new("node-1").unwrap();
-        let mut serving = poolgate::live::requests::Serving::new(
-            gate.clone(),
-            Arc::clone(&store),
-            vec![node.clone()],
-        );
-        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
-        let run = poolgate::core::RunId::new("r1").unwrap();
-        let _session = requests
-            .ask(&run, std::slice::from_ref(&node), Duration::from_secs(30))
-            .await
-            .unwrap();
-        make_ready(&gate, "node-1").await;
-        gate.wait_ready().await.unwrap();
+        let LeaderAsked {
+            gate,
+            mut serving,
+            requests,
+            run,
+            _session,
+        } = leader_asked(&config, &store, Duration::from_secs(30)).await;
         // The leader began planning it; readiness is lost before the
         // commit, and the policy aborts the planning.
         gate.begin_planning(run.clone(), None).await.unwrap();

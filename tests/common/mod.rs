@@ -94,3 +94,55 @@ pub async fn swim(gate: &Gate, name: &str, state: SwimState, incarnation: u64) {
 }
 
 pub const WINDOW: Duration = Duration::from_millis(5000);
+
+/// An embedder's metrics recorder that panics when a metric is counted
+/// and `panics(key)` says so (otherwise it records nothing).
+pub struct PanickingRecorder<F: Fn(&metrics::Key) -> bool + Send + Sync>(pub F);
+
+impl<F: Fn(&metrics::Key) -> bool + Send + Sync> PanickingRecorder<F> {
+    fn check(&self, key: &metrics::Key) {
+        if (self.0)(key) {
+            panic!("the embedder's metrics recorder panicked");
+        }
+    }
+}
+
+impl<F: Fn(&metrics::Key) -> bool + Send + Sync> metrics::Recorder for PanickingRecorder<F> {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.check(key);
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.check(key);
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.check(key);
+        metrics::Histogram::noop()
+    }
+}
