@@ -69,6 +69,17 @@ fn start(members: &[&str]) -> Subsystem {
     }
 }
 
+/// A gate over `members`, each made ready, past its window (1 s): ready
+/// at epoch 1.
+async fn ready(members: &[&str]) -> Subsystem {
+    let gate = start(members);
+    for member in members {
+        gate.make_ready(member).await;
+    }
+    gate.advance_to(1001).await;
+    gate
+}
+
 impl Subsystem {
     async fn observe(&self, name: &str, observation: Observation) -> Outcome {
         let addr = self.router.route(&node(name)).expect("a candidate");
@@ -156,10 +167,7 @@ fn a_failed_node_actor_counts_as_not_ready_and_is_restarted_empty() {
 #[test]
 fn a_failed_node_actor_faults_a_committed_run_that_requires_it() {
     on_virtual_time(async {
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         let run = RunId::new("r").unwrap();
         let at = gate.clock.now();
         gate.pool
@@ -200,10 +208,7 @@ fn a_failed_node_actor_faults_a_committed_run_that_requires_it() {
 #[test]
 fn a_restarted_pool_actor_needs_a_fresh_window_and_a_new_epoch() {
     on_virtual_time(async {
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         assert_eq!(gate.phase().await, PoolPhase::Ready { epoch: Epoch(1) });
         gate.pool.do_send(InjectPoolFault::Panic);
         gate.advance_to(1500).await;
@@ -298,10 +303,7 @@ fn a_run_actor_that_fails_faults_its_run_internal_and_never_drops_it() {
     // `run_faulted`; the report said no run; finish_run said UnknownRun;
     // and a new run was admitted.
     on_virtual_time(async {
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         let run = commit(&gate, &["a", "b"]).await;
         gate.pool.do_send(InjectPoolFault::PanicRunActor);
         gate.advance_to(1100).await;
@@ -336,9 +338,7 @@ fn a_run_actor_that_fails_faults_its_run_internal_and_never_drops_it() {
 #[test]
 fn finishing_a_run_whose_actor_failed_faults_it_internal_first() {
     on_virtual_time(async {
-        let mut gate = start(&["a"]);
-        gate.make_ready("a").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a"]).await;
         let run = commit(&gate, &["a"]).await;
         gate.pool.do_send(InjectPoolFault::PanicRunActor);
         gate.advance_to(1100).await;
@@ -371,10 +371,7 @@ fn a_pool_actor_whose_restart_fails_ends_every_stream_and_stops_its_nodes() {
     // Issue 29, reproduction 2: the subscriber waited for ever (60 s of
     // virtual time: no event, no end) once the pool actor was gone.
     on_virtual_time(async {
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         let _ = gate.drain();
         gate.pool.do_send(InjectPoolFault::PanicAndFailRestart);
         let ended = tokio::time::timeout(Duration::from_secs(60), async {
@@ -452,10 +449,7 @@ fn a_tracing_layer_that_panics_in_the_pool_actor_restarts_it_and_the_run_stays_g
     // not the pool's, still guards the run.
     on_virtual_time(async {
         let (_layer, arm) = panicking_layer();
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         let run = commit(&gate, &["a"]).await;
         let _ = gate.drain();
         // The pool logs each view change it hears: that line panics once.
@@ -507,10 +501,7 @@ fn a_pool_actor_that_fails_at_every_restart_is_given_up_and_nothing_hangs() {
     // within ten seconds the gate ends, its stream with it.
     on_virtual_time(async {
         let (_layer, arm) = panicking_layer();
-        let mut gate = start(&["a", "b"]);
-        gate.make_ready("a").await;
-        gate.make_ready("b").await;
-        gate.advance_to(1001).await;
+        let mut gate = ready(&["a", "b"]).await;
         let _ = gate.drain();
         arm.store(u32::MAX, std::sync::atomic::Ordering::SeqCst);
         gate.observe(
