@@ -184,7 +184,9 @@ impl Drop for Stdout {
 }
 
 /// `poolgate watch`: prints events until SIGINT/SIGTERM, until the pool is
-/// ready (`until_ready`), or until `timeout`.
+/// ready (`until_ready`), or until `timeout`. One path for one orchestrator
+/// and for replicas: a lone orchestrator is a replica that always leads
+/// (see [`Leadership`]).
 pub async fn watch(
     config: &Config,
     path: &Path,
@@ -203,17 +205,161 @@ pub async fn watch(
         until_ready,
         timeout,
     };
-    if !config.state.etcd.is_empty() {
-        return watch_replica(config, &watching, record, limit, stop).await;
+    let mut leadership = Leadership::of(config).await?;
+    // SIGHUP reloads a follower's warm member's keys too: a rotation
+    // missed there would leave the next term's SWIM deaf.
+    let _reloading = match &leadership {
+        Leadership::Replica(replica) => Some(reload_on_hangup(
+            replica.swim_keys(),
+            path,
+            signal(SignalKind::hangup())?,
+        )),
+        Leadership::Alone { .. } => None,
+    };
+    loop {
+        let term = leadership.terms() + 1;
+        let term_record = record.map(|path| term_record_path(path, term));
+        let recording = recording(term_record.as_deref())?;
+        // Alone, the orchestrator starts at once, whatever the limit: a
+        // socket held is an error to say (its bind is retried for 2 s).
+        let live = if !leadership.can_lose() {
+            leadership.lead(recording).await?
+        } else {
+            tokio::select! {
+                live = leadership.lead(recording) => live?,
+                _ = &mut stop => {
+                    leadership.resign();
+                    return Ok(WatchEnd::Stopped);
+                }
+                _ = &mut limit => {
+                    if watching.until_ready {
+                        eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", humantime::format_duration(watching.timeout.unwrap_or_default()), leadership.leader());
+                    }
+                    leadership.resign();
+                    return Ok(WatchEnd::TimedOut);
+                }
+            }
+        };
+        let lost = {
+            let fence_check = &leadership;
+            async move { fence_check.lost().await }
+        };
+        let watched = watching
+            .events(&live, limit.as_mut(), stop.as_mut(), lost)
+            .await;
+        live.stop().await;
+        match watched {
+            Ok(Watched::Lost) if leadership.can_lose() => {
+                // Said once the orchestrator has stopped: acting ended
+                // before this line's timestamp.
+                tracing::warn!(
+                    replica = %leadership.name(),
+                    "this replica stopped leading; following the new leader"
+                );
+            }
+            Ok(Watched::Lost) => {
+                leadership.resign();
+                return Err(GateError::Stopped.into());
+            }
+            Ok(Watched::End(end)) => {
+                leadership.resign();
+                return Ok(end);
+            }
+            Err(e) => {
+                leadership.resign();
+                return Err(e);
+            }
+        }
     }
-    warn_without_state(config);
-    let live = Orchestrator::start_recording(config, recording(record)?).await?;
-    match watching
-        .events(&live, limit, stop, std::future::pending())
-        .await?
-    {
-        Watched::End(end) => Ok(end),
-        Watched::Lost => Err(GateError::Stopped.into()),
+}
+
+/// Who acts for the pool: this process alone (it always leads, from the
+/// start, for one term), or one of several replicas on etcd (it leads
+/// when it wins the lease, and follows again when it loses it).
+enum Leadership<'a> {
+    Alone { config: &'a Config, led: bool },
+    Replica(Box<super::replica::Replica>),
+}
+
+impl<'a> Leadership<'a> {
+    /// Among replicas when `[state] etcd` is set (the replica warmed up:
+    /// a SWIM member that follows), alone otherwise.
+    async fn of(config: &'a Config) -> Result<Leadership<'a>, LiveError> {
+        if config.state.etcd.is_empty() {
+            warn_without_state(config);
+            return Ok(Leadership::Alone { config, led: false });
+        }
+        let mut replica = super::replica::Replica::start(config)?;
+        replica.warm_up().await?;
+        Ok(Leadership::Replica(Box::new(replica)))
+    }
+
+    /// Waits until this process leads, and starts its orchestrator. Alone,
+    /// at once, and only once: its one term ends with the process.
+    async fn lead(
+        &mut self,
+        recording: Option<poolgate_actors::Recording>,
+    ) -> Result<Orchestrator, LiveError> {
+        match self {
+            Leadership::Alone { led: true, .. } => std::future::pending().await,
+            Leadership::Alone { config, led } => {
+                *led = true;
+                Orchestrator::start_recording(config, recording).await
+            }
+            Leadership::Replica(replica) => {
+                let live = replica.lead(recording).await?;
+                tracing::warn!(replica = %replica.me().replica, term = replica.terms(), "this replica leads");
+                Ok(live)
+            }
+        }
+    }
+
+    /// Completes when this process stops leading: never, alone.
+    async fn lost(&self) {
+        match self {
+            Leadership::Alone { .. } => std::future::pending().await,
+            Leadership::Replica(replica) => replica.lost().await,
+        }
+    }
+
+    /// Whether leadership can be lost (and led again): among replicas.
+    fn can_lose(&self) -> bool {
+        matches!(self, Leadership::Replica(_))
+    }
+
+    /// The terms led so far.
+    fn terms(&self) -> u64 {
+        match self {
+            Leadership::Alone { led, .. } => u64::from(*led),
+            Leadership::Replica(replica) => replica.terms(),
+        }
+    }
+
+    /// Gives leadership up (the lease revoked: another replica leads at
+    /// once); nothing to give up alone.
+    fn resign(self) {
+        if let Leadership::Replica(replica) = self {
+            (*replica).resign();
+        }
+    }
+
+    /// This replica's name, for the log.
+    fn name(&self) -> String {
+        match self {
+            Leadership::Alone { .. } => "this orchestrator".to_string(),
+            Leadership::Replica(replica) => replica.me().replica.to_string(),
+        }
+    }
+
+    /// Who leads now, as far as this process knows.
+    fn leader(&self) -> String {
+        match self {
+            Leadership::Alone { .. } => "this orchestrator".to_string(),
+            Leadership::Replica(replica) => match &*replica.role().borrow() {
+                super::replica::Role::Following(Some(l)) => l.to_string(),
+                _ => "none right now".to_string(),
+            },
+        }
     }
 }
 
@@ -280,82 +426,6 @@ impl Watching<'_> {
                 }
                 _ = &mut stop => return Ok(Watched::End(WatchEnd::Stopped)),
                 _ = &mut lost => return Ok(Watched::Lost),
-            }
-        }
-    }
-}
-
-/// `watch` as one of several replicas (`[state] etcd`, design §12): follows
-/// until it leads, prints the events of each term it leads (recording
-/// term n into `FILE` for the first, `FILE.n` after), and follows again
-/// when it steps down. A signal resigns (the lease revoked: another
-/// replica leads at once).
-async fn watch_replica(
-    config: &Config,
-    watching: &Watching<'_>,
-    record: Option<&Path>,
-    mut limit: std::pin::Pin<&mut tokio::time::Sleep>,
-    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
-) -> Result<WatchEnd, LiveError> {
-    let mut replica = super::replica::Replica::start(config)?;
-    replica.warm_up().await?;
-    // SIGHUP reloads the warm member's keys while following too: a
-    // rotation missed there would leave the next term's SWIM deaf.
-    let _reloading = reload_on_hangup(
-        replica.swim_keys(),
-        watching.path,
-        signal(SignalKind::hangup())?,
-    );
-    loop {
-        let term = replica.terms() + 1;
-        let term_record = record.map(|path| term_record_path(path, term));
-        let recording = recording(term_record.as_deref())?;
-        let live = tokio::select! {
-            live = replica.lead(recording) => {
-                let live = live?;
-                tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
-                live
-            }
-            _ = &mut stop => {
-                replica.resign();
-                return Ok(WatchEnd::Stopped);
-            }
-            _ = &mut limit => {
-                if watching.until_ready {
-                    let leader = match &*replica.role().borrow() {
-                        super::replica::Role::Following(Some(l)) => l.to_string(),
-                        _ => "none right now".to_string(),
-                    };
-                    eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {leader}; ask it with poolgate status)", humantime::format_duration(watching.timeout.unwrap_or_default()));
-                }
-                replica.resign();
-                return Ok(WatchEnd::TimedOut);
-            }
-        };
-        let lost = {
-            let fence_check = &replica;
-            async move { fence_check.lost().await }
-        };
-        let watched = watching
-            .events(&live, limit.as_mut(), stop.as_mut(), lost)
-            .await;
-        live.stop().await;
-        match watched {
-            Ok(Watched::Lost) => {
-                // Said once the orchestrator has stopped: acting ended
-                // before this line's timestamp.
-                tracing::warn!(
-                    replica = %replica.me().replica,
-                    "this replica stopped leading; following the new leader"
-                );
-            }
-            Ok(Watched::End(end)) => {
-                replica.resign();
-                return Ok(end);
-            }
-            Err(e) => {
-                replica.resign();
-                return Err(e);
             }
         }
     }
