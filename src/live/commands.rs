@@ -13,6 +13,7 @@ use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, Gate, GateError};
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::keeper::{Ended, Keeper};
 use super::{LiveError, Orchestrator};
 use crate::config::Config;
 use crate::replay::explain::Explainer;
@@ -64,14 +65,14 @@ pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
         })
 }
 
-struct Printer {
+pub(super) struct Printer {
     output: Output,
     explainer: Explainer,
     out: Stdout,
 }
 
 impl Printer {
-    fn new(output: Output) -> Self {
+    pub(super) fn new(output: Output) -> Self {
         Printer {
             output,
             explainer: Explainer::default(),
@@ -79,7 +80,7 @@ impl Printer {
         }
     }
 
-    async fn print(&mut self, gate: &Gate, event: Event) {
+    pub(super) async fn print(&mut self, gate: &Gate, event: Event) {
         let at = event.at();
         self.explainer.saw(&event);
         let event = ReplayEvent::Gate(event);
@@ -95,7 +96,7 @@ impl Printer {
 
     /// An event another process published (the leader, through etcd);
     /// `--explain` prints it as `human` does.
-    fn print_told(&mut self, event: Option<Event>) {
+    pub(super) fn print_told(&mut self, event: Option<Event>) {
         let Some(event) = event else { return };
         let event = ReplayEvent::Gate(event);
         match self.output {
@@ -433,7 +434,7 @@ impl Watching<'_> {
 
 /// Where a replica records its `term`-th term (design §12): `FILE` for the
 /// first, `FILE.n` after.
-fn term_record_path(path: &Path, term: u64) -> std::path::PathBuf {
+pub(super) fn term_record_path(path: &Path, term: u64) -> std::path::PathBuf {
     match term {
         1 => path.to_path_buf(),
         n => std::path::PathBuf::from(format!("{}.{n}", path.display())),
@@ -442,7 +443,7 @@ fn term_record_path(path: &Path, term: u64) -> std::path::PathBuf {
 
 /// Says at start that without `[state] path` nothing survives a restart:
 /// the next process issues epoch 1 again and guards no run.
-fn warn_without_state(config: &Config) {
+pub(super) fn warn_without_state(config: &Config) {
     if config.state.path.is_none() {
         tracing::warn!("no [state] path: epochs and the active run are kept in memory only; after a restart epochs start again at 1 and a committed run is no longer guarded");
     }
@@ -492,9 +493,14 @@ pub struct RunRequest {
 /// `command` and guards it. Returns the exit code: the command's own; 3
 /// when the run faulted (the command's process group is sent SIGTERM,
 /// then SIGKILL after 5 s); 1 when the pool was not ready within the
-/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way; 128 +
+/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way;
+/// [`EXIT_UNGUARDED`] when its run could not be confirmed guarded; 128 +
 /// signal when `run` was signalled (the command stopped and the run ended
 /// first).
+///
+/// One path, alone or among replicas: what differs is who keeps the run
+/// committed and guarded (a [`Keeper`]): this process's own gate, or the
+/// leader among replicas, asked through etcd.
 pub async fn run(
     config: &Config,
     path: &Path,
@@ -525,63 +531,22 @@ pub async fn run(
     // From the start: a SIGHUP (a key rotation's `pkill -HUP poolgate`)
     // while waiting must not end `run` by the signal's default action.
     let hangup = signal(SignalKind::hangup())?;
-    if !config.state.etcd.is_empty() {
-        let asked = Asked {
-            path,
-            command,
-            record,
-            required: &required,
-        };
-        return run_replicated(config, &request, output, asked, hangup, stop).await;
-    }
-    let mut hangup = hangup;
-    warn_without_state(config);
-    let live = Orchestrator::start_recording(config, recording(record)?).await?;
-    let gate = live.gate.clone();
-    let mut events = gate.subscribe();
-    let mut printer = Printer::new(output);
-
-    let run = match &request.resume {
-        Some(run) => {
-            let active = gate.report().await?.run;
-            if active.as_ref() != Some(run) {
-                let active = active.map_or("none".to_string(), |r| r.to_string());
-                eprintln!(
-                    "poolgate run: --resume {run}: no such active run (the active run: {active})"
-                );
-                return Ok(EXIT_OTHER_RUN);
-            }
-            run.clone()
-        }
-        None => {
-            // A restored run in the way is said at once, ready pool or not.
-            if let Some(other) = gate.report().await?.run {
-                in_the_way(&other);
-                return Ok(EXIT_OTHER_RUN);
-            }
-            let mut run =
-                RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
-            let committed = tokio::select! {
-                committed = plan_and_commit(&gate, &mut events, &mut printer, &mut run, &required, request.timeout) => committed?,
-                signal = &mut stop => return Ok(128 + signal),
-            };
-            if let Err(code) = committed {
-                return Ok(code);
-            }
-            run
-        }
+    let mut keeper = Keeper::of(config, path, &request, output, record, hangup).await?;
+    let run = match keeper
+        .commit(config, &request, &required, stop.as_mut())
+        .await?
+    {
+        Ok(run) => run,
+        Err(code) => return Ok(code),
     };
-    drain(&gate, &mut events, &mut printer).await;
-
     let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             // Committed, and nothing to guard: the run ends here.
-            if let Err(ended) = gate.finish_run(run.clone()).await {
+            if let Err(ended) = keeper.end(&run).await {
                 tracing::warn!(%run, error = %ended, "run not ended");
             }
-            drain(&gate, &mut events, &mut printer).await;
             return Err(LiveError::Io(std::io::Error::other(format!(
                 "{}: {e}",
                 command[0]
@@ -592,333 +557,34 @@ pub async fn run(
         tokio::select! {
             status = child.wait() => {
                 let status = status?;
-                drain(&gate, &mut events, &mut printer).await;
-                gate.finish_run(run.clone()).await?;
-                drain(&gate, &mut events, &mut printer).await;
+                keeper.end(&run).await?;
                 return Ok(super::guard::code(status));
             }
-            event = events.recv() => {
-                let Some(event) = event else { return Err(GateError::Stopped.into()) };
-                let faulted = matches!(&event, Event::RunFaulted { run: r, .. } if *r == run);
-                printer.print(&gate, event).await;
-                if faulted {
-                    stop_command(&mut child).await;
-                    return Ok(3);
-                }
+            ended = keeper.guard(&run) => {
+                let Some(ended) = ended? else { continue };
+                stop_command(&mut child).await;
+                let code = match ended {
+                    Ended::Told(code) => code,
+                    Ended::Untold => keeper.told(&run).await,
+                };
+                return Ok(code);
             }
             signal = &mut stop => {
                 // The command goes first, then its run: nothing is left
-                // guarded by no one, and the state file holds no run.
+                // guarded by no one, and the stored state holds no run.
                 stop_command(&mut child).await;
-                if let Err(e) = gate.finish_run(run.clone()).await {
+                if let Err(e) = keeper.end(&run).await {
                     tracing::warn!(%run, error = %e, "run not ended");
                 }
-                drain(&gate, &mut events, &mut printer).await;
-                return Ok(128 + signal);
-            }
-            _ = hangup.recv() => reload_keys(|swim| live.reload_cluster_keys(swim), path),
-        }
-    }
-}
-
-/// `poolgate run` among replicas (`[state] etcd`, design §12): the run is
-/// asked of whichever replica leads, through etcd, and this process is a
-/// replica too (it leads when it can, and then serves every request, its
-/// own included). Once the leader committed it, the command runs; a
-/// `run_faulted` from any leader stops it (exit 3); when it ends, the
-/// leader is asked to end the run. A takeover changes nothing here: the
-/// next leader guards the run from etcd and answers through the same keys.
-/// What `run` among replicas runs, and where its config is.
-struct Asked<'a> {
-    path: &'a Path,
-    command: &'a [String],
-    record: Option<&'a Path>,
-    required: &'a [NodeId],
-}
-
-async fn run_replicated(
-    config: &Config,
-    request: &RunRequest,
-    output: Output,
-    asked: Asked<'_>,
-    hangup: tokio::signal::unix::Signal,
-    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
-) -> Result<i32, LiveError> {
-    let Asked {
-        path,
-        command,
-        record,
-        required,
-    } = asked;
-    if request.resume.is_some() {
-        return Err(LiveError::Setting {
-            key: "state.etcd",
-            message: "--resume: among replicas a committed run stays guarded by the leader; end it with --end".into(),
-        });
-    }
-    // A `run` whose sockets another process on this host holds (a `run`
-    // beside a `watch`) could not act if it won the leadership, and would
-    // hold it for a lease with nobody leading: it does not campaign, it
-    // only asks.
-    let (requests, _reloading, _leading) = if sockets_free(config) {
-        let mut replica = super::replica::Replica::start(config)?;
-        replica.warm_up().await?;
-        let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
-        let requests = replica.requests();
-        let record = record.map(Path::to_path_buf);
-        let leading = actix::spawn(async move {
-            loop {
-                let term = replica.terms() + 1;
-                let file = record.as_deref().map(|path| term_record_path(path, term));
-                let recording = match recording(file.as_deref()) {
-                    Ok(recording) => recording,
-                    Err(e) => return tracing::error!(error = %e, "--record"),
-                };
-                match replica.lead(recording).await {
-                    Ok(live) => {
-                        tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
-                        replica.lost().await;
-                        live.stop().await;
-                        tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
-                    }
-                    Err(e) => {
-                        return tracing::warn!(error = %e, "this run cannot lead: it only asks the leader")
-                    }
-                }
-            }
-        });
-        (requests, Some(reloading), Some(AbortOnDrop(leading)))
-    } else {
-        tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
-        (super::replica::requests_of(config)?, None, None)
-    };
-    let failed =
-        |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
-    let mut printer = Printer::new(output);
-    // Unique across hosts and containers, where pids repeat.
-    let new_run = || {
-        RunId::new(&format!(
-            "run-{}-{:06x}",
-            std::process::id(),
-            rand::random::<u32>() & 0xff_ffff
-        ))
-        .map_err(GateError::from)
-    };
-    let mut run = new_run()?;
-    // The request and its outcome live on this process's etcd session:
-    // if it goes before a commit (crash, cut off for a lease), the request
-    // goes with it; a run committed stays guarded by whichever replica
-    // leads (design §12) until it faults or is ended.
-    let mut session = requests
-        .ask(&run, required, config.run.unguarded_after)
-        .await
-        .map_err(failed)?;
-    let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
-    let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
-    tokio::pin!(limit);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
-                match requests.outcome(&run).await {
-                    Ok(Some(outcome)) if outcome.status == "committed" => {
-                        printer.print_told(outcome.event);
-                        break;
-                    }
-                    Ok(Some(outcome)) if outcome.status == "aborted" => {
-                        // Its planning was abandoned (a new leader found it
-                        // planning, or readiness was lost under `abort`):
-                        // that run is over, and the same plan is asked
-                        // again as a new run, within the same timeout.
-                        printer.print_told(outcome.event);
-                        let _ = requests.forget(&run).await;
-                        run = new_run()?;
-                        session = requests
-                            .ask(&run, required, config.run.unguarded_after)
-                            .await
-                            .map_err(failed)?;
-                    }
-                    Ok(Some(outcome)) if outcome.status == "refused" => {
-                        eprintln!("poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
-                        return Ok(2);
-                    }
-                    Ok(Some(outcome)) => {
-                        // Committed and over while this process was away
-                        // (paused, cut off): faulted is 3; ended by the
-                        // leader (its requester counted as gone) is not a
-                        // fault: the command never ran guarded.
-                        let faulted = outcome.status == "faulted";
-                        if !faulted {
-                            eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed ({}): its command was not started", outcome.status, outcome.reason.clone().unwrap_or_default());
-                        }
-                        printer.print_told(outcome.event);
-                        let _ = requests.forget(&run).await;
-                        return Ok(if faulted { 3 } else { EXIT_UNGUARDED });
-                    }
-                    Ok(None) if session.is_lost() => {
-                        // The request went with the session: nobody will
-                        // commit it.
-                        eprintln!("poolgate run: run {run}: this process's etcd session expired before the run was committed (the request went with it): its command was not started");
-                        let _ = requests.withdraw(&run).await;
-                        return Ok(EXIT_UNGUARDED);
-                    }
-                    Ok(None) => {}
-                    // etcd away for a moment: asked again.
-                    Err(e) => {
-                        if let Some(held) = said.allow(std::time::Instant::now()) {
-                            tracing::warn!(%run, error = %e, held, "what became of the run: not read (tried again)");
-                        }
-                    }
-                }
-            }
-            _ = &mut limit => {
-                let _ = requests.withdraw(&run).await;
-                drop(session);
-                let within = humantime::format_duration(request.timeout.unwrap_or_default());
-                match requests.active_run().await {
-                    Ok(Some(other)) if other != run => eprintln!(
-                        "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
-                    ),
-                    _ => eprintln!("poolgate: run {run} was not committed within {within} (the pool was not ready, or no replica led)"),
-                }
-                return Ok(1);
-            }
-            signal = &mut stop => {
-                let _ = requests.withdraw(&run).await;
                 return Ok(128 + signal);
             }
         }
     }
-    let ended = |requests: super::requests::Requests, run: RunId, mut printer: Printer| async move {
-        // Asked until it is written (an etcd blip), for up to END_WAIT:
-        // a run whose end is never asked stays guarded.
-        let deadline = tokio::time::Instant::now() + END_WAIT;
-        loop {
-            match requests.finish(&run).await {
-                Ok(()) => break,
-                Err(e) if tokio::time::Instant::now() >= deadline => {
-                    tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
-                    return;
-                }
-                Err(_) => tokio::time::sleep(super::requests::LOOK_EVERY).await,
-            }
-        }
-        // Told once the leader ended it (bounded: a leaderless moment
-        // leaves the end to the next leader, which reads the same key).
-        let deadline = tokio::time::Instant::now() + END_WAIT;
-        while tokio::time::Instant::now() < deadline {
-            if let Ok(Some(outcome)) = requests.outcome(&run).await {
-                if outcome.status != "committed" {
-                    printer.print_told(outcome.event);
-                    break;
-                }
-            }
-            tokio::time::sleep(super::requests::LOOK_EVERY).await;
-        }
-        let _ = requests.forget(&run).await;
-    };
-    // Read `committed`, but the run may have ended since (this process
-    // was paused): the command starts only on a run the state still holds.
-    if let Ok(super::requests::RunStanding::NotHeld | super::requests::RunStanding::Ended(_)) =
-        requests.standing(&run).await
-    {
-        let code = match told_end(&requests, &run).await {
-            Some(outcome) if outcome.status == "faulted" => {
-                printer.print_told(outcome.event);
-                3
-            }
-            outcome => {
-                eprintln!("poolgate run: run {run} ended before its command started ({}): the command was not started", outcome.and_then(|o| o.reason).unwrap_or_else(|| "no longer held by the stored state".into()));
-                EXIT_UNGUARDED
-            }
-        };
-        let _ = requests.forget(&run).await;
-        return Ok(code);
-    }
-    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            ended(requests, run, printer).await;
-            return Err(LiveError::Io(std::io::Error::other(format!(
-                "{}: {e}",
-                command[0]
-            ))));
-        }
-    };
-    // Fail closed (docs/failover.md §3): the command runs only while this process
-    // can confirm that its run is guarded.
-    let unguarded_after = config.run.unguarded_after;
-    let mut confirmed = tokio::time::Instant::now();
-    let code = loop {
-        tokio::select! {
-            status = child.wait() => {
-                let status = status?;
-                ended(requests, run, printer).await;
-                break super::guard::code(status);
-            }
-            _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
-                use super::requests::RunStanding;
-                let standing = requests.standing(&run).await;
-                match standing {
-                    Ok(RunStanding::Guarded) => confirmed = tokio::time::Instant::now(),
-                    Ok(RunStanding::Ended(outcome)) => {
-                        let code = if outcome.status == "faulted" { 3 } else { EXIT_UNGUARDED };
-                        if code == EXIT_UNGUARDED {
-                            eprintln!("poolgate run: run {run} was {} by the leader ({}): its command is stopped", outcome.status, outcome.reason.clone().unwrap_or_default());
-                        }
-                        printer.print_told(outcome.event);
-                        stop_command(&mut child).await;
-                        let _ = requests.forget(&run).await;
-                        break code;
-                    }
-                    Ok(RunStanding::NotHeld) => {
-                        // Ended, its outcome not written yet: the command
-                        // stops now, and the outcome is read if it comes.
-                        stop_command(&mut child).await;
-                        let code = match told_end(&requests, &run).await {
-                            Some(outcome) if outcome.status == "faulted" => {
-                                printer.print_told(outcome.event);
-                                3
-                            }
-                            _ => {
-                                eprintln!("poolgate run: run {run} is no longer held by the stored state (it ended, its outcome unwritten): its command is stopped");
-                                EXIT_UNGUARDED
-                            }
-                        };
-                        let _ = requests.forget(&run).await;
-                        break code;
-                    }
-                    Ok(RunStanding::Unled) | Err(_) => {}
-                }
-                let unconfirmed = confirmed.elapsed();
-                if session.is_lost() || unconfirmed > unguarded_after {
-                    let why = if session.is_lost() {
-                        "its etcd session expired".to_string()
-                    } else {
-                        format!(
-                            "not confirmed guarded for {} (no replica leads, or etcd is out of reach)",
-                            humantime::format_duration(whole_millis(unconfirmed))
-                        )
-                    };
-                    eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", humantime::format_duration(unguarded_after));
-                    stop_command(&mut child).await;
-                    break EXIT_UNGUARDED;
-                }
-            }
-            signal = &mut stop => {
-                stop_command(&mut child).await;
-                ended(requests, run, printer).await;
-                break 128 + signal;
-            }
-        }
-    };
-    drop(session);
-    Ok(code)
 }
 
 /// Whether this host's agent listener and SWIM socket of `config` can be
 /// bound now (a `run` that cannot bind them cannot lead).
-fn sockets_free(config: &Config) -> bool {
+pub(super) fn sockets_free(config: &Config) -> bool {
     let agents = config.agents.listen;
     let swim = config.swim.bind;
     let taken = |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse;
@@ -929,7 +595,7 @@ fn sockets_free(config: &Config) -> bool {
 
 /// Stops the guarded command's whole group; says so when some of it could
 /// not be stopped (never that it was).
-async fn stop_command(child: &mut super::guard::Guarded) {
+pub(super) async fn stop_command(child: &mut super::guard::Guarded) {
     if let Err(left) = child.stop().await {
         tracing::error!(error = %left, "the command was not stopped");
         eprintln!("poolgate run: {left}: the command was NOT stopped");
@@ -942,7 +608,7 @@ pub const EXIT_UNGUARDED: i32 = 5;
 
 /// What became of `run`, read for up to a second (the leader writes it
 /// right after the state that ended it).
-async fn told_end(
+pub(super) async fn told_end(
     requests: &super::requests::Requests,
     run: &RunId,
 ) -> Option<super::requests::Outcome> {
@@ -958,7 +624,7 @@ async fn told_end(
 }
 
 /// `d` in whole milliseconds, for saying it.
-fn whole_millis(d: Duration) -> Duration {
+pub(super) fn whole_millis(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
@@ -1007,7 +673,7 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -1020,7 +686,7 @@ impl Drop for AbortOnDrop {
 /// run is suspended, or aborted and begun again, by the configured
 /// policy). `Ok(Err(code))`: `run` exits with `code` (not ready in time,
 /// or a restored run in the way).
-async fn plan_and_commit(
+pub(super) async fn plan_and_commit(
     gate: &Gate,
     events: &mut EventStream,
     printer: &mut Printer,
@@ -1100,7 +766,7 @@ fn retried(error: &GateError) -> bool {
 }
 
 /// Says that `other`, restored from the state file, stands in the way.
-fn in_the_way(other: &RunId) {
+pub(super) fn in_the_way(other: &RunId) {
     eprintln!(
         "poolgate run: run {other}, restored from the state file, is still active; \
          `poolgate run --resume {other} -- COMMAND` guards it, `poolgate run --end {other}` ends it"
@@ -1131,7 +797,7 @@ pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
 /// Reloads the keys of `keys`' SWIM member from `path` at each SIGHUP
 /// (`hangup`), for as long as the returned guard lives; without a member
 /// (a replica whose term starts its own) the signal is only taken.
-fn reload_on_hangup(
+pub(super) fn reload_on_hangup(
     keys: Option<super::orchestrator::SwimKeys>,
     path: &Path,
     mut hangup: tokio::signal::unix::Signal,
@@ -1149,7 +815,10 @@ fn reload_on_hangup(
 
 /// SIGHUP: the cluster keys of `[swim]`, read again from the config file
 /// (key rotation).
-fn reload_keys(reload: impl Fn(&crate::config::SwimConfig) -> Result<(), LiveError>, path: &Path) {
+pub(super) fn reload_keys(
+    reload: impl Fn(&crate::config::SwimConfig) -> Result<(), LiveError>,
+    path: &Path,
+) {
     let reloaded = Config::load(path)
         .map_err(LiveError::from)
         .and_then(|config| reload(&config.swim));
@@ -1180,7 +849,7 @@ async fn wait_ready(
     Err(GateError::Stopped.into())
 }
 
-async fn drain(gate: &Gate, events: &mut EventStream, printer: &mut Printer) {
+pub(super) async fn drain(gate: &Gate, events: &mut EventStream, printer: &mut Printer) {
     while let Ok(event) = events.try_recv() {
         printer.print(gate, event).await;
     }

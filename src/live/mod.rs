@@ -26,6 +26,8 @@ pub use crate::config::endpoint;
 pub mod generation;
 #[cfg(feature = "cli")]
 pub mod guard;
+#[cfg(feature = "cli")]
+mod keeper;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;

@@ -1,0 +1,479 @@
+//! Who keeps `poolgate run`'s run committed and guarded: this process's
+//! own gate (alone), or the leader among replicas, asked through etcd
+//! (design §12). `run` (in `commands.rs`) is one path over either.
+
+use std::path::Path;
+use std::time::Duration;
+
+use poolgate_actors::core::{Event, NodeId, RunId};
+use poolgate_actors::{EventStream, GateError};
+
+use super::commands::{
+    drain, in_the_way, plan_and_commit, recording, reload_keys, reload_on_hangup, sockets_free,
+    term_record_path, told_end, warn_without_state, whole_millis, AbortOnDrop, Output, Printer,
+    RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED,
+};
+use super::{LiveError, Orchestrator};
+use crate::config::Config;
+
+/// How a guarded run ended, as its keeper found it: its command is to
+/// stop.
+pub(super) enum Ended {
+    /// Told (and said): `run` exits with this code.
+    Told(i32),
+    /// The stored state no longer holds the run, its outcome not written
+    /// yet: read once the command is stopped ([`Keeper::told`]).
+    Untold,
+}
+
+/// Who keeps `poolgate run`'s run committed and guarded.
+pub(super) enum Keeper {
+    /// This process alone: its own orchestrator plans, commits and guards
+    /// the run, and its events are this process's.
+    Alone(Box<AloneKeeper>),
+    /// Among replicas (`[state] etcd`, design §12): the run is asked of
+    /// whichever replica leads, through etcd, and this process is a
+    /// replica too (it leads when it can, and then serves every request,
+    /// its own included). A takeover changes nothing here: the next leader
+    /// guards the run from etcd and answers through the same keys.
+    Replicated(Box<ReplicatedKeeper>),
+}
+
+pub(super) struct AloneKeeper {
+    live: Orchestrator,
+    events: EventStream,
+    printer: Printer,
+    hangup: tokio::signal::unix::Signal,
+    path: std::path::PathBuf,
+}
+
+pub(super) struct ReplicatedKeeper {
+    requests: super::requests::Requests,
+    /// The request's etcd session (see [`super::requests::Session`]).
+    session: Option<super::requests::Session>,
+    printer: Printer,
+    unguarded_after: Duration,
+    /// When the run was last confirmed guarded.
+    confirmed: tokio::time::Instant,
+    _reloading: Option<AbortOnDrop>,
+    _leading: Option<AbortOnDrop>,
+}
+
+impl Keeper {
+    pub(super) async fn of(
+        config: &Config,
+        path: &Path,
+        request: &RunRequest,
+        output: Output,
+        record: Option<&Path>,
+        hangup: tokio::signal::unix::Signal,
+    ) -> Result<Keeper, LiveError> {
+        if config.state.etcd.is_empty() {
+            warn_without_state(config);
+            let live = Orchestrator::start_recording(config, recording(record)?).await?;
+            return Ok(Keeper::Alone(Box::new(AloneKeeper {
+                events: live.gate.subscribe(),
+                live,
+                printer: Printer::new(output),
+                hangup,
+                path: path.to_path_buf(),
+            })));
+        }
+        if request.resume.is_some() {
+            return Err(LiveError::Setting {
+                key: "state.etcd",
+                message: "--resume: among replicas a committed run stays guarded by the leader; end it with --end".into(),
+            });
+        }
+        // A `run` whose sockets another process on this host holds (a
+        // `run` beside a `watch`) could not act if it won the leadership,
+        // and would hold it for a lease with nobody leading: it does not
+        // campaign, it only asks.
+        let (requests, reloading, leading) = if sockets_free(config) {
+            let mut replica = super::replica::Replica::start(config)?;
+            replica.warm_up().await?;
+            let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
+            let requests = replica.requests();
+            let leading = actix::spawn(campaign(replica, record.map(Path::to_path_buf)));
+            (requests, Some(reloading), Some(AbortOnDrop(leading)))
+        } else {
+            tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
+            (super::replica::requests_of(config)?, None, None)
+        };
+        Ok(Keeper::Replicated(Box::new(ReplicatedKeeper {
+            requests,
+            session: None,
+            printer: Printer::new(output),
+            unguarded_after: config.run.unguarded_after,
+            confirmed: tokio::time::Instant::now(),
+            _reloading: reloading,
+            _leading: leading,
+        })))
+    }
+
+    /// Gets a run committed: `Ok(run)`, or the exit code when none was
+    /// (not ready in time, refused, another run in the way, signalled).
+    pub(super) async fn commit(
+        &mut self,
+        config: &Config,
+        request: &RunRequest,
+        required: &[NodeId],
+        stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+    ) -> Result<Result<RunId, i32>, LiveError> {
+        match self {
+            Keeper::Alone(alone) => alone.commit(request, required, stop).await,
+            Keeper::Replicated(replicated) => {
+                replicated.commit(config, request, required, stop).await
+            }
+        }
+    }
+
+    /// One step of guarding `run` while its command runs: `Some` once the
+    /// run ended (faulted, or no longer confirmed guarded): the command is
+    /// to stop.
+    pub(super) async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
+        match self {
+            Keeper::Alone(alone) => alone.guard(run).await,
+            Keeper::Replicated(replicated) => replicated.guard(run).await,
+        }
+    }
+
+    /// The exit code of a run that ended [`Ended::Untold`], its command
+    /// stopped: what became of it, if the leader writes it within a
+    /// second.
+    pub(super) async fn told(&mut self, run: &RunId) -> i32 {
+        match self {
+            Keeper::Alone(_) => EXIT_UNGUARDED,
+            Keeper::Replicated(replicated) => replicated.told(run).await,
+        }
+    }
+
+    /// Ends `run` (its command is gone), and tells what became of it.
+    pub(super) async fn end(&mut self, run: &RunId) -> Result<(), LiveError> {
+        match self {
+            Keeper::Alone(alone) => alone.end(run).await,
+            Keeper::Replicated(replicated) => {
+                replicated.end(run).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A replica's campaign for `run`: leads when it can (recording each term
+/// into `record`, `record.n` after the first), follows when it cannot.
+async fn campaign(mut replica: super::replica::Replica, record: Option<std::path::PathBuf>) {
+    loop {
+        let term = replica.terms() + 1;
+        let file = record.as_deref().map(|path| term_record_path(path, term));
+        let recording = match recording(file.as_deref()) {
+            Ok(recording) => recording,
+            Err(e) => return tracing::error!(error = %e, "--record"),
+        };
+        match replica.lead(recording).await {
+            Ok(live) => {
+                tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
+                replica.lost().await;
+                live.stop().await;
+                tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
+            }
+            Err(e) => {
+                return tracing::warn!(error = %e, "this run cannot lead: it only asks the leader")
+            }
+        }
+    }
+}
+
+impl AloneKeeper {
+    async fn commit(
+        &mut self,
+        request: &RunRequest,
+        required: &[NodeId],
+        stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+    ) -> Result<Result<RunId, i32>, LiveError> {
+        let gate = self.live.gate.clone();
+        let run = match &request.resume {
+            Some(run) => {
+                let active = gate.report().await?.run;
+                if active.as_ref() != Some(run) {
+                    let active = active.map_or("none".to_string(), |r| r.to_string());
+                    eprintln!(
+                        "poolgate run: --resume {run}: no such active run (the active run: {active})"
+                    );
+                    return Ok(Err(EXIT_OTHER_RUN));
+                }
+                run.clone()
+            }
+            None => {
+                // A restored run in the way is said at once, ready pool or not.
+                if let Some(other) = gate.report().await?.run {
+                    in_the_way(&other);
+                    return Ok(Err(EXIT_OTHER_RUN));
+                }
+                let mut run =
+                    RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
+                let committed = tokio::select! {
+                    committed = plan_and_commit(&gate, &mut self.events, &mut self.printer, &mut run, required, request.timeout) => committed?,
+                    signal = stop => return Ok(Err(128 + signal)),
+                };
+                if let Err(code) = committed {
+                    return Ok(Err(code));
+                }
+                run
+            }
+        };
+        drain(&gate, &mut self.events, &mut self.printer).await;
+        Ok(Ok(run))
+    }
+
+    async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
+        tokio::select! {
+            event = self.events.recv() => {
+                let Some(event) = event else { return Err(GateError::Stopped.into()) };
+                let faulted = matches!(&event, Event::RunFaulted { run: r, .. } if r == run);
+                self.printer.print(&self.live.gate, event).await;
+                if faulted {
+                    return Ok(Some(Ended::Told(3)));
+                }
+            }
+            _ = self.hangup.recv() => {
+                let live = &self.live;
+                reload_keys(|swim| live.reload_cluster_keys(swim), &self.path);
+            }
+        }
+        Ok(None)
+    }
+
+    async fn end(&mut self, run: &RunId) -> Result<(), LiveError> {
+        let gate = self.live.gate.clone();
+        drain(&gate, &mut self.events, &mut self.printer).await;
+        let ended = gate.finish_run(run.clone()).await;
+        drain(&gate, &mut self.events, &mut self.printer).await;
+        Ok(ended?)
+    }
+}
+
+impl ReplicatedKeeper {
+    async fn commit(
+        &mut self,
+        config: &Config,
+        request: &RunRequest,
+        required: &[NodeId],
+        mut stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+    ) -> Result<Result<RunId, i32>, LiveError> {
+        let requests = self.requests.clone();
+        let failed =
+            |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
+        // Unique across hosts and containers, where pids repeat.
+        let new_run = || {
+            RunId::new(&format!(
+                "run-{}-{:06x}",
+                std::process::id(),
+                rand::random::<u32>() & 0xff_ffff
+            ))
+            .map_err(GateError::from)
+        };
+        let mut run = new_run()?;
+        // The request lives on this process's etcd session: if it goes
+        // before a commit (crash, cut off for a lease), the request goes
+        // with it; a run committed stays guarded by whichever replica
+        // leads (design §12) until it faults or is ended.
+        let mut session = requests
+            .ask(&run, required, config.run.unguarded_after)
+            .await
+            .map_err(failed)?;
+        let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+        let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(limit);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
+                    match requests.outcome(&run).await {
+                        Ok(Some(outcome)) if outcome.status == "committed" => {
+                            self.printer.print_told(outcome.event);
+                            break;
+                        }
+                        Ok(Some(outcome)) if outcome.status == "aborted" => {
+                            // Its planning was abandoned (a new leader found
+                            // it planning, or readiness was lost under
+                            // `abort`): that run is over, and the same plan
+                            // is asked again as a new run, within the same
+                            // timeout.
+                            self.printer.print_told(outcome.event);
+                            let _ = requests.forget(&run).await;
+                            run = new_run()?;
+                            session = requests
+                                .ask(&run, required, config.run.unguarded_after)
+                                .await
+                                .map_err(failed)?;
+                        }
+                        Ok(Some(outcome)) if outcome.status == "refused" => {
+                            eprintln!("poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
+                            return Ok(Err(2));
+                        }
+                        Ok(Some(outcome)) => {
+                            // Committed and over while this process was away
+                            // (paused, cut off): faulted is 3; ended by the
+                            // leader (its requester counted as gone) is not a
+                            // fault: the command never ran guarded.
+                            let faulted = outcome.status == "faulted";
+                            if !faulted {
+                                eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed ({}): its command was not started", outcome.status, outcome.reason.clone().unwrap_or_default());
+                            }
+                            self.printer.print_told(outcome.event);
+                            let _ = requests.forget(&run).await;
+                            return Ok(Err(if faulted { 3 } else { EXIT_UNGUARDED }));
+                        }
+                        Ok(None) if session.is_lost() => {
+                            // The request went with the session: nobody will
+                            // commit it.
+                            eprintln!("poolgate run: run {run}: this process's etcd session expired before the run was committed (the request went with it): its command was not started");
+                            let _ = requests.withdraw(&run).await;
+                            return Ok(Err(EXIT_UNGUARDED));
+                        }
+                        Ok(None) => {}
+                        // etcd away for a moment: asked again.
+                        Err(e) => {
+                            if let Some(held) = said.allow(std::time::Instant::now()) {
+                                tracing::warn!(%run, error = %e, held, "what became of the run: not read (tried again)");
+                            }
+                        }
+                    }
+                }
+                _ = &mut limit => {
+                    let _ = requests.withdraw(&run).await;
+                    drop(session);
+                    let within = humantime::format_duration(request.timeout.unwrap_or_default());
+                    match requests.active_run().await {
+                        Ok(Some(other)) if other != run => eprintln!(
+                            "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
+                        ),
+                        _ => eprintln!("poolgate: run {run} was not committed within {within} (the pool was not ready, or no replica led)"),
+                    }
+                    return Ok(Err(1));
+                }
+                signal = &mut stop => {
+                    let _ = requests.withdraw(&run).await;
+                    return Ok(Err(128 + signal));
+                }
+            }
+        }
+        self.session = Some(session);
+        // Read `committed`, but the run may have ended since (this process
+        // was paused): the command starts only on a run the state still
+        // holds.
+        if let Ok(super::requests::RunStanding::NotHeld | super::requests::RunStanding::Ended(_)) =
+            requests.standing(&run).await
+        {
+            let code = match told_end(&requests, &run).await {
+                Some(outcome) if outcome.status == "faulted" => {
+                    self.printer.print_told(outcome.event);
+                    3
+                }
+                outcome => {
+                    eprintln!("poolgate run: run {run} ended before its command started ({}): the command was not started", outcome.and_then(|o| o.reason).unwrap_or_else(|| "no longer held by the stored state".into()));
+                    EXIT_UNGUARDED
+                }
+            };
+            let _ = requests.forget(&run).await;
+            return Ok(Err(code));
+        }
+        // Fail closed (docs/failover.md §3): the command runs only while
+        // this process can confirm that its run is guarded.
+        self.confirmed = tokio::time::Instant::now();
+        Ok(Ok(run))
+    }
+
+    async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
+        use super::requests::RunStanding;
+        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        let requests = &self.requests;
+        match requests.standing(run).await {
+            Ok(RunStanding::Guarded) => self.confirmed = tokio::time::Instant::now(),
+            Ok(RunStanding::Ended(outcome)) => {
+                let code = if outcome.status == "faulted" {
+                    3
+                } else {
+                    EXIT_UNGUARDED
+                };
+                if code == EXIT_UNGUARDED {
+                    eprintln!(
+                        "poolgate run: run {run} was {} by the leader ({}): its command is stopped",
+                        outcome.status,
+                        outcome.reason.clone().unwrap_or_default()
+                    );
+                }
+                self.printer.print_told(outcome.event);
+                let _ = requests.forget(run).await;
+                return Ok(Some(Ended::Told(code)));
+            }
+            Ok(RunStanding::NotHeld) => {
+                // Ended, its outcome not written yet: the command stops
+                // now, and the outcome is read if it comes.
+                return Ok(Some(Ended::Untold));
+            }
+            Ok(RunStanding::Unled) | Err(_) => {}
+        }
+        let unconfirmed = self.confirmed.elapsed();
+        let lost = self.session.as_ref().is_some_and(|s| s.is_lost());
+        if lost || unconfirmed > self.unguarded_after {
+            let why = if lost {
+                "its etcd session expired".to_string()
+            } else {
+                format!(
+                    "not confirmed guarded for {} (no replica leads, or etcd is out of reach)",
+                    humantime::format_duration(whole_millis(unconfirmed))
+                )
+            };
+            eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", humantime::format_duration(self.unguarded_after));
+            return Ok(Some(Ended::Told(EXIT_UNGUARDED)));
+        }
+        Ok(None)
+    }
+
+    async fn told(&mut self, run: &RunId) -> i32 {
+        let code = match told_end(&self.requests, run).await {
+            Some(outcome) if outcome.status == "faulted" => {
+                self.printer.print_told(outcome.event);
+                3
+            }
+            _ => {
+                eprintln!("poolgate run: run {run} is no longer held by the stored state (it ended, its outcome unwritten): its command is stopped");
+                EXIT_UNGUARDED
+            }
+        };
+        let _ = self.requests.forget(run).await;
+        code
+    }
+
+    /// Asks the leader to end `run` until the ask is written (an etcd
+    /// blip), for up to [`END_WAIT`] (a run whose end is never asked stays
+    /// guarded), then tells its end once the leader wrote it (bounded: a
+    /// leaderless moment leaves the end to the next leader, which reads
+    /// the same key).
+    async fn end(&mut self, run: &RunId) {
+        let requests = &self.requests;
+        let deadline = tokio::time::Instant::now() + END_WAIT;
+        loop {
+            match requests.finish(run).await {
+                Ok(()) => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
+                    return;
+                }
+                Err(_) => tokio::time::sleep(super::requests::LOOK_EVERY).await,
+            }
+        }
+        let deadline = tokio::time::Instant::now() + END_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(outcome)) = requests.outcome(run).await {
+                if outcome.status != "committed" {
+                    self.printer.print_told(outcome.event);
+                    break;
+                }
+            }
+            tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        }
+        let _ = requests.forget(run).await;
+    }
+}
