@@ -363,7 +363,7 @@ fn main() -> ExitCode {
                     resume,
                     timeout,
                 };
-                commands::run(
+                poolgate::live::run::run(
                     &loaded,
                     &config,
                     request,

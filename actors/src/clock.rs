@@ -11,6 +11,10 @@ use tokio::time::Instant;
 
 use poolgate_core::Time;
 
+/// How far ahead of the gate's clock [`crate::Gate::submit`] takes a
+/// stamp.
+pub const SUBMIT_AHEAD: Duration = Duration::from_secs(60);
+
 /// The gate's timeline: core [`Time`] is the offset from `origin`. Under
 /// tokio's paused clock this is virtual time.
 #[derive(Clone, Copy, Debug)]

@@ -43,7 +43,7 @@ pub enum GateError {
     /// [`crate::gate::SUBMIT_AHEAD`] ([`crate::Gate::submit`]): applied,
     /// it would move the gate's time on by as much, and every window and
     /// timer would wait for the clock to get there.
-    #[error("an input stamped {at} ms, more than {ahead} ms ahead of the gate's clock ({now} ms)", at = .at.as_millis(), now = .now.as_millis(), ahead = crate::gate::SUBMIT_AHEAD.as_millis())]
+    #[error("an input stamped {at} ms, more than {ahead} ms ahead of the gate's clock ({now} ms)", at = .at.as_millis(), now = .now.as_millis(), ahead = crate::clock::SUBMIT_AHEAD.as_millis())]
     StampAhead {
         /// The input's stamp.
         at: poolgate_core::Time,

@@ -27,12 +27,12 @@ use actix::Addr;
 use crate::clock::Clock;
 use crate::messages::{
     ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, FinishRun,
-    GetReport, Outcome, PendingDeadline, ReplaceNode,
+    GetReport, Outcome, PendingDeadline,
 };
 use crate::node_actor::NodeActor;
 use crate::pool_actor::{GateSettings, PoolActor};
 use crate::publisher::Publisher;
-use crate::router::Router;
+use crate::router::{ReplaceNode, Router};
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{
     AgentReport, Command, Epoch, Event, Input, MembershipUpdate, NodeId, Observation,
@@ -63,8 +63,7 @@ pub struct ReadyProof {
 
 pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 
-/// How far ahead of the gate's clock [`Gate::submit`] takes a stamp.
-pub const SUBMIT_AHEAD: std::time::Duration = std::time::Duration::from_secs(60);
+pub use crate::clock::SUBMIT_AHEAD;
 
 /// The handle of a running gate. Cheap to clone.
 ///
@@ -113,8 +112,8 @@ pub const SUBMIT_AHEAD: std::time::Duration = std::time::Duration::from_secs(60)
 /// ```
 #[derive(Clone, Debug)]
 pub struct Gate {
-    pool: Addr<PoolActor>,
-    router: Arc<Router>,
+    pub(crate) pool: Addr<PoolActor>,
+    pub(crate) router: Arc<Router>,
     publisher: Publisher,
     clock: Clock,
     recording: Option<crate::recording::Recording>,
@@ -211,21 +210,6 @@ impl Gate {
     /// it does the same.
     pub fn stop(&self) {
         stop_gate(&self.pool, &self.publisher, self.recording.as_ref());
-    }
-
-    /// Makes `actor` fail on its next message ([`crate::testing::fail_next`]).
-    #[cfg(feature = "testing")]
-    pub(crate) fn inject(&self, actor: crate::testing::Actor) {
-        use crate::messages::{InjectFault, InjectPoolFault};
-        match actor {
-            crate::testing::Actor::Pool => self.pool.do_send(InjectPoolFault::Panic),
-            crate::testing::Actor::Run => self.pool.do_send(InjectPoolFault::PanicRunActor),
-            crate::testing::Actor::Node(node) => {
-                if let Some(addr) = self.router.route(&node) {
-                    addr.do_send(InjectFault::Panic);
-                }
-            }
-        }
     }
 
     /// How many of the gate's actors are alive (the pool actor, the node

@@ -247,20 +247,6 @@ impl Message for GetReport {
     type Result = Result<PoolReport, GateError>;
 }
 
-/// Handle → `PoolActor`: the actor of candidate `node` ended with an
-/// input in flight (it failed); its replacement, started now if the pool
-/// has not yet, so that the input is applied, not lost. `None` for a node
-/// that is no longer a candidate.
-#[derive(Debug)]
-pub struct ReplaceNode {
-    /// The candidate.
-    pub node: NodeId,
-}
-
-impl Message for ReplaceNode {
-    type Result = Option<actix::Addr<crate::node_actor::NodeActor>>;
-}
-
 /// Handle → `PoolActor`: the earliest timer pending (the replay runs the
 /// clock until there is none).
 #[derive(Debug)]

@@ -1222,14 +1222,10 @@ impl Handler<GetReport> for PoolActor {
     }
 }
 
-impl Handler<crate::messages::ReplaceNode> for PoolActor {
+impl Handler<crate::router::ReplaceNode> for PoolActor {
     type Result = Option<Addr<NodeActor>>;
 
-    fn handle(
-        &mut self,
-        msg: crate::messages::ReplaceNode,
-        ctx: &mut Context<Self>,
-    ) -> Self::Result {
+    fn handle(&mut self, msg: crate::router::ReplaceNode, ctx: &mut Context<Self>) -> Self::Result {
         if self.shut {
             return None;
         }

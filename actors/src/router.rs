@@ -53,3 +53,17 @@ impl Router {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+/// Handle → `PoolActor`: the actor of candidate `node` ended with an
+/// input in flight (it failed); its replacement, started now if the pool
+/// has not yet, so that the input is applied, not lost. `None` for a node
+/// that is no longer a candidate.
+#[derive(Debug)]
+pub struct ReplaceNode {
+    /// The candidate.
+    pub node: NodeId,
+}
+
+impl actix::Message for ReplaceNode {
+    type Result = Option<Addr<NodeActor>>;
+}

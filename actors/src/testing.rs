@@ -86,5 +86,14 @@ pub enum Actor {
 /// own or of a hook it runs would. Nothing happens if there is no such
 /// actor (a node that is not a candidate, no committed run).
 pub fn fail_next(gate: &Gate, actor: Actor) {
-    gate.inject(actor);
+    use crate::messages::{InjectFault, InjectPoolFault};
+    match actor {
+        Actor::Pool => gate.pool.do_send(InjectPoolFault::Panic),
+        Actor::Run => gate.pool.do_send(InjectPoolFault::PanicRunActor),
+        Actor::Node(node) => {
+            if let Some(addr) = gate.router.route(&node) {
+                addr.do_send(InjectFault::Panic);
+            }
+        }
+    }
 }

@@ -13,7 +13,6 @@ use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, Gate, GateError};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::keeper::{Ended, Keeper};
 use super::{LiveError, Orchestrator};
 use crate::config::Config;
 use crate::replay::explain::Explainer;
@@ -187,7 +186,7 @@ impl Drop for Stdout {
 /// `poolgate watch`: prints events until SIGINT/SIGTERM, until the pool is
 /// ready (`until_ready`), or until `timeout`. One path for one orchestrator
 /// and for replicas: a lone orchestrator is a replica that always leads
-/// (see [`Leadership`]).
+/// (see `Leadership`).
 pub async fn watch(
     config: &Config,
     path: &Path,
@@ -488,100 +487,6 @@ pub struct RunRequest {
     pub timeout: Option<Duration>,
 }
 
-/// `poolgate run`: waits for `PoolReady`, plans and commits over the
-/// required nodes (or takes over a restored run, `--resume`), runs
-/// `command` and guards it. Returns the exit code: the command's own; 3
-/// when the run faulted (the command's process group is sent SIGTERM,
-/// then SIGKILL after 5 s); 1 when the pool was not ready within the
-/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way;
-/// [`EXIT_UNGUARDED`] when its run could not be confirmed guarded; 128 +
-/// signal when `run` was signalled (the command stopped and the run ended
-/// first).
-///
-/// One path, alone or among replicas: what differs is who keeps the run
-/// committed and guarded (a [`Keeper`]): this process's own gate, or the
-/// leader among replicas, asked through etcd.
-pub async fn run(
-    config: &Config,
-    path: &Path,
-    request: RunRequest,
-    output: Output,
-    command: &[String],
-    record: Option<&Path>,
-) -> Result<i32, LiveError> {
-    if command.is_empty() {
-        return Err(LiveError::Io(std::io::Error::other(
-            "no COMMAND given after --",
-        )));
-    }
-    let required = request
-        .require
-        .clone()
-        .unwrap_or_else(|| config.pool.members().to_vec());
-    if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
-        return Err(
-            GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
-                stranger.clone(),
-            ))
-            .into(),
-        );
-    }
-    let stop = stop_signal()?;
-    tokio::pin!(stop);
-    // From the start: a SIGHUP (a key rotation's `pkill -HUP poolgate`)
-    // while waiting must not end `run` by the signal's default action.
-    let hangup = signal(SignalKind::hangup())?;
-    let mut keeper = Keeper::of(config, path, &request, output, record, hangup).await?;
-    let run = match keeper
-        .commit(config, &request, &required, stop.as_mut())
-        .await?
-    {
-        Ok(run) => run,
-        Err(code) => return Ok(code),
-    };
-    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            // Committed, and nothing to guard: the run ends here.
-            if let Err(ended) = keeper.end(&run).await {
-                tracing::warn!(%run, error = %ended, "run not ended");
-            }
-            return Err(LiveError::Io(std::io::Error::other(format!(
-                "{}: {e}",
-                command[0]
-            ))));
-        }
-    };
-    loop {
-        tokio::select! {
-            status = child.wait() => {
-                let status = status?;
-                keeper.end(&run).await?;
-                return Ok(super::guard::code(status));
-            }
-            ended = keeper.guard(&run) => {
-                let Some(ended) = ended? else { continue };
-                stop_command(&mut child).await;
-                let code = match ended {
-                    Ended::Told(code) => code,
-                    Ended::Untold => keeper.told(&run).await,
-                };
-                return Ok(code);
-            }
-            signal = &mut stop => {
-                // The command goes first, then its run: nothing is left
-                // guarded by no one, and the stored state holds no run.
-                stop_command(&mut child).await;
-                if let Err(e) = keeper.end(&run).await {
-                    tracing::warn!(%run, error = %e, "run not ended");
-                }
-                return Ok(128 + signal);
-            }
-        }
-    }
-}
-
 /// Whether this host's agent listener and SWIM socket of `config` can be
 /// bound now (a `run` that cannot bind them cannot lead).
 pub(super) fn sockets_free(config: &Config) -> bool {
@@ -856,7 +761,7 @@ pub(super) async fn drain(gate: &Gate, events: &mut EventStream, printer: &mut P
 }
 
 /// Resolves at the first SIGINT or SIGTERM, with its number.
-fn stop_signal() -> Result<impl std::future::Future<Output = i32>, LiveError> {
+pub(super) fn stop_signal() -> Result<impl std::future::Future<Output = i32>, LiveError> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     Ok(async move {

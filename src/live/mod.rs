@@ -27,7 +27,7 @@ pub mod generation;
 #[cfg(feature = "cli")]
 pub mod guard;
 #[cfg(feature = "cli")]
-mod keeper;
+pub mod run;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;

@@ -1,24 +1,120 @@
-//! Who keeps `poolgate run`'s run committed and guarded: this process's
-//! own gate (alone), or the leader among replicas, asked through etcd
-//! (design §12). `run` (in `commands.rs`) is one path over either.
+//! `poolgate run` (design §7): one path, alone or among replicas. What
+//! differs is who keeps the run committed and guarded (a `Keeper`):
+//! this process's own gate, or the leader among replicas, asked through
+//! etcd (design §12).
 
 use std::path::Path;
 use std::time::Duration;
 
 use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, GateError};
+use tokio::signal::unix::{signal, SignalKind};
 
 use super::commands::{
     drain, in_the_way, plan_and_commit, recording, reload_keys, reload_on_hangup, sockets_free,
-    term_record_path, told_end, warn_without_state, whole_millis, AbortOnDrop, Output, Printer,
-    RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED,
+    stop_command, stop_signal, term_record_path, told_end, warn_without_state, whole_millis,
+    AbortOnDrop, Output, Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
 };
 use super::{LiveError, Orchestrator};
 use crate::config::Config;
 
+/// `poolgate run`: waits for `PoolReady`, plans and commits over the
+/// required nodes (or takes over a restored run, `--resume`), runs
+/// `command` and guards it. Returns the exit code: the command's own; 3
+/// when the run faulted (the command's process group is sent SIGTERM,
+/// then SIGKILL after 5 s); 1 when the pool was not ready within the
+/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way;
+/// [`EXIT_UNGUARDED`] when its run could not be confirmed guarded; 128 +
+/// signal when `run` was signalled (the command stopped and the run ended
+/// first).
+///
+/// One path, alone or among replicas: what differs is who keeps the run
+/// committed and guarded (a `Keeper`): this process's own gate, or the
+/// leader among replicas, asked through etcd.
+pub async fn run(
+    config: &Config,
+    path: &Path,
+    request: RunRequest,
+    output: Output,
+    command: &[String],
+    record: Option<&Path>,
+) -> Result<i32, LiveError> {
+    if command.is_empty() {
+        return Err(LiveError::Io(std::io::Error::other(
+            "no COMMAND given after --",
+        )));
+    }
+    let required = request
+        .require
+        .clone()
+        .unwrap_or_else(|| config.pool.members().to_vec());
+    if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
+        return Err(
+            GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
+                stranger.clone(),
+            ))
+            .into(),
+        );
+    }
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
+    // From the start: a SIGHUP (a key rotation's `pkill -HUP poolgate`)
+    // while waiting must not end `run` by the signal's default action.
+    let hangup = signal(SignalKind::hangup())?;
+    let mut keeper = Keeper::of(config, path, &request, output, record, hangup).await?;
+    let run = match keeper
+        .commit(config, &request, &required, stop.as_mut())
+        .await?
+    {
+        Ok(run) => run,
+        Err(code) => return Ok(code),
+    };
+    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            // Committed, and nothing to guard: the run ends here.
+            if let Err(ended) = keeper.end(&run).await {
+                tracing::warn!(%run, error = %ended, "run not ended");
+            }
+            return Err(LiveError::Io(std::io::Error::other(format!(
+                "{}: {e}",
+                command[0]
+            ))));
+        }
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status?;
+                keeper.end(&run).await?;
+                return Ok(super::guard::code(status));
+            }
+            ended = keeper.guard(&run) => {
+                let Some(ended) = ended? else { continue };
+                stop_command(&mut child).await;
+                let code = match ended {
+                    Ended::Told(code) => code,
+                    Ended::Untold => keeper.told(&run).await,
+                };
+                return Ok(code);
+            }
+            signal = &mut stop => {
+                // The command goes first, then its run: nothing is left
+                // guarded by no one, and the stored state holds no run.
+                stop_command(&mut child).await;
+                if let Err(e) = keeper.end(&run).await {
+                    tracing::warn!(%run, error = %e, "run not ended");
+                }
+                return Ok(128 + signal);
+            }
+        }
+    }
+}
+
 /// How a guarded run ended, as its keeper found it: its command is to
 /// stop.
-pub(super) enum Ended {
+enum Ended {
     /// Told (and said): `run` exits with this code.
     Told(i32),
     /// The stored state no longer holds the run, its outcome not written
@@ -27,7 +123,7 @@ pub(super) enum Ended {
 }
 
 /// Who keeps `poolgate run`'s run committed and guarded.
-pub(super) enum Keeper {
+enum Keeper {
     /// This process alone: its own orchestrator plans, commits and guards
     /// the run, and its events are this process's.
     Alone(Box<AloneKeeper>),
@@ -39,7 +135,7 @@ pub(super) enum Keeper {
     Replicated(Box<ReplicatedKeeper>),
 }
 
-pub(super) struct AloneKeeper {
+struct AloneKeeper {
     live: Orchestrator,
     events: EventStream,
     printer: Printer,
@@ -47,7 +143,7 @@ pub(super) struct AloneKeeper {
     path: std::path::PathBuf,
 }
 
-pub(super) struct ReplicatedKeeper {
+struct ReplicatedKeeper {
     requests: super::requests::Requests,
     /// The request's etcd session (see [`super::requests::Session`]).
     session: Option<super::requests::Session>,
@@ -60,7 +156,7 @@ pub(super) struct ReplicatedKeeper {
 }
 
 impl Keeper {
-    pub(super) async fn of(
+    async fn of(
         config: &Config,
         path: &Path,
         request: &RunRequest,
@@ -113,7 +209,7 @@ impl Keeper {
 
     /// Gets a run committed: `Ok(run)`, or the exit code when none was
     /// (not ready in time, refused, another run in the way, signalled).
-    pub(super) async fn commit(
+    async fn commit(
         &mut self,
         config: &Config,
         request: &RunRequest,
@@ -131,7 +227,7 @@ impl Keeper {
     /// One step of guarding `run` while its command runs: `Some` once the
     /// run ended (faulted, or no longer confirmed guarded): the command is
     /// to stop.
-    pub(super) async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
+    async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
         match self {
             Keeper::Alone(alone) => alone.guard(run).await,
             Keeper::Replicated(replicated) => replicated.guard(run).await,
@@ -141,7 +237,7 @@ impl Keeper {
     /// The exit code of a run that ended [`Ended::Untold`], its command
     /// stopped: what became of it, if the leader writes it within a
     /// second.
-    pub(super) async fn told(&mut self, run: &RunId) -> i32 {
+    async fn told(&mut self, run: &RunId) -> i32 {
         match self {
             Keeper::Alone(_) => EXIT_UNGUARDED,
             Keeper::Replicated(replicated) => replicated.told(run).await,
@@ -149,7 +245,7 @@ impl Keeper {
     }
 
     /// Ends `run` (its command is gone), and tells what became of it.
-    pub(super) async fn end(&mut self, run: &RunId) -> Result<(), LiveError> {
+    async fn end(&mut self, run: &RunId) -> Result<(), LiveError> {
         match self {
             Keeper::Alone(alone) => alone.end(run).await,
             Keeper::Replicated(replicated) => {
