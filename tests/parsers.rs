@@ -136,3 +136,58 @@ fn the_datagram_opener_drops_what_no_key_sealed_and_opens_what_one_did() {
         })
         .unwrap();
 }
+
+#[test]
+fn the_shipped_unit_files_parse_clean_and_are_the_ones_the_guide_shows() {
+    // systemd has no inline comments: `KillSignal=SIGTERM  # …` failed to
+    // parse ("Failed to parse signal name"), and `ExecReload` handed
+    // `# re-read …` to /bin/kill, so `systemctl reload` failed.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(root.join("docs/operator.md")).unwrap();
+    let dir = std::env::temp_dir().join(format!("poolgate-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["poolgate-node.service", "poolgate-orchestrator.service"] {
+        let unit = std::fs::read_to_string(root.join("deploy").join(name)).unwrap();
+        for line in unit.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
+                continue;
+            }
+            let (key, value) = line.split_once('=').expect("Key=Value");
+            assert!(!key.is_empty() && !key.contains(' '), "{name}: {line}");
+            assert!(!value.contains('#'), "{name}: an inline comment: {line}");
+        }
+        // The guide shows the file as it is, indented in its list.
+        let body: String = unit.lines().skip(1).map(|l| format!("\n   {l}")).collect();
+        let body = body.replace("\n   \n", "\n\n");
+        assert!(
+            guide.contains(&body),
+            "docs/operator.md shows another {name}"
+        );
+        match std::process::Command::new("systemd-analyze")
+            .arg("--version")
+            .output()
+        {
+            Ok(_) => {
+                // Offline: the binary it starts must exist, so this one.
+                let test = dir.join(name);
+                let local = unit.replace("/usr/local/bin/poolgate", env!("CARGO_BIN_EXE_poolgate"));
+                std::fs::write(&test, local).unwrap();
+                let verified = std::process::Command::new("systemd-analyze")
+                    .arg("verify")
+                    .arg(&test)
+                    .output()
+                    .unwrap();
+                let said = String::from_utf8_lossy(&verified.stderr);
+                assert!(
+                    said.trim().is_empty() && verified.status.success(),
+                    "{name}: {said}"
+                );
+            }
+            Err(_) => println!(
+                "{name}: systemd-analyze not installed: the files are checked by their syntax only"
+            ),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
