@@ -1260,34 +1260,8 @@ mod supervision {
         ]
     }
 
-    /// A subscriber that panics on an event of the actors' modules while
-    /// armed (the embedder's tracing layer).
-    struct Layer(Arc<AtomicU32>);
-
-    impl tracing::Subscriber for Layer {
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            tracing::span::Id::from_u64(1)
-        }
-        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, event: &tracing::Event<'_>) {
-            let target = event.metadata().target();
-            let actors = ["pool_actor", "node_actor", "run_actor", "publisher"];
-            if actors.iter().any(|a| target.ends_with(a)) && take(&self.0) {
-                panic!("the embedder's tracing layer panicked");
-            }
-        }
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
-    }
-
     fn take(armed: &AtomicU32) -> bool {
-        armed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+        super::common::take_one(armed)
     }
 
     /// What the checker knows from the events alone.
@@ -1373,9 +1347,12 @@ mod supervision {
         stop_at_end: bool,
         tally: &mut Tally,
     ) -> Result<(), TestCaseError> {
-        let layer_armed = Arc::new(AtomicU32::new(0));
         let recorder_armed = Arc::new(AtomicU32::new(0));
-        let _layer = tracing::subscriber::set_default(Layer(Arc::clone(&layer_armed)));
+        let (_layer, layer_armed, _) = super::common::panicking_layer(|_, target, _| {
+            ["pool_actor", "node_actor", "run_actor", "publisher"]
+                .iter()
+                .any(|a| target.ends_with(a))
+        });
         let armed = Arc::clone(&recorder_armed);
         let recorder = super::common::PanickingRecorder(move |_: &metrics::Key| take(&armed));
         let _recorder = metrics::set_default_local_recorder(&recorder);
@@ -1583,5 +1560,194 @@ mod supervision {
         let tally = tally.into_inner();
         println!("supervision: {tally:?}");
         assert!(tally.committed > 0 && tally.checked_at_end > 0 && tally.hook_panics > 0);
+    }
+}
+
+/// An embedder's tracing layer that panics, where it meets the gate
+/// (found by an adversary adopting the library, issue 29): every line the
+/// gate logs goes through a guard, so a panicking layer costs that line,
+/// never the caller, a node's facts, a run's outcome or the gate.
+mod a_panicking_tracing_layer {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use poolgate::core::MembershipUpdate;
+    use poolgate::{Gate, GateError, Outcome};
+    use poolgate_actors::core::{Event, OnReadinessLost, Reason, Refusal, RunId, SwimState};
+    use poolgate_actors::testing::{advance_by, fail_next, Actor};
+
+    use super::common::{config, drain, make_ready, node, on_virtual_time, panicking_layer};
+
+    fn gate(members: &[&str]) -> Gate {
+        Gate::start(
+            config(members, 1000, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap(),
+        )
+    }
+
+    /// `members` ready, r1 committed over `required`.
+    async fn committed(gate: &Gate, members: &[&str], required: &[&str]) -> RunId {
+        for member in members {
+            make_ready(gate, member).await;
+        }
+        let ready = gate.wait_ready().await.unwrap();
+        let run = RunId::new("r1").unwrap();
+        gate.begin_planning(run.clone(), Some(ready.epoch))
+            .await
+            .unwrap();
+        let required = required.iter().map(|n| node(n)).collect();
+        gate.commit_plan(run.clone(), required, Some(ready.epoch))
+            .await
+            .unwrap();
+        run
+    }
+
+    fn swim(name: &str, state: SwimState, incarnation: u64) -> MembershipUpdate {
+        MembershipUpdate {
+            node: node(name),
+            state,
+            incarnation,
+        }
+    }
+
+    #[test]
+    fn on_the_line_about_a_non_candidate_does_not_reach_the_caller() {
+        let (_layer, armed, _) = panicking_layer(|_, _, m| m.contains("non-candidate"));
+        on_virtual_time(async move {
+            let gate = gate(&["n1"]);
+            armed.store(1, Ordering::SeqCst);
+            let outcome = gate.membership(swim("stranger", SwimState::Alive, 1)).await;
+            assert!(matches!(outcome, Ok(Outcome::NotCandidate)), "{outcome:?}");
+            assert_eq!(armed.load(Ordering::SeqCst), 0, "the layer panicked");
+        });
+    }
+
+    #[test]
+    fn on_the_line_about_a_stale_fact_costs_no_facts_and_no_run() {
+        // Before: the node actor died, the run faulted `internal`.
+        let (_layer, armed, _) = panicking_layer(|_, _, m| m.contains("stale SWIM"));
+        on_virtual_time(async move {
+            let gate = gate(&["n1", "n2"]);
+            let mut events = gate.subscribe();
+            let run = committed(&gate, &["n1", "n2"], &["n1"]).await;
+            drain(&mut events);
+            armed.store(u32::MAX, Ordering::SeqCst);
+            let stale = gate.membership(swim("n1", SwimState::Suspect, 0)).await;
+            assert!(matches!(stale, Ok(Outcome::Stale)), "{stale:?}");
+            advance_by(Duration::from_millis(10)).await;
+            assert!(drain(&mut events).is_empty());
+            assert_eq!(gate.report().await.unwrap().run, Some(run));
+        });
+    }
+
+    #[test]
+    fn on_errors_while_the_run_actor_fails_still_tells_the_run_faulted() {
+        // Before: the run actor's loss was logged unguarded from a callback
+        // of the pool's, the pool actor died, the gate stopped and the
+        // run's end was never told.
+        let (_layer, armed, _) = panicking_layer(|level, _, _| *level == tracing::Level::ERROR);
+        on_virtual_time(async move {
+            let gate = gate(&["n1"]);
+            let mut events = gate.subscribe();
+            let run = committed(&gate, &["n1"], &["n1"]).await;
+            drain(&mut events);
+            armed.store(u32::MAX, Ordering::SeqCst);
+            fail_next(&gate, Actor::Run);
+            advance_by(Duration::from_millis(1)).await;
+            let finished = gate.finish_run(run.clone()).await;
+            assert!(
+                matches!(finished, Err(GateError::Refused(Refusal::UnknownRun(_)))),
+                "{finished:?}"
+            );
+            let told = drain(&mut events);
+            assert!(
+                told.iter().any(|e| matches!(e, Event::RunFaulted { run: r, reason: Reason::Internal, .. } if *r == run)),
+                "{told:?}"
+            );
+            assert!(!gate.is_stopped());
+        });
+    }
+
+    #[test]
+    fn on_errors_with_a_fence_that_panics_stops_the_gate_and_nothing_hangs() {
+        // Before: the fence's panic was logged unguarded; every call
+        // panicked in the caller and the stream never ended.
+        let (_layer, armed, _) = panicking_layer(|level, _, _| *level == tracing::Level::ERROR);
+        on_virtual_time(async move {
+            let gate = gate(&["n1"]);
+            let mut events = gate.subscribe();
+            armed.store(u32::MAX, Ordering::SeqCst);
+            gate.fence_with(|| panic!("the embedder's fence panicked"));
+            let fed = gate.membership(swim("n1", SwimState::Alive, 1)).await;
+            assert!(matches!(fed, Err(GateError::Stopped)), "{fed:?}");
+            assert!(matches!(gate.report().await, Err(GateError::Stopped)));
+            let ended = tokio::time::timeout(Duration::from_secs(60), async {
+                while events.recv().await.is_some() {}
+            })
+            .await;
+            assert!(ended.is_ok(), "the stream never ended");
+        });
+    }
+
+    #[test]
+    fn on_the_lag_warning_loses_no_outcome_for_any_subscriber() {
+        // Before: with the slow subscriber's queue full to the last place,
+        // the run's fault was the first event it lost a place for: the
+        // warning said so, panicked in the middle of the publish, and the
+        // run's `run_faulted` was lost for every subscriber.
+        let (_layer, armed, _) = panicking_layer(|_, _, m| m.contains("fell behind"));
+        on_virtual_time(async move {
+            let gate = gate(&["n1", "n2"]);
+            let mut slow = gate.subscribe_from_now();
+            let mut fast = gate.subscribe_from_now();
+            let run = committed(&gate, &["n1", "n2"], &["n1"]).await;
+            let mut queued = drain(&mut fast).len();
+            // n2 (not required) flaps, one event a step, until the slow
+            // subscriber's queue is full.
+            for step in 2..4 * poolgate::EVENT_QUEUE as u64 {
+                if queued >= poolgate::EVENT_QUEUE {
+                    break;
+                }
+                let state = match step % 2 {
+                    0 => SwimState::Suspect,
+                    _ => SwimState::Alive,
+                };
+                gate.membership(swim("n2", state, step)).await.unwrap();
+                advance_by(Duration::from_millis(1001)).await;
+                queued += drain(&mut fast).len();
+            }
+            assert_eq!((queued, slow.lagged()), (poolgate::EVENT_QUEUE, 0));
+            armed.store(u32::MAX, Ordering::SeqCst);
+            gate.membership(swim("n1", SwimState::Suspect, 1))
+                .await
+                .unwrap();
+            advance_by(Duration::from_millis(5)).await;
+            for (who, got) in [("fast", drain(&mut fast)), ("slow", drain(&mut slow))] {
+                let faulted = got
+                    .iter()
+                    .filter(|e| matches!(e, Event::RunFaulted { run: r, .. } if *r == run))
+                    .count();
+                assert_eq!(faulted, 1, "{who}: {} events", got.len());
+            }
+        });
+    }
+
+    #[test]
+    fn stopping_a_gate_with_a_run_committed_says_which_run() {
+        let (_layer, _, seen) = panicking_layer(|_, _, _| false);
+        on_virtual_time(async move {
+            let gate = gate(&["n1"]);
+            committed(&gate, &["n1"], &["n1"]).await;
+            gate.stop();
+            advance_by(Duration::from_millis(10)).await;
+            let said = seen.lock().unwrap().clone();
+            assert!(
+                said.iter().any(|l| l.starts_with("WARN")
+                    && l.contains("r1")
+                    && l.contains("no longer guarded")),
+                "{said:#?}"
+            );
+        });
     }
 }

@@ -547,7 +547,7 @@ impl Gate {
     fn not_candidate(&self, node: &NodeId) {
         IgnoredCounts::bump(&self.router.ignored.non_candidate);
         telemetry::observation("non_candidate");
-        tracing::debug!(%node, "observation about a non-candidate ignored");
+        crate::telemetry::said!(debug, %node, "observation about a non-candidate ignored");
     }
 
     /// Sends a command to the pool actor; a refusal is counted.

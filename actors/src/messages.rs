@@ -338,6 +338,13 @@ pub enum InjectPoolFault {
     /// on.
     #[cfg_attr(not(test), allow(dead_code))]
     PanicAndFailRestart,
+    /// Panic on the next node change, before the core hears of it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    PanicOnNextChange,
+    /// Panic in this handler and in every one after (a fault that comes
+    /// back at every restart).
+    #[cfg_attr(not(test), allow(dead_code))]
+    PanicAlways,
 }
 
 #[cfg(any(test, feature = "testing"))]

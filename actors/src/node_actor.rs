@@ -82,7 +82,7 @@ impl NodeActor {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(facts))) {
             Ok(result) => Some(result),
             Err(_) => {
-                tracing::error!(node = %self.node, "node actor failed; restarting it with no facts");
+                crate::telemetry::said!(error, node = %self.node, "node actor failed; restarting it with no facts");
                 ctx.stop();
                 None
             }
@@ -195,7 +195,7 @@ impl NodeActor {
             Applied::Stale => {
                 IgnoredCounts::bump(&self.ignored.stale);
                 telemetry::observation("stale");
-                tracing::debug!(node = %self.node, "stale SWIM observation ignored");
+                crate::telemetry::said!(debug, node = %self.node, "stale SWIM observation ignored");
                 Outcome::Stale
             }
         }

@@ -182,6 +182,12 @@ pub(crate) struct PoolActor {
     /// A test's: the next restart panics.
     #[cfg(any(test, feature = "testing"))]
     fail_restart: bool,
+    /// A test's: every handler panics from now on.
+    #[cfg(any(test, feature = "testing"))]
+    fail_always: bool,
+    /// A test's: the next node change panics before the core hears it.
+    #[cfg(any(test, feature = "testing"))]
+    fail_next_change: bool,
 }
 
 /// How often a failed write of the durable state is tried again while an
@@ -234,6 +240,10 @@ impl PoolActor {
                 failures: Vec::new(),
                 #[cfg(any(test, feature = "testing"))]
                 fail_restart: false,
+                #[cfg(any(test, feature = "testing"))]
+                fail_always: false,
+                #[cfg(any(test, feature = "testing"))]
+                fail_next_change: false,
             };
             if let Some(recording) = &actor.recording {
                 recording.start(
@@ -343,7 +353,11 @@ impl PoolActor {
             Ok(()) => {
                 self.stored_epoch = Some(state.last_epoch);
                 if std::mem::take(&mut self.save_failing) {
-                    tracing::warn!(last_epoch = state.last_epoch, "durable state written again");
+                    telemetry::said!(
+                        warn,
+                        last_epoch = state.last_epoch,
+                        "durable state written again"
+                    );
                 }
             }
             Err(e) => {
@@ -351,9 +365,9 @@ impl PoolActor {
                     metrics::counter!("poolgate_state_write_errors_total").increment(1)
                 });
                 if std::mem::replace(&mut self.save_failing, true) {
-                    tracing::debug!(error = %e, "durable state not written (again)");
+                    telemetry::said!(debug, error = %e, "durable state not written (again)");
                 } else {
-                    tracing::error!(error = %e, "durable state not written; a new epoch is not told until it is (tried again every {SAVE_RETRY:?})");
+                    telemetry::said!(error, error = %e, "durable state not written; a new epoch is not told until it is (tried again every {SAVE_RETRY:?})");
                 }
             }
         }
@@ -577,7 +591,7 @@ impl PoolActor {
         }
         let node = node.clone();
         telemetry::actor_restarted("run");
-        tracing::error!(%run, "run actor failed: its run faults (reason internal)");
+        telemetry::said!(error, %run, "run actor failed: its run faults (reason internal)");
         vec![Event::RunFaulted {
             at: self.applied_at(self.clock.now()),
             run: run.clone(),
@@ -752,7 +766,13 @@ impl PoolActor {
         ctx: &mut Context<Self>,
         work: impl FnOnce(&mut Self, &mut Context<Self>) -> R,
     ) -> Option<R> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(self, ctx))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            #[cfg(any(test, feature = "testing"))]
+            if self.fail_always {
+                panic!("injected persistent pool actor fault");
+            }
+            work(self, ctx)
+        })) {
             Ok(result) => Some(result),
             Err(_) => {
                 self.failed(ctx);
@@ -770,12 +790,10 @@ impl PoolActor {
         self.failures.push(now);
         let pool = self.core.readiness().id().clone();
         if self.failures.len() >= RESTARTS_IN_PERIOD {
-            telemetry::logged(
-                || tracing::error!(%pool, failures = RESTARTS_IN_PERIOD, within = ?RESTART_PERIOD, "pool actor failed too often; given up"),
-            );
+            telemetry::said!(error, %pool, failures = RESTARTS_IN_PERIOD, within = ?RESTART_PERIOD, "pool actor failed too often; given up");
             self.give_up();
         } else {
-            telemetry::logged(|| tracing::error!(%pool, "pool actor failed; restarting it"));
+            telemetry::said!(error, %pool, "pool actor failed; restarting it");
         }
         ctx.stop();
     }
@@ -845,6 +863,11 @@ impl Handler<crate::messages::InjectPoolFault> for PoolActor {
                 act.fail_restart = true;
                 panic!("injected pool actor fault")
             }
+            crate::messages::InjectPoolFault::PanicOnNextChange => act.fail_next_change = true,
+            crate::messages::InjectPoolFault::PanicAlways => {
+                act.fail_always = true;
+                panic!("injected pool actor fault")
+            }
         });
     }
 }
@@ -861,6 +884,10 @@ impl Handler<crate::messages::Shutdown> for PoolActor {
             return;
         }
         self.shut = true;
+        if let Some((run, _)) = self.core.committed_run() {
+            let pool = self.core.readiness().id();
+            telemetry::said!(warn, %pool, %run, "the gate stopped with a run committed: the run is no longer guarded by it");
+        }
         for node in self.router.drain() {
             node.do_send(crate::messages::StopNode);
         }
@@ -932,9 +959,13 @@ impl PoolActor {
 
     /// A node actor reports a change of its node's view.
     fn node_changed(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+        #[cfg(any(test, feature = "testing"))]
+        if std::mem::take(&mut self.fail_next_change) {
+            panic!("injected pool actor fault on a change");
+        }
         let at = self.applied_at(msg.at);
-        let _span = tracing::debug_span!("pool", pool = %self.core.readiness().id()).entered();
-        tracing::debug!(node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
+        let pool = self.core.readiness().id();
+        telemetry::said!(debug, %pool, node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
         let NodeChanged {
             key,
             node,
@@ -1102,7 +1133,7 @@ impl PoolActor {
                     let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
                     act.saved(&state, &result);
                     if let Err(e) = result {
-                        tracing::error!(error = %e, run = %admitted.run(), "commit not made durable; refused");
+                        telemetry::said!(error, error = %e, run = %admitted.run(), "commit not made durable; refused");
                         act.flush(ctx);
                         return Err(GateError::NotDurable(e.to_string()));
                     }

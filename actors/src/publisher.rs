@@ -143,7 +143,7 @@ impl Queue {
 
     fn lose(&self) {
         if self.lost.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::warn!(
+            crate::telemetry::said!(warn,
                 queue = EVENT_QUEUE,
                 "an event subscriber fell behind: it loses readiness events from now on, never a run's outcome (EventStream::lagged counts them)"
             );
@@ -337,7 +337,7 @@ fn fence_allows(fence: &Fence) -> bool {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fence())) {
         Ok(allows) => allows,
         Err(_) => {
-            tracing::error!("the gate's fence panicked: the gate stops acting");
+            crate::telemetry::said!(error, "the gate's fence panicked: the gate stops acting");
             false
         }
     }

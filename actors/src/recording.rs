@@ -129,7 +129,7 @@ impl Recording {
             crate::telemetry::guarded(|| {
                 metrics::counter!("poolgate_record_errors_total").increment(1)
             });
-            tracing::error!(error = %e, "recording: a record could not be written");
+            crate::telemetry::said!(error, error = %e, "recording: a record could not be written");
         }
     }
 }

@@ -65,7 +65,6 @@ impl Handler<RequiredNodeChanged> for RunActor {
     type Result = RunAnswer;
 
     fn handle(&mut self, msg: RequiredNodeChanged, ctx: &mut Context<Self>) -> RunAnswer {
-        let _span = tracing::debug_span!("run", run = %self.guard.run()).entered();
         let mut out = Vec::new();
         self.guard
             .node_changed(msg.at, &msg.node, &msg.change, &mut out);

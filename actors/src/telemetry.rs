@@ -42,6 +42,16 @@ pub fn logged(log: impl FnOnce()) {
     }
 }
 
+/// A tracing event of the gate's, as `tracing::$level!` would make it,
+/// run through [`logged`]: an embedder's layer that panics on it costs
+/// the line, never the actor (or the caller) that logs.
+macro_rules! said {
+    ($level:ident, $($arg:tt)+) => {
+        $crate::telemetry::logged(|| tracing::$level!($($arg)+))
+    };
+}
+pub(crate) use said;
+
 /// One observation's fate.
 pub fn observation(outcome: &'static str) {
     guarded(|| metrics::counter!("poolgate_observations_total", "outcome" => outcome).increment(1));

@@ -146,3 +146,101 @@ impl<F: Fn(&metrics::Key) -> bool + Send + Sync> metrics::Recorder for Panicking
         metrics::Histogram::noop()
     }
 }
+
+/// What [`panicking_layer`] installs on a thread: called with each event's
+/// level, target and message.
+type OnEvent = std::sync::Arc<dyn Fn(&tracing::Level, &str, &str) + Send + Sync>;
+
+thread_local! {
+    static ON_EVENT: std::cell::RefCell<Option<OnEvent>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The process's subscriber in the tests that take a panicking layer: it
+/// hands each event to the layer of the thread it happens on, if any. A
+/// global one, so that tracing never caches a callsite as uninteresting
+/// because another test's thread had no subscriber when it first ran.
+struct Forward;
+
+/// A thread's panicking layer, taken off when dropped.
+pub struct LayerGuard;
+
+impl Drop for LayerGuard {
+    fn drop(&mut self) {
+        ON_EVENT.with(|on| on.borrow_mut().take());
+    }
+}
+
+/// An embedder's tracing layer on this thread (the actors' thread on
+/// virtual time) that panics on the events `when` picks (level, target,
+/// message), on the next `armed` of them (`u32::MAX`: on every one),
+/// disarmed at first; it keeps every message it sees.
+pub fn panicking_layer(
+    when: impl Fn(&tracing::Level, &str, &str) -> bool + Send + Sync + 'static,
+) -> (
+    LayerGuard,
+    std::sync::Arc<std::sync::atomic::AtomicU32>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(Forward);
+    });
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (a, s) = (armed.clone(), seen.clone());
+    let on: OnEvent = std::sync::Arc::new(move |level, target, message| {
+        s.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(format!("{level}{message}"));
+        if when(level, target, message) && take_one(&a) {
+            panic!("the embedder's tracing layer panicked");
+        }
+    });
+    ON_EVENT.with(|slot| *slot.borrow_mut() = Some(on));
+    (LayerGuard, armed, seen)
+}
+
+/// Counts one down from `armed`; whether it was armed.
+pub fn take_one(armed: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering;
+    armed
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+            0 => None,
+            u32::MAX => Some(u32::MAX),
+            n => Some(n - 1),
+        })
+        .is_ok()
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Forward {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let Some(on) = ON_EVENT.with(|on| on.borrow().clone()) else {
+            return;
+        };
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        on(
+            event.metadata().level(),
+            event.metadata().target(),
+            &message.0,
+        );
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
