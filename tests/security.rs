@@ -1228,3 +1228,50 @@ fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
         warm.do_send(poolgate::live::swim::member::Crash);
     });
 }
+
+#[test]
+fn a_frame_sent_before_the_challenge_was_read_is_skipped_not_refused() {
+    // CI finding (tests/hosts.rs, a node restarted with its clock behind):
+    // a node whose state changed right after it connected sent a second
+    // frame before it read the challenge; signed without it, that frame
+    // was refused as badly signed and the connection closed. The node now
+    // waits for the challenge, and the orchestrator skips such a frame.
+    let key = NodeKey::generate();
+    let config = one_node_orchestrator(&key);
+    let state = Announcement {
+        available: true,
+        identity: Some(wire::identity_text(b"n1 material")),
+        swim: None,
+        generation: None,
+        fault: None,
+        leaving: false,
+        heartbeat_ms: None,
+    };
+    live(async move {
+        let live = Orchestrator::start(&config).await.unwrap();
+        let mut stream = tokio::net::TcpStream::connect(live.agents_addr)
+            .await
+            .unwrap();
+        for seq in [1, 2] {
+            let frame = wire::encode(&key, "poolgate", "n1", seq, None, &state);
+            stream.write_all(&frame).await.unwrap();
+        }
+        let reply =
+            tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+        let nonce = match reply {
+            Ok(Ok(Some(wire::Reply::Challenge { nonce }))) => {
+                wire::challenge_nonce(&nonce).unwrap()
+            }
+            other => panic!("{other:?}"),
+        };
+        let bound = wire::encode(&key, "poolgate", "n1", 3, Some(&nonce), &state);
+        stream.write_all(&bound).await.unwrap();
+        let reply =
+            tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+        assert!(
+            matches!(reply, Ok(Ok(Some(wire::Reply::Accepted { .. })))),
+            "{reply:?}"
+        );
+        live.shutdown();
+    });
+}

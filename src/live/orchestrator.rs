@@ -1039,6 +1039,16 @@ impl Listener {
             // (its last sequence) is said only to the node itself.
             let announcement = match frame.open(&key, &self.label, challenge.as_ref()) {
                 Ok(announcement) => announcement,
+                // Sent before the node read the challenge, so signed
+                // without it: skipped, never applied (the challenge is on
+                // its way, and the node sends again over it).
+                Err(_)
+                    if first
+                        && challenge.is_some()
+                        && frame.open(&key, &self.label, None).is_ok() =>
+                {
+                    continue;
+                }
                 Err(refused) => {
                     self.refuse(&mut stream, peer, Some(&node), &refused).await;
                     return last_body;
