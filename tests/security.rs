@@ -241,6 +241,19 @@ async fn send(agents: SocketAddr, frame: &[u8]) -> bool {
     !matches!(reply, Ok(Ok(Some(wire::Reply::Accepted { .. }))))
 }
 
+/// What node n1 announces: its identity material, `available` or not.
+fn n1_state(available: bool) -> Announcement {
+    Announcement {
+        available,
+        identity: Some(wire::identity_text(b"n1 material")),
+        swim: None,
+        generation: None,
+        fault: None,
+        leaving: false,
+        heartbeat_ms: None,
+    }
+}
+
 /// One announcement on a new connection, as a node makes it: the first
 /// frame asks for the connection's challenge, then the same, signed over
 /// it. `None` when accepted, else what was answered; and the frame signed
@@ -281,15 +294,7 @@ fn a_frame_captured_before_a_restart_without_a_state_file_is_refused_after_it() 
     let key = NodeKey::generate();
     let config = one_node_orchestrator(&key);
     assert!(config.state.path.is_none());
-    let state = Announcement {
-        available: true,
-        identity: Some(wire::identity_text(b"n1 material")),
-        swim: None,
-        generation: None,
-        fault: None,
-        leaving: false,
-        heartbeat_ms: None,
-    };
+    let state = n1_state(true);
     let (first, captured) = {
         let (config, signer, announced) = (config.clone(), key.clone(), state.clone());
         let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -340,15 +345,7 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
         let key = NodeKey::generate();
         let config = one_node_orchestrator(&key);
         let live = Orchestrator::start(&config).await.unwrap();
-        let available = |available: bool| Announcement {
-            available,
-            identity: Some(wire::identity_text(b"n1 material")),
-            swim: None,
-            generation: None,
-            fault: None,
-            leaving: false,
-            heartbeat_ms: None,
-        };
+        let available = n1_state;
         let up = wire::encode(&key, "poolgate", "n1", 5, None, &available(true));
         let older = wire::encode(&key, "poolgate", "n1", 3, None, &available(true));
         let blocked = |report: poolgate::core::PoolReport| {
@@ -726,15 +723,7 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
     let key = NodeKey::generate();
     let mut config = one_node_orchestrator(&key);
     config.state.path = Some(dir.join("state.db"));
-    let state = Announcement {
-        available: true,
-        identity: Some(wire::identity_text(b"n1 material")),
-        swim: None,
-        generation: None,
-        fault: None,
-        leaving: false,
-        heartbeat_ms: None,
-    };
+    let state = n1_state(true);
     let captured = wire::encode(&key, "poolgate", "n1", 5, None, &state);
     live({
         let config = config.clone();
@@ -1238,15 +1227,7 @@ fn a_frame_sent_before_the_challenge_was_read_is_skipped_not_refused() {
     // waits for the challenge, and the orchestrator skips such a frame.
     let key = NodeKey::generate();
     let config = one_node_orchestrator(&key);
-    let state = Announcement {
-        available: true,
-        identity: Some(wire::identity_text(b"n1 material")),
-        swim: None,
-        generation: None,
-        fault: None,
-        leaving: false,
-        heartbeat_ms: None,
-    };
+    let state = n1_state(true);
     live(async move {
         let live = Orchestrator::start(&config).await.unwrap();
         let mut stream = tokio::net::TcpStream::connect(live.agents_addr)

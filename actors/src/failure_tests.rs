@@ -395,6 +395,23 @@ fn a_pool_actor_whose_restart_fails_ends_every_stream_and_stops_its_nodes() {
     });
 }
 
+/// Asserts that the events since the last drain hold one `run_faulted`:
+/// `run`, for node a's suspicion.
+fn faulted_once_by_a(gate: &mut Subsystem, run: &RunId) {
+    let faults: Vec<Event> = gate
+        .drain()
+        .into_iter()
+        .filter(|e| matches!(e, Event::RunFaulted { .. }))
+        .collect();
+    assert!(
+        matches!(
+            faults.as_slice(),
+            [Event::RunFaulted { run: r, node: n, reason: Reason::Suspect, .. }] if r == run && *n == node("a")
+        ),
+        "{faults:?}"
+    );
+}
+
 #[test]
 fn a_pool_actor_that_fails_on_a_change_restarts_and_the_run_stays_guarded() {
     // Issue 29, reproduction 2: a panic in the pool actor outside the
@@ -428,18 +445,7 @@ fn a_pool_actor_that_fails_on_a_change_restarts_and_the_run_stays_guarded() {
         // Still guarded: its required node's loss faults it.
         gate.observe("a", suspect).await;
         gate.advance_to(1100).await;
-        let faults: Vec<Event> = gate
-            .drain()
-            .into_iter()
-            .filter(|e| matches!(e, Event::RunFaulted { .. }))
-            .collect();
-        assert!(
-            matches!(
-                faults.as_slice(),
-                [Event::RunFaulted { run: r, node: n, reason: Reason::Suspect, .. }] if *r == run && *n == node("a")
-            ),
-            "{faults:?}"
-        );
+        faulted_once_by_a(&mut gate, &run);
     });
 }
 
@@ -489,17 +495,6 @@ fn a_required_nodes_loss_the_pool_failed_on_still_faults_the_run() {
         };
         gate.observe("a", suspect).await;
         gate.advance_to(1100).await;
-        let faults: Vec<Event> = gate
-            .drain()
-            .into_iter()
-            .filter(|e| matches!(e, Event::RunFaulted { .. }))
-            .collect();
-        assert!(
-            matches!(
-                faults.as_slice(),
-                [Event::RunFaulted { run: r, node: n, reason: Reason::Suspect, .. }] if *r == run && *n == node("a")
-            ),
-            "{faults:?}"
-        );
+        faulted_once_by_a(&mut gate, &run);
     });
 }
