@@ -84,16 +84,3 @@ pub mod testkit;
 
 #[cfg(test)]
 mod test_support;
-
-/// The old name of [`PoolMachine`] (it read too close to the actors'
-/// `Gate`).
-#[deprecated(note = "renamed PoolMachine")]
-pub type PoolGate = PoolMachine;
-
-/// The old path of [`machine`] (it read too close to the actors' `Gate`).
-#[deprecated(note = "renamed machine")]
-pub mod gate {
-    pub use crate::machine::*;
-    #[allow(deprecated)]
-    pub use crate::PoolGate;
-}

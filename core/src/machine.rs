@@ -671,19 +671,6 @@ impl PoolMachine {
 mod tests {
     use super::*;
 
-    #[test]
-    #[allow(deprecated)]
-    fn the_old_names_still_resolve_to_the_machine() {
-        // Adversary finding: the rename left `poolgate_core::gate::…`
-        // unresolved for code written against it.
-        use std::any::type_name;
-        assert_eq!(
-            type_name::<crate::gate::PoolGate>(),
-            type_name::<PoolMachine>()
-        );
-        assert_eq!(type_name::<crate::PoolGate>(), type_name::<PoolMachine>());
-        assert_eq!(type_name::<crate::gate::Durable>(), type_name::<Durable>());
-    }
     use crate::node::{Applied, NodeFacts, Observation, SwimState};
     use crate::run::OnReadinessLost;
     use crate::test_support::{node, run, t};
