@@ -100,7 +100,7 @@ pub use clock::Clock;
 pub use error::GateError;
 pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
-pub use pool_actor::{duration_problem, GateSettings, MAX_SETTING};
+pub use pool_actor::{duration_problem, wait_timeout_problem, GateSettings, MAX_SETTING};
 /// The gate's core: its ids, inputs, events, reasons and refusals
 /// (`poolgate-core`, re-exported whole, with its pages here).
 pub mod core {

@@ -75,6 +75,14 @@ pub fn duration_problem(d: Duration) -> Option<&'static str> {
     }
 }
 
+/// What is wrong with `wait` as the planning policy's wait timeout over
+/// a convergence window of `window`, if anything: the one rule for
+/// settings built in code and parsed from `config.toml` (a wait no longer
+/// than the window could never see a `PoolReady`).
+pub fn wait_timeout_problem(wait: Duration, window: Duration) -> Option<&'static str> {
+    (wait <= window).then_some("is not longer than the convergence window")
+}
+
 impl GateSettings {
     /// Settings for `definition` with its convergence `window` and the
     /// planning `policy`, in memory only and not recorded; refused
@@ -121,9 +129,9 @@ impl GateSettings {
         span("the convergence window", self.window)?;
         if let Some(wait) = self.policy.wait_timeout {
             span("the wait timeout", wait)?;
-            if wait <= self.window {
+            if let Some(problem) = wait_timeout_problem(wait, self.window) {
                 return Err(format!(
-                    "the wait timeout ({wait:?}) must be longer than the convergence window ({:?})",
+                    "the wait timeout ({wait:?}) {problem} ({:?})",
                     self.window
                 ));
             }

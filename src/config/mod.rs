@@ -319,12 +319,14 @@ impl Config {
             }
             if let Some(value) = table.get("wait_timeout") {
                 let (timeout, span) = doc.duration(value, "planning.wait_timeout")?;
-                if timeout <= convergence_window {
+                if let Some(problem) =
+                    poolgate_actors::wait_timeout_problem(timeout, convergence_window)
+                {
                     return Err(doc.error(
                         span,
                         "planning.wait_timeout",
                         format!(
-                            "{} is not longer than the convergence window ({})",
+                            "{} {problem} ({})",
                             humantime::format_duration(timeout),
                             humantime::format_duration(convergence_window)
                         ),
