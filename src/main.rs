@@ -64,9 +64,10 @@ enum Command {
     /// processes on 127.0.0.1; a required node is killed after commit and
     /// the run faults.
     Demo {
-        /// The configuration file.
-        #[arg(long, default_value = "config.toml")]
-        config: PathBuf,
+        /// The configuration file (default: `config.toml` here if there is
+        /// one, else the shipped one, built in).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Print JSON events (and `node_crashed`) instead of readable lines.
         #[arg(long)]
         json: bool,
@@ -238,7 +239,7 @@ fn main() -> ExitCode {
         raise_open_files();
     }
     let command = cli.command.unwrap_or(Command::Demo {
-        config: PathBuf::from("config.toml"),
+        config: None,
         json: false,
         nodes: None,
         seed: None,
@@ -267,7 +268,7 @@ fn main() -> ExitCode {
             nodes,
             seed,
             record,
-        } => load(&config).and_then(|config| {
+        } => demo_config(config.as_deref()).and_then(|config| {
             let seed = seed.unwrap_or_else(rand::random);
             let record = commands::recording(record.as_deref()).map_err(|e| e.to_string())?;
             demo::print(&config, json, nodes, seed, record)
@@ -409,6 +410,20 @@ fn keygen(out: &Path, cluster: bool) -> Result<(), String> {
         key.save(out).map_err(|e| e.to_string())?;
         println!("{}", key.public());
         Ok(())
+    }
+}
+
+/// The shipped `config.toml`, built in: `poolgate demo` works from any
+/// folder.
+const SHIPPED_CONFIG: &str = include_str!("../config.toml");
+
+/// The demo's configuration: `path`; else `config.toml` here; else the
+/// shipped one.
+fn demo_config(path: Option<&Path>) -> Result<Config, String> {
+    match path {
+        Some(path) => load(path),
+        None if Path::new("config.toml").exists() => load(Path::new("config.toml")),
+        None => Config::parse(SHIPPED_CONFIG, "the shipped config.toml").map_err(|e| e.to_string()),
     }
 }
 
