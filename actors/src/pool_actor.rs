@@ -187,15 +187,10 @@ pub(crate) struct PoolActor {
     shut: bool,
     /// When the actor failed, within the last [`RESTART_PERIOD`].
     failures: Vec<Time>,
-    /// A test's: the next restart panics.
+    /// A test's fault waiting for its moment (the restart, every handler,
+    /// the next node change).
     #[cfg(any(test, feature = "testing"))]
-    fail_restart: bool,
-    /// A test's: every handler panics from now on.
-    #[cfg(any(test, feature = "testing"))]
-    fail_always: bool,
-    /// A test's: the next node change panics before the core hears it.
-    #[cfg(any(test, feature = "testing"))]
-    fail_next_change: bool,
+    armed: Option<crate::messages::InjectPoolFault>,
 }
 
 /// How often a failed write of the durable state is tried again while an
@@ -247,11 +242,7 @@ impl PoolActor {
                 shut: false,
                 failures: Vec::new(),
                 #[cfg(any(test, feature = "testing"))]
-                fail_restart: false,
-                #[cfg(any(test, feature = "testing"))]
-                fail_always: false,
-                #[cfg(any(test, feature = "testing"))]
-                fail_next_change: false,
+                armed: None,
             };
             if let Some(recording) = &actor.recording {
                 recording.start(
@@ -666,7 +657,7 @@ impl Drop for PoolActor {
         if std::thread::panicking() {
             // Gone in a panic the actor could not contain (in its
             // restart): its task ended, and its supervisor with it.
-            self.give_up();
+            self.wind_down(true);
         } else {
             // Gone with its System (ended, or its runtime dropped): not a
             // failure, but the gate cannot go on all the same.
@@ -734,7 +725,8 @@ impl actix::Supervised for PoolActor {
         }
         telemetry::actor_restarted("pool");
         #[cfg(any(test, feature = "testing"))]
-        if std::mem::take(&mut self.fail_restart) {
+        if let Some(crate::messages::InjectPoolFault::PanicAndFailRestart) = self.armed {
+            self.armed = None;
             panic!("injected failure of the pool actor's restart");
         }
         // The old timers died with the old context; epochs held back for
@@ -744,7 +736,7 @@ impl actix::Supervised for PoolActor {
         self.out.retain(crate::publisher::is_outcome);
         let now = self.applied_at(self.clock.now());
         self.core.restart(now, &mut self.out);
-        self.reguard(now);
+        self.reguard();
         self.recount_blocked();
         for candidate in self.core.readiness().candidates() {
             if let Some(addr) = self.router.route(&candidate.node) {
@@ -776,7 +768,7 @@ impl PoolActor {
     ) -> Option<R> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             #[cfg(any(test, feature = "testing"))]
-            if self.fail_always {
+            if let Some(crate::messages::InjectPoolFault::PanicAlways) = self.armed {
                 panic!("injected persistent pool actor fault");
             }
             work(self, ctx)
@@ -791,7 +783,7 @@ impl PoolActor {
 
     /// The actor failed: its supervisor restarts it, unless it failed
     /// [`RESTARTS_IN_PERIOD`] times within [`RESTART_PERIOD`]; then the
-    /// gate ends (see [`PoolActor::give_up`]).
+    /// gate ends (see [`PoolActor::wind_down`]).
     fn failed(&mut self, ctx: &mut Context<Self>) {
         let now = self.clock.now();
         self.failures.retain(|at| now - *at < RESTART_PERIOD);
@@ -799,36 +791,44 @@ impl PoolActor {
         let pool = self.core.readiness().id().clone();
         if self.failures.len() >= RESTARTS_IN_PERIOD {
             telemetry::said!(error, %pool, failures = RESTARTS_IN_PERIOD, within = ?RESTART_PERIOD, "pool actor failed too often; given up");
-            self.give_up();
+            self.wind_down(true);
         } else {
             telemetry::said!(error, %pool, "pool actor failed; restarting it");
         }
         ctx.stop();
     }
 
-    /// The gate cannot go on (its pool actor failed and cannot be
-    /// restarted): every subscription ends and every call answers
-    /// `Stopped`, the node actors stop; a committed run is named (its
-    /// requester's stream ends with the rest).
-    fn give_up(&mut self) {
+    /// Stops for good (once): every subscription ends, the node actors and
+    /// the run actor stop, the store and the recording are let go, and
+    /// what waited to be told is dropped with the gate. Said at `ERROR`
+    /// when the actor `failed`, at `WARN` when the gate was stopped,
+    /// naming a committed run left unguarded.
+    fn wind_down(&mut self, failed: bool) {
         if std::mem::replace(&mut self.shut, true) {
             return;
         }
-        let pool = self.core.readiness().id().clone();
-        telemetry::logged(|| match self.core.committed_run() {
-            Some((run, _)) => {
-                tracing::error!(%pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
+        let pool = self.core.readiness().id();
+        match (self.core.committed_run(), failed) {
+            (Some((run, _)), true) => {
+                telemetry::said!(error, %pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
             }
-            None => {
-                tracing::error!(%pool, "the pool actor failed and cannot be restarted: the gate stopped")
+            (None, true) => {
+                telemetry::said!(error, %pool, "the pool actor failed and cannot be restarted: the gate stopped")
             }
-        });
+            (Some((run, _)), false) => {
+                telemetry::said!(warn, %pool, %run, "the gate stopped with a run committed: the run is no longer guarded by it")
+            }
+            (None, false) => {}
+        }
         self.publisher.close();
         for node in self.router.drain() {
             node.do_send(crate::messages::StopNode);
         }
         self.run = None;
         self.store = None;
+        self.untold.clear();
+        self.unwritten.clear();
+        self.out.clear();
         if let Some(recording) = self.recording.take() {
             recording.close();
         }
@@ -837,7 +837,7 @@ impl PoolActor {
     /// After a restart: a run the core holds committed whose actor is
     /// gone (the failure came between the commit and the actor's start,
     /// or took the actor too) faults `internal`.
-    fn reguard(&mut self, at: Time) {
+    fn reguard(&mut self) {
         let Some((run, _)) = self.core.committed_run() else {
             return;
         };
@@ -845,12 +845,7 @@ impl PoolActor {
             return;
         }
         let run = run.clone();
-        let mut events = self.run_actor_lost(&run);
-        for event in &mut events {
-            if let Event::RunFaulted { at: told, .. } = event {
-                *told = at;
-            }
-        }
+        let events = self.run_actor_lost(&run);
         self.run_answered(&run, true, events);
     }
 }
@@ -860,20 +855,17 @@ impl Handler<crate::messages::InjectPoolFault> for PoolActor {
     type Result = ();
 
     fn handle(&mut self, msg: crate::messages::InjectPoolFault, ctx: &mut Context<Self>) {
+        use crate::messages::InjectPoolFault;
         self.contained(ctx, |act, _| match msg {
-            crate::messages::InjectPoolFault::Panic => panic!("injected pool actor fault"),
-            crate::messages::InjectPoolFault::PanicRunActor => {
+            InjectPoolFault::PanicRunActor => {
                 if let Some(run) = &act.run {
                     run.do_send(crate::messages::InjectFault::Panic);
                 }
             }
-            crate::messages::InjectPoolFault::PanicAndFailRestart => {
-                act.fail_restart = true;
-                panic!("injected pool actor fault")
-            }
-            crate::messages::InjectPoolFault::PanicOnNextChange => act.fail_next_change = true,
-            crate::messages::InjectPoolFault::PanicAlways => {
-                act.fail_always = true;
+            InjectPoolFault::PanicOnNextChange => act.armed = Some(msg),
+            InjectPoolFault::Panic => panic!("injected pool actor fault"),
+            InjectPoolFault::PanicAndFailRestart | InjectPoolFault::PanicAlways => {
+                act.armed = Some(msg);
                 panic!("injected pool actor fault")
             }
         });
@@ -891,22 +883,7 @@ impl Handler<crate::messages::Shutdown> for PoolActor {
         if self.shut {
             return;
         }
-        self.shut = true;
-        if let Some((run, _)) = self.core.committed_run() {
-            let pool = self.core.readiness().id();
-            telemetry::said!(warn, %pool, %run, "the gate stopped with a run committed: the run is no longer guarded by it");
-        }
-        for node in self.router.drain() {
-            node.do_send(crate::messages::StopNode);
-        }
-        self.run = None;
-        self.store = None;
-        self.untold.clear();
-        self.unwritten.clear();
-        self.out.clear();
-        if let Some(recording) = self.recording.take() {
-            recording.close();
-        }
+        self.wind_down(false);
         ctx.stop();
     }
 }
@@ -968,7 +945,8 @@ impl PoolActor {
     /// A node actor reports a change of its node's view.
     fn node_changed(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
         #[cfg(any(test, feature = "testing"))]
-        if std::mem::take(&mut self.fail_next_change) {
+        if let Some(crate::messages::InjectPoolFault::PanicOnNextChange) = self.armed {
+            self.armed = None;
             panic!("injected pool actor fault on a change");
         }
         let at = self.applied_at(msg.at);
