@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, RunId, SwimState};
+use poolgate::core::{AgentReport, NodeId, RunId};
 use poolgate::{Config, Gate, GateSettings, Recording};
 
 const NODES: usize = 1000;
@@ -31,21 +31,12 @@ fn config(n: usize) -> Result<Config, Box<dyn std::error::Error>> {
     Ok(Config::parse(&text, "durability")?)
 }
 
+/// Every name made ready through the testing module's script (known,
+/// alive, available, identity).
 async fn make_ready(gate: &Gate, names: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     for name in names {
         let node = NodeId::new(name)?;
-        gate.registry(RegistryFact::Known { node: node.clone() })
-            .await?;
-        gate.membership(MembershipUpdate {
-            node: node.clone(),
-            state: SwimState::Alive,
-            incarnation: 1,
-        })
-        .await?;
-        gate.agent(AgentReport::Available { node: node.clone() })
-            .await?;
-        gate.agent(AgentReport::identity(node, name.as_bytes().to_vec())?)
-            .await?;
+        poolgate_actors::testing::make_ready(gate, &node, name.as_bytes()).await?;
     }
     Ok(())
 }
