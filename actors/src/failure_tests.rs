@@ -395,6 +395,24 @@ fn a_pool_actor_whose_restart_fails_ends_every_stream_and_stops_its_nodes() {
     });
 }
 
+/// Run r1 committed over a (of a and b); the pool then fails on the next
+/// change it hears, before its core does: `name` suspected.
+async fn committed_then_failing_on(name: &str) -> (Subsystem, RunId) {
+    let mut gate = ready(&["a", "b"]).await;
+    let run = commit(&gate, &["a"]).await;
+    let _ = gate.drain();
+    gate.pool.do_send(InjectPoolFault::PanicOnNextChange);
+    gate.observe(name, suspect()).await;
+    (gate, run)
+}
+
+fn suspect() -> Observation {
+    Observation::Swim {
+        state: SwimState::Suspect,
+        incarnation: 1,
+    }
+}
+
 /// Asserts that the events since the last drain hold one `run_faulted`:
 /// `run`, for node a's suspicion.
 fn faulted_once_by_a(gate: &mut Subsystem, run: &RunId) {
@@ -419,17 +437,7 @@ fn a_pool_actor_that_fails_on_a_change_restarts_and_the_run_stays_guarded() {
     // restarts from the core; the run's actor, not the pool's, still
     // guards the run.
     on_virtual_time(async {
-        let mut gate = ready(&["a", "b"]).await;
-        let run = commit(&gate, &["a"]).await;
-        let _ = gate.drain();
-        // The pool fails on the next change it hears, before its core
-        // does.
-        gate.pool.do_send(InjectPoolFault::PanicOnNextChange);
-        let suspect = Observation::Swim {
-            state: SwimState::Suspect,
-            incarnation: 1,
-        };
-        gate.observe("b", suspect.clone()).await;
+        let (mut gate, run) = committed_then_failing_on("b").await;
         tokio::task::yield_now().await;
         // Restarted: readiness starts over, the run is still committed.
         assert!(!matches!(gate.phase().await, PoolPhase::Ready { .. }));
@@ -443,7 +451,7 @@ fn a_pool_actor_that_fails_on_a_change_restarts_and_the_run_stays_guarded() {
             .unwrap();
         assert_eq!(report.run.as_ref(), Some(&run), "{report:?}");
         // Still guarded: its required node's loss faults it.
-        gate.observe("a", suspect).await;
+        gate.observe("a", suspect()).await;
         gate.advance_to(1100).await;
         faulted_once_by_a(&mut gate, &run);
     });
@@ -485,15 +493,7 @@ fn a_required_nodes_loss_the_pool_failed_on_still_faults_the_run() {
     // after), and the run's guard saw no loss: the run stayed committed
     // over a suspect node.
     on_virtual_time(async {
-        let mut gate = ready(&["a", "b"]).await;
-        let run = commit(&gate, &["a"]).await;
-        let _ = gate.drain();
-        gate.pool.do_send(InjectPoolFault::PanicOnNextChange);
-        let suspect = Observation::Swim {
-            state: SwimState::Suspect,
-            incarnation: 1,
-        };
-        gate.observe("a", suspect).await;
+        let (mut gate, run) = committed_then_failing_on("a").await;
         gate.advance_to(1100).await;
         faulted_once_by_a(&mut gate, &run);
     });
