@@ -755,26 +755,15 @@ mod tests {
 
     #[test]
     fn tls_files_given_with_plain_endpoints_or_half_a_client_pair_are_refused() {
-        let etcd = || {
-            Etcd::new(
-                &["http://127.0.0.1:2379".to_string()],
-                Duration::from_secs(1),
-            )
-            .unwrap()
-        };
+        let at =
+            |endpoint: &str| Etcd::new(&[endpoint.to_string()], Duration::from_secs(1)).unwrap();
         let files = TlsFiles {
             ca_file: Some("ca.pem".into()),
             ..TlsFiles::default()
         };
-        let why = etcd().with_tls(&files).unwrap_err();
+        let why = at("http://127.0.0.1:2379").with_tls(&files).unwrap_err();
         assert!(why.contains("plain http"), "{why}");
-        let https = || {
-            Etcd::new(
-                &["https://127.0.0.1:2379".to_string()],
-                Duration::from_secs(1),
-            )
-            .unwrap()
-        };
+        let https = || at("https://127.0.0.1:2379");
         let half = TlsFiles {
             cert_file: Some("client.pem".into()),
             ..TlsFiles::default()
