@@ -217,16 +217,13 @@ pub async fn watch(
         Leadership::Alone { .. } => None,
     };
     loop {
-        let term = leadership.terms() + 1;
-        let term_record = record.map(|path| term_record_path(path, term));
-        let recording = recording(term_record.as_deref())?;
         // Alone, the orchestrator starts at once, whatever the limit: a
         // socket held is an error to say (its bind is retried for 2 s).
         let live = if !leadership.can_lose() {
-            leadership.lead(recording).await?
+            leadership.lead(record).await?
         } else {
             tokio::select! {
-                live = leadership.lead(recording) => live?,
+                live = leadership.lead(record) => live?,
                 _ = &mut stop => {
                     leadership.resign();
                     return Ok(WatchEnd::Stopped);
@@ -276,7 +273,7 @@ pub async fn watch(
 /// Who acts for the pool: this process alone (it always leads, from the
 /// start, for one term), or one of several replicas on etcd (it leads
 /// when it wins the lease, and follows again when it loses it).
-enum Leadership<'a> {
+pub(super) enum Leadership<'a> {
     Alone { config: &'a Config, led: bool },
     Replica(Box<super::replica::Replica>),
 }
@@ -296,10 +293,11 @@ impl<'a> Leadership<'a> {
 
     /// Waits until this process leads, and starts its orchestrator. Alone,
     /// at once, and only once: its one term ends with the process.
-    async fn lead(
-        &mut self,
-        recording: Option<poolgate_actors::Recording>,
-    ) -> Result<Orchestrator, LiveError> {
+    /// Each term records into `record` (the first), `record.n` after.
+    pub(super) async fn lead(&mut self, record: Option<&Path>) -> Result<Orchestrator, LiveError> {
+        let term = self.terms() + 1;
+        let file = record.map(|path| term_record_path(path, term));
+        let recording = recording(file.as_deref())?;
         match self {
             Leadership::Alone { led: true, .. } => std::future::pending().await,
             Leadership::Alone { config, led } => {
@@ -315,7 +313,7 @@ impl<'a> Leadership<'a> {
     }
 
     /// Completes when this process stops leading: never, alone.
-    async fn lost(&self) {
+    pub(super) async fn lost(&self) {
         match self {
             Leadership::Alone { .. } => std::future::pending().await,
             Leadership::Replica(replica) => replica.lost().await,
@@ -344,7 +342,7 @@ impl<'a> Leadership<'a> {
     }
 
     /// This replica's name, for the log.
-    fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         match self {
             Leadership::Alone { .. } => "this orchestrator".to_string(),
             Leadership::Replica(replica) => replica.me().replica.to_string(),

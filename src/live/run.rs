@@ -12,8 +12,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::commands::{
     drain, in_the_way, plan_and_commit, recording, reload_keys, reload_on_hangup, sockets_free,
-    stop_command, stop_signal, term_record_path, told_end, warn_without_state, whole_millis,
-    AbortOnDrop, Output, Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
+    stop_command, stop_signal, told_end, warn_without_state, whole_millis, AbortOnDrop, Leadership,
+    Output, Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
 };
 use super::{LiveError, Orchestrator};
 use crate::config::Config;
@@ -258,20 +258,14 @@ impl Keeper {
 
 /// A replica's campaign for `run`: leads when it can (recording each term
 /// into `record`, `record.n` after the first), follows when it cannot.
-async fn campaign(mut replica: super::replica::Replica, record: Option<std::path::PathBuf>) {
+async fn campaign(replica: super::replica::Replica, record: Option<std::path::PathBuf>) {
+    let mut leadership = Leadership::Replica(Box::new(replica));
     loop {
-        let term = replica.terms() + 1;
-        let file = record.as_deref().map(|path| term_record_path(path, term));
-        let recording = match recording(file.as_deref()) {
-            Ok(recording) => recording,
-            Err(e) => return tracing::error!(error = %e, "--record"),
-        };
-        match replica.lead(recording).await {
+        match leadership.lead(record.as_deref()).await {
             Ok(live) => {
-                tracing::warn!(replica = %replica.me().replica, term, "this replica leads");
-                replica.lost().await;
+                leadership.lost().await;
                 live.stop().await;
-                tracing::warn!(replica = %replica.me().replica, "this replica stopped leading; following the new leader");
+                tracing::warn!(replica = %leadership.name(), "this replica stopped leading; following the new leader");
             }
             Err(e) => {
                 return tracing::warn!(error = %e, "this run cannot lead: it only asks the leader")
