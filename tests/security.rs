@@ -1223,8 +1223,8 @@ fn a_frame_sent_before_the_challenge_was_read_is_skipped_not_refused() {
     // CI finding (tests/hosts.rs, a node restarted with its clock behind):
     // a node whose state changed right after it connected sent a second
     // frame before it read the challenge; signed without it, that frame
-    // was refused as badly signed and the connection closed. The node now
-    // waits for the challenge, and the orchestrator skips such a frame.
+    // was refused as badly signed and the connection closed. Such a
+    // frame is skipped (never applied) until the first one over the challenge.
     let key = NodeKey::generate();
     let config = one_node_orchestrator(&key);
     let state = n1_state(true);

@@ -463,20 +463,11 @@ async fn session(
     // The orchestrator's challenge for this connection: the first frame
     // asks for it, every later one is signed over it.
     let mut challenge: Option<wire::Nonce> = None;
-    // Whether the first frame went out without one: nothing more is sent
-    // until the challenge comes (a frame signed without it, sent after the
-    // orchestrator answered the first, would be refused as badly signed,
-    // and the connection closed: a state change right after connecting
-    // did that).
-    let mut asked = false;
+    // (A frame sent before the challenge is read, a state change right
+    // after connecting, is signed without it: the orchestrator skips it,
+    // and the state goes again over the challenge.)
     loop {
-        if send_now && challenge.is_none() && asked {
-            // Held until the challenge, which sends at once.
-            send_now = false;
-            next_beat = tokio::time::Instant::now() + to.heartbeat;
-        }
         if send_now {
-            asked = asked || challenge.is_none();
             let state = updates.borrow_and_update().clone();
             let seq = to.sequences.take();
             let frame = fitting_frame(to, seq, challenge.as_ref(), state);
