@@ -1253,6 +1253,27 @@ fn a_frame_sent_before_the_challenge_was_read_is_skipped_not_refused() {
             matches!(reply, Ok(Ok(Some(wire::Reply::Accepted { .. })))),
             "{reply:?}"
         );
+        // Skipped a few times, not for ever: a stream of frames without
+        // the challenge is no node at work, and is refused.
+        let mut stream = tokio::net::TcpStream::connect(live.agents_addr)
+            .await
+            .unwrap();
+        for seq in 10..20 {
+            let frame = wire::encode(&key, "poolgate", "n1", seq, None, &state);
+            stream.write_all(&frame).await.unwrap();
+        }
+        let challenge =
+            tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+        assert!(
+            matches!(challenge, Ok(Ok(Some(wire::Reply::Challenge { .. })))),
+            "{challenge:?}"
+        );
+        let reply =
+            tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+        assert!(
+            matches!(reply, Ok(Ok(Some(wire::Reply::Refused { .. })))),
+            "{reply:?}"
+        );
         live.shutdown();
     });
 }

@@ -560,6 +560,11 @@ async fn start_member(
     Ok((member, addr))
 }
 
+/// How many frames signed without the connection's challenge are skipped
+/// after it was sent (a node's state changes in the moment before it read
+/// the challenge); more is not a node at work, and is refused.
+const SKIPPED_BEFORE_CHALLENGE: u32 = 4;
+
 /// `bind` again while its address is still held (for up to 2 s): the
 /// sockets of a replica's previous term close as their tasks end.
 pub(crate) async fn until_free<T>(
@@ -983,6 +988,8 @@ impl Listener {
         let mut first = true;
         // The connection's challenge, once its first frame asked for it.
         let mut challenge: Option<wire::Nonce> = None;
+        // Frames signed without it skipped since (see below).
+        let mut skipped = 0;
         loop {
             let read =
                 tokio::time::timeout(deadline, wire::read_prefixed(&mut stream, wire::MAX_FRAME));
@@ -1045,8 +1052,10 @@ impl Listener {
                 Err(_)
                     if first
                         && challenge.is_some()
+                        && skipped < SKIPPED_BEFORE_CHALLENGE
                         && frame.open(&key, &self.label, None).is_ok() =>
                 {
+                    skipped += 1;
                     continue;
                 }
                 Err(refused) => {
