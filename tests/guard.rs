@@ -803,7 +803,12 @@ fn a_sigkilled_keeper_takes_the_commands_group_with_it() {
 }
 
 /// Issue 28, reproduction 9: with the keeper stopped (SIGSTOP), a fault
-/// made `run` exit 3 as if it had stopped the command; it had not.
+/// made `run` exit 3 as if it had stopped the command; it had not. Then
+/// (an operator's finding) the command was stopped, but only once the
+/// stopped keeper had been given the grace and two seconds more: it ran
+/// on for 7 s after its run faulted. A stopped keeper is woken to do its
+/// work: the command gets its SIGTERM at the fault, and `run` (whose
+/// command leaves at SIGTERM) is done well within the grace (5 s).
 #[test]
 fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
     live_for(LIMIT, async {
@@ -816,13 +821,47 @@ fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
         kill(keeper, Signal::SIGSTOP).unwrap();
         cluster.kill(0);
         until_line(&mut lines, "run_faulted").await;
+        let faulted = std::time::Instant::now();
         let code = exit_code(&mut run).await;
+        let stopped_after = faulted.elapsed();
         let alive = killpg(group, None).is_ok();
         kill_group(group);
         let _ = kill(keeper, Signal::SIGKILL);
         let _ = kill(keeper, Signal::SIGCONT);
         assert!(!alive, "run exited {code:?} while its command still ran");
         assert_eq!(code, Some(3));
+        assert!(
+            stopped_after < Duration::from_secs(3),
+            "the command ran on {stopped_after:?} after its run faulted"
+        );
+    });
+}
+
+/// A command stopped (SIGSTOP to its group) when its run faults: SIGTERM
+/// stays pending on a stopped process, so the group waited out the grace
+/// for its SIGKILL. It is continued with its SIGTERM and gone at once.
+#[test]
+fn a_stopped_command_is_stopped_at_the_fault_not_a_grace_later() {
+    live_for(LIMIT, async {
+        let mut cluster = cluster(&plan(2, None)).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        killpg(group, Signal::SIGSTOP).unwrap();
+        cluster.kill(0);
+        until_line(&mut lines, "run_faulted").await;
+        let faulted = std::time::Instant::now();
+        let code = exit_code(&mut run).await;
+        let stopped_after = faulted.elapsed();
+        let alive = killpg(group, None).is_ok();
+        kill_group(group);
+        assert!(!alive, "run exited {code:?} while its command still ran");
+        assert_eq!(code, Some(3));
+        assert!(
+            stopped_after < Duration::from_secs(3),
+            "the stopped command went {stopped_after:?} after its run faulted"
+        );
     });
 }
 

@@ -170,9 +170,9 @@ impl Guarded {
             return self.stop_kept().await;
         };
         self.learn_group();
-        let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
+        tell_keeper(keeper);
         // The keeper is done within the grace (SIGKILL included); one that
-        // is not (stopped, hung) is killed, and the group with it.
+        // is not (hung) is killed, and the group with it.
         let bound = self.grace + Duration::from_secs(2);
         if tokio::time::timeout(bound, self.child.wait())
             .await
@@ -247,12 +247,20 @@ impl Drop for Guarded {
         // A keeper stops the group when told; without one, SIGKILL at
         // once (nothing can wait here).
         if let Some(keeper) = self.keeper.take() {
-            let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
+            tell_keeper(keeper);
         }
         if let Some(group) = self.group.take() {
             let _ = killpg(group, Signal::SIGKILL);
         }
     }
+}
+
+/// Tells the keeper to stop its command: SIGTERM, and SIGCONT so that a
+/// keeper someone stopped (SIGSTOP, a debugger let go) does it now rather
+/// than after the bound the guard gives it.
+fn tell_keeper(keeper: Pid) {
+    let _ = nix::sys::signal::kill(keeper, Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(keeper, Signal::SIGCONT);
 }
 
 /// A child's pid, as the group it leads.
@@ -283,6 +291,9 @@ async fn stop_group(
     let leader = leader(child);
     let mut signal = Signal::SIGTERM;
     let _ = killpg(group, signal);
+    // A stopped process of the group takes its SIGTERM now, not at the
+    // SIGKILL a grace later.
+    let _ = killpg(group, Signal::SIGCONT);
     let deadline = tokio::time::Instant::now() + grace;
     let mut killed = false;
     loop {
