@@ -182,6 +182,10 @@ enum Command {
         /// SIGTERM to SIGKILL, in milliseconds.
         #[arg(long)]
         grace_ms: u64,
+        /// Stop the command when the guard gives no sign (SIGUSR1) for
+        /// this long, in milliseconds.
+        #[arg(long)]
+        watchdog_ms: Option<u64>,
         /// The command.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -205,12 +209,14 @@ fn main() -> ExitCode {
     if let Some(Command::GuardExec {
         guard,
         grace_ms,
+        watchdog_ms,
         command,
     }) = &cli.command
     {
         // Before any logging: the command's stderr is the keeper's.
         let grace = std::time::Duration::from_millis(*grace_ms);
-        return match poolgate::live::guard::keep(*guard, grace, command) {
+        let watchdog = watchdog_ms.map(std::time::Duration::from_millis);
+        return match poolgate::live::guard::keep(*guard, grace, watchdog, command) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(e) => {
                 eprintln!("poolgate: {e}");

@@ -632,6 +632,81 @@ fn a_run_that_cannot_confirm_its_run_guarded_stops_its_command_and_exits_5() {
     });
 }
 
+/// An operator's finding: a `run` frozen (SIGSTOP) past its session had
+/// its run ended by the leader (its requester gone) while its command ran
+/// on until `run` was continued: nothing guarded it, and nothing could
+/// stop it. The keeper hears from `run` several times a second; with no
+/// sign for half of `[run] unguarded_after` it stops the command, before
+/// the session can expire and the leader end the run. `run`, continued,
+/// says so and exits 5.
+#[test]
+fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
+    need_etcd!();
+    let server = etcd::Etcd::start("frozen-run");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(2)).await;
+        let mut events = live.gate.subscribe();
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        // The leader ends the run once the frozen requester's session
+        // (2 s) has expired.
+        tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                match events.recv().await {
+                    Some(poolgate::core::Event::RunFinished { .. }) => return,
+                    Some(_) => continue,
+                    None => panic!("the gate stopped"),
+                }
+            }
+        })
+        .await
+        .expect("the leader ends the run of a requester gone for good");
+        let alive_at_the_end = killpg(group, None).is_ok();
+        kill(pid, Signal::SIGCONT).unwrap();
+        let code = exit_code(&mut run).await;
+        kill_group(group);
+        assert!(
+            !alive_at_the_end,
+            "the command still ran when the leader ended its run"
+        );
+        assert_eq!(code, Some(5), "a run whose command was stopped unguarded");
+        live.stop().await;
+        replica.resign();
+    });
+}
+
+/// The same for a lone `run` (its own gate guards the run): frozen, it
+/// guards nothing, and its keeper stops the command after half of
+/// `[run] unguarded_after` (2 s here) without a sign; continued, `run`
+/// ends its run and exits 5.
+#[test]
+fn a_frozen_lone_run_has_its_command_stopped_and_exits_5() {
+    live_for(LIMIT, async {
+        let mut plan = plan(2, None);
+        plan.base.run.unguarded_after = Duration::from_secs(2);
+        let cluster = cluster(&plan).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        let gone = group_gone(group).await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        let finished = until_line(&mut lines, "run_finished").await;
+        let code = exit_code(&mut run).await;
+        kill_group(group);
+        assert!(gone, "the command of a frozen run ran on");
+        assert_eq!(code, Some(5), "{finished}");
+    });
+}
+
 /// Issue 28, reproduction 2: a `run` paused for 4 s (SIGSTOP) lost its
 /// 2 s session; the run's outcome went with it, and a fault afterwards
 /// never stopped the command. The session now rides through such a

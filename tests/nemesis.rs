@@ -39,7 +39,7 @@
 //! never stored, an end told twice or two outcomes, an end told but not
 //! stored, a requester whose run was committed never exiting, printing
 //! twice, exiting 3 without run_faulted, its command outliving it by 15 s
-//! or a told fault by `unguarded_after` + the stop grace; (4) a command
+//! or a told end by `unguarded_after` + the stop grace, paused or not; (4) a command
 //! running when its `run` exited by itself. It lists (5) `run_faulted`
 //! naming a node no fault had harmed, and notes takeovers slower than the
 //! lease + 1 s, new terms after etcd faults alone, requesters that held
@@ -1545,23 +1545,22 @@ fn check(e: &Evidence<'_>) -> Verdict {
                 }
             }
         }
-        // A run a replica told faulted has its command stopped within
-        // unguarded_after + the stop grace (+3 s), plus any time the
-        // requester was paused (docs/failover.md §3).
+        // A run a replica told ended (faulted, or ended for a requester
+        // gone) has its command stopped within unguarded_after + the stop
+        // grace (+3 s), whatever became of its requester: a paused `run`'s
+        // keeper stops the command after half of unguarded_after without
+        // a sign (docs/failover.md §3).
         for c in &committed {
             let Some(run) = c.json["run"].as_str() else {
                 continue;
             };
-            let fault = ends_by_replicas
-                .get(run)
-                .and_then(|ends| ends.iter().find(|x| x.event == "run_faulted"));
-            if let (Some(fault), Some(command)) = (fault, life.command) {
-                let paused: u64 = life.stops.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
-                let bound = fault.wall + (UNGUARDED_S + STOP_GRACE_S + 3) * 1000 + paused;
+            let end = ends_by_replicas.get(run).and_then(|ends| ends.first());
+            if let (Some(fault), Some(command)) = (end, life.command) {
+                let bound = fault.wall + (UNGUARDED_S + STOP_GRACE_S + 3) * 1000;
                 let gone = life.command_gone.unwrap_or(u64::MAX);
                 if gone > bound {
                     violations.push(format!(
-                        "(3) {said}: run {run} told faulted at {} ({}: {}) but its command (pid {}) ran until {}",
+                        "(3) {said}: run {run} told ended at {} ({}: {}) but its command (pid {}) ran until {}",
                         t(fault.wall),
                         fault.who,
                         fault.text,

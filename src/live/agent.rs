@@ -604,7 +604,8 @@ async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
     let Some(program) = argv.first() else {
         return Err("empty health check".into());
     };
-    let mut child = match guard::Guarded::spawn(argv, guard::Streams::StderrOnly, CHECK_GRACE) {
+    let mut child = match guard::Guarded::spawn(argv, guard::Streams::StderrOnly, CHECK_GRACE, None)
+    {
         Ok(child) => child,
         Err(e) => return Err(format!("health check `{program}` cannot run: {e}")),
     };

@@ -26,6 +26,14 @@
 //! way [`Guarded::wait`] and [`Guarded::stop`] return only once no process
 //! of the group is left (or say which is).
 //!
+//! A guard can also be frozen (SIGSTOP, a hung runtime) while its keeper
+//! runs on: then nobody could stop the command when its run ends. With a
+//! watchdog ([`Guarded::spawn`]'s `watchdog`), the guard signals its
+//! keeper several times a bound (SIGUSR1), and a keeper that hears
+//! nothing for the bound stops the command's group and dies by SIGUSR2,
+//! which the guard reads as "stopped for want of its guard"
+//! ([`gave_up`]).
+//!
 //! Without a keeper (an embedder that did not call [`set_keeper`]), the
 //! command still runs in its own group and is stopped as a group, but it
 //! outlives a guard that is killed outright.
@@ -71,6 +79,8 @@ pub struct Guarded {
     /// once seen.
     kept: Option<Pid>,
     grace: Duration,
+    /// Signals the keeper while this guard runs (with a watchdog).
+    beating: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// How often the keeper's child is looked for until it is seen.
@@ -78,8 +88,16 @@ const LEARN_EVERY: Duration = Duration::from_millis(10);
 
 impl Guarded {
     /// Starts `argv` in a process group of its own; `grace` is how long
-    /// SIGTERM has before SIGKILL.
-    pub fn spawn(argv: &[String], streams: Streams, grace: Duration) -> std::io::Result<Guarded> {
+    /// SIGTERM has before SIGKILL. With `watchdog` (and a keeper), the
+    /// keeper stops the command when this guard gives no sign for that
+    /// long (it is stopped, or its runtime hangs); the guard's runtime
+    /// signals it five times per `watchdog`.
+    pub fn spawn(
+        argv: &[String],
+        streams: Streams,
+        grace: Duration,
+        watchdog: Option<Duration>,
+    ) -> std::io::Result<Guarded> {
         let Some((program, args)) = argv.split_first() else {
             return Err(std::io::Error::other("no command given"));
         };
@@ -96,9 +114,13 @@ impl Guarded {
                     .arg("--guard")
                     .arg(std::process::id().to_string())
                     .arg("--grace-ms")
-                    .arg(grace.as_millis().to_string())
-                    .arg("--")
-                    .args(argv);
+                    .arg(grace.as_millis().to_string());
+                if let Some(watchdog) = watchdog {
+                    command
+                        .arg("--watchdog-ms")
+                        .arg(watchdog.as_millis().max(1).to_string());
+                }
+                command.arg("--").args(argv);
                 command
             }
             None => {
@@ -120,12 +142,17 @@ impl Guarded {
             Some(_) => (None, leader(&child)),
             None => (leader(&child), None),
         };
+        let beating = match (keeper, watchdog) {
+            (Some(keeper), Some(watchdog)) => Some(tokio::spawn(beat(keeper, watchdog / 5))),
+            _ => None,
+        };
         Ok(Guarded {
             child,
             keeper,
             group,
             kept: None,
             grace,
+            beating,
         })
     }
 
@@ -150,6 +177,7 @@ impl Guarded {
             }
         };
         self.keeper = None;
+        self.stop_beating();
         if let Some(group) = self.group.take() {
             stop_group(group, self.grace, &mut self.child, Some(status), false).await;
         }
@@ -169,6 +197,7 @@ impl Guarded {
         let Some(keeper) = self.keeper.take() else {
             return self.stop_kept().await;
         };
+        self.stop_beating();
         self.learn_group();
         tell_keeper(keeper);
         // The keeper is done within the grace (SIGKILL included); one that
@@ -182,6 +211,14 @@ impl Guarded {
             let _ = self.child.kill().await;
         }
         self.stop_kept().await
+    }
+
+    /// No more signs to the keeper (it is told to stop, or gone: its pid
+    /// is not signalled once reaped).
+    fn stop_beating(&mut self) {
+        if let Some(beating) = self.beating.take() {
+            beating.abort();
+        }
     }
 
     /// Notes the command's group: the keeper's child (itself a group
@@ -246,6 +283,7 @@ impl Drop for Guarded {
     fn drop(&mut self) {
         // A keeper stops the group when told; without one, SIGKILL at
         // once (nothing can wait here).
+        self.stop_beating();
         if let Some(keeper) = self.keeper.take() {
             tell_keeper(keeper);
         }
@@ -253,6 +291,27 @@ impl Drop for Guarded {
             let _ = killpg(group, Signal::SIGKILL);
         }
     }
+}
+
+/// Signs of life to `keeper`, one every `every`, once it is ready for
+/// them: it has started the command, so its handler is in place (before,
+/// SIGUSR1 would end it).
+async fn beat(keeper: Pid, every: Duration) {
+    let every = every.max(Duration::from_millis(10));
+    while children_of(keeper.as_raw().unsigned_abs(), None).is_empty() {
+        tokio::time::sleep(LEARN_EVERY).await;
+    }
+    loop {
+        let _ = nix::sys::signal::kill(keeper, Signal::SIGUSR1);
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Whether a keeper ended as one with a watchdog does when its guard gave
+/// no sign for the bound: it stopped the command and died by SIGUSR2.
+pub fn gave_up(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(Signal::SIGUSR2 as i32)
 }
 
 /// Tells the keeper to stop its command: SIGTERM, and SIGCONT so that a
@@ -384,11 +443,18 @@ pub enum KeeperError {
     Io(#[from] std::io::Error),
 }
 
-/// The keeper (`poolgate guard-exec --guard PID --grace-ms MS -- argv`):
-/// runs `argv` in a group of its own and stops that group when the guard
-/// (`guard`, its parent) dies, when told to, or after the command exits.
+/// The keeper (`poolgate guard-exec --guard PID --grace-ms MS
+/// [--watchdog-ms MS] -- argv`): runs `argv` in a group of its own and
+/// stops that group when the guard (`guard`, its parent) dies, when told
+/// to, after the command exits, or (with `watchdog`) when the guard gave
+/// no sign (SIGUSR1) for that long; then it dies by SIGUSR2 ([`gave_up`]).
 /// Returns the command's exit code.
-pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperError> {
+pub fn keep(
+    guard: u32,
+    grace: Duration,
+    watchdog: Option<Duration>,
+    argv: &[String],
+) -> Result<i32, KeeperError> {
     let Some((program, args)) = argv.split_first() else {
         return Err(KeeperError::Spawn {
             program: String::new(),
@@ -407,6 +473,10 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
         // SIGHUP means "read your keys again" to every poolgate process
         // (`pkill -HUP poolgate`): caught, and ignored here.
         let mut hangup = signal(SignalKind::hangup())?;
+        let mut signs = match watchdog {
+            Some(_) => Some(signal(SignalKind::user_defined1())?),
+            None => None,
+        };
         nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
         // The command's orphans become this process's children, so none
         // escapes the stop by leaving the group (`setsid`).
@@ -424,13 +494,31 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
                 source,
             })?;
         let group = leader(&child);
+        let bound = watchdog.unwrap_or(Duration::MAX / 4);
+        let silence = tokio::time::sleep(bound);
+        tokio::pin!(silence);
+        let mut gave_up = false;
         let status = loop {
             tokio::select! {
+                // A sign waiting is taken before the silence is judged (a
+                // keeper that was itself starved wakes to both).
+                biased;
+                Some(()) = async { signs.as_mut()?.recv().await }, if signs.is_some() => {
+                    silence.as_mut().reset(tokio::time::Instant::now() + bound);
+                }
                 status = child.wait() => break Some(status?),
                 _ = terminate.recv() => break None,
                 _ = interrupt.recv() => break None,
                 _ = quit.recv() => break None,
                 _ = hangup.recv() => continue,
+                _ = &mut silence, if watchdog.is_some() => {
+                    eprintln!(
+                        "poolgate guard-exec: no sign from its guard (pid {guard}) for {}: it is stopped or hung, so nothing would stop the command when its run ends; stopping it",
+                        humantime::format_duration(bound)
+                    );
+                    gave_up = true;
+                    break None;
+                }
             }
         };
         // Exited, the guard gone, or told: the group goes (what the
@@ -443,6 +531,11 @@ pub fn keep(guard: u32, grace: Duration, argv: &[String]) -> Result<i32, KeeperE
             Some(status) => status,
             None => child.wait().await?,
         };
+        if gave_up {
+            // SIGUSR2 has its default action here (never handled): the
+            // guard reads this death as the watchdog's.
+            let _ = nix::sys::signal::raise(Signal::SIGUSR2);
+        }
         Ok(code(status))
     })
 }

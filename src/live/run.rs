@@ -69,7 +69,18 @@ pub async fn run(
         Ok(run) => run,
         Err(code) => return Ok(code),
     };
-    let spawned = super::guard::Guarded::spawn(command, super::guard::Streams::Inherit, STOP_GRACE);
+    // This process frozen (SIGSTOP, a hung runtime) cannot stop the
+    // command when the run ends: its keeper does, after half of
+    // `unguarded_after` without a sign, before the requester's session
+    // (that long, renewed every third of it) can expire and the leader
+    // end the run (docs/failover.md §3).
+    let watchdog = config.run.unguarded_after / 2;
+    let spawned = super::guard::Guarded::spawn(
+        command,
+        super::guard::Streams::Inherit,
+        STOP_GRACE,
+        Some(watchdog),
+    );
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -87,8 +98,12 @@ pub async fn run(
         tokio::select! {
             status = child.wait() => {
                 let status = status?;
+                let gave_up = super::guard::gave_up(status);
+                if gave_up {
+                    eprintln!("poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", humantime::format_duration(watchdog));
+                }
                 keeper.end(&run).await?;
-                return Ok(super::guard::code(status));
+                return Ok(if gave_up { EXIT_UNGUARDED } else { super::guard::code(status) });
             }
             ended = keeper.guard(&run) => {
                 let Some(ended) = ended? else { continue };
