@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use super::generation::{unix_ms, GenerationFile, Sequences};
 use super::guard;
 use super::keys::NodeKey;
-use super::orchestrator::keyring;
+use super::swim::keyring;
 use super::swim::member::{Join, Leave, MemberCount, SetKeyring};
 use super::swim::SwimMember;
 use super::throttle::{Throttle, LOG_EVERY};
@@ -312,7 +312,7 @@ async fn announce(
                     tracing::warn!(node = %to.node, orchestrator = %addr, why, held, "orchestrator accepted no frame");
                 }
             }
-            (addr, Session::Refused { code, .. }) if code == super::replica::NOT_LEADER => {
+            (addr, Session::Refused { code, .. }) if code == wire::NOT_LEADER => {
                 // A follower replica (design §12): the leader is another of
                 // the listed addresses; tried next, at once while some are
                 // left to try this round (a pause once all refused).
@@ -742,7 +742,7 @@ mod tests {
         rotation.ended(
             follower,
             &Session::Refused {
-                code: crate::live::replica::NOT_LEADER.into(),
+                code: wire::NOT_LEADER.into(),
                 detail: "not the leader".into(),
             },
         );

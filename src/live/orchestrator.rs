@@ -33,14 +33,15 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::generation::{unix_ms, GenerationFile};
-use super::keys::{ClusterKey, PublicKey};
+use super::keys::PublicKey;
 use super::nodes::{Kept, Nodes};
 use super::status;
+use super::swim::keyring;
 use super::swim::member::{boot_generation, Join, SetKeyring};
 use super::swim::tracker::SwimFact;
 use super::swim::SwimMember;
 use super::throttle::{Throttles, LOG_EVERY};
-use super::wire::{self, Announcement, Keyring, ReadError, Refused, Reply};
+use super::wire::{self, Announcement, ReadError, Refused, Reply};
 use super::LiveError;
 use crate::config::endpoint::lookup_all;
 use crate::config::{Config, SwimConfig};
@@ -122,23 +123,6 @@ fn pinned(registry: &Registry, node: &NodeId) -> Option<PublicKey> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .get(node)
         .copied()
-}
-
-/// Loads the gossip keyring of `[swim]`: its keys, or none when
-/// `insecure = true`; with neither, refuses to start (design §8).
-pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
-    if swim.cluster_keys.is_empty() && swim.cluster_key_material.is_empty() {
-        if !swim.insecure {
-            return Err(LiveError::NoClusterKeys);
-        }
-        tracing::warn!("insecure = true: SWIM gossip is neither sealed nor authenticated");
-        return Ok(Keyring::new(&[], &swim.label));
-    }
-    let mut keys = swim.cluster_key_material.clone();
-    for path in &swim.cluster_keys {
-        keys.push(ClusterKey::load(path)?);
-    }
-    Ok(Keyring::new(&keys, &swim.label))
 }
 
 impl Orchestrator {

@@ -922,11 +922,8 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role
         None => "not the leader; no replica leads right now".to_string(),
     };
     let reply = super::wire::encode_reply(&super::wire::Reply::Refused {
-        code: NOT_LEADER.to_string(),
+        code: super::wire::NOT_LEADER.to_string(),
         detail,
     });
     let _ = tokio::time::timeout(super::orchestrator::FIRST_FRAME, stream.write_all(&reply)).await;
 }
-
-/// The refusal code of a follower.
-pub const NOT_LEADER: &str = "not_leader";

@@ -180,6 +180,10 @@ pub struct Frame {
     sig: [u8; 64],
 }
 
+/// The refusal code of a replica that does not lead (an agent tries the
+/// next address).
+pub const NOT_LEADER: &str = "not_leader";
+
 /// Why a frame was refused. Never holds key or identity bytes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refused {

@@ -30,3 +30,25 @@ pub mod watch;
 pub use identity::SwimIdentity;
 pub use member::{SwimMember, SwimSettings};
 pub use tracker::MembershipTracker;
+
+use crate::config::SwimConfig;
+use crate::keys::ClusterKey;
+use crate::live::wire::Keyring;
+use crate::live::LiveError;
+
+/// Loads the gossip keyring of `[swim]`: its keys, or none when
+/// `insecure = true`; with neither, refuses to start (design §8).
+pub fn keyring(swim: &SwimConfig) -> Result<Keyring, LiveError> {
+    if swim.cluster_keys.is_empty() && swim.cluster_key_material.is_empty() {
+        if !swim.insecure {
+            return Err(LiveError::NoClusterKeys);
+        }
+        tracing::warn!("insecure = true: SWIM gossip is neither sealed nor authenticated");
+        return Ok(Keyring::new(&[], &swim.label));
+    }
+    let mut keys = swim.cluster_key_material.clone();
+    for path in &swim.cluster_keys {
+        keys.push(ClusterKey::load(path)?);
+    }
+    Ok(Keyring::new(&keys, &swim.label))
+}
