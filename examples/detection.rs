@@ -14,8 +14,8 @@
 
 use std::time::{Duration, Instant};
 
+use poolgate::cli::cluster::{ClusterPlan, LocalCluster};
 use poolgate::core::{Event, RunId};
-use poolgate::live::cluster::{ClusterPlan, LocalCluster};
 use poolgate::Config;
 use rand::RngExt;
 

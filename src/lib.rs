@@ -64,7 +64,7 @@
 //!   [`live::Orchestrator`] and its replicas ([`live::replica`]); the
 //!   SWIM adapter (`live::swim`: foca and actix types, public for the
 //!   command line and the simulator, hidden from the docs) and the demo
-//!   (`live::demo`).
+//!   (`cli::demo`).
 //! - The simulator, thousands of SWIM members in virtual time feeding the
 //!   real gate, is a crate of its own that is not published (`sim/`,
 //!   `poolgate-sim`: `examples/swim_sim.rs`, `tests/simulation.rs`).
@@ -82,9 +82,9 @@
 //! - `redb` (default): `[state] path`, the durable state in one file.
 //!   `[state] etcd` needs no feature.
 //! - `cli` (default, with `live`, `redb` and `replay`): the `poolgate`
-//!   binary and what only it needs: the node agent (`live::agent`),
-//!   `watch`/`run` (`live::commands`) and the guarded command
-//!   (`live::guard`), the demo and the local cluster; it brings clap,
+//!   binary and what only it needs: the node agent (`cli::node`),
+//!   `watch`/`run` (`cli::commands`) and the guarded command
+//!   (`cli::guard`), the demo and the local cluster; it brings clap,
 //!   tracing-subscriber, the Prometheus exporter, nix and tokio's
 //!   `process` and `signal`.
 //! - `replay` (part of `cli`): `replay::run` and friends, the gate on a
@@ -101,6 +101,8 @@
 // those links have nothing to point at.
 #![cfg_attr(not(feature = "cli"), allow(rustdoc::broken_intra_doc_links))]
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod config;
 pub mod etcd;
 #[cfg(feature = "live")]

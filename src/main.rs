@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use poolgate::cli::commands::{self, Output, WatchEnd};
+use poolgate::cli::{demo, node};
 use poolgate::core::NodeId;
-use poolgate::live::commands::{self, Output, WatchEnd};
 use poolgate::live::keys::{ClusterKey, NodeKey};
-use poolgate::live::{agent, demo, LiveError};
+use poolgate::live::LiveError;
 use poolgate::replay::{self, ReplayOptions};
 use poolgate::{Config, NodeConfig};
 
@@ -216,7 +217,7 @@ fn main() -> ExitCode {
         // Before any logging: the command's stderr is the keeper's.
         let grace = std::time::Duration::from_millis(*grace_ms);
         let watchdog = watchdog_ms.map(std::time::Duration::from_millis);
-        return match poolgate::live::guard::keep(*guard, grace, watchdog, command) {
+        return match poolgate::cli::guard::keep(*guard, grace, watchdog, command) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(e) => {
                 eprintln!("poolgate: {e}");
@@ -225,7 +226,7 @@ fn main() -> ExitCode {
         };
     }
     if let Ok(me) = std::env::current_exe() {
-        poolgate::live::guard::set_keeper(me);
+        poolgate::cli::guard::set_keeper(me);
     }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
@@ -286,7 +287,7 @@ fn main() -> ExitCode {
         Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
         Command::Node { config: path } => NodeConfig::load(&path)
             .map_err(|e| e.to_string())
-            .and_then(|config| live_system(agent::run(config, &path)).map(|()| 0)),
+            .and_then(|config| live_system(node::run(config, &path)).map(|()| 0)),
         Command::Watch {
             config,
             json,
@@ -370,7 +371,7 @@ fn main() -> ExitCode {
                     resume,
                     timeout,
                 };
-                poolgate::live::run::run(
+                poolgate::cli::run::run(
                     &loaded,
                     &config,
                     request,

@@ -19,7 +19,7 @@ use common::live::live_for;
 use common::procs::{sleeping, until_sleeping};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use poolgate::live::cluster::{ClusterPlan, LocalCluster};
+use poolgate::cli::cluster::{ClusterPlan, LocalCluster};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BASE: &str = r#"

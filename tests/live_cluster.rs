@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::live::{live_for, ready, until};
 use common::node;
 use nix::sys::signal::Signal;
+use poolgate::cli::cluster::{ClusterPlan, LocalCluster};
 use poolgate::core::{Epoch, Event, Reason, RunId};
-use poolgate::live::cluster::{ClusterPlan, LocalCluster};
 use poolgate::{EventStream, Gate};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

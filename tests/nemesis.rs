@@ -67,7 +67,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use poolgate::live::cluster::LocalCluster;
+use poolgate::cli::cluster::LocalCluster;
 use serde_json::{json, Value};
 
 /// The schedule of a run without `NEMESIS_SEED`: CI repeats it.

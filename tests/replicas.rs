@@ -628,14 +628,14 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
 /// replica config for it on `server` (the 2 s lease).
 async fn one_node_cluster_on(
     server: &etcd::Etcd,
-) -> (poolgate::live::cluster::LocalCluster, Config) {
+) -> (poolgate::cli::cluster::LocalCluster, Config) {
     let mut plan = common::live::plan(
         "[pool]\nid = \"pool-w\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"100ms\"\n\
          [swim]\nlabel = \"warm\"\nprobe_period = \"200ms\"\nprobe_rtt = \"60ms\"\n",
         1,
     );
     plan.external_orchestrator = true;
-    let cluster = poolgate::live::cluster::LocalCluster::prepare(&plan)
+    let cluster = poolgate::cli::cluster::LocalCluster::prepare(&plan)
         .await
         .unwrap();
     let mut config = cluster.config.clone();
@@ -650,7 +650,7 @@ async fn one_node_cluster_on(
 /// seed; node-1 reaches either replica's listener.
 async fn two_replicas_one_node(
     server: &etcd::Etcd,
-) -> (poolgate::live::cluster::LocalCluster, Config, Config) {
+) -> (poolgate::cli::cluster::LocalCluster, Config, Config) {
     let (cluster, first) = one_node_cluster_on(server).await;
     let mut second = first.clone();
     let free = || {
@@ -761,7 +761,7 @@ fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
         .await
         .expect("committed");
         drop(session);
-        let code = poolgate::live::commands::end_run(&config, &ghost)
+        let code = poolgate::cli::commands::end_run(&config, &ghost)
             .await
             .unwrap();
         assert_eq!(live.gate.report().await.unwrap().run, None, "ended");

@@ -1,33 +1,24 @@
-//! The live cluster (design §7–§8): node agents on other machines, the
-//! orchestrator's side that hears them, and the demo.
+//! The live cluster (design §7–§8, §12): the orchestrator's side that
+//! hears the node agents on other machines, embeddable. The command line
+//! (the node agent, `watch`, `run`, the demo) is [`crate::cli`].
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
-//! - `agent`: `poolgate node`, the daemon on every candidate node.
+//! - `nodes`: what the orchestrator remembers per node (sequences, signed
+//!   SWIM address, leaving).
+//! - [`status`]: the answer to `poolgate status`.
+//! - [`replica`], [`requests`]: replicas on etcd, and the runs asked of
+//!   whichever leads (design §12).
 //! - `swim`: foca over UDP, turned into the gate's membership input
 //!   (foca's and actix's types: public for the command line and the
 //!   simulator, hidden from the docs; an embedder reaches SWIM through
 //!   [`Orchestrator`]).
+//! - [`wire`]: agent frames (signed) and gossip datagrams (sealed);
+//!   [`generation`]: a node's generations and sequences across restarts.
 //! - [`keys`]: signing keys, cluster keys, pinned public keys (the crate's
 //!   [`crate::keys`], here too).
-//! - [`wire`]: agent frames (signed) and gossip datagrams (sealed).
-//! - `nodes`: what the orchestrator remembers per node (sequences, signed
-//!   SWIM address, leaving).
-//! - `demo`: `cargo run`, the live story from forming to a fault.
 
-#[cfg(feature = "cli")]
-pub mod agent;
-#[cfg(feature = "cli")]
-pub mod cluster;
-#[cfg(feature = "cli")]
-pub mod commands;
-#[cfg(feature = "cli")]
-pub mod demo;
 pub use crate::config::endpoint;
 pub mod generation;
-#[cfg(feature = "cli")]
-pub mod guard;
-#[cfg(feature = "cli")]
-pub mod run;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;

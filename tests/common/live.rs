@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use poolgate::cli::cluster::ClusterPlan;
 use poolgate::core::{Epoch, Event};
-use poolgate::live::cluster::ClusterPlan;
 use poolgate::{Config, EventStream};
 
 /// A cluster of `nodes` node processes of the built binary, with the

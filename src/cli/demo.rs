@@ -17,8 +17,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
+use crate::cli::cluster::{ClusterPlan, LocalCluster};
 use crate::config::Config;
-use crate::live::cluster::{ClusterPlan, LocalCluster};
 use crate::live::LiveError;
 use crate::replay::{explain, render};
 

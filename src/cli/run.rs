@@ -15,8 +15,8 @@ use super::commands::{
     stop_command, stop_signal, told_end, warn_without_state, whole_millis, AbortOnDrop, Leadership,
     Output, Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
 };
-use super::{LiveError, Orchestrator};
 use crate::config::Config;
+use crate::live::{LiveError, Orchestrator};
 
 /// `poolgate run`: waits for `PoolReady`, plans and commits over the
 /// required nodes (or takes over a restored run, `--resume`), runs
@@ -159,9 +159,9 @@ struct AloneKeeper {
 }
 
 struct ReplicatedKeeper {
-    requests: super::requests::Requests,
-    /// The request's etcd session (see [`super::requests::Session`]).
-    session: Option<super::requests::Session>,
+    requests: crate::live::requests::Requests,
+    /// The request's etcd session (see [`crate::live::requests::Session`]).
+    session: Option<crate::live::requests::Session>,
     printer: Printer,
     unguarded_after: Duration,
     /// When the run was last confirmed guarded.
@@ -201,7 +201,7 @@ impl Keeper {
         // and would hold it for a lease with nobody leading: it does not
         // campaign, it only asks.
         let (requests, reloading, leading) = if sockets_free(config) {
-            let mut replica = super::replica::Replica::start(config)?;
+            let mut replica = crate::live::replica::Replica::start(config)?;
             replica.warm_up().await?;
             let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
             let requests = replica.requests();
@@ -209,7 +209,7 @@ impl Keeper {
             (requests, Some(reloading), Some(AbortOnDrop(leading)))
         } else {
             tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
-            (super::replica::requests_of(config)?, None, None)
+            (crate::live::replica::requests_of(config)?, None, None)
         };
         Ok(Keeper::Replicated(Box::new(ReplicatedKeeper {
             requests,
@@ -273,7 +273,7 @@ impl Keeper {
 
 /// A replica's campaign for `run`: leads when it can (recording each term
 /// into `record`, `record.n` after the first), follows when it cannot.
-async fn campaign(replica: super::replica::Replica, record: Option<std::path::PathBuf>) {
+async fn campaign(replica: crate::live::replica::Replica, record: Option<std::path::PathBuf>) {
     let mut leadership = Leadership::Replica(Box::new(replica));
     loop {
         match leadership.lead(record.as_deref()).await {
@@ -387,12 +387,12 @@ impl ReplicatedKeeper {
             .ask(&run, required, config.run.unguarded_after)
             .await
             .map_err(failed)?;
-        let mut said = super::throttle::Throttle::new(super::throttle::LOG_EVERY);
+        let mut said = crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY);
         let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
         tokio::pin!(limit);
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(super::requests::LOOK_EVERY) => {
+                _ = tokio::time::sleep(crate::live::requests::LOOK_EVERY) => {
                     match requests.outcome(&run).await {
                         Ok(Some(outcome)) if outcome.status == "committed" => {
                             self.printer.print_told(outcome.event);
@@ -467,8 +467,10 @@ impl ReplicatedKeeper {
         // Read `committed`, but the run may have ended since (this process
         // was paused): the command starts only on a run the state still
         // holds.
-        if let Ok(super::requests::RunStanding::NotHeld | super::requests::RunStanding::Ended(_)) =
-            requests.standing(&run).await
+        if let Ok(
+            crate::live::requests::RunStanding::NotHeld
+            | crate::live::requests::RunStanding::Ended(_),
+        ) = requests.standing(&run).await
         {
             let code = match told_end(&requests, &run).await {
                 Some(outcome) if outcome.status == "faulted" => {
@@ -490,8 +492,8 @@ impl ReplicatedKeeper {
     }
 
     async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
-        use super::requests::RunStanding;
-        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        use crate::live::requests::RunStanding;
+        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
         let requests = &self.requests;
         match requests.standing(run).await {
             Ok(RunStanding::Guarded) => self.confirmed = tokio::time::Instant::now(),
@@ -566,7 +568,7 @@ impl ReplicatedKeeper {
                     tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
                     return;
                 }
-                Err(_) => tokio::time::sleep(super::requests::LOOK_EVERY).await,
+                Err(_) => tokio::time::sleep(crate::live::requests::LOOK_EVERY).await,
             }
         }
         let deadline = tokio::time::Instant::now() + END_WAIT;
@@ -577,7 +579,7 @@ impl ReplicatedKeeper {
                     break;
                 }
             }
-            tokio::time::sleep(super::requests::LOOK_EVERY).await;
+            tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
         }
         let _ = requests.forget(run).await;
     }

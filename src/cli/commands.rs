@@ -13,8 +13,8 @@ use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, Gate, GateError};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{LiveError, Orchestrator};
 use crate::config::Config;
+use crate::live::{LiveError, Orchestrator};
 use crate::replay::explain::Explainer;
 use crate::replay::{render, ReplayEvent};
 
@@ -275,7 +275,7 @@ pub async fn watch(
 /// when it wins the lease, and follows again when it loses it).
 pub(super) enum Leadership<'a> {
     Alone { config: &'a Config, led: bool },
-    Replica(Box<super::replica::Replica>),
+    Replica(Box<crate::live::replica::Replica>),
 }
 
 impl<'a> Leadership<'a> {
@@ -286,7 +286,7 @@ impl<'a> Leadership<'a> {
             warn_without_state(config);
             return Ok(Leadership::Alone { config, led: false });
         }
-        let mut replica = super::replica::Replica::start(config)?;
+        let mut replica = crate::live::replica::Replica::start(config)?;
         replica.warm_up().await?;
         Ok(Leadership::Replica(Box::new(replica)))
     }
@@ -354,7 +354,7 @@ impl<'a> Leadership<'a> {
         match self {
             Leadership::Alone { .. } => "this orchestrator".to_string(),
             Leadership::Replica(replica) => match &*replica.role().borrow() {
-                super::replica::Role::Following(Some(l)) => l.to_string(),
+                crate::live::replica::Role::Following(Some(l)) => l.to_string(),
                 _ => "none right now".to_string(),
             },
         }
@@ -512,16 +512,16 @@ pub const EXIT_UNGUARDED: i32 = 5;
 /// What became of `run`, read for up to a second (the leader writes it
 /// right after the state that ended it).
 pub(super) async fn told_end(
-    requests: &super::requests::Requests,
+    requests: &crate::live::requests::Requests,
     run: &RunId,
-) -> Option<super::requests::Outcome> {
+) -> Option<crate::live::requests::Outcome> {
     for _ in 0..10 {
         if let Ok(Some(outcome)) = requests.outcome(run).await {
             if outcome.status != "committed" {
                 return Some(outcome);
             }
         }
-        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
     }
     None
 }
@@ -540,10 +540,10 @@ pub const END_WAIT: Duration = Duration::from_secs(10);
 async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
     let failed =
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
-    let requests = super::replica::requests_of(config)?;
+    let requests = crate::live::replica::requests_of(config)?;
     // A run whose requester is gone has no outcome to read: what is
     // stored says whether it ended.
-    let active = |requests: super::requests::Requests| async move {
+    let active = |requests: crate::live::requests::Requests| async move {
         requests.active_run().await.map_err(failed)
     };
     let was_active = active(requests.clone()).await?.as_ref() == Some(run);
@@ -551,7 +551,7 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
     let deadline = tokio::time::Instant::now() + END_WAIT;
     let mut taken = false;
     while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(super::requests::LOOK_EVERY).await;
+        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
         let outcome = requests.outcome(run).await.map_err(failed)?;
         // Finished on this request, or ended already by the leader (its
         // requester gone for good).
@@ -701,7 +701,7 @@ pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
 /// (`hangup`), for as long as the returned guard lives; without a member
 /// (a replica whose term starts its own) the signal is only taken.
 pub(super) fn reload_on_hangup(
-    keys: Option<super::orchestrator::SwimKeys>,
+    keys: Option<crate::live::orchestrator::SwimKeys>,
     path: &Path,
     mut hangup: tokio::signal::unix::Signal,
 ) -> AbortOnDrop {

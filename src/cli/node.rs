@@ -32,17 +32,17 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use super::generation::{unix_ms, GenerationFile, Sequences};
 use super::guard;
-use super::keys::NodeKey;
-use super::swim::keyring;
-use super::swim::member::{Join, Leave, MemberCount, SetKeyring};
-use super::swim::SwimMember;
-use super::throttle::{Throttle, LOG_EVERY};
-use super::wire::{self, Announcement, Reply};
-use super::LiveError;
 use crate::config::endpoint::{lookup_all, Endpoint};
 use crate::config::{NodeConfig, HEARTBEATS_MISSED};
+use crate::live::generation::{unix_ms, GenerationFile, Sequences};
+use crate::live::keys::NodeKey;
+use crate::live::swim::keyring;
+use crate::live::swim::member::{Join, Leave, MemberCount, SetKeyring};
+use crate::live::swim::SwimMember;
+use crate::live::throttle::{Throttle, LOG_EVERY};
+use crate::live::wire::{self, Announcement, Reply};
+use crate::live::LiveError;
 use poolgate_actors::core::MAX_IDENTITY_BYTES;
 
 /// How long a leaving node waits for its last frame and its SWIM leave to
@@ -88,7 +88,7 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
     // The identity the node signs follows foca's renewals (a node declared
     // down rejoins under generation + 1).
     let (own, mut renewed) = watch::channel(generation);
-    swim.do_send(super::swim::member::WatchGeneration(own));
+    swim.do_send(crate::live::swim::member::WatchGeneration(own));
     {
         let state = Arc::clone(&state);
         actix::spawn(async move {

@@ -15,9 +15,9 @@ use poolgate_actors::GateError;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use super::keys::{ClusterKey, NodeKey, PublicKey};
-use super::{LiveError, Orchestrator};
 use crate::config::Config;
+use crate::live::keys::{ClusterKey, NodeKey, PublicKey};
+use crate::live::{LiveError, Orchestrator};
 
 /// What to start.
 #[derive(Debug, Clone)]

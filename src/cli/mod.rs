@@ -1,0 +1,17 @@
+//! The `poolgate` command line and what only it needs (the `cli`
+//! feature): the node agent, `watch` and `run`, the guarded command, the
+//! demo and the local cluster it runs on.
+//!
+//! - [`node`]: `poolgate node`, the daemon on every candidate node.
+//! - [`commands`]: `poolgate watch` and what `watch` and `run` share.
+//! - [`run`]: `poolgate run`, one path alone or among replicas.
+//! - [`guard`]: commands that die with their guard (the keeper).
+//! - [`demo`]: `cargo run`, the live story from forming to a fault.
+//! - [`cluster`]: a whole cluster on 127.0.0.1 (the demo's, the tests').
+
+pub mod cluster;
+pub mod commands;
+pub mod demo;
+pub mod guard;
+pub mod node;
+pub mod run;
