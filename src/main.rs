@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use poolgate::cli::commands::{self, Output, WatchEnd};
-use poolgate::cli::{demo, node};
+use poolgate::cli::{demo, health, node};
 use poolgate::core::NodeId;
 use poolgate::live::keys::{ClusterKey, NodeKey};
 use poolgate::live::LiveError;
@@ -98,6 +98,10 @@ enum Command {
         /// The node's configuration (`node.toml`).
         #[arg(long)]
         config: PathBuf,
+        /// Serve /metrics, /healthz, /readyz (200 while its connection to
+        /// an orchestrator is up) and /status on this address.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// The orchestrator's side alone: gate, SWIM member, agent listener;
     /// prints events.
@@ -117,7 +121,8 @@ enum Command {
         /// Give up after this long (exit 1 with `--until-ready`).
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<std::time::Duration>,
-        /// Serve metrics in Prometheus text format on this address.
+        /// Serve /metrics (Prometheus text format), /healthz, /readyz (200
+        /// while it leads) and /status on this address.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
         /// Record every input the gate applies into FILE (the replay
@@ -150,7 +155,8 @@ enum Command {
         /// One JSON event per line (the replay format).
         #[arg(long)]
         json: bool,
-        /// Serve metrics in Prometheus text format on this address.
+        /// Serve /metrics (Prometheus text format), /healthz, /readyz (200
+        /// while it leads) and /status on this address.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
         /// Record every input the gate applies into FILE (the replay
@@ -285,9 +291,12 @@ fn main() -> ExitCode {
         // Handled before logging starts.
         Command::GuardExec { .. } => Ok(0),
         Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
-        Command::Node { config: path } => NodeConfig::load(&path)
+        Command::Node {
+            config: path,
+            metrics,
+        } => NodeConfig::load(&path)
             .map_err(|e| e.to_string())
-            .and_then(|config| live_system(node::run(config, &path)).map(|()| 0)),
+            .and_then(|config| live_system(node::run(config, &path, metrics)).map(|()| 0)),
         Command::Watch {
             config,
             json,
@@ -300,7 +309,8 @@ fn main() -> ExitCode {
             let output = output(json, explain);
             live_system(async move {
                 if let Some(addr) = metrics {
-                    commands::serve_metrics(addr)?;
+                    let listener = poolgate::live::status::address(&loaded);
+                    health::serve(addr, health::Face::Orchestrator(listener))?;
                 }
                 commands::watch(
                     &loaded,
@@ -360,7 +370,8 @@ fn main() -> ExitCode {
                 .map_err(|e| format!("--require: {e}"))?;
             live_system(async move {
                 if let Some(addr) = metrics {
-                    commands::serve_metrics(addr)?;
+                    let listener = poolgate::live::status::address(&loaded);
+                    health::serve(addr, health::Face::Orchestrator(listener))?;
                 }
                 if let Some(run) = end {
                     return commands::end_run(&loaded, &run).await;

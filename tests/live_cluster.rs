@@ -290,16 +290,49 @@ fn poolgate_watch_until_ready_exits_0_at_pool_ready_and_1_at_its_timeout() {
     });
 }
 
+/// `method path` asked of `addr` once it answers: the status code and
+/// the body.
+async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let code = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {response:?}"));
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        return (code, body);
+    }
+}
+
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Design §15: `--metrics` serves the metrics, a health check, a
+/// readiness check (a lone orchestrator leads) and the status answer;
+/// any other path is 404 (before: the metrics, 200, on every path).
 #[test]
-fn watch_serves_its_metrics_in_prometheus_text_format() {
+fn watch_serves_its_metrics_health_readiness_and_status_and_404_elsewhere() {
     let mut plan = plan(1);
     plan.external_orchestrator = true;
     live(async {
         let cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let port = free_port();
         let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
             .arg("watch")
             .arg("--config")
@@ -311,23 +344,13 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
             .spawn()
             .unwrap();
         let text = loop {
-            if let Ok(mut stream) = tokio::net::TcpStream::connect(port).await {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                stream
-                    .write_all(
-                        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-                    )
-                    .await
-                    .unwrap();
-                let mut response = String::new();
-                stream.read_to_string(&mut response).await.unwrap();
-                if response.contains("poolgate_node_ready") {
-                    break response;
-                }
+            let (code, text) = http(port, "GET", "/metrics").await;
+            assert_eq!(code, 200, "{text}");
+            if text.contains("poolgate_node_ready") {
+                break text;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(text.contains("poolgate_candidates_blocked"), "{text}");
         // Per pool member, 0 while its node process has not started.
         assert!(
@@ -335,7 +358,80 @@ fn watch_serves_its_metrics_in_prometheus_text_format() {
                 .any(|l| l == "poolgate_node_ready{node=\"node-1\"} 0"),
             "{text}"
         );
+        assert_eq!(http(port, "GET", "/healthz").await, (200, "ok\n".into()));
+        let (code, why) = http(port, "GET", "/readyz").await;
+        assert_eq!(code, 200, "a lone orchestrator leads: {why}");
+        let (code, status) = http(port, "GET", "/status").await;
+        assert_eq!(code, 200, "{status}");
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["phase"], "forming", "{status}");
+        assert_eq!(status["candidates"][0]["node"], "node-1", "{status}");
+        assert_eq!(status["candidates"][0]["ready"], false, "{status}");
+        for path in ["/", "/metricsx", "/healthz/", "/favicon.ico"] {
+            assert_eq!(http(port, "GET", path).await.0, 404, "{path}");
+        }
+        assert_eq!(http(port, "POST", "/metrics").await.0, 405);
+        let (code, body) = http(port, "HEAD", "/healthz").await;
+        assert_eq!((code, body.as_str()), (200, ""));
         watch.kill().await.unwrap();
+    });
+}
+
+/// Design §15: a node agent's `--metrics`: `/readyz` is 503 while no
+/// orchestrator has accepted its frames and 200 once one has; `/status`
+/// says which orchestrator.
+#[test]
+fn a_node_agent_serves_its_readiness_by_its_orchestrator_connection() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let port = free_port();
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .arg("--metrics")
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        assert_eq!(http(port, "GET", "/healthz").await.0, 200);
+        let (code, why) = http(port, "GET", "/readyz").await;
+        assert_eq!(code, 503, "no orchestrator runs yet: {why}");
+        let (_, status) = http(port, "GET", "/status").await;
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["node"], "node-1", "{status}");
+        assert_eq!(status["connected"], false, "{status}");
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("watch")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--json", "--until-ready", "--timeout", "20s"])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let ready = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let (code, why) = http(port, "GET", "/readyz").await;
+                if code == 200 {
+                    return why;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the node's /readyz turns 200 once an orchestrator accepts it");
+        assert!(
+            ready.contains(&cluster.config.agents.listen.port().to_string()),
+            "{ready}"
+        );
+        assert_eq!(http(port, "GET", "/nowhere").await.0, 404);
+        watch.kill().await.unwrap();
+        node.kill().await.unwrap();
     });
 }
 

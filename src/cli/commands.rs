@@ -5,7 +5,6 @@
 //! object per line (`--json`, the replay format), the explain view
 //! (`--explain`, watch only), or readable lines.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -50,18 +49,6 @@ pub fn recording(path: Option<&Path>) -> Result<Option<poolgate_actors::Recordin
     Ok(Some(poolgate_actors::Recording::new(Box::new(
         std::io::BufWriter::new(file),
     ))))
-}
-
-/// Serves the Prometheus text format of every metric on `addr`.
-pub fn serve_metrics(addr: SocketAddr) -> Result<(), LiveError> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|e| LiveError::Bind {
-            socket: "metrics (HTTP)",
-            addr,
-            source: std::io::Error::other(e.to_string()),
-        })
 }
 
 pub(super) struct Printer {

@@ -6,6 +6,7 @@
 //! - [`commands`]: `poolgate watch` and what `watch` and `run` share.
 //! - [`run`]: `poolgate run`, one path alone or among replicas.
 //! - [`guard`]: commands that die with their guard (the keeper).
+//! - [`health`]: what `--metrics` serves (metrics, health, status).
 //! - [`demo`]: `cargo run`, the live story from forming to a fault.
 //! - [`cluster`]: a whole cluster on 127.0.0.1 (the demo's, the tests').
 
@@ -13,5 +14,6 @@ pub mod cluster;
 pub mod commands;
 pub mod demo;
 pub mod guard;
+pub mod health;
 pub mod node;
 pub mod run;

@@ -50,8 +50,18 @@ use poolgate_actors::core::MAX_IDENTITY_BYTES;
 const LEAVE_GRACE: Duration = Duration::from_millis(500);
 
 /// Runs the agent until SIGTERM or SIGINT; `path` is its `node.toml`,
-/// read again on SIGHUP. Must be called inside a running actix `System`.
-pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
+/// read again on SIGHUP; with `metrics`, serves its metrics, health and
+/// status there (`--metrics`, [`super::health`]). Must be called inside
+/// a running actix `System`.
+pub async fn run(
+    config: NodeConfig,
+    path: &Path,
+    metrics: Option<SocketAddr>,
+) -> Result<(), LiveError> {
+    let link = super::health::NodeLink::new(config.name.as_str());
+    if let Some(addr) = metrics {
+        super::health::serve(addr, super::health::Face::Node(Arc::clone(&link)))?;
+    }
     let key = NodeKey::load(&config.signing_key)?;
     let identity = read_identity(&config.identity)?;
     let ring = keyring(&config.swim)?;
@@ -113,6 +123,7 @@ pub async fn run(config: NodeConfig, path: &Path) -> Result<(), LiveError> {
             heartbeat: config.heartbeat,
             swim: swim.clone(),
             seeds: config.swim.seeds.clone(),
+            link,
         },
         updates,
         Arc::clone(&sent),
@@ -230,6 +241,9 @@ struct AnnounceTo {
     heartbeat: Duration,
     swim: Addr<SwimMember>,
     seeds: Vec<Endpoint>,
+    /// Up while a frame of the current connection was accepted (the
+    /// node's `/readyz`).
+    link: Arc<super::health::NodeLink>,
 }
 
 /// The first wait before reconnecting, doubled after each round of
@@ -285,6 +299,7 @@ async fn announce(
             ),
             Err(e) => (SocketAddr::from(([0, 0, 0, 0], 0)), Session::Unreachable(e)),
         };
+        to.link.down();
         let now = std::time::Instant::now();
         rotation.ended(outcome.0, &outcome.1);
         match outcome {
@@ -501,6 +516,7 @@ async fn session(
                         tracing::info!(node = %to.node, orchestrator = %addr, "announced to the orchestrator");
                     }
                     accepted = true;
+                    to.link.up(addr);
                     heard = tokio::time::Instant::now();
                 }
                 Some(Ok(Some(Reply::Challenge { nonce }))) => {
