@@ -3,6 +3,7 @@
 //! (the node agent, `watch`, `run`, the demo) is [`crate::cli`].
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
+//! - [`conversation`]: one agent connection's frames, judged (no I/O).
 //! - `nodes`: what the orchestrator remembers per node (sequences, signed
 //!   SWIM address, leaving).
 //! - [`status`]: the answer to `poolgate status`.
@@ -18,6 +19,7 @@
 //!   [`crate::keys`], here too).
 
 pub use crate::config::endpoint;
+pub mod conversation;
 pub mod generation;
 pub use crate::keys;
 #[doc(hidden)]

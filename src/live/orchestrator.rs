@@ -32,6 +32,7 @@ use rand::SeedableRng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::conversation::{Admitted, Conversation, Verdict};
 use super::generation::{unix_ms, GenerationFile};
 use super::keys::PublicKey;
 use super::nodes::{Kept, Nodes};
@@ -544,11 +545,6 @@ async fn start_member(
     Ok((member, addr))
 }
 
-/// How many frames signed without the connection's challenge are skipped
-/// after it was sent (a node's state changes in the moment before it read
-/// the challenge); more is not a node at work, and is refused.
-const SKIPPED_BEFORE_CHALLENGE: u32 = 4;
-
 /// `bind` again while its address is still held (for up to 2 s): the
 /// sockets of a replica's previous term close as their tasks end.
 pub(crate) async fn until_free<T>(
@@ -965,24 +961,21 @@ impl Listener {
         id: u64,
     ) -> Option<(NodeId, Announcement)> {
         wire::keep_alive(&stream, std::time::Duration::from_secs(5));
-        // Until a frame is accepted: the first-frame deadline; then the
-        // node's heartbeats (a few missed = gone), within the idle timeout.
-        let mut deadline = FIRST_FRAME.min(self.idle);
-        let mut last_body: Option<(NodeId, Announcement)> = None;
-        let mut first = true;
-        // The connection's challenge, once its first frame asked for it.
-        let mut challenge: Option<wire::Nonce> = None;
-        // Frames signed without it skipped since (see below).
-        let mut skipped = 0;
+        // What its frames come to: the I/O, counting and telling are here.
+        let mut talk = Conversation::new();
+        let keys = |node: &NodeId| pinned(&self.registry, node);
         loop {
+            // Until a frame is accepted: the first-frame deadline; then the
+            // node's heartbeats (a few missed = gone), within the idle timeout.
+            let silence = talk.silence(FIRST_FRAME, self.idle);
             let read =
-                tokio::time::timeout(deadline, wire::read_prefixed(&mut stream, wire::MAX_FRAME));
-            let frame = match read.await {
+                tokio::time::timeout(silence, wire::read_prefixed(&mut stream, wire::MAX_FRAME));
+            let bytes = match read.await {
                 Err(_) => {
                     tracing::debug!(%peer, "agent connection silent; closed");
-                    return last_body;
+                    return talk.into_last();
                 }
-                Ok(Ok(Some(bytes))) if first && status::is_status_query(&bytes) => {
+                Ok(Ok(Some(bytes))) if talk.is_new() && status::is_status_query(&bytes) => {
                     let local = stream.local_addr().map(|a| a.ip());
                     if local.is_ok_and(|local| status::answers(peer.ip(), local)) {
                         self.status(&mut stream).await;
@@ -996,105 +989,55 @@ impl Listener {
                     }
                     return None;
                 }
-                Ok(Ok(Some(bytes))) => match wire::decode_frame(&bytes) {
-                    Ok(frame) => frame,
-                    Err(refused) => {
-                        self.refuse(&mut stream, peer, None, &refused).await;
-                        return last_body;
-                    }
-                },
-                Ok(Ok(None)) => return last_body,
+                Ok(Ok(Some(bytes))) => bytes,
+                Ok(Ok(None)) => return talk.into_last(),
                 Ok(Err(ReadError::Io(e))) => {
                     tracing::debug!(%peer, error = %e, "agent connection failed");
-                    return last_body;
+                    return talk.into_last();
                 }
                 Ok(Err(ReadError::Refused(refused))) => {
                     self.refuse(&mut stream, peer, None, &refused).await;
-                    return last_body;
+                    return talk.into_last();
                 }
             };
-            let node = match NodeId::new(&frame.node) {
-                Ok(node) => node,
-                Err(_) => {
-                    self.refuse(&mut stream, peer, None, &Refused::UnknownNode)
+            let opened = match talk.open(&bytes, keys, &self.label) {
+                Verdict::Opened(opened) => opened,
+                Verdict::Skip => continue,
+                Verdict::Refuse { node, refused } => {
+                    self.refuse(&mut stream, peer, node.as_ref(), &refused)
                         .await;
-                    return last_body;
+                    return talk.into_last();
                 }
             };
-            let Some(key) = pinned(&self.registry, &node) else {
-                self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
-                    .await;
-                return last_body;
-            };
-            // The signature first: what the orchestrator knows of a node
-            // (its last sequence) is said only to the node itself.
-            let announcement = match frame.open(&key, &self.label, challenge.as_ref()) {
-                Ok(announcement) => announcement,
-                // Sent before the node read the challenge, so signed
-                // without it: skipped, never applied (the challenge is on
-                // its way, and the node sends again over it).
-                Err(_)
-                    if first
-                        && challenge.is_some()
-                        && skipped < SKIPPED_BEFORE_CHALLENGE
-                        && frame.open(&key, &self.label, None).is_ok() =>
-                {
-                    skipped += 1;
+            let admitted = talk.admit(opened, &mut lock(&self.nodes).last_seq, keys, rand::random);
+            let (node, seq, announcement, repeats, first) = match admitted {
+                Admitted::Accepted {
+                    node,
+                    seq,
+                    announcement,
+                    repeats,
+                    first,
+                } => (node, seq, announcement, repeats, first),
+                Admitted::Challenge(nonce) => {
+                    let reply = wire::encode_reply(&wire::challenge(&nonce));
+                    let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
+                    if !matches!(written, Ok(Ok(()))) {
+                        return talk.into_last();
+                    }
                     continue;
                 }
-                Err(refused) => {
+                Admitted::Refuse { node, refused } => {
                     self.refuse(&mut stream, peer, Some(&node), &refused).await;
-                    return last_body;
+                    return talk.into_last();
                 }
             };
-            let last = lock(&self.nodes).last_seq.get(&node).copied().unwrap_or(0);
-            if frame.seq <= last {
-                let replayed = Refused::Replayed {
-                    seq: frame.seq,
-                    last,
-                };
-                self.refuse(&mut stream, peer, Some(&node), &replayed).await;
-                return last_body;
-            }
-            if challenge.is_none() {
-                // The connection's first frame is not applied: it is
-                // answered with the connection's challenge, and only
-                // frames signed over it count (a frame captured on
-                // another connection, of this life or an earlier one, or
-                // of another replica, never does).
-                let nonce: wire::Nonce = rand::random();
-                let reply = wire::encode_reply(&wire::challenge(&nonce));
-                let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
-                if !matches!(written, Ok(Ok(()))) {
-                    return last_body;
-                }
-                challenge = Some(nonce);
-                continue;
-            }
-            {
-                let mut known = lock(&self.nodes);
-                if pinned(&self.registry, &node) != Some(key) {
-                    // The key was replaced (or the node forgotten) since
-                    // this frame was opened.
-                    drop(known);
-                    self.refuse(&mut stream, peer, Some(&node), &Refused::UnknownNode)
-                        .await;
-                    return last_body;
-                }
-                let last = known.last_seq.entry(node.clone()).or_default();
-                if frame.seq <= *last {
-                    // Another connection of the node got there first.
-                    continue;
-                }
-                *last = frame.seq;
-            }
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
             let (previous, twin) = {
                 let mut nodes = lock(&self.nodes);
                 let identity = (announcement.swim, announcement.generation);
                 let now = std::time::Instant::now();
-                let twin = nodes.heard_from(&node, (id, peer), identity, now, deadline);
+                let twin = nodes.heard_from(&node, (id, peer), identity, now, silence);
                 (nodes.attached.insert(node.clone(), id), twin)
             };
             if let Some(other) = twin {
@@ -1109,29 +1052,18 @@ impl Listener {
             if first {
                 tracing::info!(%node, %peer, "agent connected: first frame accepted");
             }
-            first = false;
-            deadline = match announcement.heartbeat_ms {
-                Some(ms) => (std::time::Duration::from_millis(ms)
-                    * crate::config::HEARTBEATS_MISSED)
-                    .clamp(std::time::Duration::from_millis(100), self.idle),
-                None => self.idle,
-            };
             // A heartbeat repeats the state: nothing to apply.
-            let repeated = last_body
-                .as_ref()
-                .is_some_and(|(n, a)| *n == node && *a == announcement);
-            if !repeated {
-                if let Err(e) = self.apply(&node, announcement.clone()).await {
+            if !repeats {
+                if let Err(e) = self.apply(&node, announcement).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
-                    return last_body;
+                    return talk.into_last();
                 }
-                last_body = Some((node.clone(), announcement));
             }
-            let ack = wire::encode_reply(&Reply::Accepted { seq: frame.seq });
+            let ack = wire::encode_reply(&Reply::Accepted { seq });
             let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
             if !matches!(written, Ok(Ok(()))) {
                 tracing::debug!(%peer, %node, "agent connection does not take replies; closed");
-                return last_body;
+                return talk.into_last();
             }
         }
     }
