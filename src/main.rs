@@ -93,6 +93,14 @@ enum Command {
         #[arg(long)]
         cluster: bool,
     },
+    /// Print shell completions for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout, e.g. `poolgate completions bash >
+    /// /etc/bash_completion.d/poolgate`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// The agent daemon on a candidate node.
     Node {
         /// The node's configuration (`node.toml`).
@@ -291,6 +299,25 @@ fn main() -> ExitCode {
         // Handled before logging starts.
         Command::GuardExec { .. } => Ok(0),
         Command::Keygen { out, cluster } => keygen(&out, cluster).map(|()| 0),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            // The hidden subcommand (the keeper's) is not offered.
+            let full = Cli::command();
+            let mut shown = clap::Command::new("poolgate")
+                .about(full.get_about().cloned().unwrap_or_default())
+                .version(env!("CARGO_PKG_VERSION"));
+            for arg in full.get_arguments() {
+                shown = shown.arg(arg.clone());
+            }
+            for sub in full.get_subcommands().filter(|s| !s.is_hide_set()) {
+                shown = shown.subcommand(sub.clone());
+            }
+            clap_complete::generate(shell, &mut shown, "poolgate", &mut script);
+            // A closed stdout (`| head`) is no reason to panic.
+            let _ = io::stdout().write_all(&script);
+            Ok(0)
+        }
         Command::Node {
             config: path,
             metrics,

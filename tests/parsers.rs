@@ -191,3 +191,46 @@ fn the_shipped_unit_files_parse_clean_and_are_the_ones_the_guide_shows() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Design §15: `poolgate completions SHELL` prints a completion script
+/// for each shell clap knows, naming the commands and their flags and
+/// not the keeper's hidden one; bash's is valid bash. An unknown shell is
+/// a usage error (exit 2).
+#[test]
+fn completions_name_every_command_but_the_hidden_one_and_bashs_parse() {
+    let poolgate = env!("CARGO_BIN_EXE_poolgate");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = std::process::Command::new(poolgate)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        for word in [
+            "watch", "run", "node", "status", "replay", "metrics", "require",
+        ] {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+        assert!(!script.contains("guard-exec"), "{shell} offers the keeper");
+        if shell == "bash" {
+            let dir =
+                std::env::temp_dir().join(format!("poolgate-completions-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("poolgate.bash");
+            std::fs::write(&file, &script).unwrap();
+            let checked = std::process::Command::new("bash")
+                .arg("-n")
+                .arg(&file)
+                .output();
+            std::fs::remove_dir_all(&dir).unwrap();
+            if let Ok(checked) = checked {
+                assert!(checked.status.success(), "bash -n: {checked:?}");
+            }
+        }
+    }
+    let unknown = std::process::Command::new(poolgate)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+}
