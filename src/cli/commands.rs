@@ -217,7 +217,7 @@ pub async fn watch(
                 }
                 _ = &mut limit => {
                     if watching.until_ready {
-                        eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", humantime::format_duration(watching.timeout.unwrap_or_default()), leadership.leader());
+                        eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", crate::config::in_words(watching.timeout.unwrap_or_default()), leadership.leader());
                     }
                     leadership.resign();
                     return Ok(WatchEnd::TimedOut);
@@ -439,7 +439,7 @@ pub const EXPLAIN_EVERY: Duration = Duration::from_millis(250);
 /// Says on stderr that the pool was not ready in time, and what blocks it.
 async fn not_ready_within(gate: &Gate, timeout: Option<Duration>) {
     let within = timeout
-        .map(|t| humantime::format_duration(t).to_string())
+        .map(|t| crate::config::in_words(t).to_string())
         .unwrap_or_default();
     match gate.report().await {
         Ok(report) => eprintln!(
@@ -511,11 +511,6 @@ pub(super) async fn told_end(
         tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
     }
     None
-}
-
-/// `d` in whole milliseconds, for saying it.
-pub(super) fn whole_millis(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// How long `run --end` waits for a leader among replicas.

@@ -99,7 +99,7 @@ pub fn print(
         println!(
             "poolgate live demo: the orchestrator and {} node processes on 127.0.0.1 (sealed SWIM over UDP, signed announcements over TCP), window {}, seed {seed}\n",
             config.demo.nodes,
-            humantime::format_duration(config.convergence_window)
+            crate::config::in_words(config.convergence_window)
         );
     }
     let binary = std::env::current_exe().map_err(LiveError::Io)?;

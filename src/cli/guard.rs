@@ -514,7 +514,7 @@ pub fn keep(
                 _ = &mut silence, if watchdog.is_some() => {
                     eprintln!(
                         "poolgate guard-exec: no sign from its guard (pid {guard}) for {}: it is stopped or hung, so nothing would stop the command when its run ends; stopping it",
-                        humantime::format_duration(bound)
+                        crate::config::in_words(bound)
                     );
                     gave_up = true;
                     break None;

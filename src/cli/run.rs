@@ -12,8 +12,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::commands::{
     drain, in_the_way, plan_and_commit, recording, reload_keys, reload_on_hangup, sockets_free,
-    stop_command, stop_signal, told_end, warn_without_state, whole_millis, AbortOnDrop, Leadership,
-    Output, Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
+    stop_command, stop_signal, told_end, warn_without_state, AbortOnDrop, Leadership, Output,
+    Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
 };
 use crate::config::Config;
 use crate::live::{LiveError, Orchestrator};
@@ -100,7 +100,7 @@ pub async fn run(
                 let status = status?;
                 let gave_up = super::guard::gave_up(status);
                 if gave_up {
-                    eprintln!("poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", humantime::format_duration(watchdog));
+                    eprintln!("poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
                 }
                 keeper.end(&run).await?;
                 return Ok(if gave_up { EXIT_UNGUARDED } else { super::guard::code(status) });
@@ -448,7 +448,7 @@ impl ReplicatedKeeper {
                 _ = &mut limit => {
                     let _ = requests.withdraw(&run).await;
                     drop(session);
-                    let within = humantime::format_duration(request.timeout.unwrap_or_default());
+                    let within = crate::config::in_words(request.timeout.unwrap_or_default());
                     match requests.active_run().await {
                         Ok(Some(other)) if other != run => eprintln!(
                             "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
@@ -529,10 +529,10 @@ impl ReplicatedKeeper {
             } else {
                 format!(
                     "not confirmed guarded for {} (no replica leads, or etcd is out of reach)",
-                    humantime::format_duration(whole_millis(unconfirmed))
+                    crate::config::in_words(unconfirmed)
                 )
             };
-            eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", humantime::format_duration(self.unguarded_after));
+            eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", crate::config::in_words(self.unguarded_after));
             return Ok(Some(Ended::Told(EXIT_UNGUARDED)));
         }
         Ok(None)

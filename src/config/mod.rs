@@ -327,8 +327,8 @@ impl Config {
                         "planning.wait_timeout",
                         format!(
                             "{} {problem} ({})",
-                            humantime::format_duration(timeout),
-                            humantime::format_duration(convergence_window)
+                            in_words(timeout),
+                            in_words(convergence_window)
                         ),
                     ));
                 }
@@ -626,9 +626,25 @@ fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::St
     })
 }
 
+/// A duration as an operator reads it: humantime's words, to the whole
+/// millisecond ("1s 333ms", not "1s 333ms 333us 333ns").
+pub fn in_words(d: std::time::Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(std::time::Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_said_to_the_whole_millisecond() {
+        let third = Duration::from_secs(4) / 3;
+        assert_eq!(in_words(third).to_string(), "1s 333ms");
+        assert_eq!(in_words(Duration::from_micros(999)).to_string(), "0s");
+        assert_eq!(in_words(Duration::from_secs(90)).to_string(), "1m 30s");
+    }
 
     const GOOD: &str = r#"
 [pool]

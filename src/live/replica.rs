@@ -70,7 +70,7 @@ impl std::fmt::Display for SteppedDown {
             SteppedDown::NoRenewal(d) => write!(
                 f,
                 "the lease could not be renewed within {}: stepped down before it can expire",
-                humantime::format_duration(*d)
+                crate::config::in_words(*d)
             ),
             SteppedDown::LeaseGone => f.write_str("the lease is gone on etcd"),
             SteppedDown::KeyTaken => f.write_str("the leader key is no longer this replica's"),
