@@ -99,3 +99,51 @@ fn the_timeline_is_svg_with_one_lane_per_candidate() {
     );
     let _ = std::fs::remove_file(out);
 }
+
+/// At a hundred candidates the forming line stays a line a person reads:
+/// blocked nodes grouped by what blocks them, three names a group (it
+/// listed every blocker of every node: thousands of characters).
+#[test]
+fn a_forming_line_of_a_hundred_nodes_groups_them_by_blocker() {
+    let members: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
+    let mut scenario = format!(
+        "{{\"at_ms\":0,\"type\":\"define_pool\",\"pool\":\"big\",\"members\":{}}}\n",
+        serde_json::to_string(&members).unwrap()
+    );
+    // Forty known, alive and available: they lack only identity.
+    for node in &members[..40] {
+        for record in [
+            format!(r#"{{"at_ms":0,"type":"known","node":"{node}"}}"#),
+            format!(
+                r#"{{"at_ms":0,"type":"swim","node":"{node}","state":"alive","incarnation":1}}"#
+            ),
+            format!(r#"{{"at_ms":0,"type":"available","node":"{node}"}}"#),
+        ] {
+            scenario.push_str(&record);
+            scenario.push('\n');
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("poolgate-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("big.jsonl");
+    std::fs::write(&file, scenario).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["replay", "--explain", "--config"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/config.toml"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let last = text
+        .lines()
+        .filter(|l| l.contains("big forming:"))
+        .last()
+        .unwrap_or_else(|| panic!("no forming line: {text}"));
+    assert!(last.len() < 300, "{} characters: {last}", last.len());
+    assert!(
+        last.contains("big forming: 100 of 100 not ready: 60 unknown + not_live + not_available + no_identity (n040, n041, n042 and 57 more); 40 no_identity (n000, n001, n002 and 37 more)"),
+        "{last}"
+    );
+}
