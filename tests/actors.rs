@@ -837,6 +837,71 @@ impl poolgate::StateStore for Nowhere {
     }
 }
 
+/// A store that refuses every write once `refusing` says so (a deposed
+/// leader's etcd store: its term is over).
+#[derive(Debug)]
+struct Refusing(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl poolgate::StateStore for Refusing {
+    fn save(&self, _: &poolgate::core::Durable) -> Result<(), poolgate::StoreError> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(poolgate::StoreError(
+                "leadership lost: nothing written".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An operator's finding: a deposed leader, following, logged ERROR
+/// "durable state not written" for writes refused once its term was over
+/// and its fence said no: nothing was wrong. A gate whose fence says no
+/// says it at debug; one that still acts, at ERROR, as before.
+#[test]
+fn a_fenced_gate_whose_writes_are_refused_raises_no_error() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for fenced in [true, false] {
+        on_virtual_time(async move {
+            let (_layer, _, seen) = panicking_layer(|_, _, _| false);
+            let refusing = Arc::new(AtomicBool::new(false));
+            let mut settings = config(&["a"], 10, OnReadinessLost::Wait, None)
+                .gate_settings()
+                .unwrap();
+            settings.durable = Some(poolgate::DurableSettings {
+                store: Arc::new(Refusing(refusing.clone())),
+                restored: poolgate::core::Durable {
+                    last_epoch: 0,
+                    run: None,
+                },
+                restore_grace: std::time::Duration::from_secs(1),
+            });
+            let gate = Gate::start(settings);
+            let open = Arc::new(AtomicBool::new(true));
+            let fence = open.clone();
+            gate.fence_with(move || fence.load(Ordering::SeqCst));
+            make_ready(&gate, "a").await;
+            // The term ends before the window does: the new epoch's write
+            // is refused, and (deposed) the fence says no.
+            refusing.store(true, Ordering::SeqCst);
+            open.store(!fenced, Ordering::SeqCst);
+            advance_to(&gate, 1_000).await;
+            let seen = seen.lock().unwrap().clone();
+            let errors: Vec<&String> = seen.iter().filter(|l| l.starts_with("ERROR")).collect();
+            let said_unwritten = seen.iter().any(|l| l.contains("durable state not written"));
+            assert!(said_unwritten, "fenced {fenced}: {seen:#?}");
+            if fenced {
+                assert!(errors.is_empty(), "{errors:#?}");
+            } else {
+                assert!(
+                    !errors.is_empty(),
+                    "an acting gate's failed write is an error"
+                );
+            }
+        });
+    }
+}
+
 #[test]
 fn a_restored_last_epoch_of_u64_max_never_tells_an_epoch_again() {
     // Embedder: it panicked on the overflow (and would have wrapped to

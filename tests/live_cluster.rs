@@ -661,3 +661,48 @@ fn registry_entries_added_and_removed_at_runtime_take_effect_without_a_restart()
         live.shutdown();
     });
 }
+
+/// A node agent stopped as an operator stops it (SIGTERM) leaves: it says
+/// so, at info, and not "declared down; identity defunct" at WARN (foca's
+/// notification that follows its own leave).
+#[test]
+fn a_node_agent_told_to_stop_says_it_left_not_that_it_was_declared_down() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(node.stderr.take().unwrap()).lines();
+        let mut said = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let started = line.contains("node agent started");
+            said.push(line);
+            if started {
+                break;
+            }
+        }
+        let pid = nix::unistd::Pid::from_raw(node.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            said.push(line);
+        }
+        assert_eq!(node.wait().await.unwrap().code(), Some(0), "{said:#?}");
+        assert!(
+            !said.iter().any(|l| l.contains("declared down")),
+            "{said:#?}"
+        );
+        assert!(
+            said.iter().any(|l| l.contains("left the SWIM cluster")),
+            "{said:#?}"
+        );
+    });
+}

@@ -363,7 +363,12 @@ impl PoolActor {
                 telemetry::guarded(|| {
                     metrics::counter!("poolgate_state_write_errors_total").increment(1)
                 });
-                if std::mem::replace(&mut self.save_failing, true) {
+                if self.publisher.is_closed() {
+                    // Fenced or stopped (a deposed leader): its writes are
+                    // refused as they should be; nothing is wrong here.
+                    self.save_failing = true;
+                    telemetry::said!(debug, error = %e, "durable state not written: the gate no longer acts (stopped, or fenced: another replica leads)");
+                } else if std::mem::replace(&mut self.save_failing, true) {
                     telemetry::said!(debug, error = %e, "durable state not written (again)");
                 } else {
                     telemetry::said!(error, error = %e, "durable state not written; a new epoch is not told until it is (tried again every {SAVE_RETRY:?})");

@@ -217,6 +217,9 @@ pub struct SwimMember {
     suspected: std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
     /// Told this member's generation whenever foca renews its identity.
     own_generation: Option<tokio::sync::watch::Sender<u64>>,
+    /// Told to leave: foca's "defunct" that follows is the leave, said as
+    /// such, not a death.
+    leaving: bool,
     /// The identities nodes signed, deciding address conflicts (the
     /// orchestrator's member only).
     signed: Option<super::identity::SignedView>,
@@ -281,6 +284,7 @@ impl SwimMember {
             suspicion_limit,
             suspected: std::collections::HashMap::new(),
             own_generation: None,
+            leaving: false,
             signed: None,
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             attached: None,
@@ -300,6 +304,7 @@ impl SwimMember {
             rejoins: &mut self.rejoins,
             own_generation: self.own_generation.as_ref(),
             bound: &mut self.bound,
+            leaving: self.leaving,
         };
         let replaced = drive::drain(&mut self.runtime, &mut host);
         let changed = drive::track(
@@ -603,6 +608,7 @@ struct UdpHost<'a, 'c> {
     rejoins: &'a mut crate::live::throttle::Throttle,
     own_generation: Option<&'a tokio::sync::watch::Sender<u64>>,
     bound: &'a mut super::reflect::SendBound,
+    leaving: bool,
 }
 
 impl drive::Host for UdpHost<'_, '_> {
@@ -630,6 +636,9 @@ impl drive::Host for UdpHost<'_, '_> {
 
     fn notified(&mut self, notification: OwnedNotification<SwimIdentity>) {
         match notification {
+            OwnedNotification::Defunct if self.leaving => {
+                tracing::info!(node = %self.node, "left the SWIM cluster")
+            }
             OwnedNotification::Defunct => {
                 tracing::warn!(node = %self.node, "declared down; identity defunct")
             }
@@ -858,6 +867,7 @@ impl Handler<Leave> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, _msg: Leave, ctx: &mut Context<Self>) {
+        self.leaving = true;
         let result = self.foca.leave_cluster(&mut self.runtime);
         self.report("leave", result);
         self.drain(ctx);
