@@ -358,6 +358,14 @@ fn watch_serves_its_metrics_health_readiness_and_status_and_404_elsewhere() {
                 .any(|l| l == "poolgate_node_ready{node=\"node-1\"} 0"),
             "{text}"
         );
+        // Leadership and the pool's phase, as gauges.
+        assert!(text.lines().any(|l| l == "poolgate_leading 1"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("poolgate_pool_phase{")
+                && l.contains("phase=\"forming\"")
+                && l.ends_with(" 1")),
+            "{text}"
+        );
         assert_eq!(http(port, "GET", "/healthz").await, (200, "ok\n".into()));
         let (code, why) = http(port, "GET", "/readyz").await;
         assert_eq!(code, 200, "a lone orchestrator leads: {why}");
@@ -429,6 +437,12 @@ fn a_node_agent_serves_its_readiness_by_its_orchestrator_connection() {
             ready.contains(&cluster.config.agents.listen.port().to_string()),
             "{ready}"
         );
+        let (_, text) = http(port, "GET", "/metrics").await;
+        assert!(
+            text.lines().any(|l| l == "poolgate_agent_connected 1"),
+            "{text}"
+        );
+        assert!(text.contains("poolgate_agent_frames_acked_total"), "{text}");
         assert_eq!(http(port, "GET", "/nowhere").await.0, 404);
         watch.kill().await.unwrap();
         node.kill().await.unwrap();

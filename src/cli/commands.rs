@@ -275,6 +275,8 @@ impl<'a> Leadership<'a> {
         }
         let mut replica = crate::live::replica::Replica::start(config)?;
         replica.warm_up().await?;
+        // Following until it leads (the gate's gauges set it to 1 then).
+        metrics::gauge!("poolgate_leading").set(0.0);
         Ok(Leadership::Replica(Box::new(replica)))
     }
 

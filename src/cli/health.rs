@@ -68,6 +68,12 @@ impl NodeLink {
         if let Ok(mut up) = self.up.lock() {
             *up = Some(orchestrator);
         }
+        metrics::gauge!("poolgate_agent_connected").set(1.0);
+        metrics::counter!("poolgate_agent_frames_acked_total").increment(1);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        metrics::gauge!("poolgate_agent_last_ack_timestamp_seconds").set(now);
     }
 
     /// The connection ended.
@@ -75,6 +81,7 @@ impl NodeLink {
         if let Ok(mut up) = self.up.lock() {
             *up = None;
         }
+        metrics::gauge!("poolgate_agent_connected").set(0.0);
     }
 
     /// The orchestrator whose connection is up, if one is.

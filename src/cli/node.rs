@@ -560,6 +560,11 @@ async fn health(
     let mut last: Option<Result<(), String>> = None;
     loop {
         let verdict = check(&argv, interval).await;
+        metrics::gauge!("poolgate_health_check_passing").set(if verdict.is_ok() {
+            1.0
+        } else {
+            0.0
+        });
         if last.as_ref() != Some(&verdict) {
             match &verdict {
                 Ok(()) => tracing::info!(%node, "health check passes"),

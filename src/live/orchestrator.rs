@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use actix::Addr;
 use poolgate_actors::core::{
-    AgentReport, FaultReason, IdentityMaterial, NodeId, Observation, SwimState,
+    AgentReport, FaultReason, IdentityMaterial, NodeId, Observation, PoolPhase, SwimState,
 };
 use poolgate_actors::Gate;
 use rand::rngs::StdRng;
@@ -716,8 +716,25 @@ pub const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_millis(50
 async fn keep_readiness_gauge(gate: Gate) {
     loop {
         let Ok(report) = gate.report().await else {
+            // Its term (or the process) is over: it leads no more.
+            metrics::gauge!("poolgate_leading").set(0.0);
             return;
         };
+        metrics::gauge!("poolgate_leading").set(1.0);
+        let pool = report.pool.to_string();
+        let (phase, epoch) = match report.phase {
+            PoolPhase::Forming => ("forming", None),
+            PoolPhase::Converging { .. } => ("converging", None),
+            PoolPhase::Ready { epoch } => ("ready", Some(epoch.0)),
+        };
+        for each in ["forming", "converging", "ready"] {
+            let now = if each == phase { 1.0 } else { 0.0 };
+            metrics::gauge!("poolgate_pool_phase", "pool" => pool.clone(), "phase" => each)
+                .set(now);
+        }
+        if let Some(epoch) = epoch {
+            metrics::gauge!("poolgate_pool_epoch", "pool" => pool.clone()).set(epoch as f64);
+        }
         for candidate in &report.candidates {
             let ready = if candidate.verdict.is_ready() {
                 1.0
