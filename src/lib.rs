@@ -111,6 +111,7 @@ pub mod keys;
 pub mod live;
 #[cfg(feature = "replay")]
 pub mod replay;
+pub mod report;
 pub mod state;
 
 #[cfg(feature = "live")]

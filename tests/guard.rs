@@ -707,6 +707,80 @@ fn a_frozen_lone_run_has_its_command_stopped_and_exits_5() {
     });
 }
 
+/// Status everywhere (design §15): the leader publishes what blocks the
+/// pool; a `run` among replicas that gives up says it (before: "the pool
+/// was not ready, or no replica led"), and a follower's `status` tells it
+/// (before: no nodes, `run: none`, and nothing of the pool).
+#[test]
+fn a_requester_that_gives_up_and_a_follower_tell_what_blocks_the_pool() {
+    need_etcd!();
+    let server = etcd::Etcd::start("told");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (mut cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(10)).await;
+        cluster.kill(0);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !matches!(
+                live.gate.report().await.unwrap().phase,
+                poolgate::core::PoolPhase::Forming
+            ) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("not ready without node-1");
+        let gave_up = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&requester)
+            .args(["--timeout", "3s", "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let said = String::from_utf8_lossy(&gave_up.stderr);
+        assert_eq!(gave_up.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains("forming: node-1 "),
+            "the requester names what blocks the pool: {said}"
+        );
+        let mut second = cluster.config.clone();
+        second.agents.listen = free_tcp();
+        second.swim.bind = {
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            socket.local_addr().unwrap()
+        };
+        let mut follower = poolgate::live::replica::Replica::start(&second).unwrap();
+        let following = actix::spawn(async move {
+            let _ = follower.lead(None).await;
+        });
+        let answer = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(answer) = poolgate::live::status::ask(second.agents.listen).await {
+                    return answer;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the follower answers");
+        assert_eq!(answer["phase"], "following", "{answer}");
+        let state = answer["leader_said"]["state"].as_str().unwrap_or_default();
+        assert!(state.contains("forming: node-1 "), "{answer}");
+        assert_eq!(answer["leader_said"]["phase"], "forming", "{answer}");
+        assert!(
+            poolgate::live::status::render(&answer).contains("the leader published"),
+            "{answer}"
+        );
+        following.abort();
+        live.stop().await;
+        replica.resign();
+    });
+}
+
 /// Issue 28, reproduction 2: a `run` paused for 4 s (SIGSTOP) lost its
 /// 2 s session; the run's outcome went with it, and a fault afterwards
 /// never stopped the command. The session now rides through such a

@@ -453,7 +453,15 @@ impl ReplicatedKeeper {
                         Ok(Some(other)) if other != run => eprintln!(
                             "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
                         ),
-                        _ => eprintln!("poolgate: run {run} was not committed within {within} (the pool was not ready, or no replica led)"),
+                        _ => match requests.leader_said().await {
+                            // What blocks the pool, as the leader said it.
+                            Some(said) if said["state"].is_string() => eprintln!(
+                                "poolgate: run {run} was not committed within {within}: {} (the leader said so {} s ago)",
+                                said["state"].as_str().unwrap_or_default(),
+                                said["age_ms"].as_u64().unwrap_or(0) / 1000
+                            ),
+                            _ => eprintln!("poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
+                        },
                     }
                     return Ok(Err(1));
                 }

@@ -518,7 +518,9 @@ impl Replica {
     ) -> Result<Orchestrator, LiveError> {
         self.warm_up().await?;
         loop {
-            let mut following = Following(follow(&self.config, self.campaign.role()).await?);
+            let mut following = Following(
+                follow(&self.config, self.campaign.role(), Arc::clone(&self.store)).await?,
+            );
             let mut role = self.campaign.role();
             // While following, what is stored is looked at every second:
             // the epochs issued meanwhile, and whether the prefix is
@@ -860,6 +862,7 @@ pub const FOLLOWER_CONNECTIONS: usize = 256;
 async fn follow(
     config: &crate::Config,
     role: watch::Receiver<Role>,
+    store: Arc<EtcdStore>,
 ) -> Result<tokio::task::JoinHandle<()>, LiveError> {
     let addr = config.agents.listen;
     let bound = |source| LiveError::Bind {
@@ -884,16 +887,21 @@ async fn follow(
                 continue; // dropped: closed at once
             };
             let leader = role.borrow().clone();
-            let pool = pool.clone();
+            let (pool, store) = (pool.clone(), Arc::clone(&store));
             connections.spawn(async move {
                 let _slot = slot;
-                refuse_as_follower(&mut stream, &pool, leader).await;
+                refuse_as_follower(&mut stream, &pool, leader, store).await;
             });
         }
     }))
 }
 
-async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role: Role) {
+async fn refuse_as_follower(
+    stream: &mut tokio::net::TcpStream,
+    pool: &str,
+    role: Role,
+    store: Arc<EtcdStore>,
+) {
     use tokio::io::AsyncWriteExt;
     let leader = match role {
         Role::Following(Some(leader)) => Some(leader),
@@ -906,9 +914,11 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, pool: &str, role
     .await;
     let Ok(Ok(Some(bytes))) = first else { return };
     if super::status::is_status_query(&bytes) {
+        let said = super::requests::leader_said(store).await;
         let answer = super::status::follower_answer(
             pool,
             leader.as_ref().map(|l| l as &dyn std::fmt::Display),
+            said,
         );
         let _ = tokio::time::timeout(
             super::orchestrator::FIRST_FRAME,

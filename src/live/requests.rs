@@ -31,6 +31,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::etcd::EtcdStore;
 
+/// The key of the pool's state the leader publishes.
+pub const STATUS: &str = "status";
+
+/// What the leader last published of the pool, with `age_ms` (how long
+/// ago, by this host's clock); `None` when nothing was, or it is not
+/// readable.
+pub async fn leader_said(store: Arc<EtcdStore>) -> Option<serde_json::Value> {
+    let bytes = blocking(move || store.get_raw(STATUS)).await.ok()??;
+    let mut said: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let written = said["written_unix_ms"].as_u64().unwrap_or(0);
+    said["age_ms"] = serde_json::json!(super::generation::unix_ms().saturating_sub(written));
+    Some(said)
+}
+
 /// How often a requester looks at what became of its run.
 pub const LOOK_EVERY: Duration = Duration::from_millis(100);
 
@@ -246,6 +260,11 @@ impl Requests {
             blocking(move || store.read().map_err(|e| StoreError(e.to_string()))).await?;
         Ok(durable.run.map(|run| run.run))
     }
+
+    /// What the leader last published of the pool (see [`leader_said`]).
+    pub async fn leader_said(&self) -> Option<serde_json::Value> {
+        leader_said(Arc::clone(&self.store)).await
+    }
 }
 
 /// Keeps `lease` alive (every third of its TTL, again 100 ms after a
@@ -323,7 +342,13 @@ pub async fn serve(
                 None => return,
             },
             Some(()) = changed.recv() => serving.look().await,
-            _ = tick.tick() => serving.look().await,
+            _ = tick.tick() => {
+                let looked = serving.look().await;
+                if let Err(e) = serving.publish_status().await {
+                    tracing::debug!(error = %e, "the pool's status not published (tried again)");
+                }
+                looked
+            }
         };
         if let Err(e) = result {
             if let Some(held) = said.allow(std::time::Instant::now()) {
@@ -375,6 +400,9 @@ pub struct Serving {
     said_waiting: super::throttle::Throttle,
     /// Committed runs whose requester is gone, said once each.
     orphans: std::collections::BTreeSet<RunId>,
+    /// The pool's state last published (`status`), to write it only when
+    /// it changes.
+    published: Option<serde_json::Value>,
 }
 
 impl Serving {
@@ -388,7 +416,30 @@ impl Serving {
             unsettled: Default::default(),
             said_waiting: super::throttle::Throttle::new(super::throttle::LOG_EVERY),
             orphans: Default::default(),
+            published: None,
         }
+    }
+
+    /// Publishes the pool's state under `status` when it changed (see
+    /// [`super::status::published`]), fenced by the term: every replica's
+    /// `status` and a requester that gives up tell it.
+    pub async fn publish_status(&mut self) -> Result<(), StoreError> {
+        let report = self
+            .gate
+            .report()
+            .await
+            .map_err(|e| StoreError(e.to_string()))?;
+        let said = super::status::published(&report);
+        if self.published.as_ref() == Some(&said) {
+            return Ok(());
+        }
+        let mut record = said.clone();
+        record["written_unix_ms"] = serde_json::json!(super::generation::unix_ms());
+        let bytes = serde_json::to_vec(&record).map_err(|e| StoreError(e.to_string()))?;
+        let store = Arc::clone(&self.store);
+        blocking(move || store.put_fenced(STATUS, &bytes, 0)).await?;
+        self.published = Some(said);
+        Ok(())
     }
 
     /// Writes the outcomes of the events published so far, oldest first;

@@ -84,8 +84,14 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
     })
 }
 
-/// A follower replica's answer: who leads (design §12).
-pub fn follower_answer(pool: &str, leader: Option<&dyn std::fmt::Display>) -> Value {
+/// A follower replica's answer: who leads (design §12), and what the
+/// leader last published of the pool (`leader_said`, see [`published`];
+/// `null` when nothing was).
+pub fn follower_answer(
+    pool: &str,
+    leader: Option<&dyn std::fmt::Display>,
+    said: Option<Value>,
+) -> Value {
     let leader = match leader {
         Some(l) => l.to_string(),
         None => "none right now".to_string(),
@@ -98,6 +104,27 @@ pub fn follower_answer(pool: &str, leader: Option<&dyn std::fmt::Display>) -> Va
         "run": null,
         "leader": leader,
         "candidates": [],
+        "leader_said": said,
+    })
+}
+
+/// What the leader among replicas publishes of its pool (the `status`
+/// record), for every replica's `status` and a requester that gives up
+/// to tell: the pool, its phase, epoch and run, and its state in words
+/// ([`crate::report::state_line`]: the blockers, grouped past eight).
+/// Small whatever the pool's size; the caller adds when it was written.
+pub fn published(report: &PoolReport) -> Value {
+    let (phase, epoch) = match report.phase {
+        PoolPhase::Forming => ("forming", None),
+        PoolPhase::Converging { .. } => ("converging", None),
+        PoolPhase::Ready { epoch } => ("ready", Some(epoch.0)),
+    };
+    json!({
+        "pool": report.pool.as_str(),
+        "phase": phase,
+        "epoch": epoch,
+        "run": report.run.as_ref().map(|r| r.as_str()),
+        "state": crate::report::state_line(report),
     })
 }
 
@@ -196,9 +223,20 @@ pub fn render(answer: &Value) -> String {
                 .unwrap_or(0)
                 .saturating_sub(answer["at_ms"].as_u64().unwrap_or(0))
         )),
-        "following" => out.push_str(&format!(
-            "pool {pool}: this replica follows (ask the leader for readiness)\n"
-        )),
+        "following" => {
+            out.push_str(&format!("pool {pool}: this replica follows\n"));
+            let said = &answer["leader_said"];
+            match said["state"].as_str() {
+                Some(state) => out.push_str(&format!(
+                    "the leader published, {} s ago: {state}; run: {}\n",
+                    said["age_ms"].as_u64().unwrap_or(0) / 1000,
+                    said["run"].as_str().unwrap_or("none")
+                )),
+                None => out.push_str(
+                    "the leader has published nothing (ask it with poolgate status on its host)\n",
+                ),
+            }
+        }
         _ => out.push_str(&format!("pool {pool}: {phase}\n")),
     }
     match answer["run"].as_str() {
