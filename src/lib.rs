@@ -102,8 +102,10 @@
 #![cfg_attr(not(feature = "cli"), allow(rustdoc::broken_intra_doc_links))]
 
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
 pub mod etcd;
 #[cfg(feature = "live")]
 pub mod keys;

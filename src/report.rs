@@ -66,7 +66,7 @@ pub fn state_line(report: &PoolReport) -> String {
 
 /// Up to this many blocked candidates, the forming line names each with
 /// its blockers; beyond, it groups them by what blocks them.
-pub const SPELLED_OUT: usize = 8;
+pub(crate) const SPELLED_OUT: usize = 8;
 
 /// How many nodes a group of the forming line names.
 const NAMED: usize = 3;

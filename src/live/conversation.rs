@@ -111,11 +111,6 @@ impl Conversation {
         self.last.is_none()
     }
 
-    /// The last announcement accepted here, and whose.
-    pub fn last(&self) -> Option<&(NodeId, Announcement)> {
-        self.last.as_ref()
-    }
-
     /// Into the last announcement accepted here, and whose.
     pub fn into_last(self) -> Option<(NodeId, Announcement)> {
         self.last

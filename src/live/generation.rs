@@ -68,11 +68,6 @@ impl GenerationFile {
         GenerationFile::new(PathBuf::from(name))
     }
 
-    /// Its path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The last life recorded (0 when there is no file yet).
     pub fn last(&self) -> Result<u64, GenerationError> {
         let text = match std::fs::read_to_string(&self.path) {
@@ -139,6 +134,7 @@ pub fn unix_ms() -> u64 {
 /// Agent frame sequences: `life << 20 | counter`, a new life (from the
 /// generation file) each time the counter would wrap, so sequences never
 /// repeat or fall within one process nor across its restarts.
+#[cfg(feature = "cli")]
 #[derive(Debug)]
 pub struct Sequences {
     file: GenerationFile,
@@ -146,6 +142,7 @@ pub struct Sequences {
     counter: u64,
 }
 
+#[cfg(feature = "cli")]
 impl Sequences {
     /// Sequences starting in `life` (taken from `file`).
     pub fn new(file: GenerationFile, life: u64) -> Self {
@@ -206,12 +203,12 @@ mod tests {
     #[test]
     fn a_damaged_file_is_an_error_naming_it() {
         let file = scratch("damaged");
-        std::fs::write(file.path(), "not a number").unwrap();
+        std::fs::write(&file.path, "not a number").unwrap();
         let error = file.next(1).unwrap_err().to_string();
         assert!(error.contains("node.key.generation"), "{error}");
-        std::fs::write(file.path(), format!("{LIFE_LIMIT}")).unwrap();
+        std::fs::write(&file.path, format!("{LIFE_LIMIT}")).unwrap();
         assert!(file.next(1).is_err());
-        std::fs::write(file.path(), format!("{}", LIFE_LIMIT - 1)).unwrap();
+        std::fs::write(&file.path, format!("{}", LIFE_LIMIT - 1)).unwrap();
         assert!(matches!(
             file.next(1),
             Err(GenerationError::Exhausted { .. })
@@ -219,6 +216,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cli")]
     fn sequences_never_wrap_a_life_but_take_a_new_one() {
         use crate::live::wire::COUNTER_BITS;
         let file = scratch("wrap");

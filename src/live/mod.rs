@@ -3,7 +3,7 @@
 //! (the node agent, `watch`, `run`, the demo) is [`crate::cli`].
 //!
 //! - [`orchestrator`]: gate + SWIM member + agent listener, embeddable.
-//! - [`conversation`]: one agent connection's frames, judged (no I/O).
+//! - `conversation`: one agent connection's frames, judged (no I/O).
 //! - `nodes`: what the orchestrator remembers per node (sequences, signed
 //!   SWIM address, leaving).
 //! - [`status`]: the answer to `poolgate status`.
@@ -14,23 +14,26 @@
 //!   simulator, hidden from the docs; an embedder reaches SWIM through
 //!   [`Orchestrator`]).
 //! - [`wire`]: agent frames (signed) and gossip datagrams (sealed);
-//!   [`generation`]: a node's generations and sequences across restarts.
+//!   `generation`: a node's generations and sequences across restarts.
 //! - [`keys`]: signing keys, cluster keys, pinned public keys (the crate's
 //!   [`crate::keys`], here too).
 
 pub use crate::config::endpoint;
-pub mod conversation;
-pub mod generation;
+pub(crate) mod conversation;
+pub(crate) mod generation;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;
 pub mod orchestrator;
 pub mod replica;
+#[doc(hidden)]
 pub mod requests;
+#[doc(hidden)]
 pub mod status;
 #[doc(hidden)]
 pub mod swim;
-pub mod throttle;
+pub(crate) mod throttle;
+#[doc(hidden)]
 pub mod wire;
 
 pub use orchestrator::Orchestrator;

@@ -580,6 +580,7 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// How often accepted sequences are written to the state file: a frame
 /// captured in the last interval before a crash could be replayed once
 /// after a restart, never an older one.
+#[doc(hidden)]
 pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 async fn keep_sequences(
@@ -709,7 +710,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 const LEADER: &str = "this orchestrator (no replicas configured)";
 
 /// How often the per-node readiness gauge is brought up to date.
-pub const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Keeps `poolgate_node_ready{node}` (1 ready, 0 not) for every pool member:
 /// its cardinality is the pool's size, never what the network sends.
@@ -750,14 +751,14 @@ async fn keep_readiness_gauge(gate: Gate) {
 /// How long a node's agent connection may be gone (closed without
 /// `leaving`, or silent for a few heartbeats) before the node is not
 /// available: a reconnect within it changes nothing (design §11).
-pub const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How long a new agent connection has to send its first frame.
-pub const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How many connections one source address may hold before any of them
 /// sent an accepted frame; a newer one evicts its oldest.
-pub const UNAUTHENTICATED_PER_ADDRESS: usize = 64;
+pub(crate) const UNAUTHENTICATED_PER_ADDRESS: usize = 64;
 
 /// Which connections the listener holds: every one counts against
 /// `[agents] max_connections`; those that never had a frame accepted are

@@ -7,7 +7,7 @@
 //! the start of its last successful renewal, by its own monotonic clock
 //! (the lease cannot expire on etcd before the full TTL from then): a
 //! leader that cannot reach etcd stops acting before any other replica
-//! can lead. Followers read the key every [`POLL`] and campaign when it is
+//! can lead. Followers read the key every `POLL` and campaign when it is
 //! gone. All of it runs on a thread of its own; what it decides reaches
 //! the orchestrator through a [`Role`] watch and the store's [`Fence`].
 
@@ -23,7 +23,7 @@ use crate::etcd::{self, Etcd};
 use crate::state::etcd::{EtcdStore, Fence, Term};
 
 /// How often a follower looks at the leader key.
-pub const POLL: Duration = Duration::from_millis(250);
+pub(crate) const POLL: Duration = Duration::from_millis(250);
 
 /// What the leader key says about the leader.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,7 +85,7 @@ impl std::fmt::Display for SteppedDown {
 /// ended (lease revoked, leadership handed on at once) by
 /// [`Campaign::resign`] or on drop.
 #[derive(Debug)]
-pub struct Campaign {
+pub(crate) struct Campaign {
     stop: Arc<AtomicBool>,
     abandoned: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -94,7 +94,7 @@ pub struct Campaign {
 
 /// What a campaign needs.
 #[derive(Debug, Clone)]
-pub struct CampaignSettings {
+pub(crate) struct CampaignSettings {
     /// The leader key.
     pub key: Vec<u8>,
     /// What this replica writes there.
@@ -157,7 +157,7 @@ impl Drop for Campaign {
 }
 
 /// Renew deadline: acting stops this long after a renewal began.
-pub fn renew_deadline(ttl: Duration) -> Duration {
+pub(crate) fn renew_deadline(ttl: Duration) -> Duration {
     ttl * 2 / 3
 }
 
@@ -176,10 +176,10 @@ struct Elector {
 /// How many renewals a lease gets per TTL: with the renew deadline at two
 /// thirds of the TTL, a leader has at least half the TTL to ride out an
 /// etcd election that begins right after a renewal.
-pub const RENEWALS_PER_TTL: u32 = 6;
+pub(crate) const RENEWALS_PER_TTL: u32 = 6;
 
 /// How soon a failed renewal is tried again.
-pub const RENEW_RETRY: Duration = Duration::from_millis(100);
+pub(crate) const RENEW_RETRY: Duration = Duration::from_millis(100);
 
 /// A term being held: the lease, the key's create revision, the TTL.
 #[derive(Clone, Copy)]
@@ -436,10 +436,10 @@ pub struct Replica {
 }
 
 /// How often a follower looks at what is stored.
-pub const FOLLOWER_LOOK: Duration = Duration::from_secs(1);
+pub(crate) const FOLLOWER_LOOK: Duration = Duration::from_secs(1);
 
 /// How long one etcd call of the store may take.
-pub const STORE_CALL: Duration = Duration::from_secs(2);
+pub(crate) const STORE_CALL: Duration = Duration::from_secs(2);
 
 impl Replica {
     /// Connects to `[state] etcd`, checks what the prefix holds (another
@@ -818,6 +818,7 @@ fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<Etcd, LiveEr
 
 /// Runs asked of whichever replica leads, by a process that is not a
 /// replica itself (`poolgate run --end`).
+#[doc(hidden)]
 pub fn requests_of(config: &crate::Config) -> Result<super::requests::Requests, LiveError> {
     let (_, _, _, store, _) = open_store(config)?;
     Ok(super::requests::Requests::new(store))
@@ -855,7 +856,7 @@ impl Drop for Following {
 }
 
 /// At most this many follower connections are served at once.
-pub const FOLLOWER_CONNECTIONS: usize = 256;
+pub(crate) const FOLLOWER_CONNECTIONS: usize = 256;
 
 /// A follower's agent listener: every node is refused with `not_leader`
 /// and a pointer to the leader; `poolgate status` is told who leads.

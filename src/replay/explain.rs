@@ -112,4 +112,4 @@ impl Explainer {
     }
 }
 
-pub use crate::report::{state_line, SPELLED_OUT};
+pub use crate::report::state_line;

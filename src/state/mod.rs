@@ -20,8 +20,9 @@ use std::sync::Arc;
 use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
 
+#[doc(hidden)]
 pub mod etcd;
-pub mod mac;
+pub(crate) mod mac;
 mod records;
 #[cfg(feature = "redb")]
 mod redb;
