@@ -228,7 +228,7 @@ fn a_killed_node_and_an_isolated_host_fault_runs_and_the_healed_pool_is_ready_ag
             &[("node", "\"node-3\"")],
         )
         .unwrap_or_else(|| panic!("no fault on isolation; stderr:\n{}", run.stderr()));
-    // SWIM's suspicion, or the connection silent for 3 heartbeats.
+    // SWIM's suspicion, or the connection silent for 4 heartbeats.
     assert!(
         faulted["reason"] == "suspect" || faulted["reason"] == "unavailable",
         "{faulted}"

@@ -720,3 +720,69 @@ fn a_node_agent_told_to_stop_says_it_left_not_that_it_was_declared_down() {
         );
     });
 }
+
+/// Design §15: with the default SWIM profile (no timings in the
+/// configuration), a node agent stalled for a second (SIGSTOP, as a paused
+/// VM or a starved process) faults nothing, five times over; a node
+/// frozen for good, which no one can tell from a lost host, faults the
+/// run within 3 s. (Before: a 0.5 s stall faulted a run 2 times in 5.)
+#[test]
+fn the_default_profile_rides_through_a_one_second_stall_and_still_finds_a_frozen_node() {
+    const DEFAULTS: &str = r#"
+[pool]
+id = "live"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+"#;
+    live_for(Duration::from_secs(90), async {
+        let plan = common::live::plan(DEFAULTS, 3);
+        assert_eq!(
+            plan.base.swim.timings,
+            poolgate::config::SwimSettings::STEADY,
+            "no timings given: the default profile"
+        );
+        let (mut cluster, gate, mut events) = start(&plan).await;
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("stalls").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        let all = vec![node("node-1"), node("node-2"), node("node-3")];
+        gate.commit_plan(run.clone(), all, Some(epoch))
+            .await
+            .unwrap();
+        for stall in 0..5 {
+            let i = stall % 3;
+            cluster.signal(i, Signal::SIGSTOP);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            cluster.signal(i, Signal::SIGCONT);
+            // What a stall could set off (a suspicion, a silent
+            // connection) would show within two probe periods.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            while let Ok(event) = events.try_recv() {
+                assert!(
+                    !matches!(
+                        event,
+                        Event::RunFaulted { .. } | Event::ReadinessLost { .. }
+                    ),
+                    "stall {stall} of node-{}: {event:?}",
+                    i + 1
+                );
+            }
+        }
+        assert_eq!(gate.report().await.unwrap().run, Some(run));
+        cluster.signal(1, Signal::SIGSTOP);
+        let frozen = std::time::Instant::now();
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        let after = frozen.elapsed();
+        cluster.signal(1, Signal::SIGCONT);
+        assert_eq!(faulted, node("node-2"));
+        assert!(after < Duration::from_secs(3), "found after {after:?}");
+        cluster.kill(0);
+    });
+}

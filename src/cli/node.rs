@@ -58,6 +58,11 @@ pub async fn run(
     path: &Path,
     metrics: Option<SocketAddr>,
 ) -> Result<(), LiveError> {
+    // First: a SIGTERM from the moment the agent runs is a graceful stop,
+    // never the signal's default action.
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let link = super::health::NodeLink::new(config.name.as_str());
     if let Some(addr) = metrics {
         super::health::serve(addr, super::health::Face::Node(Arc::clone(&link)))?;
@@ -137,9 +142,6 @@ pub async fn run(
         ));
     }
 
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
     loop {
         tokio::select! {
             _ = hangup.recv() => {
@@ -508,7 +510,7 @@ async fn session(
             }
             _ = tokio::time::sleep_until(next_beat) => send_now = true,
             _ = tokio::time::sleep_until(heard + silence) => {
-                return Session::Lost { accepted, why: "no reply for 3 heartbeats" };
+                return Session::Lost { accepted, why: "no reply for 4 heartbeats" };
             }
             reply = replies.recv() => match reply {
                 Some(Ok(Some(Reply::Accepted { .. }))) => {
@@ -695,7 +697,7 @@ mod tests {
             a,
             &Session::Lost {
                 accepted: false,
-                why: "no reply for 3 heartbeats",
+                why: "no reply for 4 heartbeats",
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
@@ -723,7 +725,7 @@ mod tests {
             a,
             &Session::Lost {
                 accepted: true,
-                why: "no reply for 3 heartbeats",
+                why: "no reply for 4 heartbeats",
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));

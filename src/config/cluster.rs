@@ -43,17 +43,49 @@ pub struct SwimSettings {
     pub indirect_probes: usize,
 }
 
-/// The defaults are the shipped `config.toml`'s: a member cut off is
-/// suspected 0.6 s after its last answer on average (SWIM's e/(e−1) ×
-/// the probe period), which with the gossip to the orchestrator puts the
-/// rig's isolation → fault median under 1 s (BENCHMARKS.md).
+/// The default: the `steady` profile.
 impl Default for SwimSettings {
     fn default() -> Self {
-        Self {
-            probe_period: Duration::from_millis(400),
-            probe_rtt: Duration::from_millis(120),
-            suspicion_timeout: Duration::from_secs(2),
-            indirect_probes: DEFAULT_INDIRECT_PROBES,
+        SwimSettings::STEADY
+    }
+}
+
+/// Every `[swim] profile`, by name.
+pub const PROFILES: &[&str] = &["steady", "fast"];
+
+impl SwimSettings {
+    /// `steady`, the default: a member is suspected only when it missed a
+    /// whole 1.5 s probe period (a direct probe, then 16 others asked
+    /// after 500 ms), so a node agent stalled for a second (a paused VM,
+    /// a starved process) faults nothing. A lost host is still found in
+    /// under 2 s by its agent connection falling silent (four 500 ms
+    /// heartbeats), a crashed process in about 100 ms by its connection
+    /// closing (BENCHMARKS.md, "SWIM profiles").
+    pub const STEADY: SwimSettings = SwimSettings {
+        probe_period: Duration::from_millis(1500),
+        probe_rtt: Duration::from_millis(500),
+        suspicion_timeout: Duration::from_secs(3),
+        indirect_probes: DEFAULT_INDIRECT_PROBES,
+    };
+
+    /// `fast`: a 400 ms period and 120 ms before indirect probes: a cut
+    /// host is suspected about 0.6 s after its last answer (SWIM's
+    /// e/(e−1) × the period), but a stall of 0.3 s can be taken for a
+    /// death.
+    pub const FAST: SwimSettings = SwimSettings {
+        probe_period: Duration::from_millis(400),
+        probe_rtt: Duration::from_millis(120),
+        suspicion_timeout: Duration::from_secs(2),
+        indirect_probes: DEFAULT_INDIRECT_PROBES,
+    };
+
+    /// The timings of a named profile (`[swim] profile`); the explicit
+    /// keys (`probe_period`, …) override them.
+    pub fn profile(name: &str) -> Option<SwimSettings> {
+        match name {
+            "steady" => Some(SwimSettings::STEADY),
+            "fast" => Some(SwimSettings::FAST),
+            _ => None,
         }
     }
 }
@@ -165,6 +197,7 @@ impl Doc<'_> {
                 "bind",
                 "advertise",
                 "seeds",
+                "profile",
                 "probe_period",
                 "probe_rtt",
                 "suspicion_timeout",
@@ -224,6 +257,16 @@ impl Doc<'_> {
                 .iter()
                 .map(|item| self.endpoint(item, "swim.seeds"))
                 .collect::<Result<_, _>>()?;
+        }
+        if let Some(value) = table.get("profile") {
+            let (name, span) = self.string(value, "swim.profile")?;
+            swim.timings = SwimSettings::profile(&name).ok_or_else(|| {
+                self.error(
+                    span,
+                    "swim.profile",
+                    format!("unknown profile `{name}`; one of {}", PROFILES.join(", ")),
+                )
+            })?;
         }
         let timings = &mut swim.timings;
         let mut rtt_span = None;

@@ -39,11 +39,14 @@ pub struct NodeConfig {
     pub agents: Vec<Endpoint>,
 }
 
-/// How many heartbeats may be missed before a connection is taken as gone.
-pub const HEARTBEATS_MISSED: u32 = 3;
+/// How many heartbeats may be missed before a connection is taken as gone:
+/// four, so that a node agent stalled for a second (with up to a heartbeat
+/// gone by since its last frame) is not taken for gone, and a lost host is
+/// still found within 2 s at the default heartbeat.
+pub const HEARTBEATS_MISSED: u32 = 4;
 
 /// `[node] heartbeat`'s default: a node whose host is cut off is not
-/// live within 3 × 500 ms (plus the lost connection's grace) whatever
+/// live within 4 × 500 ms (plus the lost connection's grace) whatever
 /// SWIM says, for about 700 bytes a second per node (BENCHMARKS.md).
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(500);
 

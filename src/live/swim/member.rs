@@ -561,7 +561,21 @@ impl Message for Datagram {
 #[derive(Debug)]
 pub struct FocaTimer {
     timer: Timer<SwimIdentity>,
+    /// When it was due.
+    due: std::time::Instant,
+    /// Put off once already (see [`LATE`]).
+    deferred: bool,
 }
+
+/// A timer handled this late means this member itself was stalled
+/// (stopped, starved of CPU, its host paused): the datagrams that came
+/// in meanwhile (the acks of its probes among them) are read first, for
+/// [`CATCH_UP`], so that it judges nobody on time it lost itself (as
+/// Lifeguard's local health awareness has it). A timer is put off once.
+pub const LATE: Duration = Duration::from_millis(250);
+
+/// How long a late timer is put off.
+pub const CATCH_UP: Duration = Duration::from_millis(100);
 
 impl Message for FocaTimer {
     type Result = ();
@@ -631,7 +645,15 @@ impl drive::Host for UdpHost<'_, '_> {
     }
 
     fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
-        self.ctx.notify_later(FocaTimer { timer }, after);
+        let due = std::time::Instant::now() + after;
+        self.ctx.notify_later(
+            FocaTimer {
+                timer,
+                due,
+                deferred: false,
+            },
+            after,
+        );
     }
 
     fn notified(&mut self, notification: OwnedNotification<SwimIdentity>) {
@@ -846,6 +868,19 @@ impl Handler<FocaTimer> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
+        let now = std::time::Instant::now();
+        if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
+            metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+            ctx.notify_later(
+                FocaTimer {
+                    timer: msg.timer,
+                    due: now + CATCH_UP,
+                    deferred: true,
+                },
+                CATCH_UP,
+            );
+            return;
+        }
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
         let result = with_signed(self.signed.as_ref(), || {
             foca.handle_timer(msg.timer, runtime)

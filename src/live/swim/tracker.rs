@@ -277,7 +277,7 @@ mod tests {
             addr: addr(i),
             generation,
         };
-        let config = SwimSettings::default().foca_config(4);
+        let config = SwimSettings::FAST.foca_config(4);
         Foca::new(
             identity,
             config,
