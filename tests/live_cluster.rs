@@ -786,3 +786,149 @@ on_readiness_lost = "wait"
         cluster.kill(0);
     });
 }
+
+/// Issue 32: the registry and the pool change without a restart
+/// (`Orchestrator::reload`, what SIGHUP does): a node forgotten and
+/// dropped from the pool while a run over another node is committed (the
+/// run unaffected; the pool's definition waits, as design §2 has it, and
+/// says so), the pool redefined once the run ended, and a node's key
+/// replaced (its frames under the old key refused from then on).
+#[test]
+fn a_reload_applies_the_registry_now_and_the_pool_once_no_run_is_committed() {
+    live(async {
+        let (cluster, gate, mut events) = start(&plan(3)).await;
+        let live = cluster.orchestrator().unwrap();
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("kept").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(run.clone(), vec![node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        let mut edited = cluster.config.clone();
+        edited.registry.remove(&node("node-3"));
+        edited.pool = poolgate::core::PoolDefinition::new(
+            edited.pool.id().clone(),
+            vec![node("node-1"), node("node-2")],
+        )
+        .unwrap();
+        let said = live.reload(&edited).await.unwrap();
+        assert!(
+            said.iter()
+                .any(|l| l == "node-3: forgotten (removed from [registry])"),
+            "{said:?}"
+        );
+        assert!(
+            said.iter().any(|l| l.contains("removed [node-3]")
+                && l.contains("NOT applied while run kept is committed")),
+            "{said:?}"
+        );
+        // node-3 forgotten: readiness lost, the run over node-1 kept.
+        let lost = until(&mut events, |e| match e {
+            Event::ReadinessLost { node, .. } => Some(node.clone()),
+            Event::RunFaulted { .. } => panic!("the run faulted: {e:?}"),
+            _ => None,
+        })
+        .await;
+        assert_eq!(lost, Some(node("node-3")));
+        assert_eq!(gate.report().await.unwrap().run, Some(run.clone()));
+        gate.finish_run(run).await.unwrap();
+        let said = live.reload(&edited).await.unwrap();
+        assert_eq!(
+            said,
+            vec!["pool live members: added [], removed [node-3]".to_string()]
+        );
+        let members = until(&mut events, |e| match e {
+            Event::PoolReady { members, .. } => Some(members.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(
+            members.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            ["node-1", "node-2"]
+        );
+        // node-2's key replaced: its next frame (a heartbeat) is refused.
+        let other = poolgate::live::keys::NodeKey::generate().public();
+        edited.registry.insert(node("node-2"), other);
+        let said = live.reload(&edited).await.unwrap();
+        assert_eq!(said, vec!["node-2: key replaced".to_string()]);
+        let lost = until(&mut events, |e| match e {
+            Event::ReadinessLost { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(lost, Some(node("node-2")));
+        // Nothing changed: nothing said.
+        assert!(live.reload(&edited).await.unwrap().is_empty());
+    });
+}
+
+/// The same through the command line: `watch` reads its configuration
+/// again on SIGHUP (`systemctl reload`): node-2 dropped from the pool
+/// and the registry, the pool is ready again over node-1 alone, with no
+/// restart.
+#[test]
+fn a_sighup_of_watch_applies_an_edited_pool_and_registry() {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("watch")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .arg("--json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+        let first = next_ready(&mut lines).await;
+        assert_eq!(
+            first["members"].as_array().map(Vec::len),
+            Some(2),
+            "{first}"
+        );
+        let text = std::fs::read_to_string(&cluster.config_file).unwrap();
+        let edited: String = text
+            .lines()
+            .filter(|l| !(l.starts_with("\"node-2\" =") || l.starts_with("node-2 =")))
+            .map(|l| {
+                if l.starts_with("members = ") {
+                    "members = [\"node-1\"]".to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_ne!(
+            edited.lines().count(),
+            text.lines().count(),
+            "the registry line"
+        );
+        std::fs::write(&cluster.config_file, edited).unwrap();
+        let pid = nix::unistd::Pid::from_raw(watch.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+        let again = next_ready(&mut lines).await;
+        assert_eq!(again["members"], serde_json::json!(["node-1"]), "{again}");
+        assert!(again["epoch"].as_u64() > first["epoch"].as_u64(), "{again}");
+        watch.kill().await.unwrap();
+    });
+}
+
+/// The next `pool_ready` line of a `watch --json`.
+async fn next_ready(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) -> serde_json::Value {
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if value["event"] == "pool_ready" {
+            return value;
+        }
+    }
+    panic!("watch ended");
+}

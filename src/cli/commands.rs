@@ -386,7 +386,7 @@ impl Watching<'_> {
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                _ = hangup.recv() => reload_keys(|swim| live.reload_cluster_keys(swim), self.path),
+                _ = hangup.recv() => reload(live, self.path).await,
                 event = events.recv() => {
                     let Some(event) = event else {
                         if live.gate.is_stopped() {
@@ -702,6 +702,29 @@ pub(super) fn reload_on_hangup(
 
 /// SIGHUP: the cluster keys of `[swim]`, read again from the config file
 /// (key rotation).
+/// SIGHUP on an orchestrator: `path` read again, and what changed in its
+/// registry, pool and cluster keys applied ([`Orchestrator::reload`]),
+/// each change said; a file that does not load changes nothing.
+pub(super) async fn reload(live: &Orchestrator, path: &Path) {
+    let reloaded = match Config::load(path) {
+        Ok(config) => live.reload(&config).await,
+        Err(e) => Err(LiveError::from(e)),
+    };
+    match reloaded {
+        Ok(changes) if changes.is_empty() => {
+            tracing::info!(config = %path.display(), "configuration read again: nothing changed but the cluster keys, read again")
+        }
+        Ok(changes) => {
+            for change in changes {
+                tracing::warn!(config = %path.display(), change, "configuration read again");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(config = %path.display(), error = %e, "configuration not read again; keeping the running one")
+        }
+    }
+}
+
 pub(super) fn reload_keys(
     reload: impl Fn(&crate::config::SwimConfig) -> Result<(), LiveError>,
     path: &Path,

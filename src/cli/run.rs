@@ -11,9 +11,9 @@ use poolgate_actors::{EventStream, GateError};
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::commands::{
-    drain, in_the_way, plan_and_commit, recording, reload_keys, reload_on_hangup, sockets_free,
-    stop_command, stop_signal, told_end, warn_without_state, AbortOnDrop, Leadership, Output,
-    Printer, RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
+    drain, in_the_way, plan_and_commit, recording, reload_on_hangup, sockets_free, stop_command,
+    stop_signal, told_end, warn_without_state, AbortOnDrop, Leadership, Output, Printer,
+    RunRequest, END_WAIT, EXIT_OTHER_RUN, EXIT_UNGUARDED, STOP_GRACE,
 };
 use crate::config::Config;
 use crate::live::{LiveError, Orchestrator};
@@ -343,7 +343,7 @@ impl AloneKeeper {
             }
             _ = self.hangup.recv() => {
                 let live = &self.live;
-                reload_keys(|swim| live.reload_cluster_keys(swim), &self.path);
+                super::commands::reload(live, &self.path).await;
             }
         }
         Ok(None)

@@ -366,6 +366,73 @@ impl Orchestrator {
         Ok(())
     }
 
+    /// Applies what changed in `config` (SIGHUP, `systemctl reload`):
+    /// nodes added to `[registry]` or whose key was replaced are
+    /// registered, nodes removed are forgotten ([`Orchestrator::register`],
+    /// [`Orchestrator::unregister`]), the pool is redefined if its members
+    /// changed, and the cluster keys are read again. The pool's
+    /// definition does not change under a committed run (the run's nodes
+    /// were checked against it): then the registry changes and the pool's
+    /// does not, said in the answer, and a SIGHUP once the run has ended
+    /// applies it. A pool of another id is refused (that is a new pool,
+    /// not a reload). Returns what changed, one line each.
+    pub async fn reload(&self, config: &Config) -> Result<Vec<String>, LiveError> {
+        let mut said = Vec::new();
+        let report = self.gate.report().await?;
+        if config.pool.id() != &report.pool {
+            return Err(LiveError::Setting {
+                key: "pool.id",
+                message: format!(
+                    "{} is not the running pool {}: a new pool needs a restart",
+                    config.pool.id(),
+                    report.pool
+                ),
+            });
+        }
+        let before = self.registered();
+        for (node, key) in &config.registry {
+            match before.get(node) {
+                Some(old) if old == key => {}
+                Some(_) => {
+                    self.register(node.clone(), *key).await?;
+                    said.push(format!("{node}: key replaced"));
+                }
+                None => {
+                    self.register(node.clone(), *key).await?;
+                    said.push(format!("{node}: registered"));
+                }
+            }
+        }
+        for node in before.keys().filter(|n| !config.registry.contains_key(*n)) {
+            self.unregister(node).await?;
+            said.push(format!("{node}: forgotten (removed from [registry])"));
+        }
+        let now: std::collections::BTreeSet<&NodeId> =
+            report.candidates.iter().map(|c| &c.node).collect();
+        let wanted: std::collections::BTreeSet<&NodeId> = config.pool.members().iter().collect();
+        if now != wanted {
+            let added: Vec<String> = wanted.difference(&now).map(|n| n.to_string()).collect();
+            let removed: Vec<String> = now.difference(&wanted).map(|n| n.to_string()).collect();
+            let change = format!(
+                "pool {} members: added [{}], removed [{}]",
+                report.pool,
+                added.join(", "),
+                removed.join(", ")
+            );
+            match self.gate.define_pool(config.pool.clone()).await {
+                Ok(()) => said.push(change),
+                Err(poolgate_actors::GateError::Refused(
+                    poolgate_actors::core::Refusal::RunCommitted(run),
+                )) => said.push(format!(
+                    "{change}: NOT applied while run {run} is committed (reload again once it ends)"
+                )),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.reload_cluster_keys(&config.swim)?;
+        Ok(said)
+    }
+
     /// The nodes registered now and their pinned keys.
     pub fn registered(&self) -> std::collections::BTreeMap<NodeId, PublicKey> {
         self.registry
