@@ -21,6 +21,7 @@
 pub use crate::config::endpoint;
 pub(crate) mod conversation;
 pub(crate) mod generation;
+mod listener;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;

@@ -872,8 +872,7 @@ async fn follow(
         source,
     };
     let listener =
-        super::orchestrator::until_free(|| super::orchestrator::listen(addr).map_err(bound))
-            .await?;
+        super::orchestrator::until_free(|| super::listener::listen(addr).map_err(bound)).await?;
     let pool = config.pool.id().to_string();
     let slots = Arc::new(tokio::sync::Semaphore::new(FOLLOWER_CONNECTIONS));
     Ok(actix::spawn(async move {
@@ -909,7 +908,7 @@ async fn refuse_as_follower(
         _ => None,
     };
     let first = tokio::time::timeout(
-        super::orchestrator::FIRST_FRAME,
+        super::listener::FIRST_FRAME,
         super::wire::read_prefixed(stream, super::wire::MAX_FRAME),
     )
     .await;
@@ -922,7 +921,7 @@ async fn refuse_as_follower(
             said,
         );
         let _ = tokio::time::timeout(
-            super::orchestrator::FIRST_FRAME,
+            super::listener::FIRST_FRAME,
             super::status::write_answer(stream, &answer),
         )
         .await;
@@ -936,5 +935,5 @@ async fn refuse_as_follower(
         code: super::wire::NOT_LEADER.to_string(),
         detail,
     });
-    let _ = tokio::time::timeout(super::orchestrator::FIRST_FRAME, stream.write_all(&reply)).await;
+    let _ = tokio::time::timeout(super::listener::FIRST_FRAME, stream.write_all(&reply)).await;
 }
