@@ -17,14 +17,34 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::conversation::{Admitted, Conversation, Verdict};
+use super::keys::PublicKey;
 use super::nodes::Nodes;
-use super::orchestrator::{lock, pinned, Registry};
 use super::status;
 use super::swim::member::Join;
 use super::swim::SwimMember;
 use super::throttle::{Throttles, LOG_EVERY};
 use super::wire::{self, Announcement, ReadError, Refused, Reply};
 use crate::config::Config;
+
+/// The registry as the listener and the sequence writer read it, and
+/// [`Orchestrator::register`] changes it: node → pinned key.
+pub(super) type Registry = Arc<std::sync::RwLock<std::collections::BTreeMap<NodeId, PublicKey>>>;
+
+/// The key `registry` pins for `node`, if any.
+pub(super) fn pinned(registry: &Registry, node: &NodeId) -> Option<PublicKey> {
+    registry
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(node)
+        .copied()
+}
+
+/// The mutex's value, whatever a panic left it in.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The agent listener's socket, with a deep accept queue: a burst of
 /// connections waits there instead of having its SYNs dropped.

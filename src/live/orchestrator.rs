@@ -30,7 +30,7 @@ use rand::SeedableRng;
 
 use super::generation::{unix_ms, GenerationFile};
 use super::keys::PublicKey;
-use super::listener::{listen, Listener};
+use super::listener::{listen, lock, pinned, Listener, Registry};
 use super::nodes::{Kept, Nodes};
 use super::swim::keyring;
 use super::swim::member::{boot_generation, Join, SetKeyring};
@@ -105,19 +105,6 @@ pub struct Orchestrator {
     /// This orchestrator's attachment to its SWIM member (a warm one is
     /// detached only by the term that attached it).
     attachment: u64,
-}
-
-/// The registry as the listener and the sequence writer read it, and
-/// [`Orchestrator::register`] changes it: node → pinned key.
-pub(super) type Registry = Arc<std::sync::RwLock<std::collections::BTreeMap<NodeId, PublicKey>>>;
-
-/// The key `registry` pins for `node`, if any.
-pub(super) fn pinned(registry: &Registry, node: &NodeId) -> Option<PublicKey> {
-    registry
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(node)
-        .copied()
 }
 
 impl Orchestrator {
@@ -740,12 +727,6 @@ fn restore_sequences(
         }
     }
     restored
-}
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Which replica leads, as `poolgate status` says it (one orchestrator: no
