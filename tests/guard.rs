@@ -951,6 +951,41 @@ fn a_sigkilled_keeper_takes_the_commands_group_with_it() {
     });
 }
 
+/// What is stopped (SIGSTOP) before the run faults.
+#[derive(Clone, Copy)]
+enum Stopped {
+    /// The command's keeper (`guard-exec`).
+    Keeper,
+    /// The command's whole process group.
+    Command,
+}
+
+/// A guarded run whose keeper or command is stopped, then faulted (its
+/// node killed): whether the command's group was still there when `run`
+/// exited, `run`'s exit code, and how long after `run_faulted` it came.
+async fn faulted_while_stopped(what: Stopped) -> (bool, Option<i32>, Duration) {
+    let mut cluster = cluster(&plan(2, None)).await;
+    let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    until_line(&mut lines, "run_committed").await;
+    let group = group_of(&pid_file).await;
+    let keeper = keeper_of(&run).await;
+    match what {
+        Stopped::Keeper => kill(keeper, Signal::SIGSTOP).unwrap(),
+        Stopped::Command => killpg(group, Signal::SIGSTOP).unwrap(),
+    }
+    cluster.kill(0);
+    until_line(&mut lines, "run_faulted").await;
+    let faulted = std::time::Instant::now();
+    let code = exit_code(&mut run).await;
+    let after = faulted.elapsed();
+    let alive = killpg(group, None).is_ok();
+    kill_group(group);
+    let _ = kill(keeper, Signal::SIGKILL);
+    let _ = kill(keeper, Signal::SIGCONT);
+    (alive, code, after)
+}
+
 /// Issue 28, reproduction 9: with the keeper stopped (SIGSTOP), a fault
 /// made `run` exit 3 as if it had stopped the command; it had not. Then
 /// (an operator's finding) the command was stopped, but only once the
@@ -961,27 +996,12 @@ fn a_sigkilled_keeper_takes_the_commands_group_with_it() {
 #[test]
 fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
     live_for(LIMIT, async {
-        let mut cluster = cluster(&plan(2, None)).await;
-        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
-        let keeper = keeper_of(&run).await;
-        kill(keeper, Signal::SIGSTOP).unwrap();
-        cluster.kill(0);
-        until_line(&mut lines, "run_faulted").await;
-        let faulted = std::time::Instant::now();
-        let code = exit_code(&mut run).await;
-        let stopped_after = faulted.elapsed();
-        let alive = killpg(group, None).is_ok();
-        kill_group(group);
-        let _ = kill(keeper, Signal::SIGKILL);
-        let _ = kill(keeper, Signal::SIGCONT);
+        let (alive, code, after) = faulted_while_stopped(Stopped::Keeper).await;
         assert!(!alive, "run exited {code:?} while its command still ran");
         assert_eq!(code, Some(3));
         assert!(
-            stopped_after < Duration::from_secs(3),
-            "the command ran on {stopped_after:?} after its run faulted"
+            after < Duration::from_secs(3),
+            "the command ran on {after:?} after its run faulted"
         );
     });
 }
@@ -992,24 +1012,12 @@ fn a_stopped_keeper_does_not_keep_the_command_past_a_fault() {
 #[test]
 fn a_stopped_command_is_stopped_at_the_fault_not_a_grace_later() {
     live_for(LIMIT, async {
-        let mut cluster = cluster(&plan(2, None)).await;
-        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
-        killpg(group, Signal::SIGSTOP).unwrap();
-        cluster.kill(0);
-        until_line(&mut lines, "run_faulted").await;
-        let faulted = std::time::Instant::now();
-        let code = exit_code(&mut run).await;
-        let stopped_after = faulted.elapsed();
-        let alive = killpg(group, None).is_ok();
-        kill_group(group);
+        let (alive, code, after) = faulted_while_stopped(Stopped::Command).await;
         assert!(!alive, "run exited {code:?} while its command still ran");
         assert_eq!(code, Some(3));
         assert!(
-            stopped_after < Duration::from_secs(3),
-            "the stopped command went {stopped_after:?} after its run faulted"
+            after < Duration::from_secs(3),
+            "the stopped command went {after:?} after its run faulted"
         );
     });
 }
