@@ -881,11 +881,13 @@ fn a_fenced_gate_whose_writes_are_refused_raises_no_error() {
             let fence = open.clone();
             gate.fence_with(move || fence.load(Ordering::SeqCst));
             make_ready(&gate, "a").await;
+            assert!(!gate.writes_failing());
             // The term ends before the window does: the new epoch's write
             // is refused, and (deposed) the fence says no.
             refusing.store(true, Ordering::SeqCst);
             open.store(!fenced, Ordering::SeqCst);
             advance_to(&gate, 1_000).await;
+            assert!(gate.writes_failing(), "a refused write is noted");
             let seen = seen.lock().unwrap().clone();
             let errors: Vec<&String> = seen.iter().filter(|l| l.starts_with("ERROR")).collect();
             let said_unwritten = seen.iter().any(|l| l.contains("durable state not written"));

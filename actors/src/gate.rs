@@ -231,6 +231,14 @@ impl Gate {
         self.publisher.fence_with(Arc::new(fence));
     }
 
+    /// Whether the gate's last write of its durable state failed (and no
+    /// write since succeeded): it tells no new epoch nor run outcome until
+    /// one does. `false` without a store. An orchestrator's `/readyz`
+    /// says not ready while it is so.
+    pub fn writes_failing(&self) -> bool {
+        self.publisher.is_unwritten()
+    }
+
     /// Whether [`Gate::stop`] was called (on this gate or a clone).
     pub fn is_stopped(&self) -> bool {
         let stopped = self.publisher.is_closed();

@@ -348,6 +348,7 @@ impl PoolActor {
 
     /// Notes the outcome of a write of `state`.
     fn saved(&mut self, state: &Durable, result: &Result<(), StoreError>) {
+        self.publisher.note_written(result.is_ok());
         match result {
             Ok(()) => {
                 self.stored_epoch = Some(state.last_epoch);

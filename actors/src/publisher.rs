@@ -33,6 +33,9 @@ pub struct Publisher {
     /// Closed ([`Publisher::close`]): nothing is published any more. An
     /// atomic, read on every input without taking the subscribers' lock.
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// The last write of the durable state failed (and none since
+    /// succeeded): what the gate tells is held back.
+    unwritten: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Whether the gate may still act (a replica's leadership, design §12).
@@ -275,6 +278,17 @@ impl Publisher {
     /// the publisher closes. Set once.
     pub fn fence_with(&self, fence: Fence) {
         let _ = self.fence.set(fence);
+    }
+
+    /// Notes whether the last write of the durable state failed.
+    pub fn note_written(&self, written: bool) {
+        self.unwritten
+            .store(!written, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the last write of the durable state failed.
+    pub fn is_unwritten(&self) -> bool {
+        self.unwritten.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether [`Publisher::close`] was called, or the fence said no.

@@ -3,9 +3,10 @@
 //!
 //! - `/metrics`: every metric, Prometheus text format;
 //! - `/healthz`: 200 while the process works (its runtime answers);
-//! - `/readyz`: 200 while it leads (an orchestrator: its own listener
-//!   answers as the leader), or, for a node, while its agent connection
-//!   is up (a frame of it accepted); 503 with the reason otherwise;
+//! - `/readyz`: 200 while it leads and can write (an orchestrator: its
+//!   own listener answers as the leader, its last state write succeeded),
+//!   or, for a node, while its agent connection is up (a frame of it
+//!   accepted); 503 with the reason otherwise;
 //! - `/status`: the `poolgate status --json` answer (an orchestrator), or
 //!   the node's connection (a node), as JSON;
 //!
@@ -189,6 +190,10 @@ pub async fn readiness(face: &Face) -> Result<String, String> {
                     "not leading; the leader is {}",
                     answer["leader"].as_str().unwrap_or("unknown")
                 )),
+                _ if answer["writing"] == false => Err(
+                    "leading, but its state store refuses its writes: it tells no new epoch nor outcome until one succeeds"
+                        .to_string(),
+                ),
                 _ => Ok(format!(
                     "leading (pool {}: {})",
                     answer["pool"].as_str().unwrap_or(""),

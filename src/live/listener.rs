@@ -407,7 +407,12 @@ impl Listener {
         let Ok(report) = self.gate.report().await else {
             return;
         };
-        let answer = status::answer(&report, self.gate.clock().now(), &self.leader);
+        let answer = status::answer(
+            &report,
+            self.gate.clock().now(),
+            &self.leader,
+            !self.gate.writes_failing(),
+        );
         let _ = tokio::time::timeout(FIRST_FRAME, status::write_answer(stream, &answer)).await;
     }
 

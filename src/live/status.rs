@@ -48,8 +48,9 @@ pub fn is_status_query(bytes: &[u8]) -> bool {
     serde_json::from_slice::<Query>(bytes).is_ok_and(|q| q.v == 1 && q.query == "status")
 }
 
-/// The status answer for `report`, taken at `now`.
-pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
+/// The status answer for `report`, taken at `now`; `writing`: whether the
+/// gate's last write of its durable state succeeded.
+pub fn answer(report: &PoolReport, now: Time, leader: &str, writing: bool) -> Value {
     let (phase, epoch, deadline) = match report.phase {
         PoolPhase::Forming => ("forming", None, None),
         PoolPhase::Converging { deadline } => ("converging", None, Some(deadline.as_millis())),
@@ -79,6 +80,7 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str) -> Value {
         "deadline_ms": deadline,
         "run": report.run.as_ref().map(|r| r.as_str()),
         "leader": leader,
+        "writing": writing,
         "at_ms": now.as_millis(),
         "candidates": candidates,
     })
