@@ -681,6 +681,51 @@ fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
     });
 }
 
+/// An operator's finding: a `run` cut off from etcd stopped its command
+/// only after `[run] unguarded_after` unconfirmed, but its session (that
+/// TTL, renewed every third of it) could expire, and the leader end its
+/// run and commit another requester's run on the same nodes, a third of
+/// the TTL earlier: two commands ran at once for up to 2.8 s. `run` now
+/// stops its command once its session is at risk (not renewed for half
+/// the TTL), before the leader can end the run.
+#[test]
+fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() {
+    need_etcd!();
+    let server = etcd::Etcd::start("cut-requester");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(LIMIT, async {
+        let (cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(4)).await;
+        let mut events = live.gate.subscribe();
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        proxy.set_cut(true);
+        tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                match events.recv().await {
+                    Some(poolgate::core::Event::RunFinished { .. }) => return,
+                    Some(_) => continue,
+                    None => panic!("the gate stopped"),
+                }
+            }
+        })
+        .await
+        .expect("the leader ends the run of a requester gone for good");
+        let alive_at_the_end = killpg(group, None).is_ok();
+        let code = exit_code(&mut run).await;
+        kill_group(group);
+        assert!(
+            !alive_at_the_end,
+            "the command still ran when the leader ended its run"
+        );
+        assert_eq!(code, Some(5));
+        live.stop().await;
+        replica.resign();
+    });
+}
+
 /// The same for a lone `run` (its own gate guards the run): frozen, it
 /// guards nothing, and its keeper stops the command after half of
 /// `[run] unguarded_after` (2 s here) without a sign; continued, `run`

@@ -531,9 +531,18 @@ impl ReplicatedKeeper {
         }
         let unconfirmed = self.confirmed.elapsed();
         let lost = self.session.as_ref().is_some_and(|s| s.is_lost());
-        if lost || unconfirmed > self.unguarded_after {
+        // The session at risk: it may expire a third of its TTL from now,
+        // and the leader then end the run (and commit another on its
+        // nodes): the command goes first.
+        let at_risk = self.session.as_ref().and_then(|s| s.at_risk());
+        if lost || at_risk.is_some() || unconfirmed > self.unguarded_after {
             let why = if lost {
                 "its etcd session expired".to_string()
+            } else if let Some(unrenewed) = at_risk {
+                format!(
+                    "its etcd session not renewed for {} (etcd out of its reach): it may expire, and the leader end the run",
+                    crate::config::in_words(unrenewed)
+                )
             } else {
                 format!(
                     "not confirmed guarded for {} (no replica leads, or etcd is out of reach)",

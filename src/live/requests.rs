@@ -119,6 +119,9 @@ pub struct Session {
     lease: i64,
     stop: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
+    /// The renewals, as the session's thread saw them.
+    renewals: Arc<std::sync::Mutex<Renewals>>,
+    ttl: Duration,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -133,7 +136,38 @@ impl Session {
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Relaxed)
     }
+
+    /// How long the lease has gone unrenewed, if it is at risk: not
+    /// renewed for half its TTL (renewals go every third of it) while
+    /// renewing fails or hangs. It can then expire, and the leader end
+    /// the run, once the TTL has passed since the last renewal: a sixth of
+    /// the TTL from now at the earliest. A process paused past half the
+    /// TTL is not at risk for that alone: its first renewal on waking
+    /// goes through.
+    pub fn at_risk(&self) -> Option<Duration> {
+        let renewals = self.renewals.lock().ok()?;
+        let unrenewed = renewals.sent.elapsed();
+        let troubled = renewals
+            .trying_since
+            .is_some_and(|since| since.elapsed() > TROUBLED_AFTER);
+        (unrenewed > self.ttl / 2 && troubled).then_some(unrenewed)
+    }
 }
+
+/// A session's renewals.
+#[derive(Debug)]
+struct Renewals {
+    /// When the last renewal that etcd took was sent (the lease runs for
+    /// at least its TTL from then).
+    sent: std::time::Instant,
+    /// Since when renewing has been tried and has not gone through (a
+    /// call in flight, or failing), if it is.
+    trying_since: Option<std::time::Instant>,
+}
+
+/// How long renewing may be tried without going through before the
+/// lease counts as at risk (a renewal takes milliseconds).
+const TROUBLED_AFTER: Duration = Duration::from_millis(300);
 
 impl Drop for Session {
     fn drop(&mut self) {
@@ -272,8 +306,13 @@ impl Requests {
 fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
     let stop = Arc::new(AtomicBool::new(false));
     let lost = Arc::new(AtomicBool::new(false));
+    let renewals = Arc::new(std::sync::Mutex::new(Renewals {
+        sent: std::time::Instant::now(),
+        trying_since: None,
+    }));
     let stopping = Arc::clone(&stop);
     let losing = Arc::clone(&lost);
+    let noting = Arc::clone(&renewals);
     let thread = std::thread::Builder::new()
         .name("poolgate-run-session".into())
         .spawn(move || {
@@ -281,10 +320,20 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
             let mut next = std::time::Instant::now() + every;
             while !stopping.load(Ordering::Relaxed) {
                 if std::time::Instant::now() >= next {
+                    let sent = std::time::Instant::now();
+                    if let Ok(mut renewals) = noting.lock() {
+                        renewals.trying_since.get_or_insert(sent);
+                    }
                     let renewed = etcd.keep_alive(lease);
                     next = std::time::Instant::now()
                         + match renewed {
-                            Ok(Some(_)) => every,
+                            Ok(Some(_)) => {
+                                if let Ok(mut renewals) = noting.lock() {
+                                    renewals.sent = sent;
+                                    renewals.trying_since = None;
+                                }
+                                every
+                            }
                             Ok(None) => {
                                 tracing::warn!(
                                     "the run's etcd session expired: the leader ends its run"
@@ -304,6 +353,8 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
         lease,
         stop,
         lost,
+        renewals,
+        ttl,
         thread,
     }
 }
