@@ -726,6 +726,43 @@ fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() 
     });
 }
 
+/// An operator's finding: a keeper stopped (SIGSTOP) for more than the
+/// watchdog's bound, and continued, stopped a healthy run's command at
+/// once, blaming `run`: it judged its guard on time it had lost itself.
+/// A keeper that finds itself late waits a little for the signs sent
+/// meanwhile before it judges.
+#[test]
+fn a_keeper_stopped_past_its_bound_and_continued_leaves_a_healthy_command_alone() {
+    live_for(LIMIT, async {
+        let mut plan = plan(2, None);
+        plan.base.run.unguarded_after = Duration::from_secs(2);
+        let cluster = cluster(&plan).await;
+        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let keeper = keeper_of(&run).await;
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(keeper, Signal::SIGSTOP).unwrap();
+        // Past the watchdog's bound (half of unguarded_after: 1 s).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        kill(keeper, Signal::SIGCONT).unwrap();
+        // What the keeper would do on waking shows within a second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let alive = killpg(group, None).is_ok();
+        let still_running = run.try_wait().unwrap().is_none();
+        let _ = kill(pid, Signal::SIGTERM);
+        let code = exit_code(&mut run).await;
+        kill_group(group);
+        assert!(
+            alive,
+            "the keeper stopped a healthy command (run exited {code:?})"
+        );
+        assert!(still_running, "run ended (exit {code:?})");
+        assert_eq!(code, Some(143));
+    });
+}
+
 /// The same for a lone `run` (its own gate guards the run): frozen, it
 /// guards nothing, and its keeper stops the command after half of
 /// `[run] unguarded_after` (2 s here) without a sign; continued, `run`
@@ -993,6 +1030,9 @@ fn a_sigkilled_keeper_takes_the_commands_group_with_it() {
             gone,
             "the command outlived its killed keeper (run exited {code:?})"
         );
+        // Not 137, the keeper's death (an operator's finding): the
+        // command was stopped unguarded.
+        assert_eq!(code, Some(5));
     });
 }
 

@@ -307,6 +307,16 @@ async fn beat(keeper: Pid, every: Duration) {
     }
 }
 
+/// The signal a keeper was killed by, if one was (not the watchdog's
+/// SIGUSR2): a keeper otherwise exits with a code, the command's, since
+/// it handles every signal that would end it.
+pub fn killed_by(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .signal()
+        .filter(|signal| *signal != Signal::SIGUSR2 as i32)
+}
+
 /// Whether a keeper ended as one with a watchdog does when its guard gave
 /// no sign for the bound: it stopped the command and died by SIGUSR2.
 pub fn gave_up(status: ExitStatus) -> bool {
@@ -495,9 +505,13 @@ pub fn keep(
             })?;
         let group = leader(&child);
         let bound = watchdog.unwrap_or(Duration::MAX / 4);
+        // The guard's signs come five times per bound.
+        let every = bound / 5;
         let silence = tokio::time::sleep(bound);
         tokio::pin!(silence);
         let mut gave_up = false;
+        // Put off once since the last sign: this keeper was itself late.
+        let mut waited = false;
         let status = loop {
             tokio::select! {
                 // A sign waiting is taken before the silence is judged (a
@@ -505,6 +519,7 @@ pub fn keep(
                 biased;
                 Some(()) = async { signs.as_mut()?.recv().await }, if signs.is_some() => {
                     silence.as_mut().reset(tokio::time::Instant::now() + bound);
+                    waited = false;
                 }
                 status = child.wait() => break Some(status?),
                 _ = terminate.recv() => break None,
@@ -512,6 +527,15 @@ pub fn keep(
                 _ = quit.recv() => break None,
                 _ = hangup.recv() => continue,
                 _ = &mut silence, if watchdog.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    if !waited && now.saturating_duration_since(silence.deadline()) > every {
+                        // This keeper was stopped or starved itself: the
+                        // signs sent meanwhile are read before it judges
+                        // its guard on time it lost.
+                        waited = true;
+                        silence.as_mut().reset(now + every * 2);
+                        continue;
+                    }
                     eprintln!(
                         "poolgate guard-exec: no sign from its guard (pid {guard}) for {}: it is stopped or hung, so nothing would stop the command when its run ends; stopping it",
                         crate::config::in_words(bound)

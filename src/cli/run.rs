@@ -99,11 +99,19 @@ pub async fn run(
             status = child.wait() => {
                 let status = status?;
                 let gave_up = super::guard::gave_up(status);
+                let killed = super::guard::killed_by(status);
                 if gave_up {
                     eprintln!("poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
                 }
+                if let Some(signal) = killed {
+                    eprintln!("poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
+                }
                 keeper.end(&run).await?;
-                return Ok(if gave_up { EXIT_UNGUARDED } else { super::guard::code(status) });
+                return Ok(if gave_up || killed.is_some() {
+                    EXIT_UNGUARDED
+                } else {
+                    super::guard::code(status)
+                });
             }
             ended = keeper.guard(&run) => {
                 let Some(ended) = ended? else { continue };
