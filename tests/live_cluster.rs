@@ -381,6 +381,17 @@ fn watch_serves_its_metrics_health_readiness_and_status_and_404_elsewhere() {
         assert_eq!(http(port, "POST", "/metrics").await.0, 405);
         let (code, body) = http(port, "HEAD", "/healthz").await;
         assert_eq!((code, body.as_str()), (200, ""));
+        // A hundred idle connections (a slowloris; an operator's finding:
+        // 32 kept every probe out) do not keep a probe out.
+        let mut idle = Vec::new();
+        for _ in 0..100 {
+            idle.push(tokio::net::TcpStream::connect(port).await.unwrap());
+        }
+        let probe = tokio::time::timeout(Duration::from_secs(2), http(port, "GET", "/healthz"))
+            .await
+            .expect("a probe answered beside 100 idle connections");
+        assert_eq!(probe.0, 200);
+        drop(idle);
         watch.kill().await.unwrap();
     });
 }

@@ -12,8 +12,10 @@
 //!
 //! and 404 for any other path (405 for a method other than GET or HEAD).
 //! One request per connection, read within [`READ_WAIT`] and
-//! [`MAX_REQUEST`] bytes; at most [`MAX_CONNECTIONS`] at once, more are
-//! closed unanswered.
+//! [`MAX_REQUEST`] bytes. At most [`MAX_CONNECTIONS`] are read at once: a
+//! new connection past them evicts the oldest still sending its request,
+//! so idle connections (a slow client, or a slowloris) never keep a probe
+//! out; at most [`ANSWERING`] are answered at once, more get 503.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -32,8 +34,13 @@ pub const MAX_REQUEST: usize = 8 * 1024;
 /// How long a request has to arrive whole.
 pub const READ_WAIT: Duration = Duration::from_secs(5);
 
-/// Connections answered at once; more are closed unanswered.
+/// Connections whose request is being read at once; a new one past them
+/// evicts the oldest.
 pub const MAX_CONNECTIONS: usize = 32;
+
+/// Requests answered at once (a `/status` asks the listener, for up to a
+/// few seconds); more are answered 503.
+pub const ANSWERING: usize = 8;
 
 /// How often the histograms' windows are kept (the exporter's upkeep).
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -113,7 +120,8 @@ pub fn serve(addr: SocketAddr, face: Face) -> Result<(), LiveError> {
             upkeep.run_upkeep();
         }
     });
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let reading = Arc::new(Mutex::new(Reading::default()));
+    let answering = Arc::new(tokio::sync::Semaphore::new(ANSWERING));
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -121,29 +129,80 @@ pub fn serve(addr: SocketAddr, face: Face) -> Result<(), LiveError> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             };
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                continue;
-            };
+            let id = lock(&reading).admit();
             let (face, handle) = (face.clone(), handle.clone());
-            tokio::spawn(async move {
-                let _slot = slot;
-                let _ = tokio::time::timeout(READ_WAIT * 2, exchange(stream, &face, &handle)).await;
+            let (read, answer_slots) = (Arc::clone(&reading), Arc::clone(&answering));
+            let task = tokio::spawn(async move {
+                let exchange = exchange(stream, &face, &handle, || {
+                    lock(&read).done(id);
+                    answer_slots.try_acquire_owned().ok()
+                });
+                let _ = tokio::time::timeout(READ_WAIT * 2, exchange).await;
+                lock(&read).done(id);
             });
+            lock(&reading).reads(id, task.abort_handle());
         }
     });
     Ok(())
 }
 
+/// The connections whose request is being read, oldest first.
+#[derive(Default)]
+struct Reading {
+    next: u64,
+    open: std::collections::VecDeque<(u64, Option<tokio::task::AbortHandle>)>,
+}
+
+impl Reading {
+    /// A new connection's id; past [`MAX_CONNECTIONS`] the oldest is
+    /// evicted (its task aborted: the socket closes).
+    fn admit(&mut self) -> u64 {
+        while self.open.len() >= MAX_CONNECTIONS {
+            if let Some((_, Some(task))) = self.open.pop_front() {
+                task.abort();
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        self.open.push_back((id, None));
+        id
+    }
+
+    /// Connection `id` is read by `task`.
+    fn reads(&mut self, id: u64, task: tokio::task::AbortHandle) {
+        if let Some(entry) = self.open.iter_mut().find(|(i, _)| *i == id) {
+            entry.1 = Some(task);
+        }
+    }
+
+    /// Connection `id`'s request is read (or it ended): no longer evicted.
+    fn done(&mut self, id: u64) {
+        self.open.retain(|(i, _)| *i != id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// An answer: status code, content type, body.
 type Answer = (u16, &'static str, String);
 
-/// Reads one request on `stream` and answers it.
+/// Reads one request on `stream` and answers it; `read` is called once
+/// the request is read, and gives a turn to answer (none: 503).
 async fn exchange(
     mut stream: TcpStream,
     face: &Face,
     handle: &PrometheusHandle,
+    read: impl FnOnce() -> Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> std::io::Result<()> {
-    let Some(head) = read_head(&mut stream).await? else {
+    let head = read_head(&mut stream).await;
+    let Some(_turn) = read() else {
+        return answer(&mut stream, false, (503, TEXT, "busy\n".into())).await;
+    };
+    let Some(head) = head? else {
         return answer(&mut stream, false, (400, TEXT, "bad request\n".into())).await;
     };
     let mut words = head.lines().next().unwrap_or_default().split_whitespace();
