@@ -571,6 +571,36 @@ async fn among_replicas(
     (cluster, replica, live, requester)
 }
 
+/// Waits (up to 10 s) for the pool to be forming (a node it needs gone).
+async fn until_forming(gate: &poolgate::Gate) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(
+            gate.report().await.unwrap().phase,
+            poolgate::core::PoolPhase::Forming
+        ) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("not ready without node-1");
+}
+
+/// Waits (up to 20 s) for the leader to end a run whose requester is
+/// gone for good (`run_finished`).
+async fn until_ended_by_the_leader(events: &mut poolgate::EventStream) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match events.recv().await {
+                Some(poolgate::core::Event::RunFinished { .. }) => return,
+                Some(_) => continue,
+                None => panic!("the gate stopped"),
+            }
+        }
+    })
+    .await
+    .expect("the leader ends the run of a requester gone for good");
+}
+
 /// Issue 28, reproduction 2: a `run` among replicas that cannot confirm
 /// its run is guarded (etcd out of its reach) went on forever. It must
 /// stop its command and exit 5 once `[run] unguarded_after` has passed;
@@ -656,17 +686,7 @@ fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
         kill(pid, Signal::SIGSTOP).unwrap();
         // The leader ends the run once the frozen requester's session
         // (2 s) has expired.
-        tokio::time::timeout(Duration::from_secs(15), async {
-            loop {
-                match events.recv().await {
-                    Some(poolgate::core::Event::RunFinished { .. }) => return,
-                    Some(_) => continue,
-                    None => panic!("the gate stopped"),
-                }
-            }
-        })
-        .await
-        .expect("the leader ends the run of a requester gone for good");
+        until_ended_by_the_leader(&mut events).await;
         let alive_at_the_end = killpg(group, None).is_ok();
         kill(pid, Signal::SIGCONT).unwrap();
         let code = exit_code(&mut run).await;
@@ -702,17 +722,7 @@ fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() 
         until_line(&mut lines, "run_committed").await;
         let group = group_of(&pid_file).await;
         proxy.set_cut(true);
-        tokio::time::timeout(Duration::from_secs(15), async {
-            loop {
-                match events.recv().await {
-                    Some(poolgate::core::Event::RunFinished { .. }) => return,
-                    Some(_) => continue,
-                    None => panic!("the gate stopped"),
-                }
-            }
-        })
-        .await
-        .expect("the leader ends the run of a requester gone for good");
+        until_ended_by_the_leader(&mut events).await;
         let alive_at_the_end = killpg(group, None).is_ok();
         let code = exit_code(&mut run).await;
         kill_group(group);
@@ -802,16 +812,7 @@ fn a_requester_that_gives_up_and_a_follower_tell_what_blocks_the_pool() {
         let (mut cluster, replica, live, requester) =
             among_replicas(&server, &proxy, 2, Duration::from_secs(10)).await;
         cluster.kill(0);
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while !matches!(
-                live.gate.report().await.unwrap().phase,
-                poolgate::core::PoolPhase::Forming
-            ) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("not ready without node-1");
+        until_forming(&live.gate).await;
         let gave_up = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
             .arg("run")
             .arg("--config")
@@ -1123,16 +1124,7 @@ fn a_run_ended_by_the_leader_while_its_requester_was_away_exits_5_not_3() {
             among_replicas(&server, &proxy, 2, Duration::from_secs(5)).await;
         // Not ready: the run is asked, not committed.
         cluster.kill(0);
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while !matches!(
-                live.gate.report().await.unwrap().phase,
-                poolgate::core::PoolPhase::Forming
-            ) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("not ready without node-1");
+        until_forming(&live.gate).await;
         let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
         let requests = format!("/poolgate/{}/guard/requests/", cluster.config.swim.label);
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -1153,17 +1145,7 @@ fn a_run_ended_by_the_leader_while_its_requester_was_away_exits_5_not_3() {
         // the leader ends the run.
         cluster.spawn(0).unwrap();
         let mut events = live.gate.subscribe();
-        tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                match events.recv().await {
-                    Some(poolgate::core::Event::RunFinished { .. }) => return,
-                    Some(_) => continue,
-                    None => panic!("the gate stopped"),
-                }
-            }
-        })
-        .await
-        .expect("the leader ends the run of a requester gone for good");
+        until_ended_by_the_leader(&mut events).await;
         kill(pid, Signal::SIGCONT).unwrap();
         assert_eq!(exit_code(&mut run).await, Some(5));
         assert!(
