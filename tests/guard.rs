@@ -662,6 +662,50 @@ fn a_run_that_cannot_confirm_its_run_guarded_stops_its_command_and_exits_5() {
     });
 }
 
+/// How a requester goes away from its run.
+#[derive(Clone, Copy)]
+enum Away {
+    /// `run` frozen (SIGSTOP).
+    Frozen,
+    /// `run` cut off from etcd.
+    Cut,
+}
+
+/// A `run` among replicas (`unguarded_after` as given) whose run is
+/// committed goes `away` until the leader ends its run (its session
+/// expired): whether its command was still there at that moment, and
+/// `run`'s exit code once it is back.
+async fn away_until_ended(
+    name: &str,
+    away: Away,
+    unguarded_after: Duration,
+) -> (bool, Option<i32>) {
+    let server = etcd::Etcd::start(name);
+    let proxy = etcd::Proxy::start(server.port());
+    let (cluster, replica, live, requester) =
+        among_replicas(&server, &proxy, 2, unguarded_after).await;
+    let mut events = live.gate.subscribe();
+    let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    until_line(&mut lines, "run_committed").await;
+    let group = group_of(&pid_file).await;
+    let pid = Pid::from_raw(run.id().unwrap() as i32);
+    match away {
+        Away::Frozen => kill(pid, Signal::SIGSTOP).unwrap(),
+        Away::Cut => proxy.set_cut(true),
+    }
+    until_ended_by_the_leader(&mut events).await;
+    let alive_at_the_end = killpg(group, None).is_ok();
+    if let Away::Frozen = away {
+        kill(pid, Signal::SIGCONT).unwrap();
+    }
+    let code = exit_code(&mut run).await;
+    kill_group(group);
+    live.stop().await;
+    replica.resign();
+    (alive_at_the_end, code)
+}
+
 /// An operator's finding: a `run` frozen (SIGSTOP) past its session had
 /// its run ended by the leader (its requester gone) while its command ran
 /// on until `run` was continued: nothing guarded it, and nothing could
@@ -672,32 +716,14 @@ fn a_run_that_cannot_confirm_its_run_guarded_stops_its_command_and_exits_5() {
 #[test]
 fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
     need_etcd!();
-    let server = etcd::Etcd::start("frozen-run");
-    let proxy = etcd::Proxy::start(server.port());
     live_for(LIMIT, async {
-        let (cluster, replica, live, requester) =
-            among_replicas(&server, &proxy, 2, Duration::from_secs(2)).await;
-        let mut events = live.gate.subscribe();
-        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
-        let pid = Pid::from_raw(run.id().unwrap() as i32);
-        kill(pid, Signal::SIGSTOP).unwrap();
-        // The leader ends the run once the frozen requester's session
-        // (2 s) has expired.
-        until_ended_by_the_leader(&mut events).await;
-        let alive_at_the_end = killpg(group, None).is_ok();
-        kill(pid, Signal::SIGCONT).unwrap();
-        let code = exit_code(&mut run).await;
-        kill_group(group);
+        let (alive, code) =
+            away_until_ended("frozen-run", Away::Frozen, Duration::from_secs(2)).await;
         assert!(
-            !alive_at_the_end,
+            !alive,
             "the command still ran when the leader ended its run"
         );
         assert_eq!(code, Some(5), "a run whose command was stopped unguarded");
-        live.stop().await;
-        replica.resign();
     });
 }
 
@@ -711,28 +737,14 @@ fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
 #[test]
 fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() {
     need_etcd!();
-    let server = etcd::Etcd::start("cut-requester");
-    let proxy = etcd::Proxy::start(server.port());
     live_for(LIMIT, async {
-        let (cluster, replica, live, requester) =
-            among_replicas(&server, &proxy, 2, Duration::from_secs(4)).await;
-        let mut events = live.gate.subscribe();
-        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
-        proxy.set_cut(true);
-        until_ended_by_the_leader(&mut events).await;
-        let alive_at_the_end = killpg(group, None).is_ok();
-        let code = exit_code(&mut run).await;
-        kill_group(group);
+        let (alive, code) =
+            away_until_ended("cut-requester", Away::Cut, Duration::from_secs(4)).await;
         assert!(
-            !alive_at_the_end,
+            !alive,
             "the command still ran when the leader ended its run"
         );
         assert_eq!(code, Some(5));
-        live.stop().await;
-        replica.resign();
     });
 }
 
