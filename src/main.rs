@@ -151,8 +151,9 @@ enum Command {
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
     /// if the run faults (COMMAND's process group gets SIGTERM, SIGKILL
     /// after 5 s), 4 if a run restored from the state file is in the way
-    /// (see --resume and --end), 128 + signal if signalled (COMMAND stopped
-    /// and the run ended first), else COMMAND's exit code.
+    /// (see --resume and --end), 5 if COMMAND was stopped because its run
+    /// could no longer be confirmed guarded, 128 + signal if signalled
+    /// (COMMAND stopped and the run ended first), else COMMAND's exit code.
     Run {
         /// The configuration file.
         #[arg(long, default_value = "config.toml")]
