@@ -1189,6 +1189,7 @@ fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
                     true
                 }),
                 signed: Default::default(),
+                term_lasts: std::sync::Arc::new(|| true),
                 only: ["node-1".to_string()].into_iter().collect(),
             })
             .await
@@ -1216,6 +1217,112 @@ fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
         node1.do_send(poolgate::live::swim::member::Crash);
         warm.do_send(poolgate::live::swim::member::Crash);
     });
+}
+
+/// An operator's finding: a leader frozen past its lease, a node
+/// restarted meanwhile (a new generation at the same address) under the
+/// next leader, and the old leader continued: its warm member read the
+/// datagrams that waited with its term's signed identities still in
+/// force, so the node's last life won the address conflict, the new one
+/// was declared down and rejoined, and the next leader saw readiness lost
+/// (once, a run over the node faulted `dead`). A member decides conflicts
+/// by a term's signed identities only while the term lasts by its own
+/// clock. The control (the term lasting) shows the mechanism.
+#[test]
+fn a_deposed_leaders_member_does_not_decide_conflicts_by_its_terms_signatures() {
+    use poolgate::live::swim::identity::SignedView;
+    use poolgate::live::swim::member::{Attach, Crash, MemberCount, WatchGeneration};
+    use std::sync::Arc;
+    for term_over in [true, false] {
+        live_for(Duration::from_secs(40), async move {
+            let config = Config::parse(BASE, "test").unwrap();
+            let timings = config.swim.timings.foca_config(4);
+            let start = |name: &str, bind: SocketAddr, generation: u64, seed: u64| {
+                SwimMember::start(
+                    name,
+                    bind,
+                    None,
+                    generation,
+                    timings.clone(),
+                    StdRng::seed_from_u64(seed),
+                    None,
+                    Keyring::new(&[], "poolgate"),
+                )
+            };
+            let (warm, warm_addr) = start(
+                "orchestrator",
+                "127.0.0.1:0".parse().unwrap(),
+                boot_generation(),
+                1,
+            )
+            .unwrap();
+            let (first, node_addr) =
+                start("node-1", "127.0.0.1:0".parse().unwrap(), 10, 2).unwrap();
+            first.do_send(Join {
+                seeds: vec![warm_addr],
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while warm.send(MemberCount).await.unwrap() < 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let signed: SignedView = Default::default();
+            signed
+                .write()
+                .unwrap()
+                .insert(node_addr, ("node-1".to_string(), 10));
+            let lasts = !term_over;
+            warm.send(Attach {
+                token: 1,
+                sink: Box::new(|_| true),
+                signed,
+                term_lasts: Arc::new(move || lasts),
+                only: ["node-1".to_string()].into_iter().collect(),
+            })
+            .await
+            .unwrap();
+            // node-1 restarts at the same address, its next generation.
+            first.send(Crash).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let second = loop {
+                match start("node-1", node_addr, 11, 3) {
+                    Ok((second, _)) => break second,
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            };
+            let (own, mut renewed) = tokio::sync::watch::channel(11);
+            second.do_send(WatchGeneration(own));
+            second.do_send(Join {
+                seeds: vec![warm_addr],
+            });
+            // Declared down, it rejoins under its next generation.
+            let declared_down = tokio::time::timeout(Duration::from_secs(5), async {
+                while *renewed.borrow_and_update() == 11 {
+                    if renewed.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            })
+            .await
+            .is_ok();
+            second.do_send(Crash);
+            warm.do_send(Crash);
+            if term_over {
+                assert!(
+                    !declared_down,
+                    "the restarted node was declared down by a deposed leader's member"
+                );
+            } else {
+                assert!(
+                    declared_down,
+                    "control: a lasting term's signatures decide the conflict"
+                );
+            }
+        });
+    }
 }
 
 #[test]

@@ -189,6 +189,12 @@ impl Orchestrator {
             token: attachment,
             sink,
             signed: Arc::clone(&lock(&nodes).signed_view),
+            // The gate's fence (a replica's term) says when the term is
+            // over, by its own clock.
+            term_lasts: {
+                let gate = gate.clone();
+                Arc::new(move || !gate.is_stopped())
+            },
             only: registry_names(&registry),
         };
         let (swim, swim_addr, owns_swim) = match warm {

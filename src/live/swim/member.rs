@@ -221,8 +221,11 @@ pub struct SwimMember {
     /// such, not a death.
     leaving: bool,
     /// The identities nodes signed, deciding address conflicts (the
-    /// orchestrator's member only).
+    /// orchestrator's member only), while the term they belong to lasts.
     signed: Option<super::identity::SignedView>,
+    /// Whether the attached term still lasts (see [`Attach`]); none: for
+    /// as long as the view is kept.
+    term_lasts: Option<TermLasts>,
     /// Rejoins are logged at most this often (a storm of them means
     /// another member claims this one's address).
     rejoins: crate::live::throttle::Throttle,
@@ -286,6 +289,7 @@ impl SwimMember {
             own_generation: None,
             leaving: false,
             signed: None,
+            term_lasts: None,
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             attached: None,
             before_term: super::fresh::BeforeTerm::default(),
@@ -404,8 +408,9 @@ impl SwimMember {
             count = expired.len(),
             "suspicions held past the timeout: declared down"
         );
+        let signed = self.signed_now();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(self.signed.as_ref(), || {
+        let result = with_signed(signed.as_ref(), || {
             foca.apply_many(expired.into_iter(), true, runtime)
         });
         self.report("expire", result);
@@ -702,6 +707,24 @@ impl Handler<WatchGeneration> for SwimMember {
     }
 }
 
+/// Whether a term still lasts, by its own clock (a leader frozen past its
+/// lease knows on waking that it no longer leads, before it has stepped
+/// down).
+pub type TermLasts = Arc<dyn Fn() -> bool + Send + Sync>;
+
+impl SwimMember {
+    /// The signed view that decides address conflicts now: none once the
+    /// attached term is over. A deposed leader woken from a freeze reads
+    /// the datagrams that waited before its term is detached; decided by
+    /// its nodes' last lives, a node restarted under the next leader would
+    /// lose the conflict here and be declared down (an operator's finding:
+    /// the next leader faulted a run over it).
+    fn signed_now(&self) -> Option<super::identity::SignedView> {
+        let lasts = self.term_lasts.as_ref().is_none_or(|lasts| lasts());
+        self.signed.clone().filter(|_| lasts)
+    }
+}
+
 /// Decide address conflicts by the identities nodes signed (the
 /// orchestrator's member; see [`super::identity::with_signed`]).
 #[derive(Debug)]
@@ -716,6 +739,7 @@ impl Handler<UseSigned> for SwimMember {
 
     fn handle(&mut self, msg: UseSigned, _ctx: &mut Context<Self>) {
         self.signed = Some(msg.0);
+        self.term_lasts = None;
     }
 }
 
@@ -749,6 +773,9 @@ pub struct Attach {
     pub sink: MembershipSink,
     /// The identities the gate's nodes signed.
     pub signed: super::identity::SignedView,
+    /// Whether the term still lasts: the signed identities decide only
+    /// then.
+    pub term_lasts: TermLasts,
     /// The registry's names.
     pub only: std::collections::HashSet<String>,
 }
@@ -762,6 +789,7 @@ impl Handler<Attach> for SwimMember {
 
     fn handle(&mut self, msg: Attach, _ctx: &mut Context<Self>) {
         self.signed = Some(msg.signed);
+        self.term_lasts = Some(msg.term_lasts);
         self.tracker.only(msg.only);
         self.sink = Some(msg.sink);
         self.attached = Some(msg.token);
@@ -804,6 +832,7 @@ impl Handler<Detach> for SwimMember {
             // would lose every conflict here, and renew, and lose again).
             // A follower decides them as every other member does.
             self.signed = None;
+            self.term_lasts = None;
             self.before_term = super::fresh::BeforeTerm::default();
         }
     }
@@ -855,10 +884,9 @@ impl Handler<Datagram> for SwimMember {
         // (see `reflect`). One foca cannot use (garbage, oversized, our
         // own) is dropped: the network is not trusted to be well-formed.
         self.bound.heard(msg.from, std::time::Instant::now());
+        let signed = self.signed_now();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(self.signed.as_ref(), || {
-            foca.handle_data(&msg.data, runtime)
-        });
+        let result = with_signed(signed.as_ref(), || foca.handle_data(&msg.data, runtime));
         self.report("datagram", result);
         self.drain(ctx);
     }
@@ -881,10 +909,9 @@ impl Handler<FocaTimer> for SwimMember {
             );
             return;
         }
+        let signed = self.signed_now();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(self.signed.as_ref(), || {
-            foca.handle_timer(msg.timer, runtime)
-        });
+        let result = with_signed(signed.as_ref(), || foca.handle_timer(msg.timer, runtime));
         self.report("timer", result);
         self.drain(ctx);
     }
