@@ -35,6 +35,21 @@ fn ready(orchestrator: &mut Process) -> u64 {
     ready_epoch(&event)
 }
 
+/// Waits for a `pool_ready` that holds for `settle` (a host just healed
+/// may still bring a late SWIM fact, a refutation at a higher
+/// incarnation, that restarts the window); its epoch.
+fn settled_ready(orchestrator: &mut Process, settle: Duration) -> u64 {
+    loop {
+        let epoch = ready(orchestrator);
+        if orchestrator
+            .wait_event(settle, "readiness_lost", &[])
+            .is_none()
+        {
+            return epoch;
+        }
+    }
+}
+
 #[test]
 fn the_readme_deployment_on_four_hosts_becomes_ready() {
     let Some(rig) = Rig::new(4) else { return };
@@ -239,7 +254,7 @@ fn a_killed_node_and_an_isolated_host_fault_runs_and_the_healed_pool_is_ready_ag
     // then a new epoch, with no process restarted.
     rig.heal(3);
     let mut watch = deployment.orchestrator(&rig, 0, &["watch", "--json"]);
-    let epoch = ready(&mut watch);
+    let epoch = settled_ready(&mut watch, Duration::from_secs(4));
     assert!(epoch > ready_epoch(&committed), "epochs continue");
     rig.isolate(4);
     watch
@@ -248,7 +263,13 @@ fn a_killed_node_and_an_isolated_host_fault_runs_and_the_healed_pool_is_ready_ag
             "readiness_lost",
             &[("node", "\"node-4\"")],
         )
-        .unwrap_or_else(|| panic!("isolation not seen; stderr:\n{}", watch.stderr()));
+        .unwrap_or_else(|| {
+            panic!(
+                "isolation not seen; stdout:\n{}\nstderr:\n{}",
+                watch.seen().join("\n"),
+                watch.stderr()
+            )
+        });
     rig.heal(4);
     let healed = ready(&mut watch);
     assert!(
