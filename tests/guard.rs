@@ -748,6 +748,20 @@ fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() 
     });
 }
 
+/// A lone `run` with `[run] unguarded_after` of 2 s (its watchdog's
+/// bound 1 s), its run committed over node-1: the cluster, `run`, its
+/// output and its command's group.
+async fn lone_run_committed() -> (LocalCluster, tokio::process::Child, Lines, Pid) {
+    let mut plan = plan(2, None);
+    plan.base.run.unguarded_after = Duration::from_secs(2);
+    let cluster = cluster(&plan).await;
+    let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    until_line(&mut lines, "run_committed").await;
+    let group = group_of(&pid_file).await;
+    (cluster, run, lines, group)
+}
+
 /// An operator's finding: a keeper stopped (SIGSTOP) for more than the
 /// watchdog's bound, and continued, stopped a healthy run's command at
 /// once, blaming `run`: it judged its guard on time it had lost itself.
@@ -756,13 +770,7 @@ fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() 
 #[test]
 fn a_keeper_stopped_past_its_bound_and_continued_leaves_a_healthy_command_alone() {
     live_for(LIMIT, async {
-        let mut plan = plan(2, None);
-        plan.base.run.unguarded_after = Duration::from_secs(2);
-        let cluster = cluster(&plan).await;
-        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
+        let (_cluster, mut run, _lines, group) = lone_run_committed().await;
         let keeper = keeper_of(&run).await;
         let pid = Pid::from_raw(run.id().unwrap() as i32);
         kill(keeper, Signal::SIGSTOP).unwrap();
@@ -792,13 +800,7 @@ fn a_keeper_stopped_past_its_bound_and_continued_leaves_a_healthy_command_alone(
 #[test]
 fn a_frozen_lone_run_has_its_command_stopped_and_exits_5() {
     live_for(LIMIT, async {
-        let mut plan = plan(2, None);
-        plan.base.run.unguarded_after = Duration::from_secs(2);
-        let cluster = cluster(&plan).await;
-        let (mut run, pid_file) = guarded_run(&cluster, &["--require", "node-1"]);
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        until_line(&mut lines, "run_committed").await;
-        let group = group_of(&pid_file).await;
+        let (_cluster, mut run, mut lines, group) = lone_run_committed().await;
         let pid = Pid::from_raw(run.id().unwrap() as i32);
         kill(pid, Signal::SIGSTOP).unwrap();
         let gone = group_gone(group).await;

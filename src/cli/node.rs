@@ -258,6 +258,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// is not frozen: it, or its host, closed it).
 const CLOSED: &str = "connection closed";
 
+/// Why a session ended when the peer went silent for
+/// [`HEARTBEATS_MISSED`] heartbeats (frozen, or cut off).
+const SILENT: &str = "no reply for 4 heartbeats";
+
 /// How one connection to an orchestrator ended.
 enum Session {
     /// No address could be connected to.
@@ -510,7 +514,7 @@ async fn session(
             }
             _ = tokio::time::sleep_until(next_beat) => send_now = true,
             _ = tokio::time::sleep_until(heard + silence) => {
-                return Session::Lost { accepted, why: "no reply for 4 heartbeats" };
+                return Session::Lost { accepted, why: SILENT };
             }
             reply = replies.recv() => match reply {
                 Some(Ok(Some(Reply::Accepted { .. }))) => {
@@ -697,7 +701,7 @@ mod tests {
             a,
             &Session::Lost {
                 accepted: false,
-                why: "no reply for 4 heartbeats",
+                why: SILENT,
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
@@ -725,7 +729,7 @@ mod tests {
             a,
             &Session::Lost {
                 accepted: true,
-                why: "no reply for 4 heartbeats",
+                why: SILENT,
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
