@@ -720,8 +720,11 @@ impl SwimMember {
     /// lose the conflict here and be declared down (an operator's finding:
     /// the next leader faulted a run over it).
     fn signed_now(&self) -> Option<super::identity::SignedView> {
+        // The term's clock is asked only when there is a view to decide by
+        // (a follower's member, and every node's, has none).
+        let signed = self.signed.as_ref()?;
         let lasts = self.term_lasts.as_ref().is_none_or(|lasts| lasts());
-        self.signed.clone().filter(|_| lasts)
+        lasts.then(|| Arc::clone(signed))
     }
 }
 
