@@ -76,7 +76,9 @@ pub use pool::{
     CandidateSummary, DefinitionError, LastChange, NodeDetail, PoolDefinition, PoolPhase,
     PoolReadiness, Redefinition, SlotKey,
 };
-pub use run::{OnReadinessLost, PlanningPolicy, Refusal, RunEnd, RunGuard, RunPhase};
+pub use run::{
+    OnReadinessLost, PlanningPolicy, Refusal, RequiredNodes, RunEnd, RunGuard, RunPhase,
+};
 pub use time::Time;
 
 #[cfg(any(test, feature = "testkit"))]

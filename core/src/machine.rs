@@ -25,7 +25,7 @@ use crate::pool::{
     CandidateSummary, LastChange, NodeDetail, PoolDefinition, PoolPhase, PoolReadiness,
     Redefinition, SlotKey,
 };
-use crate::run::{PlanningPolicy, Refusal, RunGuard};
+use crate::run::{PlanningPolicy, Refusal, RequiredNodes, RunGuard};
 use crate::time::Time;
 
 /// The run the pool has, if any.
@@ -76,8 +76,10 @@ pub struct DurableRun {
 /// stores, computed once. Not `Clone`: one admission, one commit.
 #[derive(Debug, PartialEq, Eq)]
 pub struct AdmittedCommit {
-    /// The required nodes as the plan gave them.
-    required: Vec<NodeId>,
+    /// The required nodes as the plan gave them (for a recording).
+    asked_required: Vec<NodeId>,
+    /// The same, sorted and each once.
+    required: RequiredNodes,
     /// The epoch the caller gave, if any.
     asked: Option<Epoch>,
     /// The run as it will be stored: its epoch, its required set sorted,
@@ -100,7 +102,7 @@ impl AdmittedCommit {
     pub fn command(&self) -> crate::input::Command {
         crate::input::Command::CommitPlan {
             run: self.stored.run.clone(),
-            required: self.required.clone(),
+            required: self.asked_required.clone(),
             epoch: self.asked,
         }
     }
@@ -354,14 +356,18 @@ impl PoolMachine {
         out: &mut Vec<Event>,
     ) -> Result<AdmittedCommit, Refusal> {
         self.settle_before(at, out);
-        if required.is_empty() {
+        let Some(nodes) = RequiredNodes::new(required.clone()) else {
             return Err(Refusal::InvalidPlan(run.clone()));
-        }
+        };
         if self.active_run() != Some(run) {
             return Err(Refusal::UnknownRun(run.clone()));
         }
         let current = self.current_epoch(epoch)?;
-        if let Some(node) = required.iter().find(|n| !self.readiness.is_candidate(n)) {
+        if let Some(node) = nodes
+            .as_slice()
+            .iter()
+            .find(|n| !self.readiness.is_candidate(n))
+        {
             return Err(Refusal::NotCandidate(node.clone()));
         }
         match &self.run {
@@ -382,26 +388,25 @@ impl PoolMachine {
             }
         }
         let candidates = self.readiness.candidates();
-        let mut sorted = required.clone();
-        sorted.sort();
-        sorted.dedup();
         let stored = DurableRun {
             run: run.clone(),
             epoch: current,
             committed: true,
-            required: sorted
-                .into_iter()
+            required: nodes
+                .as_slice()
+                .iter()
                 .map(|n| {
                     let fingerprint = candidates
                         .iter()
-                        .find(|c| c.node == n)
+                        .find(|c| &c.node == n)
                         .and_then(|c| c.fingerprint);
-                    (n, fingerprint)
+                    (n.clone(), fingerprint)
                 })
                 .collect(),
         };
         Ok(AdmittedCommit {
-            required,
+            asked_required: required,
+            required: nodes,
             asked: epoch,
             stored,
         })
@@ -1033,7 +1038,7 @@ mod tests {
             })
             .unwrap();
         let stored_nodes: Vec<NodeId> = stored.required.iter().map(|(n, _)| n.clone()).collect();
-        assert_eq!(stored_nodes, guard.required_sorted());
+        assert_eq!(stored_nodes, guard.required().cloned().collect::<Vec<_>>());
         assert_eq!(stored_nodes, told);
         for (n, fp) in &stored.required {
             assert_eq!(fps.get(n).copied(), *fp, "{n}");

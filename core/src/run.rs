@@ -7,7 +7,7 @@
 //! it at or before `now`. A `PoolReady` at the very instant the wait runs out
 //! is an input at that instant, so it wins (design §3).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::event::{AbortReason, Event};
@@ -165,13 +165,40 @@ impl RunPhase {
     }
 }
 
+/// A plan's required nodes: sorted, each once, never empty. Made once,
+/// when a commit is admitted; the stored run, the run's guard and
+/// `run_committed` all read this one value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequiredNodes(Vec<NodeId>);
+
+impl RequiredNodes {
+    /// The plan's nodes, sorted and each once; `None` for an empty plan
+    /// (`invalid_plan`).
+    pub fn new(mut nodes: Vec<NodeId>) -> Option<Self> {
+        nodes.sort();
+        nodes.dedup();
+        (!nodes.is_empty()).then_some(Self(nodes))
+    }
+
+    /// Whether `node` is one of them.
+    pub fn contains(&self, node: &NodeId) -> bool {
+        self.0.binary_search(node).is_ok()
+    }
+
+    /// The nodes, sorted.
+    pub fn as_slice(&self) -> &[NodeId] {
+        &self.0
+    }
+}
+
 /// The guard of one run.
 #[derive(Debug)]
 pub struct RunGuard {
     run: RunId,
     policy: PlanningPolicy,
     phase: RunPhase,
-    required: HashSet<NodeId>,
+    /// Empty until the plan is committed.
+    required: RequiredNodes,
     /// After a restart: required nodes not yet seen ready with their
     /// committed fingerprint, and until when they may take.
     unconfirmed: BTreeMap<NodeId, Option<Fingerprint>>,
@@ -197,7 +224,7 @@ impl RunGuard {
             run,
             policy,
             phase: RunPhase::Planning { epoch },
-            required: HashSet::new(),
+            required: RequiredNodes::default(),
             unconfirmed: BTreeMap::new(),
             confirm_by: None,
         }
@@ -218,17 +245,11 @@ impl RunGuard {
             run,
             policy,
             phase: RunPhase::Committed { epoch },
-            required: required.iter().map(|(n, _)| n.clone()).collect(),
+            required: RequiredNodes::new(required.iter().map(|(n, _)| n.clone()).collect())
+                .unwrap_or_default(),
             unconfirmed: required.into_iter().collect(),
             confirm_by: Some(confirm_by),
         }
-    }
-
-    /// The required nodes, sorted.
-    pub fn required_sorted(&self) -> Vec<NodeId> {
-        let mut nodes: Vec<NodeId> = self.required.iter().cloned().collect();
-        nodes.sort();
-        nodes
     }
 
     /// The pool became ready at `epoch`.
@@ -299,7 +320,7 @@ impl RunGuard {
     pub fn commit(
         &mut self,
         at: Time,
-        required: Vec<NodeId>,
+        required: RequiredNodes,
         pool_epoch: Epoch,
         out: &mut Vec<Event>,
     ) -> Result<(), Refusal> {
@@ -319,17 +340,14 @@ impl RunGuard {
                 })
             }
         }
-        let mut sorted = required;
-        sorted.sort();
-        sorted.dedup();
-        self.required = sorted.iter().cloned().collect();
         self.phase = RunPhase::Committed { epoch: pool_epoch };
         out.push(Event::RunCommitted {
             at,
             run: self.run.clone(),
             epoch: pool_epoch,
-            required: sorted,
+            required: required.as_slice().to_vec(),
         });
+        self.required = required;
         Ok(())
     }
 
@@ -437,7 +455,7 @@ impl RunGuard {
 
     /// The nodes the committed plan requires (none before commit).
     pub fn required(&self) -> impl Iterator<Item = &NodeId> {
-        self.required.iter()
+        self.required.as_slice().iter()
     }
 
     fn abort(&mut self, at: Time, reason: AbortReason, out: &mut Vec<Event>) {
@@ -561,7 +579,12 @@ mod tests {
     fn a_suspended_run_cannot_commit() {
         let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
         g.readiness_lost(t(10), &mut out);
-        let err = g.commit(t(20), vec![node("a")], Epoch(1), &mut out);
+        let err = g.commit(
+            t(20),
+            RequiredNodes::new(vec![node("a")]).unwrap(),
+            Epoch(1),
+            &mut out,
+        );
         assert_eq!(err.unwrap_err().code(), "run_not_planning");
     }
 
@@ -570,7 +593,7 @@ mod tests {
         let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
         g.commit(
             t(5),
-            vec![node("b"), node("a"), node("a")],
+            RequiredNodes::new(vec![node("b"), node("a"), node("a")]).unwrap(),
             Epoch(1),
             &mut out,
         )
@@ -589,7 +612,13 @@ mod tests {
     #[test]
     fn after_commit_a_non_required_node_lost_does_not_fault_the_run() {
         let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
-        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        g.commit(
+            t(5),
+            RequiredNodes::new(vec![node("a")]).unwrap(),
+            Epoch(1),
+            &mut out,
+        )
+        .unwrap();
         g.node_changed(t(9), &node("b"), &lost(Reason::Dead), &mut out);
         g.readiness_lost(t(9), &mut out);
         assert_eq!(names(&out), ["planning_started", "run_committed"]);
@@ -598,7 +627,13 @@ mod tests {
     #[test]
     fn a_required_identity_rotation_faults_the_run() {
         let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
-        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        g.commit(
+            t(5),
+            RequiredNodes::new(vec![node("a")]).unwrap(),
+            Epoch(1),
+            &mut out,
+        )
+        .unwrap();
         let rotated = NodeChange {
             reason: Reason::IdentityChanged,
             before: Verdict::default(),
@@ -613,7 +648,13 @@ mod tests {
     fn a_committed_run_finishes_once() {
         let (mut g, mut out) = guard(OnReadinessLost::Wait, None);
         assert!(g.finish(t(1), &mut out).is_err());
-        g.commit(t(5), vec![node("a")], Epoch(1), &mut out).unwrap();
+        g.commit(
+            t(5),
+            RequiredNodes::new(vec![node("a")]).unwrap(),
+            Epoch(1),
+            &mut out,
+        )
+        .unwrap();
         g.finish(t(6), &mut out).unwrap();
         assert_eq!(names(&out).last(), Some(&"run_finished"));
         assert!(g.finish(t(7), &mut out).is_err());
