@@ -262,26 +262,71 @@ fn checked_at_ms(at_ms: u64) -> Result<u64, String> {
     Ok(at_ms)
 }
 
+/// What a field of a record holds.
+#[derive(Clone, Copy)]
+enum Holds {
+    /// A string: an id, a name, base64 or hex.
+    Text,
+    /// A whole number ≥ 0.
+    Count,
+    /// A whole number ≥ 0, or `null` for none.
+    CountOrNull,
+    /// A list of ids.
+    Ids,
+}
+
+impl Holds {
+    fn fits(self, value: &Value) -> bool {
+        match self {
+            Holds::Text => value.is_string(),
+            Holds::Count => value.is_u64(),
+            Holds::CountOrNull => value.is_u64() || value.is_null(),
+            Holds::Ids => value
+                .as_array()
+                .is_some_and(|items| items.iter().all(Value::is_string)),
+        }
+    }
+
+    fn expected(self) -> &'static str {
+        match self {
+            Holds::Text => "a string",
+            Holds::Count | Holds::CountOrNull => "a whole number ≥ 0",
+            Holds::Ids => "a list of ids",
+        }
+    }
+}
+
+/// The fields of the records that are gate inputs or settings, and what
+/// each holds: the one list a line's fields are checked against (a
+/// `restored` record's fields are read by [`read_restored`]).
+const FIELDS: &[(&str, Holds)] = &[
+    ("node", Holds::Text),
+    ("run", Holds::Text),
+    ("pool", Holds::Text),
+    ("material", Holds::Text),
+    ("fingerprint", Holds::Text),
+    ("reason", Holds::Text),
+    ("state", Holds::Text),
+    ("on_readiness_lost", Holds::Text),
+    ("window_ms", Holds::Count),
+    ("incarnation", Holds::Count),
+    ("wait_timeout_ms", Holds::CountOrNull),
+    ("epoch", Holds::CountOrNull),
+    ("members", Holds::Ids),
+    ("required", Holds::Ids),
+];
+
 /// Names the field of a mistyped value (serde's own message does not).
 fn check_field_types(object: &serde_json::Map<String, Value>) -> Result<(), String> {
     for (name, value) in object {
-        let fits = match name.as_str() {
-            "node" | "run" | "pool" | "material" | "fingerprint" | "reason" | "state"
-            | "on_readiness_lost" => value.is_string(),
-            "window_ms" | "incarnation" => value.is_u64(),
-            "wait_timeout_ms" | "epoch" => value.is_u64() || value.is_null(),
-            "members" | "required" => value
-                .as_array()
-                .is_some_and(|items| items.iter().all(Value::is_string)),
-            _ => true,
+        let Some((_, holds)) = FIELDS.iter().find(|(field, _)| field == name) else {
+            continue;
         };
-        if !fits {
-            let expected = match name.as_str() {
-                "window_ms" | "incarnation" | "wait_timeout_ms" | "epoch" => "a whole number ≥ 0",
-                "members" | "required" => "a list of ids",
-                _ => "a string",
-            };
-            return Err(format!("field `{name}` must be {expected}, not {value}"));
+        if !holds.fits(value) {
+            return Err(format!(
+                "field `{name}` must be {}, not {value}",
+                holds.expected()
+            ));
         }
     }
     Ok(())
@@ -681,8 +726,15 @@ mod tests {
             assert!(text.starts_with(r#"{"at_ms":7,"type":""#), "{text}");
             let (at_ms, back) = read(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!((at_ms, &back), (7, &line), "{text}");
-            let kind: Value = serde_json::from_str(&text).unwrap();
-            seen.push(kind["type"].as_str().unwrap().to_string());
+            let object: Value = serde_json::from_str(&text).unwrap();
+            for name in object.as_object().unwrap().keys() {
+                let own = ["at_ms", "type", "durable", "restore_grace_ms"];
+                assert!(
+                    own.contains(&name.as_str()) || FIELDS.iter().any(|(f, _)| f == name),
+                    "FIELDS says what `{name}` holds ({text})"
+                );
+            }
+            seen.push(object["type"].as_str().unwrap().to_string());
         }
         assert_eq!(seen, TYPES, "TYPES lists every record type, in order");
     }
