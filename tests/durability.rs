@@ -150,7 +150,9 @@ fn a_restored_planning_run_is_aborted_restarted() {
     .unwrap();
     assert_eq!(
         second,
-        [serde_json::json!({"event":"planning_aborted","at_ms":0,"run":"r9","reason":"restarted"})]
+        [
+            serde_json::json!({"event":"planning_aborted","at_ms":0,"pool":"p1","run":"r9","reason":"restarted"})
+        ]
     );
 }
 

@@ -1020,7 +1020,7 @@ fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
         let serving = actix::spawn(poolgate::live::requests::serve(
             gate.clone(),
             Arc::clone(&store),
-            vec![node],
+            config.pool.clone(),
             Some(run.clone()),
         ));
         let outcome = tokio::time::timeout(

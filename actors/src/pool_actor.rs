@@ -599,6 +599,7 @@ impl PoolActor {
         telemetry::said!(error, %run, "run actor failed: its run faults (reason internal)");
         vec![Event::RunFaulted {
             at: self.applied_at(self.clock.now()),
+            pool: self.core.readiness().id().clone(),
             run: run.clone(),
             node,
             reason: poolgate_core::Reason::Internal,

@@ -371,17 +371,12 @@ fn channel() -> (EventStream, Subscriber) {
 /// only as fingerprints, in `PoolReady`'s count of them).
 fn log_decision(event: &Event) {
     let at = event.at().as_millis();
+    let pool = event.pool();
     match event {
-        Event::PoolReady {
-            pool,
-            epoch,
-            members,
-            ..
-        } => {
+        Event::PoolReady { epoch, members, .. } => {
             tracing::info!(at_ms = at, %pool, epoch = epoch.0, members = members.len(), "gate event: pool_ready")
         }
         Event::ReadinessLost {
-            pool,
             epoch,
             node,
             reason,
@@ -391,13 +386,13 @@ fn log_decision(event: &Event) {
             tracing::info!(at_ms = at, %pool, epoch = epoch.0, node, %reason, "gate event: readiness_lost")
         }
         Event::PlanningStarted { run, epoch, .. } | Event::PlanningResumed { run, epoch, .. } => {
-            tracing::info!(at_ms = at, %run, epoch = epoch.0, event = event.name(), "gate event: planning")
+            tracing::info!(at_ms = at, %pool, %run, epoch = epoch.0, event = event.name(), "gate event: planning")
         }
         Event::PlanningSuspended { run, .. } | Event::RunFinished { run, .. } => {
-            tracing::info!(at_ms = at, %run, event = event.name(), "gate event: run")
+            tracing::info!(at_ms = at, %pool, %run, event = event.name(), "gate event: run")
         }
         Event::PlanningAborted { run, reason, .. } => {
-            tracing::info!(at_ms = at, %run, reason = ?reason, "gate event: planning_aborted")
+            tracing::info!(at_ms = at, %pool, %run, reason = ?reason, "gate event: planning_aborted")
         }
         Event::RunCommitted {
             run,
@@ -405,16 +400,16 @@ fn log_decision(event: &Event) {
             required,
             ..
         } => {
-            tracing::info!(at_ms = at, %run, epoch = epoch.0, required = required.len(), "gate event: run_committed")
+            tracing::info!(at_ms = at, %pool, %run, epoch = epoch.0, required = required.len(), "gate event: run_committed")
         }
         Event::RunFaulted {
             run, node, reason, ..
         } => {
-            tracing::info!(at_ms = at, %run, %node, %reason, "gate event: run_faulted")
+            tracing::info!(at_ms = at, %pool, %run, %node, %reason, "gate event: run_faulted")
         }
         // `Event` is non-exhaustive: an event of a newer core is logged
         // by its name.
-        _ => tracing::info!(at_ms = at, event = event.name(), "gate event"),
+        _ => tracing::info!(at_ms = at, %pool, event = event.name(), "gate event"),
     }
 }
 
@@ -437,6 +432,7 @@ mod tests {
     fn fault(i: u64) -> Event {
         Event::RunFaulted {
             at: Time::from_millis(i),
+            pool: PoolId::new("p").unwrap(),
             run: RunId::new(&format!("r{i}")).unwrap(),
             node: NodeId::new("n1").unwrap(),
             reason: Reason::Dead,

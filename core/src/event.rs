@@ -28,7 +28,7 @@ pub enum AbortReason {
 /// ```
 /// use poolgate_core::{Event, Reason};
 ///
-/// let line = r#"{"event":"run_faulted","at_ms":1500,"run":"run-1","node":"node-2","reason":"suspect"}"#;
+/// let line = r#"{"event":"run_faulted","at_ms":1500,"pool":"pool-a","run":"run-1","node":"node-2","reason":"suspect"}"#;
 /// let event: Event = serde_json::from_str(line).unwrap();
 /// match &event {
 ///     Event::RunFaulted { node, reason, .. } => {
@@ -80,6 +80,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
         /// The epoch it is bound to.
@@ -90,6 +92,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
     },
@@ -98,6 +102,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
         /// The new epoch it is bound to.
@@ -108,6 +114,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
         /// Why planning was abandoned.
@@ -118,6 +126,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
         /// The epoch the plan was made on.
@@ -130,6 +140,8 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
         /// The required node that was lost.
@@ -142,12 +154,29 @@ pub enum Event {
         /// The instant it happened on the gate's timeline (`at_ms`).
         #[serde(rename = "at_ms")]
         at: Time,
+        /// The pool the run is on.
+        pool: PoolId,
         /// The run it concerns.
         run: RunId,
     },
 }
 
 impl Event {
+    /// The pool the event is about (every event names its pool).
+    pub fn pool(&self) -> &PoolId {
+        match self {
+            Event::PoolReady { pool, .. }
+            | Event::ReadinessLost { pool, .. }
+            | Event::PlanningStarted { pool, .. }
+            | Event::PlanningSuspended { pool, .. }
+            | Event::PlanningResumed { pool, .. }
+            | Event::PlanningAborted { pool, .. }
+            | Event::RunCommitted { pool, .. }
+            | Event::RunFaulted { pool, .. }
+            | Event::RunFinished { pool, .. } => pool,
+        }
+    }
+
     /// The instant the event happened at.
     pub fn at(&self) -> Time {
         match self {

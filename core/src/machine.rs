@@ -291,6 +291,9 @@ impl PoolMachine {
         let start = out.len();
         let change = self.readiness.redefine(definition, at, out);
         self.planning_hears(start, out);
+        if let ActiveRun::Planning(guard) = &mut self.run {
+            guard.moved_to(definition.id().clone());
+        }
         Ok(change)
     }
 
@@ -318,7 +321,14 @@ impl PoolMachine {
         if let Some(active) = self.active_run() {
             return Err(Refusal::RunInProgress(active.clone()));
         }
-        self.run = ActiveRun::Planning(RunGuard::begin(run, current, self.policy, at, out));
+        self.run = ActiveRun::Planning(RunGuard::begin(
+            run,
+            self.readiness.id().clone(),
+            current,
+            self.policy,
+            at,
+            out,
+        ));
         Ok(current)
     }
 
@@ -604,6 +614,7 @@ impl PoolMachine {
         if !stored.committed {
             out.push(Event::PlanningAborted {
                 at,
+                pool: self.readiness.id().clone(),
                 run: stored.run.clone(),
                 reason: crate::event::AbortReason::Restarted,
             });
@@ -617,6 +628,7 @@ impl PoolMachine {
         kept.required.dedup_by(|a, b| a.0 == b.0);
         let guard = RunGuard::restored(
             kept.run.clone(),
+            self.readiness.id().clone(),
             kept.epoch,
             kept.required.clone(),
             self.policy,

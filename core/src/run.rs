@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::event::{AbortReason, Event};
 use crate::identity::Fingerprint;
-use crate::ids::{Epoch, NodeId, RunId};
+use crate::ids::{Epoch, NodeId, PoolId, RunId};
 use crate::node::NodeChange;
 use crate::time::Time;
 
@@ -195,6 +195,8 @@ impl RequiredNodes {
 #[derive(Debug)]
 pub struct RunGuard {
     run: RunId,
+    /// The pool it is on (a planning run's pool may be redefined).
+    pool: PoolId,
     policy: PlanningPolicy,
     phase: RunPhase,
     /// Empty until the plan is committed.
@@ -210,6 +212,7 @@ impl RunGuard {
     /// checked that the pool is ready and no other run is active.
     pub fn begin(
         run: RunId,
+        pool: PoolId,
         epoch: Epoch,
         policy: PlanningPolicy,
         at: Time,
@@ -217,11 +220,13 @@ impl RunGuard {
     ) -> Self {
         out.push(Event::PlanningStarted {
             at,
+            pool: pool.clone(),
             run: run.clone(),
             epoch,
         });
         Self {
             run,
+            pool,
             policy,
             phase: RunPhase::Planning { epoch },
             required: RequiredNodes::default(),
@@ -236,6 +241,7 @@ impl RunGuard {
     /// (`unconfirmed`); a different fingerprint is `identity_changed`.
     pub fn restored(
         run: RunId,
+        pool: PoolId,
         epoch: Epoch,
         required: Vec<(NodeId, Option<Fingerprint>)>,
         policy: PlanningPolicy,
@@ -243,6 +249,7 @@ impl RunGuard {
     ) -> Self {
         Self {
             run,
+            pool,
             policy,
             phase: RunPhase::Committed { epoch },
             required: RequiredNodes::new(required.iter().map(|(n, _)| n.clone()).collect())
@@ -259,6 +266,7 @@ impl RunGuard {
             self.phase = RunPhase::Planning { epoch };
             out.push(Event::PlanningResumed {
                 at,
+                pool: self.pool.clone(),
                 run: self.run.clone(),
                 epoch,
             });
@@ -277,6 +285,7 @@ impl RunGuard {
                     };
                     out.push(Event::PlanningSuspended {
                         at,
+                        pool: self.pool.clone(),
                         run: self.run.clone(),
                     });
                 }
@@ -343,6 +352,7 @@ impl RunGuard {
         self.phase = RunPhase::Committed { epoch: pool_epoch };
         out.push(Event::RunCommitted {
             at,
+            pool: self.pool.clone(),
             run: self.run.clone(),
             epoch: pool_epoch,
             required: required.as_slice().to_vec(),
@@ -363,6 +373,7 @@ impl RunGuard {
         self.phase = RunPhase::Ended(RunEnd::Finished);
         out.push(Event::RunFinished {
             at,
+            pool: self.pool.clone(),
             run: self.run.clone(),
         });
         Ok(())
@@ -401,6 +412,7 @@ impl RunGuard {
         self.confirm_by = None;
         out.push(Event::RunFaulted {
             at,
+            pool: self.pool.clone(),
             run: self.run.clone(),
             node: node.clone(),
             reason,
@@ -448,6 +460,17 @@ impl RunGuard {
         matches!(self.phase, RunPhase::Ended(_))
     }
 
+    /// The pool the run is on.
+    pub fn pool(&self) -> &PoolId {
+        &self.pool
+    }
+
+    /// A planning run's pool was redefined under a new id: its events
+    /// name the new one.
+    pub fn moved_to(&mut self, pool: PoolId) {
+        self.pool = pool;
+    }
+
     /// Whether `node` is required by the committed plan.
     pub fn requires(&self, node: &NodeId) -> bool {
         self.required.contains(node)
@@ -462,6 +485,7 @@ impl RunGuard {
         self.phase = RunPhase::Ended(RunEnd::Aborted(reason));
         out.push(Event::PlanningAborted {
             at,
+            pool: self.pool.clone(),
             run: self.run.clone(),
             reason,
         });
@@ -478,6 +502,7 @@ mod tests {
         let mut out = Vec::new();
         let guard = RunGuard::begin(
             RunId::new("r").unwrap(),
+            PoolId::new("p").unwrap(),
             Epoch(1),
             PlanningPolicy {
                 on_readiness_lost: policy,

@@ -600,10 +600,12 @@ impl Replica {
                     let (fence, term) = (Arc::clone(&self.fence), self.term);
                     live.gate
                         .fence_with(move || fence.current().map(|t| t.created) == term);
+                    let live_gate = live.gate.clone();
+                    let pool = self.config.pool.clone();
                     live.attach(actix::spawn(super::requests::serve(
-                        live.gate.clone(),
+                        live_gate,
                         term_store,
-                        self.config.pool.members().to_vec(),
+                        pool,
                         aborted_at_start,
                     )));
                     self.terms += 1;

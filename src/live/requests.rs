@@ -368,14 +368,15 @@ fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
 pub async fn serve(
     gate: Gate,
     store: Arc<EtcdStore>,
-    members: Vec<NodeId>,
+    pool: poolgate_actors::core::PoolDefinition,
     aborted_at_start: Option<RunId>,
 ) {
     let mut changed = watch_requests(Arc::clone(&store));
-    let mut serving = Serving::new(gate, store, members);
+    let mut serving = Serving::new(gate, store, pool.members().to_vec());
     if let Some(run) = aborted_at_start {
         serving.unsettled.push_back(Event::PlanningAborted {
             at: poolgate_actors::core::Time::ZERO,
+            pool: pool.id().clone(),
             run,
             reason: poolgate_actors::core::AbortReason::Restarted,
         });

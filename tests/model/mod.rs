@@ -203,7 +203,7 @@ impl Model {
             return Err("run_in_progress");
         }
         self.out
-            .push(json!({"at_ms": at, "event": "planning_started", "run": run, "epoch": current}));
+            .push(json!({"at_ms": at, "event": "planning_started", "pool": self.pool, "run": run, "epoch": current}));
         self.run = Some(Run {
             id: run,
             stage: Stage::Planning,
@@ -235,15 +235,16 @@ impl Model {
         }
         active.stage = Stage::Committed;
         active.required = required.into_iter().collect();
-        self.out.push(json!({"at_ms": at, "event": "run_committed", "run": run, "epoch": current, "required": active.required}));
+        self.out.push(json!({"at_ms": at, "event": "run_committed", "pool": self.pool, "run": run, "epoch": current, "required": active.required}));
         Ok(())
     }
 
     fn finish_run(&mut self, at: u64, run: String) -> Result<(), &'static str> {
         match &self.run {
             Some(r) if r.id == run && r.stage == Stage::Committed => {
-                self.out
-                    .push(json!({"at_ms": at, "event": "run_finished", "run": run}));
+                self.out.push(
+                    json!({"at_ms": at, "event": "run_finished", "pool": self.pool, "run": run}),
+                );
                 self.run = None;
                 Ok(())
             }
@@ -357,7 +358,7 @@ impl Model {
         });
         if faults {
             let run = self.run.take().unwrap();
-            self.out.push(json!({"at_ms": at, "event": "run_faulted", "run": run.id, "node": node, "reason": reason}));
+            self.out.push(json!({"at_ms": at, "event": "run_faulted", "pool": self.pool, "run": run.id, "node": node, "reason": reason}));
         }
         Ok(())
     }
@@ -385,12 +386,12 @@ impl Model {
             return;
         };
         if self.abort {
-            self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "readiness_lost"}));
+            self.out.push(json!({"at_ms": at, "event": "planning_aborted", "pool": self.pool, "run": run.id, "reason": "readiness_lost"}));
             self.run = None;
         } else {
             run.stage = Stage::Suspended(self.wait_timeout.map(|t| at + t));
             self.out
-                .push(json!({"at_ms": at, "event": "planning_suspended", "run": run.id}));
+                .push(json!({"at_ms": at, "event": "planning_suspended", "pool": self.pool, "run": run.id}));
         }
     }
 
@@ -410,7 +411,7 @@ impl Model {
                 self.pool_ready(at);
             } else {
                 let run = self.run.take().unwrap();
-                self.out.push(json!({"at_ms": at, "event": "planning_aborted", "run": run.id, "reason": "wait_timeout"}));
+                self.out.push(json!({"at_ms": at, "event": "planning_aborted", "pool": self.pool, "run": run.id, "reason": "wait_timeout"}));
             }
         }
     }
@@ -437,7 +438,7 @@ impl Model {
         if let Some(run) = self.run.as_mut() {
             if matches!(run.stage, Stage::Suspended(_)) {
                 run.stage = Stage::Planning;
-                self.out.push(json!({"at_ms": at, "event": "planning_resumed", "run": run.id, "epoch": epoch}));
+                self.out.push(json!({"at_ms": at, "event": "planning_resumed", "pool": self.pool, "run": run.id, "epoch": epoch}));
             }
         }
     }
