@@ -133,6 +133,6 @@ pub mod core {
 #[cfg(feature = "testing")]
 pub use poolgate_actors::testing;
 pub use poolgate_actors::{
-    Accepted, Clock, DurableSettings, EventStream, Gate, GateError, GateSettings, Outcome,
+    Accepted, Clock, DurableSettings, EventStream, Fleet, Gate, GateError, GateSettings, Outcome,
     ReadyProof, Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
 };

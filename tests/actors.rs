@@ -3,6 +3,8 @@
 //! One test (at least) per promise of the contract (docs/design.md §1–§3).
 
 mod common;
+#[path = "actors/fleet.rs"]
+mod fleet;
 
 use common::*;
 use poolgate::core::{AgentReport, RegistryFact};

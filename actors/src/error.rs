@@ -50,6 +50,12 @@ pub enum GateError {
         /// The gate's clock when it came.
         now: poolgate_core::Time,
     },
+    /// No pool of the fleet has this id ([`crate::Fleet`]).
+    #[error("no pool {0}")]
+    UnknownPool(poolgate_core::PoolId),
+    /// A command that names no pool, given to a fleet of several.
+    #[error("several pools are defined: the command must name its pool")]
+    PoolRequired,
     /// [`crate::Gate::try_start`] was called outside a running actix `System`.
     #[error("the gate must be started inside a running actix System (actix::System::new().block_on(…), #[actix::main] or #[actix_rt::test])")]
     NoSystem,
@@ -69,6 +75,8 @@ impl GateError {
             GateError::NoSystem => "no_system",
             GateError::InvalidSettings(_) => "invalid_settings",
             GateError::StampAhead { .. } => "stamp_ahead",
+            GateError::UnknownPool(_) => "unknown_pool",
+            GateError::PoolRequired => "pool_required",
         }
     }
 }

@@ -60,7 +60,7 @@ fn start(members: &[&str]) -> Subsystem {
         durable: None,
         record: None,
     };
-    let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router));
+    let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router), None);
     Subsystem {
         pool,
         router,

@@ -177,15 +177,31 @@ impl Gate {
         {
             return Err(GateError::NoSystem);
         }
-        Ok(Gate::launch(settings))
+        Ok(Gate::launch(settings, Clock::start(), None))
     }
 
-    fn launch(settings: GateSettings) -> Gate {
-        let clock = Clock::start();
+    /// Starts the gate's actors on `clock`; one of a fleet's pools when
+    /// `fleet` is given (its events also go to the fleet's stream, its
+    /// commits take the fleet's reservations).
+    pub(crate) fn launch(
+        settings: GateSettings,
+        clock: Clock,
+        fleet: Option<(&Publisher, &crate::fleet::Reservations)>,
+    ) -> Gate {
         let publisher = Publisher::default();
+        let reservations = fleet.map(|(stream, reservations)| {
+            publisher.forward_to(stream.clone());
+            reservations.clone()
+        });
         let router = Arc::new(Router::default());
         let recording = settings.record.clone();
-        let pool = PoolActor::launch(settings, clock, publisher.clone(), Arc::clone(&router));
+        let pool = PoolActor::launch(
+            settings,
+            clock,
+            publisher.clone(),
+            Arc::clone(&router),
+            reservations,
+        );
         let last = Arc::new(StopWhenDropped {
             pool: pool.clone(),
             publisher: publisher.clone(),

@@ -79,6 +79,7 @@
 
 mod clock;
 mod error;
+pub mod fleet;
 pub mod gate;
 mod messages;
 mod node_actor;
@@ -98,6 +99,7 @@ mod failure_tests;
 
 pub use clock::Clock;
 pub use error::GateError;
+pub use fleet::Fleet;
 pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
 pub use pool_actor::{duration_problem, wait_timeout_problem, GateSettings, MAX_SETTING};

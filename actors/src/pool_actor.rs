@@ -18,6 +18,7 @@ use actix::{Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Ha
 
 use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
+use crate::fleet::Reservations;
 use crate::messages::{
     BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun, FromNode,
     GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync,
@@ -182,6 +183,9 @@ pub(crate) struct PoolActor {
     /// first subscriber).
     at_start: bool,
     recording: Option<Recording>,
+    /// The fleet's reservations, when the pool is one of a fleet's (a
+    /// node serves one committed run at a time across its pools).
+    reservations: Option<Reservations>,
     /// Stopped for good ([`crate::messages::Shutdown`], or a restart
     /// given up): nothing runs, nothing is restarted.
     shut: bool,
@@ -205,6 +209,7 @@ impl PoolActor {
         clock: Clock,
         publisher: Publisher,
         router: Arc<Router>,
+        reservations: Option<Reservations>,
     ) -> Addr<PoolActor> {
         router
             .live
@@ -239,6 +244,7 @@ impl PoolActor {
                 save_failing: false,
                 at_start: true,
                 recording: settings.record,
+                reservations,
                 shut: false,
                 failures: Vec::new(),
                 #[cfg(any(test, feature = "testing"))]
@@ -253,6 +259,13 @@ impl PoolActor {
                 );
             }
             if let Some(guard) = restored {
+                if let Some(reservations) = &actor.reservations {
+                    let pool = actor.core.readiness().id().clone();
+                    let required: Vec<NodeId> = guard.required().cloned().collect();
+                    if let Err(refused) = reservations.take(&pool, guard.run(), &required) {
+                        telemetry::said!(error, %pool, run = %guard.run(), %refused, "a restored committed run shares a node with another pool's");
+                    }
+                }
                 actor.run = Some(RunActor::new(guard, Arc::clone(&actor.router.live)).start());
             }
             for (node, key) in added {
@@ -618,6 +631,7 @@ impl PoolActor {
         if ended {
             self.core.run_ended(run);
             self.run = None;
+            self.release(run);
         }
     }
 
@@ -815,6 +829,9 @@ impl PoolActor {
             return;
         }
         let pool = self.core.readiness().id();
+        if let Some(reservations) = &self.reservations {
+            reservations.release_pool(pool);
+        }
         match (self.core.committed_run(), failed) {
             (Some((run, _)), true) => {
                 telemetry::said!(error, %pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
@@ -1110,6 +1127,15 @@ impl PoolActor {
                 return answered(Err(refused.into()));
             }
         };
+        // Every node or none, for this run, before anything is stored.
+        if let Some(reservations) = &self.reservations {
+            let pool = self.core.readiness().id();
+            let required = admitted.required().as_slice();
+            if let Err(refused) = reservations.take(pool, admitted.run(), required) {
+                self.flush(ctx);
+                return answered(Err(refused.into()));
+            }
+        }
         let Some(store) = self.store.clone() else {
             let committed = self.commit_admitted(admitted, at, ctx);
             return answered(committed.map_err(Into::into));
@@ -1127,6 +1153,7 @@ impl PoolActor {
                     act.saved(&state, &result);
                     if let Err(e) = result {
                         telemetry::said!(error, error = %e, run = %admitted.run(), "commit not made durable; refused");
+                        act.release(admitted.run());
                         act.flush(ctx);
                         return Err(GateError::NotDurable(e.to_string()));
                     }
@@ -1146,6 +1173,7 @@ impl PoolActor {
         ctx: &mut Context<Self>,
     ) -> Result<(), Refusal> {
         let recorded = self.recording.as_ref().map(|_| admitted.command());
+        let run = admitted.run().clone();
         let result = self.core.commit_admitted(admitted, at, &mut self.out);
         if let Ok(guard) = result {
             self.run = Some(RunActor::new(guard, Arc::clone(&self.router.live)).start());
@@ -1155,8 +1183,17 @@ impl PoolActor {
             self.flush(ctx);
             return Ok(());
         }
+        self.release(&run);
         self.flush(ctx);
         result.map(drop)
+    }
+
+    /// The nodes `run` held in the fleet's reservations go back (its end,
+    /// or a commit that did not happen).
+    fn release(&self, run: &RunId) {
+        if let Some(reservations) = &self.reservations {
+            reservations.release(self.core.readiness().id(), run);
+        }
     }
 }
 

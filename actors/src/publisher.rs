@@ -36,6 +36,9 @@ pub struct Publisher {
     /// The last write of the durable state failed (and none since
     /// succeeded): what the gate tells is held back.
     unwritten: Arc<std::sync::atomic::AtomicBool>,
+    /// A fleet's publisher, which also gets every event published here
+    /// (one stream over all of a fleet's pools).
+    forward: Arc<std::sync::OnceLock<Publisher>>,
 }
 
 /// Whether the gate may still act (a replica's leadership, design §12).
@@ -274,6 +277,12 @@ impl Publisher {
         inner.before_first = None;
     }
 
+    /// Every event published here from now on is also published on
+    /// `fleet` (a fleet's one stream over its pools). Set once.
+    pub(crate) fn forward_to(&self, fleet: Publisher) {
+        let _ = self.forward.set(fleet);
+    }
+
     /// Publishes only while `fence` says yes; the first time it says no,
     /// the publisher closes. Set once.
     pub fn fence_with(&self, fence: Fence) {
@@ -303,6 +312,19 @@ impl Publisher {
         false
     }
 
+    /// What a pool's publisher forwards: published as the pool's own are,
+    /// but logged once (by the pool's publisher).
+    fn publish_forwarded(&self, events: &mut Vec<Event>, keep: bool) {
+        if self.is_closed() {
+            events.clear();
+            return;
+        }
+        let mut inner = self.lock();
+        for event in events.drain(..) {
+            inner.offer(event, keep);
+        }
+    }
+
     fn publish_kept(&self, events: &mut Vec<Event>, keep: bool) {
         if events.is_empty() {
             return;
@@ -311,18 +333,14 @@ impl Publisher {
             events.clear();
             return;
         }
+        if let Some(fleet) = self.forward.get() {
+            let mut copies = events.clone();
+            fleet.publish_forwarded(&mut copies, keep);
+        }
         let mut inner = self.lock();
         for event in events.drain(..) {
             telemetry::logged(|| log_decision(&event));
-            if keep && !inner.subscribed {
-                let held = inner.before_first.get_or_insert_with(Vec::new);
-                if held.len() < EVENT_QUEUE {
-                    held.push(event.clone());
-                }
-            }
-            inner
-                .live
-                .retain(|subscriber| subscriber.queue.offer(event.clone()));
+            inner.offer(event, keep);
         }
     }
 
@@ -335,6 +353,19 @@ impl Publisher {
 }
 
 impl Subscribers {
+    /// Offers `event` to every subscriber, and keeps it for the first one
+    /// if `keep` and none came yet.
+    fn offer(&mut self, event: Event, keep: bool) {
+        if keep && !self.subscribed {
+            let held = self.before_first.get_or_insert_with(Vec::new);
+            if held.len() < EVENT_QUEUE {
+                held.push(event.clone());
+            }
+        }
+        self.live
+            .retain(|subscriber| subscriber.queue.offer(event.clone()));
+    }
+
     /// Adds `subscriber`, first removing the subscriptions dropped since
     /// the last publish: a quiet pool publishes nothing, and subscriptions
     /// made and dropped meanwhile (each `wait_ready` makes one) must not

@@ -51,6 +51,7 @@
 #![deny(missing_docs)]
 
 pub mod event;
+pub mod fleet;
 pub mod identity;
 pub mod ids;
 pub mod input;
@@ -62,6 +63,7 @@ pub mod run;
 pub mod time;
 
 pub use event::{AbortReason, Event};
+pub use fleet::{Candidacy, Reservations};
 pub use machine::{AdmittedCommit, Durable, DurableRun, PoolMachine, PoolReport};
 
 pub use identity::{Fingerprint, IdentityMaterial, InvalidIdentity, MAX_IDENTITY_BYTES};

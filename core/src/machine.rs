@@ -98,6 +98,11 @@ impl AdmittedCommit {
         self.stored.epoch
     }
 
+    /// The nodes it requires, sorted, each once.
+    pub fn required(&self) -> &RequiredNodes {
+        &self.required
+    }
+
     /// The command as it was asked (for a recording).
     pub fn command(&self) -> crate::input::Command {
         crate::input::Command::CommitPlan {

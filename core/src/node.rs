@@ -507,6 +507,42 @@ impl NodeFacts {
         }
     }
 
+    /// The observations that bring a node of no facts to these: what a
+    /// pool defined later is told of a node the fleet has seen.
+    pub fn as_observations(&self) -> Vec<Observation> {
+        let mut said = Vec::new();
+        if self.known {
+            said.push(Observation::Known);
+        }
+        if let Membership::Seen { state, incarnation } = self.membership {
+            // A suspicion needs an alive member to suspect.
+            if state == SwimState::Suspect {
+                said.push(Observation::Swim {
+                    state: SwimState::Alive,
+                    incarnation,
+                });
+            }
+            said.push(Observation::Swim { state, incarnation });
+        }
+        if let Some(fingerprint) = self.identity {
+            said.push(Observation::Identity(fingerprint));
+        }
+        if let Some(reason) = &self.fault {
+            said.push(Observation::Faulted {
+                reason: FaultReason::new(reason),
+            });
+        }
+        if self.available {
+            said.push(Observation::Available);
+        }
+        said
+    }
+
+    /// Whether the registry knows the node.
+    pub fn is_known(&self) -> bool {
+        self.known
+    }
+
     /// The SWIM view of the node.
     pub fn membership(&self) -> Membership {
         self.membership
@@ -552,6 +588,36 @@ mod tests {
         match applied {
             Applied::Changed(change) => change,
             other => panic!("expected a change, got {other:?}"),
+        }
+    }
+
+    proptest::proptest! {
+        /// What a pool defined later is told of a node brings a node of no
+        /// facts to the same facts, whatever was observed before.
+        #[test]
+        fn a_nodes_facts_said_again_are_the_same_facts(
+            said in proptest::collection::vec((0u8..9, 0u8..4, 0u64..4), 0..30)
+        ) {
+            let mut facts = NodeFacts::default();
+            for (kind, state, n) in said {
+                let state = [SwimState::Alive, SwimState::Suspect, SwimState::Dead, SwimState::Left][state as usize];
+                facts.apply(match kind {
+                    0 => Observation::Known,
+                    1 => Observation::Forgotten,
+                    2 => Observation::Swim { state, incarnation: n },
+                    3 => Observation::Available,
+                    4 => Observation::Unavailable,
+                    5 => Observation::Identity(Fingerprint::of(&[n as u8])),
+                    6 => Observation::Faulted { reason: FaultReason::new(&format!("f{n}")) },
+                    7 => Observation::Recovered,
+                    _ => Observation::Swim { state: SwimState::Alive, incarnation: n + 1 },
+                });
+            }
+            let mut again = NodeFacts::default();
+            for observation in facts.as_observations() {
+                again.apply(observation);
+            }
+            proptest::prop_assert_eq!(again, facts);
         }
     }
 

@@ -99,6 +99,17 @@ pub enum Refusal {
     /// could never fault.
     #[error("the plan of run {0} requires no node")]
     InvalidPlan(RunId),
+    /// A required node serves another pool's committed run (design §14: a
+    /// node serves one committed run at a time).
+    #[error("node {node} is reserved by run {run} of pool {pool}")]
+    Reserved {
+        /// The node.
+        node: NodeId,
+        /// The committed run that holds it.
+        run: RunId,
+        /// That run's pool.
+        pool: PoolId,
+    },
 }
 
 impl Refusal {
@@ -114,6 +125,7 @@ impl Refusal {
             Refusal::NotCandidate(_) => "not_candidate",
             Refusal::RunCommitted(_) => "run_committed",
             Refusal::InvalidPlan(_) => "invalid_plan",
+            Refusal::Reserved { .. } => "reserved",
         }
     }
 }

@@ -1,0 +1,458 @@
+//! Many pools over one fleet (design §14): one table of node facts, any
+//! number of pools, and a node reserved by one committed run at a time.
+//!
+//! Each pool is a [`Gate`] of its own (its window, policy, epochs, run and
+//! store), on the fleet's one clock. Facts are about nodes: one
+//! observation reaches every pool that holds the node as a candidate,
+//! applied once per pool and no more, and the fleet keeps each node's
+//! facts so that a pool defined later starts from what is known.
+//! Commands are about pools: a commit that would take a node another
+//! pool's committed run holds is refused `reserved` (all or nothing);
+//! the run's end releases its nodes.
+//!
+//! ```
+//! use std::time::Duration;
+//! use poolgate_actors::core::{
+//!     AgentReport, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition,
+//!     PoolId, RegistryFact, RunId, SwimState,
+//! };
+//! use poolgate_actors::{Fleet, GateError, GateSettings};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let n = |s: &str| NodeId::new(s).unwrap();
+//! let policy = PlanningPolicy { on_readiness_lost: OnReadinessLost::Wait, wait_timeout: None };
+//! let pool = |id: &str, members: &[&str]| {
+//!     let definition = PoolDefinition::new(PoolId::new(id)?, members.iter().map(|m| n(m)).collect())?;
+//!     GateSettings::new(definition, Duration::from_millis(20), policy)
+//! };
+//! actix::System::new().block_on(async move {
+//!     let fleet = Fleet::try_start(vec![pool("a", &["n1", "n2"])?, pool("b", &["n2", "n3"])?])?;
+//!     for node in ["n1", "n2", "n3"] {
+//!         fleet.registry(RegistryFact::Known { node: n(node) }).await?;
+//!         fleet.membership(MembershipUpdate { node: n(node), state: SwimState::Alive, incarnation: 1 }).await?;
+//!         fleet.agent(AgentReport::Available { node: n(node) }).await?;
+//!         fleet.agent(AgentReport::identity(n(node), node.as_bytes().to_vec())?).await?;
+//!     }
+//!     let (a, b) = (fleet.pool(&PoolId::new("a")?).unwrap(), fleet.pool(&PoolId::new("b")?).unwrap());
+//!     let ready = a.wait_ready().await?;
+//!     a.begin_planning(RunId::new("r1")?, Some(ready.epoch)).await?;
+//!     a.commit_plan(RunId::new("r1")?, vec![n("n2")], Some(ready.epoch)).await?;
+//!     // n2 serves a's run: b cannot commit a run on it.
+//!     let ready = b.wait_ready().await?;
+//!     b.begin_planning(RunId::new("r2")?, Some(ready.epoch)).await?;
+//!     let refused = b.commit_plan(RunId::new("r2")?, vec![n("n2"), n("n3")], Some(ready.epoch)).await;
+//!     assert!(matches!(&refused, Err(e) if e.code() == "reserved"), "{refused:?}");
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use poolgate_core::{
+    AgentReport, Candidacy, Command, Input, MembershipUpdate, NodeFacts, NodeId, Observation,
+    PoolId, PoolReport, Refusal, RegistryFact, RunId, Time,
+};
+
+use crate::clock::Clock;
+use crate::error::GateError;
+use crate::gate::{Accepted, Gate};
+use crate::messages::Outcome;
+use crate::pool_actor::GateSettings;
+use crate::publisher::{EventStream, Publisher};
+
+/// The fleet's reservations, shared by its pools' actors: a commit takes
+/// its nodes in the same step as the pool admits it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Reservations(Arc<Mutex<poolgate_core::Reservations>>);
+
+impl Reservations {
+    fn lock(&self) -> MutexGuard<'_, poolgate_core::Reservations> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every node of `required` for `run` of `pool`, or none (`reserved`).
+    pub(crate) fn take(
+        &self,
+        pool: &PoolId,
+        run: &RunId,
+        required: &[NodeId],
+    ) -> Result<(), Refusal> {
+        self.lock().reserve(pool, run, required)
+    }
+
+    /// The nodes `run` of `pool` holds go back.
+    pub(crate) fn release(&self, pool: &PoolId, run: &RunId) {
+        self.lock().release(pool, run);
+    }
+
+    /// The nodes any run of `pool` holds go back.
+    pub(crate) fn release_pool(&self, pool: &PoolId) {
+        self.lock().release_pool(pool);
+    }
+}
+
+/// The handle of a running fleet. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Fleet {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    clock: Clock,
+    /// Every pool's events, in the order each pool published them.
+    stream: Publisher,
+    reservations: Reservations,
+    state: Mutex<State>,
+    /// The window and policy of a pool defined by `define_pool` alone.
+    template: (std::time::Duration, poolgate_core::PlanningPolicy),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    gates: BTreeMap<PoolId, Gate>,
+    candidacy: Candidacy,
+    /// The facts of every node that is known to the registry or a
+    /// candidate of some pool: what a pool defined later starts from.
+    facts: HashMap<NodeId, NodeFacts>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stream.close();
+    }
+}
+
+impl Fleet {
+    /// Starts a fleet with `pools` (none is allowed: pools may be defined
+    /// later) on the current actix `System`. A pool defined later by
+    /// [`Fleet::define_pool`] alone takes the first pool's window and
+    /// policy (with no pool at start: a 5 s window, `wait` forever).
+    pub fn try_start(pools: Vec<GateSettings>) -> Result<Fleet, GateError> {
+        for settings in &pools {
+            settings.check().map_err(GateError::InvalidSettings)?;
+        }
+        if actix::System::try_current().is_none() || tokio::runtime::Handle::try_current().is_err()
+        {
+            return Err(GateError::NoSystem);
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for settings in &pools {
+            if !ids.insert(settings.definition.id().clone()) {
+                return Err(GateError::InvalidSettings(format!(
+                    "pool {} is defined twice",
+                    settings.definition.id()
+                )));
+            }
+        }
+        let template = pools.first().map_or(
+            (
+                std::time::Duration::from_secs(5),
+                poolgate_core::PlanningPolicy {
+                    on_readiness_lost: poolgate_core::OnReadinessLost::Wait,
+                    wait_timeout: None,
+                },
+            ),
+            |first| (first.window, first.policy),
+        );
+        let fleet = Fleet {
+            shared: Arc::new(Shared {
+                clock: Clock::start(),
+                stream: Publisher::default(),
+                reservations: Reservations::default(),
+                state: Mutex::default(),
+                template,
+            }),
+        };
+        for settings in pools {
+            fleet.start_pool(settings);
+        }
+        Ok(fleet)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn start_pool(&self, settings: GateSettings) -> Gate {
+        let id = settings.definition.id().clone();
+        let members = settings.definition.members().to_vec();
+        let gate = Gate::launch(
+            settings,
+            self.shared.clock,
+            Some((&self.shared.stream, &self.shared.reservations)),
+        );
+        let mut state = self.state();
+        state.candidacy.define(&id, &members);
+        state.gates.insert(id, gate.clone());
+        gate
+    }
+
+    /// The fleet's timeline (time since it started), shared by its pools.
+    pub fn clock(&self) -> Clock {
+        self.shared.clock
+    }
+
+    /// Every pool's events from now on, in one stream (each names its
+    /// pool); the first subscription also gets the events of the pools'
+    /// start.
+    pub fn subscribe(&self) -> EventStream {
+        self.shared.stream.subscribe()
+    }
+
+    /// The pools, by id.
+    pub fn pools(&self) -> Vec<PoolId> {
+        self.state().gates.keys().cloned().collect()
+    }
+
+    /// The handle of one pool, with the face of [`Gate`]: its commits take
+    /// the fleet's reservations. Feed facts through the fleet, which
+    /// brings each to every pool that has the node.
+    pub fn pool(&self, pool: &PoolId) -> Option<Gate> {
+        self.state().gates.get(pool).cloned()
+    }
+
+    /// Defines a pool: a new one (with `settings`' window, policy, store),
+    /// told the facts the fleet holds of its members; or, for an id the
+    /// fleet has, its new members (refused while its run is committed),
+    /// each new member told what the fleet holds of it.
+    pub async fn define_pool(&self, settings: GateSettings) -> Result<Gate, GateError> {
+        let at = self.shared.clock.now();
+        self.define_at(at, settings).await
+    }
+
+    async fn define_at(&self, at: Time, settings: GateSettings) -> Result<Gate, GateError> {
+        settings.check().map_err(GateError::InvalidSettings)?;
+        let id = settings.definition.id().clone();
+        let existing = self.pool(&id);
+        let (gate, added) = match existing {
+            Some(gate) => {
+                let definition = settings.definition.clone();
+                gate.submit(at, Input::Command(Command::DefinePool(definition)))
+                    .await?;
+                let added = self
+                    .state()
+                    .candidacy
+                    .define(&id, settings.definition.members());
+                (gate, added)
+            }
+            None => {
+                let members = settings.definition.members().to_vec();
+                (self.start_pool(settings), members)
+            }
+        };
+        let told: Vec<(NodeId, Vec<Observation>)> = {
+            let state = self.state();
+            added
+                .into_iter()
+                .filter_map(|node| {
+                    let facts = state.facts.get(&node)?.as_observations();
+                    Some((node, facts))
+                })
+                .collect()
+        };
+        for (node, observations) in told {
+            for observation in observations {
+                let node = node.clone();
+                gate.submit(at, Input::Observation { node, observation })
+                    .await?;
+            }
+        }
+        Ok(gate)
+    }
+
+    /// Removes a pool (refused `run_committed` while its run is
+    /// committed): its actors stop, its own subscriptions end; the
+    /// fleet's stream goes on.
+    pub async fn remove_pool(&self, pool: &PoolId) -> Result<(), GateError> {
+        let gate = self
+            .pool(pool)
+            .ok_or_else(|| GateError::UnknownPool(pool.clone()))?;
+        if let Some(run) = self.committed_run_of(pool) {
+            return Err(GateError::Refused(Refusal::RunCommitted(run)));
+        }
+        gate.stop();
+        let mut state = self.state();
+        state.gates.remove(pool);
+        state.candidacy.remove(pool);
+        let State {
+            candidacy, facts, ..
+        } = &mut *state;
+        facts.retain(|node, facts| candidacy.pools_of(node).next().is_some() || facts.is_known());
+        Ok(())
+    }
+
+    /// The committed run of `pool`, if one holds nodes.
+    fn committed_run_of(&self, pool: &PoolId) -> Option<RunId> {
+        let reservations = self.shared.reservations.lock();
+        let state = self.state();
+        state
+            .candidacy
+            .members(pool)?
+            .iter()
+            .find_map(|node| reservations.holder(node).filter(|(p, _)| p == pool))
+            .map(|(_, run)| run.clone())
+    }
+
+    /// Which pool's committed run holds `node`, if any.
+    pub fn reserved_by(&self, node: &NodeId) -> Option<(PoolId, RunId)> {
+        self.shared.reservations.lock().holder(node).cloned()
+    }
+
+    /// Feeds a SWIM membership fact to every pool that has the node.
+    pub async fn membership(&self, update: MembershipUpdate) -> Result<usize, GateError> {
+        let (node, observation) = update.into_observation();
+        self.observe(self.shared.clock.now(), node, observation)
+            .await
+    }
+
+    /// Feeds a node agent's report to every pool that has the node.
+    pub async fn agent(&self, report: AgentReport) -> Result<usize, GateError> {
+        let (node, observation) = report.into_observation();
+        self.observe(self.shared.clock.now(), node, observation)
+            .await
+    }
+
+    /// Feeds a registry fact to every pool that has the node.
+    pub async fn registry(&self, fact: RegistryFact) -> Result<usize, GateError> {
+        let (node, observation) = fact.into_observation();
+        self.observe(self.shared.clock.now(), node, observation)
+            .await
+    }
+
+    /// Applies one observation of `node` at `at` in every pool that has it
+    /// as a candidate, once each; returns how many pools that is.
+    pub async fn observe(
+        &self,
+        at: Time,
+        node: NodeId,
+        observation: Observation,
+    ) -> Result<usize, GateError> {
+        let gates: Vec<Gate> = {
+            let mut state = self.state();
+            let State {
+                candidacy,
+                facts,
+                gates,
+            } = &mut *state;
+            let holders: Vec<Gate> = candidacy
+                .pools_of(&node)
+                .filter_map(|pool| gates.get(pool).cloned())
+                .collect();
+            let kept = !holders.is_empty() || observation == Observation::Known;
+            match facts.get_mut(&node) {
+                Some(held) => {
+                    held.observe(&observation);
+                    if holders.is_empty() && !held.is_known() {
+                        facts.remove(&node);
+                    }
+                }
+                None if kept => {
+                    facts.entry(node.clone()).or_default().observe(&observation);
+                }
+                None => {}
+            }
+            holders
+        };
+        if gates.is_empty() {
+            crate::telemetry::observation("non_candidate");
+        }
+        for gate in &gates {
+            let input = Input::Observation {
+                node: node.clone(),
+                observation: observation.clone(),
+            };
+            gate.submit(at, input).await?;
+        }
+        Ok(gates.len())
+    }
+
+    /// Applies an input stamped `at` (a replay's record): an observation
+    /// to every pool that has its node; a command to `pool`, or to the
+    /// only pool when it names none (several pools: [`GateError::PoolRequired`]).
+    /// A `define_pool` of a new id starts a pool with the fleet's window
+    /// and policy.
+    pub async fn submit(
+        &self,
+        at: Time,
+        pool: Option<&PoolId>,
+        input: Input,
+    ) -> Result<Accepted, GateError> {
+        match input {
+            Input::Observation { node, observation } => {
+                let reached = self.observe(at, node, observation).await?;
+                Ok(Accepted::Observation(match reached {
+                    0 => Outcome::NotCandidate,
+                    _ => Outcome::Changed,
+                }))
+            }
+            Input::Command(Command::DefinePool(definition)) => {
+                let (window, policy) = self.shared.template;
+                let settings = GateSettings::new(definition, window, policy)?;
+                self.define_at(at, settings).await.map(|_| Accepted::Done)
+            }
+            command => {
+                let gate = self.commanded(pool)?;
+                gate.submit(at, command).await
+            }
+        }
+    }
+
+    /// The pool a command goes to.
+    fn commanded(&self, pool: Option<&PoolId>) -> Result<Gate, GateError> {
+        let state = self.state();
+        match pool {
+            Some(pool) => state
+                .gates
+                .get(pool)
+                .cloned()
+                .ok_or_else(|| GateError::UnknownPool(pool.clone())),
+            None => {
+                let mut gates = state.gates.values();
+                match (gates.next(), gates.next()) {
+                    (Some(only), None) => Ok(only.clone()),
+                    (None, _) => Err(GateError::PoolRequired),
+                    (Some(_), Some(_)) => Err(GateError::PoolRequired),
+                }
+            }
+        }
+    }
+
+    /// Where each pool stands, by pool id.
+    pub async fn reports(&self) -> Result<Vec<PoolReport>, GateError> {
+        let gates: Vec<Gate> = self.state().gates.values().cloned().collect();
+        let mut reports = Vec::with_capacity(gates.len());
+        for gate in gates {
+            reports.push(gate.report().await?);
+        }
+        Ok(reports)
+    }
+
+    /// The earliest timer any pool has pending.
+    pub async fn pending_deadline(&self) -> Result<Option<Time>, GateError> {
+        let gates: Vec<Gate> = self.state().gates.values().cloned().collect();
+        let mut earliest: Option<Time> = None;
+        for gate in gates {
+            if let Some(due) = gate.pending_deadline().await? {
+                earliest = Some(earliest.map_or(due, |e| e.min(due)));
+            }
+        }
+        Ok(earliest)
+    }
+
+    /// Stops every pool and ends the fleet's stream.
+    pub fn stop(&self) {
+        let gates: Vec<Gate> = std::mem::take(&mut self.state().gates)
+            .into_values()
+            .collect();
+        for gate in gates {
+            gate.stop();
+        }
+        self.shared.stream.close();
+    }
+}
