@@ -87,7 +87,7 @@ impl Recording {
     /// A command the pool accepted at `at`.
     pub(crate) fn command(&self, at: Time, command: &Command) {
         // Commands are rare and worth seeing at once.
-        self.record(at.as_millis(), Some(&Line::command(command)), true);
+        self.record(at.as_millis(), Some(&Line::command(command, None)), true);
     }
 
     /// Flushes what is buffered (the gate published an event).

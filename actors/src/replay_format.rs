@@ -115,6 +115,9 @@ pub enum Line<'a> {
     },
     /// Planning begins.
     BeginPlanning {
+        /// The pool it is about (required when several are defined).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
         /// The run.
         run: Cow<'a, str>,
         /// The epoch the plan is made against.
@@ -123,6 +126,9 @@ pub enum Line<'a> {
     },
     /// The plan is committed: provisioning begins.
     CommitPlan {
+        /// The pool it is about (required when several are defined).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
         /// The run.
         run: Cow<'a, str>,
         /// Its required nodes.
@@ -133,6 +139,9 @@ pub enum Line<'a> {
     },
     /// The run finished.
     FinishRun {
+        /// The pool it is about (required when several are defined).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
         /// The run.
         run: Cow<'a, str>,
     },
@@ -455,13 +464,21 @@ impl FlatLine {
                 reason: Cow::Owned(reason?),
             },
             "recovered" => Line::Recovered { node: node? },
-            "begin_planning" => Line::BeginPlanning { run: run?, epoch },
+            "begin_planning" => Line::BeginPlanning {
+                pool: pool.map(Cow::Owned),
+                run: run?,
+                epoch,
+            },
             "commit_plan" => Line::CommitPlan {
+                pool: pool.map(Cow::Owned),
                 run: run?,
                 required: owned(required?),
                 epoch,
             },
-            "finish_run" => Line::FinishRun { run: run? },
+            "finish_run" => Line::FinishRun {
+                pool: pool.map(Cow::Owned),
+                run: run?,
+            },
             _ => return None,
         })
     }
@@ -512,8 +529,9 @@ impl<'a> Line<'a> {
         }
     }
 
-    /// A command.
-    pub fn command(command: &'a Command) -> Line<'a> {
+    /// A command, naming `pool` if given (a fleet's recording).
+    pub fn command(command: &'a Command, pool: Option<&'a str>) -> Line<'a> {
+        let pool = pool.map(Cow::Borrowed);
         let ids = |nodes: &'a [NodeId]| nodes.iter().map(|n| Cow::Borrowed(n.as_str())).collect();
         match command {
             Command::DefinePool(definition) => Line::DefinePool {
@@ -521,6 +539,7 @@ impl<'a> Line<'a> {
                 members: ids(definition.members()),
             },
             Command::BeginPlanning { run, epoch } => Line::BeginPlanning {
+                pool,
                 run: Cow::Borrowed(run.as_str()),
                 epoch: epoch.map(|e| e.0),
             },
@@ -529,13 +548,29 @@ impl<'a> Line<'a> {
                 required,
                 epoch,
             } => Line::CommitPlan {
+                pool,
                 run: Cow::Borrowed(run.as_str()),
                 required: ids(required),
                 epoch: epoch.map(|e| e.0),
             },
             Command::FinishRun { run } => Line::FinishRun {
+                pool,
                 run: Cow::Borrowed(run.as_str()),
             },
+        }
+    }
+
+    /// The pool a command names, checked; `None` when it names none (or
+    /// the record is not a command).
+    pub fn commanded_pool(&self) -> Result<Option<PoolId>, String> {
+        match self {
+            Line::BeginPlanning { pool, .. }
+            | Line::CommitPlan { pool, .. }
+            | Line::FinishRun { pool, .. } => pool
+                .as_deref()
+                .map(|p| PoolId::new(p).map_err(|e| format!("field `pool`: {e}")))
+                .transpose(),
+            _ => Ok(None),
         }
     }
 
@@ -642,7 +677,7 @@ impl<'a> Line<'a> {
             }
             .into(),
             Line::Recovered { node: n } => AgentReport::Recovered { node: node(&n)? }.into(),
-            Line::BeginPlanning { run: r, epoch } => Command::BeginPlanning {
+            Line::BeginPlanning { run: r, epoch, .. } => Command::BeginPlanning {
                 run: run(&r)?,
                 epoch: epoch.map(Epoch),
             }
@@ -651,13 +686,14 @@ impl<'a> Line<'a> {
                 run: r,
                 required,
                 epoch,
+                ..
             } => Command::CommitPlan {
                 run: run(&r)?,
                 required: nodes("required", &required)?,
                 epoch: epoch.map(Epoch),
             }
             .into(),
-            Line::FinishRun { run: r } => Command::FinishRun { run: run(&r)? }.into(),
+            Line::FinishRun { run: r, .. } => Command::FinishRun { run: run(&r)? }.into(),
         };
         Ok(Ok(input))
     }
@@ -706,15 +742,20 @@ mod tests {
             },
             Line::Recovered { node: o("node-1") },
             Line::BeginPlanning {
+                pool: Some(o("pool-a")),
                 run: o("run-1"),
                 epoch: Some(2),
             },
             Line::CommitPlan {
+                pool: None,
                 run: o("run-1"),
                 required: vec![o("node-1")],
                 epoch: None,
             },
-            Line::FinishRun { run: o("run-1") },
+            Line::FinishRun {
+                pool: Some(o("pool-a")),
+                run: o("run-1"),
+            },
         ]
     }
 

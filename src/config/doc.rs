@@ -4,11 +4,11 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use poolgate_actors::core::{NodeId, PoolDefinition, PoolId};
+use poolgate_actors::core::{NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::ConfigError;
+use super::{in_words, ConfigError, PoolConfig};
 
 pub(super) type Table<'i> = DeTable<'i>;
 pub(super) type Value<'i> = Spanned<DeValue<'i>>;
@@ -146,16 +146,16 @@ impl<'a> Doc<'a> {
         &self,
         value: &Value<'_>,
         id: PoolId,
+        key: &str,
     ) -> Result<PoolDefinition, ConfigError> {
-        const KEY: &str = "pool.members";
         let DeValue::Array(items) = value.get_ref() else {
-            return Err(self.error(value.span(), KEY, "must be a list of node ids"));
+            return Err(self.error(value.span(), key, "must be a list of node ids"));
         };
         let mut members = Vec::with_capacity(items.len());
         let mut spans = Vec::with_capacity(items.len());
         for item in items.iter() {
-            let (text, span) = self.string(item, KEY)?;
-            members.push(NodeId::new(&text).map_err(|e| self.error(span.clone(), KEY, e))?);
+            let (text, span) = self.string(item, key)?;
+            members.push(NodeId::new(&text).map_err(|e| self.error(span.clone(), key, e))?);
             spans.push(span);
         }
         PoolDefinition::new(id, members.clone()).map_err(|e| {
@@ -171,8 +171,112 @@ impl<'a> Doc<'a> {
                     .unwrap_or_else(|| value.span()),
                 _ => value.span(),
             };
-            self.error(span, KEY, e)
+            self.error(span, key, e)
         })
+    }
+}
+
+impl Doc<'_> {
+    /// `on_readiness_lost` and `wait_timeout` of `table` (`[planning]`, or
+    /// a pool's), over `policy`; a wait timeout must be longer than
+    /// `window` (when there is one to compare with).
+    pub(super) fn planning(
+        &self,
+        table: &Table<'_>,
+        section: &str,
+        window: Option<Duration>,
+        policy: &mut PlanningPolicy,
+    ) -> Result<(), ConfigError> {
+        if let Some(value) = table.get("on_readiness_lost") {
+            let key = dotted(section, "on_readiness_lost");
+            let (text, span) = self.string(value, &key)?;
+            policy.on_readiness_lost =
+                OnReadinessLost::from_name(&text).map_err(|e| self.error(span, &key, e))?;
+        }
+        if let Some(value) = table.get("wait_timeout") {
+            let key = dotted(section, "wait_timeout");
+            let (timeout, span) = self.duration(value, &key)?;
+            if let Some(window) = window {
+                self.wait_timeout_fits(timeout, window, span, &key)?;
+            }
+            policy.wait_timeout = Some(timeout);
+        }
+        Ok(())
+    }
+
+    fn wait_timeout_fits(
+        &self,
+        timeout: Duration,
+        window: Duration,
+        span: Range<usize>,
+        key: &str,
+    ) -> Result<(), ConfigError> {
+        match poolgate_actors::wait_timeout_problem(timeout, window) {
+            Some(problem) => Err(self.error(
+                span,
+                key,
+                format!("{} {problem} ({})", in_words(timeout), in_words(window)),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// `[pools.<id>]`: each pool's members, window and policy, the window
+    /// and policy defaulting to `window` and `policy`; by id.
+    pub(super) fn pools(
+        &self,
+        table: &Table<'_>,
+        window: Option<Duration>,
+        policy: PlanningPolicy,
+    ) -> Result<Vec<PoolConfig>, ConfigError> {
+        let mut pools = Vec::new();
+        for (key, value) in table.iter() {
+            let section = dotted("pools", key.get_ref());
+            let id = PoolId::new(key.get_ref()).map_err(|e| self.error(key.span(), &section, e))?;
+            let DeValue::Table(pool) = value.get_ref() else {
+                return Err(self.error(value.span(), &section, "must be a table"));
+            };
+            self.only_keys(
+                pool,
+                &section,
+                &["members", "convergence_window", "on_readiness_lost", "wait_timeout"],
+            )?;
+            let members = self.required(pool, &section, "members", value.span())?;
+            let definition = self.members(members, id, &dotted(&section, "members"))?;
+            let convergence_window = match pool.get("convergence_window") {
+                Some(value) => self.duration(value, &dotted(&section, "convergence_window"))?.0,
+                None => window.ok_or_else(|| {
+                    self.error(
+                        value.span(),
+                        &dotted(&section, "convergence_window"),
+                        "missing, and no [readiness] convergence_window to default to",
+                    )
+                })?,
+            };
+            let mut planning = policy;
+            self.planning(pool, &section, Some(convergence_window), &mut planning)?;
+            // A timeout from [planning] must fit this pool's own window.
+            if let (Some(timeout), None) = (planning.wait_timeout, pool.get("wait_timeout")) {
+                if let Some(problem) = poolgate_actors::wait_timeout_problem(timeout, convergence_window) {
+                    return Err(self.error(
+                        value.span(),
+                        &dotted(&section, "convergence_window"),
+                        format!(
+                            "{} is not shorter than [planning] wait_timeout {} ({problem})",
+                            in_words(convergence_window),
+                            in_words(timeout)
+                        ),
+                    ));
+                }
+            }
+            pools.push(PoolConfig {
+                definition,
+                convergence_window,
+                planning,
+            });
+        }
+        pools.sort_by(|a, b| a.definition.id().cmp(b.definition.id()));
+        Ok(pools)
     }
 }
 

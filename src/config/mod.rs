@@ -58,8 +58,12 @@ pub use node::{NodeConfig, DEFAULT_HEARTBEAT, HEARTBEATS_MISSED};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// `[pool]`: the candidate pool.
+    /// `[pool]`: the candidate pool (with `[pools.<id>]`: the first pool,
+    /// by id).
     pub pool: PoolDefinition,
+    /// `[pools.<id>]`: every pool of a fleet, by id, each with its window
+    /// and policy (design §14); empty with `[pool]`.
+    pub pools: Vec<PoolConfig>,
     /// `[readiness] convergence_window`.
     pub convergence_window: Duration,
     /// `[planning]`: what to do when readiness is lost before commit.
@@ -81,6 +85,29 @@ pub struct Config {
     pub state: StateConfig,
     /// `[run]`: what `poolgate run` does while it guards a command.
     pub run: RunConfig,
+}
+
+/// One pool of `[pools.<id>]`: its members, and its window and policy
+/// (each defaults to `[readiness]`'s and `[planning]`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The pool's id and members.
+    pub definition: PoolDefinition,
+    /// `convergence_window`.
+    pub convergence_window: Duration,
+    /// `on_readiness_lost` and `wait_timeout`.
+    pub planning: PlanningPolicy,
+}
+
+impl PoolConfig {
+    /// What the pool's gate needs.
+    pub fn gate_settings(&self) -> Result<GateSettings, poolgate_actors::GateError> {
+        GateSettings::new(
+            self.definition.clone(),
+            self.convergence_window,
+            self.planning,
+        )
+    }
 }
 
 /// `[run]`: `poolgate run` among replicas (docs/failover.md §3).
@@ -232,6 +259,7 @@ impl Config {
     ) -> Result<Config, poolgate_actors::GateError> {
         let config = Config {
             pool,
+            pools: Vec::new(),
             convergence_window: window,
             planning: PlanningPolicy {
                 on_readiness_lost: OnReadinessLost::Wait,
@@ -275,6 +303,7 @@ impl Config {
             "",
             &[
                 "pool",
+                "pools",
                 "readiness",
                 "planning",
                 "swim",
@@ -286,55 +315,61 @@ impl Config {
             ],
         )?;
 
-        let (pool_table, pool_span) = doc.required_section(root, "pool")?;
-        let (readiness_table, readiness_span) = doc.required_section(root, "readiness")?;
+        let pool_section = doc.section(root, "pool")?;
+        let pools_section = doc.section(root, "pools")?;
+        let readiness = doc.section(root, "readiness")?;
         let planning = doc.section(root, "planning")?;
 
-        doc.only_keys(pool_table, "pool", &["id", "members"])?;
-        let id = doc.required(pool_table, "pool", "id", pool_span.clone())?;
-        let id = doc.string(id, "pool.id")?;
-        let id = PoolId::new(&id.0).map_err(|e| doc.error(id.1, "pool.id", e))?;
-        let members = doc.required(pool_table, "pool", "members", pool_span)?;
-        let pool = doc.members(members, id)?;
-
-        doc.only_keys(readiness_table, "readiness", &["convergence_window"])?;
-        let window = doc.required(
-            readiness_table,
-            "readiness",
-            "convergence_window",
-            readiness_span,
-        )?;
-        let (convergence_window, _) = doc.duration(window, "readiness.convergence_window")?;
-
+        let convergence_window = match readiness {
+            Some((table, span)) => {
+                doc.only_keys(table, "readiness", &["convergence_window"])?;
+                let window = doc.required(table, "readiness", "convergence_window", span)?;
+                Some(doc.duration(window, "readiness.convergence_window")?.0)
+            }
+            None if pools_section.is_some() => None,
+            None => return Err(doc.error(0..0, "readiness", "missing section")),
+        };
         let mut planning_policy = PlanningPolicy {
             on_readiness_lost: OnReadinessLost::Wait,
             wait_timeout: None,
         };
         if let Some((table, _)) = planning {
             doc.only_keys(table, "planning", &["on_readiness_lost", "wait_timeout"])?;
-            if let Some(value) = table.get("on_readiness_lost") {
-                let (text, span) = doc.string(value, "planning.on_readiness_lost")?;
-                planning_policy.on_readiness_lost = OnReadinessLost::from_name(&text)
-                    .map_err(|e| doc.error(span, "planning.on_readiness_lost", e))?;
-            }
-            if let Some(value) = table.get("wait_timeout") {
-                let (timeout, span) = doc.duration(value, "planning.wait_timeout")?;
-                if let Some(problem) =
-                    poolgate_actors::wait_timeout_problem(timeout, convergence_window)
-                {
-                    return Err(doc.error(
-                        span,
-                        "planning.wait_timeout",
-                        format!(
-                            "{} {problem} ({})",
-                            in_words(timeout),
-                            in_words(convergence_window)
-                        ),
-                    ));
-                }
-                planning_policy.wait_timeout = Some(timeout);
-            }
+            doc.planning(table, "planning", convergence_window, &mut planning_policy)?;
         }
+
+        let (pool, pools) = match (pool_section, pools_section) {
+            (Some((_, span)), Some(_)) => {
+                return Err(doc.error(
+                    span,
+                    "pool",
+                    "give either [pool] (one pool) or [pools.<id>] (a fleet's pools), not both",
+                ))
+            }
+            (None, None) => {
+                return Err(doc.error(0..0, "pool", "missing section (or [pools.<id>])"))
+            }
+            (Some((pool_table, pool_span)), None) => {
+                doc.only_keys(pool_table, "pool", &["id", "members"])?;
+                let id = doc.required(pool_table, "pool", "id", pool_span.clone())?;
+                let id = doc.string(id, "pool.id")?;
+                let id = PoolId::new(&id.0).map_err(|e| doc.error(id.1, "pool.id", e))?;
+                let members = doc.required(pool_table, "pool", "members", pool_span)?;
+                (doc.members(members, id, "pool.members")?, Vec::new())
+            }
+            (None, Some((table, span))) => {
+                let pools = doc.pools(table, convergence_window, planning_policy)?;
+                let Some(first) = pools.first() else {
+                    return Err(doc.error(span, "pools", "defines no pool"));
+                };
+                (first.definition.clone(), pools)
+            }
+        };
+        // With [pools], the defaults are the first pool's where [readiness]
+        // gives none.
+        let convergence_window = convergence_window
+            .or_else(|| pools.first().map(|p| p.convergence_window))
+            .unwrap_or_default();
 
         #[cfg(not(feature = "live"))]
         for section in ["swim", "demo", "agents", "registry"] {
@@ -529,6 +564,7 @@ impl Config {
 
         Ok(Config {
             pool,
+            pools,
             convergence_window,
             planning: planning_policy,
             #[cfg(feature = "live")]
@@ -570,7 +606,20 @@ impl Config {
     /// ([`GateError::InvalidSettings`](poolgate_actors::GateError)) only for
     /// a configuration changed in code to what `config.toml` would refuse.
     pub fn gate_settings(&self) -> Result<GateSettings, poolgate_actors::GateError> {
-        GateSettings::new(self.pool.clone(), self.convergence_window, self.planning)
+        match self.pools.first() {
+            // With [pools.<id>]: the first pool, with its own window and policy.
+            Some(first) => first.gate_settings(),
+            None => GateSettings::new(self.pool.clone(), self.convergence_window, self.planning),
+        }
+    }
+
+    /// Every pool's gate settings: `[pool]`'s one, or each of
+    /// `[pools.<id>]`, by id.
+    pub fn pool_settings(&self) -> Result<Vec<GateSettings>, poolgate_actors::GateError> {
+        if self.pools.is_empty() {
+            return Ok(vec![self.gate_settings()?]);
+        }
+        self.pools.iter().map(PoolConfig::gate_settings).collect()
     }
 
     /// What the gate needs, with the state file of `[state] path` (or
@@ -843,6 +892,60 @@ wait_timeout = "30s"
         let (_, key, message) = error_of(&GOOD.replace("\"5s\"", "\"soon\""));
         assert_eq!(key, "readiness.convergence_window");
         assert!(message.contains("not a duration"), "{message}");
+    }
+
+    const FLEET: &str = r#"[readiness]
+convergence_window = "5s"
+[planning]
+on_readiness_lost = "wait"
+wait_timeout = "30s"
+[pools.b]
+members = ["n2", "n3"]
+convergence_window = "2s"
+on_readiness_lost = "abort"
+wait_timeout = "10s"
+[pools.a]
+members = ["n1", "n2"]
+"#;
+
+    #[test]
+    fn pools_take_their_own_settings_or_the_defaults_and_come_by_id() {
+        let config = Config::parse(FLEET, "config.toml").unwrap();
+        let ids: Vec<&str> = config.pools.iter().map(|p| p.definition.id().as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(config.pool.id().as_str(), "a", "the first pool, by id");
+        let (a, b) = (&config.pools[0], &config.pools[1]);
+        assert_eq!(a.convergence_window, Duration::from_secs(5));
+        assert_eq!(a.planning.on_readiness_lost, OnReadinessLost::Wait);
+        assert_eq!(a.planning.wait_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(b.convergence_window, Duration::from_secs(2));
+        assert_eq!(b.planning.on_readiness_lost, OnReadinessLost::Abort);
+        assert_eq!(b.planning.wait_timeout, Some(Duration::from_secs(10)));
+        assert!(b.gate_settings().is_ok());
+        // [readiness] is optional when every pool gives its window.
+        let own = "[pools.a]\nmembers = [\"n1\"]\nconvergence_window = \"1s\"\n";
+        let config = Config::parse(own, "config.toml").unwrap();
+        assert_eq!(config.convergence_window, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_wrong_pool_of_a_fleet_is_named_by_key_and_line() {
+        let cases = [
+            (FLEET.replace("[pools.a]", "[pool]\nid = \"x\"\nmembers = [\"n\"]\n[pools.a]"), 11, "pool"),
+            (FLEET.replace("[\"n1\", \"n2\"]", "[\"n1\", \"n1\"]"), 12, "pools.a.members"),
+            (FLEET.replace("[\"n1\", \"n2\"]", "[]"), 12, "pools.a.members"),
+            (FLEET.replace("members = [\"n1\", \"n2\"]", "size = 2"), 12, "pools.a.size"),
+            (FLEET.replace("wait_timeout = \"10s\"", "wait_timeout = \"2s\""), 10, "pools.b.wait_timeout"),
+            (FLEET.replace("[pools.a]", "[pools.\"a\\u0007\"]"), 11, "pools.a\u{7}"),
+            (FLEET.replace("convergence_window = \"5s\"", "convergence_window = \"31s\""), 5, "planning.wait_timeout"),
+            ("[pools.a]\nmembers = [\"n1\"]\n".to_string(), 1, "pools.a.convergence_window"),
+            ("[pools]\n[readiness]\nconvergence_window = \"1s\"\n".to_string(), 1, "pools"),
+            ("[readiness]\nconvergence_window = \"1s\"\n".to_string(), 1, "pool"),
+        ];
+        for (text, line, key) in cases {
+            let (l, k, message) = error_of(&text);
+            assert_eq!((l, k.as_str()), (line, key), "{message}\n{text}");
+        }
     }
 
     #[test]

@@ -669,6 +669,12 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
             message: message.to_string(),
         })
     };
+    if config.pools.len() > 1 {
+        return wrong(
+            "pools",
+            "the live orchestrator gates one pool in this version: several [pools.<id>] are for `poolgate replay` and the embedded Fleet",
+        );
+    }
     let agents = &config.agents;
     if !(1..=1_000_000).contains(&agents.max_connections) {
         return wrong("agents.max_connections", "must be 1 to 1,000,000");

@@ -18,8 +18,9 @@ use std::time::Duration;
 use poolgate_actors::core::{Command, Event, Input, Time};
 use serde::Serialize;
 
+use poolgate_actors::core::PoolId;
 use poolgate_actors::GateError;
-use poolgate_actors::{EventStream, Gate};
+use poolgate_actors::{Accepted, Clock, EventStream, Fleet, Gate};
 
 use crate::config::Config;
 
@@ -115,6 +116,66 @@ pub enum ReplayError {
     /// The state file cannot be used.
     #[error(transparent)]
     State(#[from] crate::state::StateError),
+    /// What the replay cannot do with this configuration.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+/// What the records are replayed on: one gate (`[pool]`, or a recording),
+/// or a fleet of pools (`[pools.<id>]`, design §14).
+enum Target {
+    One(Gate),
+    Fleet(Fleet),
+}
+
+impl Target {
+    fn clock(&self) -> Clock {
+        match self {
+            Target::One(gate) => gate.clock(),
+            Target::Fleet(fleet) => fleet.clock(),
+        }
+    }
+
+    fn subscribe(&self) -> EventStream {
+        match self {
+            Target::One(gate) => gate.subscribe(),
+            Target::Fleet(fleet) => fleet.subscribe(),
+        }
+    }
+
+    async fn submit(
+        &self,
+        at: Time,
+        pool: Option<&PoolId>,
+        input: Input,
+    ) -> Result<Accepted, GateError> {
+        match self {
+            Target::One(gate) => {
+                if let Some(pool) = pool {
+                    if gate.report().await?.pool != *pool {
+                        return Err(GateError::UnknownPool(pool.clone()));
+                    }
+                }
+                gate.submit(at, input).await
+            }
+            Target::Fleet(fleet) => fleet.submit(at, pool, input).await,
+        }
+    }
+
+    async fn pending_deadline(&self) -> Result<Option<Time>, GateError> {
+        match self {
+            Target::One(gate) => gate.pending_deadline().await,
+            Target::Fleet(fleet) => fleet.pending_deadline().await,
+        }
+    }
+
+    /// The one gate's report (`--explain`, `--timeline` are one pool's).
+    async fn report(&self) -> Result<Option<poolgate_actors::core::PoolReport>, GateError> {
+        match self {
+            Target::One(gate) => gate.report().await.map(Some),
+            Target::Fleet(_) => Ok(None),
+        }
+    }
 }
 
 /// Replays `input` and writes each event to `out` as a line: JSON (design
@@ -179,6 +240,7 @@ where
     // A recording starts with the live gate's settings: they win over the
     // config's.
     let mut config = config.clone();
+    let mut from_recording = false;
     if let Some(Ok((number, text))) = &first {
         let settings = parse_settings(text).map_err(|message| BadLine {
             line: *number,
@@ -187,6 +249,8 @@ where
         if let Some((window, policy)) = settings {
             config.convergence_window = window;
             config.planning = policy;
+            config.pools.clear();
+            from_recording = true;
             first = None;
         }
     }
@@ -220,6 +284,7 @@ where
                     }) = parse_record(text)
                     {
                         config.pool = definition;
+                        config.pools.clear();
                         first = None;
                     }
                 }
@@ -238,13 +303,29 @@ where
             restore_grace: grace,
         });
     }
+    // A fleet's pools (`[pools.<id>]`), unless the records are one gate's
+    // recording (it starts with its settings).
+    let fleet = match (&config.pools[..], from_recording) {
+        ([], _) | (_, true) => None,
+        (_, false) => {
+            if options.state.is_some() || options.explain || options.timeline {
+                return Err(ReplayError::Unsupported(
+                    "--state, --explain and --timeline replay one pool ([pool]), not [pools.<id>]",
+                ));
+            }
+            Some(config.pool_settings()?)
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()?;
     let system = actix::System::with_tokio_rt(move || runtime);
     let result = system.block_on(async {
-        let gate = Gate::start(settings);
+        let gate = match fleet {
+            Some(pools) => Target::Fleet(Fleet::try_start(pools)?),
+            None => Target::One(Gate::start(settings)),
+        };
         let mut replay = Replay {
             events: gate.subscribe(),
             gate,
@@ -265,7 +346,7 @@ where
 }
 
 struct Replay<S> {
-    gate: Gate,
+    gate: Target,
     events: EventStream,
     held: Vec<ReplayEvent>,
     explainer: Option<Explainer>,
@@ -317,15 +398,27 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
             }
             last = Some(record.at_ms);
             let refused = match record.input {
-                Ok(input) => self.gate.submit(at, input).await.err(),
+                Ok(input) => self
+                    .gate
+                    .submit(at, record.pool.as_ref(), input)
+                    .await
+                    .err(),
                 Err(refusal) => {
-                    self.gate.count_rejection(&refusal);
+                    poolgate_actors::telemetry::rejected(refusal.code());
                     Some(refusal)
                 }
             };
             if let Some(error) = refused {
                 if matches!(error, GateError::Stopped) {
                     return Err(error.into());
+                }
+                if matches!(error, GateError::PoolRequired) {
+                    self.settle_through(at).await?;
+                    return Err(BadLine {
+                        line: number,
+                        message: "missing field `pool` (several pools are defined)".into(),
+                    }
+                    .into());
                 }
                 self.held.push(ReplayEvent::Rejected(Rejection {
                     at,
@@ -365,7 +458,9 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         if self.explainer.is_none() && self.timeline.is_none() {
             return Ok(());
         }
-        let report = self.gate.report().await?;
+        let Some(report) = self.gate.report().await? else {
+            return Ok(());
+        };
         if let Some(timeline) = self.timeline.as_mut() {
             timeline.sample(at, &report);
         }

@@ -36,6 +36,8 @@ pub struct Record {
     /// content is invalid (identity material, a pool definition) is
     /// `rejected`, not a bad line.
     pub input: Result<Input, GateError>,
+    /// The pool a command names (design §14), if it names one.
+    pub pool: Option<poolgate_actors::core::PoolId>,
 }
 
 /// Reads a scenario line by line, never holding more than
@@ -113,9 +115,11 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
             e
         }
     })?;
+    let pool = line.commanded_pool()?;
     Ok(Record {
         at_ms,
         input: line.into_input()?,
+        pool,
     })
 }
 
