@@ -262,3 +262,334 @@ fn the_actors_agree_with_the_model_on_random_scenarios() {
 fn the_actors_agree_with_the_model_on_more_random_scenarios() {
     agree_on_random_scenarios(0x5eed_9a7f);
 }
+
+/// Many pools over one fleet (design §14), checked against a fleet of
+/// models: one lone-gate model per pool, fed its members' observations and
+/// its own commands, and a table of which committed run holds each node
+/// ("A node serves one committed run at a time": a commit the pool's model
+/// would take on a node another pool's committed run holds is rejected
+/// `reserved`; "a run's end releases them").
+mod fleet {
+    use super::*;
+
+    const FLEET_NODES: [&str; 5] = ["n1", "n2", "n3", "n4", "n5"];
+    const RUNS: [&str; 2] = ["r1", "r2"];
+
+    /// Pools: (id, members, abort) with distinct ids.
+    type Pools = Vec<(String, Vec<&'static str>, bool)>;
+
+    fn pools() -> impl Strategy<Value = Pools> {
+        let pool = (
+            prop::sample::subsequence(FLEET_NODES.to_vec(), 1..=4),
+            any::<bool>(),
+        );
+        prop::collection::vec(pool, 2..=3).prop_map(|pools| {
+            pools
+                .into_iter()
+                .enumerate()
+                .map(|(i, (members, abort))| (format!("p{i}"), members, abort))
+                .collect()
+        })
+    }
+
+    fn fleet_config(pools: &Pools) -> Config {
+        let mut text = format!("[readiness]\nconvergence_window = \"{WINDOW}ms\"\n[planning]\nwait_timeout = \"{WAIT}ms\"\n");
+        for (id, members, abort) in pools {
+            let policy = if *abort { "abort" } else { "wait" };
+            writeln!(
+                text,
+                "[pools.{id}]\nmembers = {}\non_readiness_lost = \"{policy}\"",
+                serde_json::to_string(members).unwrap()
+            )
+            .unwrap();
+        }
+        Config::parse(&text, "fleet property").unwrap()
+    }
+
+    /// One record's body (without `at_ms`), `pool` a stand-in index for
+    /// commands: resolved against the pools drawn.
+    fn fleet_record() -> impl Strategy<Value = String> {
+        let fleet_node = prop::sample::select(FLEET_NODES.to_vec());
+        let run = prop::sample::select(RUNS.to_vec());
+        let pool = 0usize..3;
+        let subset = prop::sample::subsequence(FLEET_NODES.to_vec(), 1..=3);
+        prop_oneof![
+            6 => (fleet_node.clone(), 0u64..3).prop_map(|(n, i)| ready_burst(n, i)),
+            2 => (0u64..3).prop_map(|i| FLEET_NODES.map(|n| ready_burst(n, i)).join("\n")),
+            4 => (fleet_node.clone(), prop::sample::select(vec!["alive", "suspect", "dead"]), 0u64..3)
+                .prop_map(|(n, s, i)| format!(r#""type":"swim","node":"{n}","state":"{s}","incarnation":{i}"#)),
+                1 => fleet_node.clone().prop_map(|n| format!(r#""type":"unavailable","node":"{n}""#)),
+            1 => (fleet_node.clone(), prop::sample::select(vec!["YQ==", "Yg=="]))
+                .prop_map(|(n, m)| format!(r#""type":"identity","node":"{n}","material":"{m}""#)),
+            1 => fleet_node.prop_map(|n| format!(r#""type":"faulted","node":"{n}","reason":"x""#)),
+            6 => (pool.clone(), run.clone(), subset).prop_map(|(p, r, req)| format!(
+                "POOL{p} \"type\":\"begin_planning\",\"run\":\"{r}\"\nPOOL{p} \"type\":\"commit_plan\",\"run\":\"{r}\",\"required\":{}",
+                serde_json::to_string(&req).unwrap()
+            )),
+            6 => (pool.clone(), run.clone(), 1u8..16).prop_map(|(p, r, mask)| format!(
+                "POOL{p} \"type\":\"begin_planning\",\"run\":\"{r}\"\nPOOL{p} \"type\":\"commit_plan\",\"run\":\"{r}\",\"required\":MEMBERS{mask}"
+            )),
+            3 => (pool, run).prop_map(|(p, r)| format!(r#"POOL{p} "type":"finish_run","run":"{r}""#)),
+        ]
+    }
+
+    /// The scenario's text: every command names one of `pools`.
+    fn fleet_scenario(pools: &Pools, steps: &[(u64, Vec<String>)]) -> String {
+        let mut text = String::new();
+        let mut at = 0;
+        for (delta, records) in steps {
+            at += delta;
+            for body in records.iter().flat_map(|r| r.split('\n')) {
+                let lines = match body.strip_prefix("READY ") {
+                    Some(rest) => {
+                        let mut parts = rest.split(' ');
+                        let (n, i) = (parts.next().unwrap(), parts.next().unwrap());
+                        vec![
+                            format!(r#""type":"known","node":"{n}""#),
+                            format!(
+                                r#""type":"swim","node":"{n}","state":"alive","incarnation":{i}"#
+                            ),
+                            format!(r#""type":"available","node":"{n}""#),
+                            format!(r#""type":"recovered","node":"{n}""#),
+                            format!(r#""type":"identity","node":"{n}","material":"YQ==""#),
+                        ]
+                    }
+                    None => match body.strip_prefix("POOL") {
+                        Some(rest) => {
+                            let (index, command) = rest.split_once(' ').unwrap();
+                            let (id, members, _) =
+                                &pools[index.parse::<usize>().unwrap() % pools.len()];
+                            // A subset of the pool's own members, by mask.
+                            let command = match command.split_once("MEMBERS") {
+                                Some((head, mask)) => {
+                                    let mask: usize = mask.parse().unwrap();
+                                    let mut chosen: Vec<&str> = members
+                                        .iter()
+                                        .enumerate()
+                                        .filter(|(i, _)| mask & (1 << i) != 0)
+                                        .map(|(_, m)| *m)
+                                        .collect();
+                                    if chosen.is_empty() {
+                                        chosen = members.clone();
+                                    }
+                                    format!("{head}{}", serde_json::to_string(&chosen).unwrap())
+                                }
+                                None => command.to_string(),
+                            };
+                            vec![format!(r#""pool":"{id}",{command}"#)]
+                        }
+                        None => vec![body.to_string()],
+                    },
+                };
+                for record in lines {
+                    writeln!(text, r#"{{"at_ms":{at},{record}}}"#).unwrap();
+                }
+            }
+        }
+        text
+    }
+
+    /// The fleet of models.
+    struct FleetModel {
+        pools: BTreeMap<String, (Vec<String>, Model)>,
+        /// Which committed run (pool, run) holds each node.
+        held: BTreeMap<String, (String, String)>,
+        /// How many of each model's events were looked at for run ends.
+        read: BTreeMap<String, usize>,
+        /// The fleet's own events: `reserved` rejections.
+        out: Vec<Value>,
+    }
+
+    impl FleetModel {
+        fn new(pools: &Pools) -> Self {
+            let pools = pools
+                .iter()
+                .map(|(id, members, abort)| {
+                    let model = Model::new(id, members, WINDOW, *abort, Some(WAIT));
+                    let members = members.iter().map(|m| m.to_string()).collect();
+                    (id.clone(), (members, model))
+                })
+                .collect();
+            FleetModel {
+                pools,
+                held: BTreeMap::new(),
+                read: BTreeMap::new(),
+                out: Vec::new(),
+            }
+        }
+
+        fn input(&mut self, line: usize, record: &Value) {
+            let at = record["at_ms"].as_u64().unwrap();
+            let kind = record["type"].as_str().unwrap();
+            if let Some(pool) = record["pool"].as_str() {
+                let (_, model) = self.pools.get_mut(pool).unwrap();
+                if kind != "commit_plan" {
+                    model.input(line, record);
+                } else {
+                    model.advance(at);
+                    let mut trial = model.clone();
+                    trial.input(line, record);
+                    let committed = trial.out[model.out.len()..]
+                        .iter()
+                        .any(|e| e["event"] == "run_committed");
+                    let run = record["run"].as_str().unwrap();
+                    let required: Vec<String> = record["required"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|n| n.as_str().unwrap().to_string())
+                        .collect();
+                    let taken = required.iter().find(|n| {
+                        self.held
+                            .get(*n)
+                            .is_some_and(|(p, r)| p != pool || r != run)
+                    });
+                    match (committed, taken) {
+                        (true, Some(_)) => self.out.push(serde_json::json!(
+                            {"at_ms": at, "event": "rejected", "line": line, "error": "reserved"}
+                        )),
+                        (true, None) => {
+                            for node in required {
+                                self.held.insert(node, (pool.to_string(), run.to_string()));
+                            }
+                            *model = trial;
+                        }
+                        (false, _) => *model = trial,
+                    }
+                }
+            } else {
+                let node = record["node"].as_str().unwrap();
+                for (members, model) in self.pools.values_mut() {
+                    if members.iter().any(|m| m == node) {
+                        model.input(line, record);
+                    }
+                }
+            }
+            self.release_ended();
+        }
+
+        /// "A run's end releases them."
+        fn release_ended(&mut self) {
+            for (pool, (_, model)) in &self.pools {
+                let read = self.read.entry(pool.clone()).or_default();
+                for event in &model.out[*read..] {
+                    if event["event"] == "run_finished" || event["event"] == "run_faulted" {
+                        let run = event["run"].as_str().unwrap();
+                        self.held.retain(|_, (p, r)| p != pool || r != run);
+                    }
+                }
+                *read = model.out.len();
+            }
+        }
+
+        fn finish(mut self) -> Vec<Value> {
+            let mut all = std::mem::take(&mut self.out);
+            for (_, model) in self.pools.values_mut() {
+                model.finish();
+                all.append(&mut model.out);
+            }
+            all
+        }
+    }
+
+    /// No node is in two committed runs at once, by the events told, in
+    /// the order told (the replay keeps the fleet's order within an
+    /// instant).
+    fn one_run_per_node(events: &[Value]) -> Result<(), TestCaseError> {
+        let mut held: BTreeMap<String, (String, String)> = BTreeMap::new();
+        let mut required: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for event in events {
+            let pool = event["pool"].as_str().unwrap_or_default().to_string();
+            let run = event["run"].as_str().unwrap_or_default().to_string();
+            match event["event"].as_str().unwrap() {
+                "run_committed" => {
+                    let nodes: Vec<String> = event["required"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|n| n.as_str().unwrap().to_string())
+                        .collect();
+                    for node in &nodes {
+                        if let Some(holder) = held.insert(node.clone(), (pool.clone(), run.clone()))
+                        {
+                            return Err(TestCaseError::fail(format!(
+                                "{node} committed to {pool}/{run} while {holder:?} held it"
+                            )));
+                        }
+                    }
+                    required.insert((pool, run), nodes);
+                }
+                "run_finished" | "run_faulted" => {
+                    for node in required.remove(&(pool, run)).unwrap_or_default() {
+                        held.remove(&node);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn check(pools: &Pools, text: &str, seen: &RefCell<Seen>) -> Result<(), TestCaseError> {
+        let mut actual = Vec::new();
+        replay::run(&fleet_config(pools), text.as_bytes(), |event| {
+            actual.push(serde_json::from_str::<Value>(&json_line(event)).unwrap());
+            Ok(())
+        })
+        .map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+        let mut model = FleetModel::new(pools);
+        for (index, line) in text.lines().enumerate() {
+            model.input(index + 1, &serde_json::from_str(line).unwrap());
+        }
+        for event in &actual {
+            let mut key = event["event"].as_str().unwrap().to_string();
+            if let Some(error) = event["error"].as_str() {
+                key = format!("{key}/{error}");
+            }
+            *seen.borrow_mut().entry(key).or_default() += 1;
+        }
+        one_run_per_node(&actual)?;
+        let (want, got) = (canonical(model.finish()), canonical(actual));
+        prop_assert_eq!(&want, &got, "scenario:\n{}", text);
+        Ok(())
+    }
+
+    #[test]
+    fn many_pools_agree_with_a_fleet_of_models_and_no_node_serves_two_runs() {
+        let seed = std::env::var("POOLGATE_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0xf1ee7);
+        let cases = cases();
+        println!("fleet property seed: {seed}, {cases} cases");
+        let mut runner = TestRunner::new(RunnerConfig {
+            cases,
+            rng_seed: RngSeed::Fixed(seed),
+            failure_persistence: None,
+            ..RunnerConfig::default()
+        });
+        let delta = prop::sample::select(vec![0u64, 0, 1, 50, 101, 300]);
+        let steps =
+            prop::collection::vec((delta, prop::collection::vec(fleet_record(), 1..4)), 1..40);
+        let seen = RefCell::new(BTreeMap::new());
+        runner
+            .run(&(pools(), steps), |(pools, steps)| {
+                check(&pools, &fleet_scenario(&pools, &steps), &seen)
+            })
+            .unwrap();
+        let seen = seen.into_inner();
+        println!("fleet events seen: {seen:?}");
+        if cases < 500 {
+            return;
+        }
+        for needed in [
+            "pool_ready",
+            "run_committed",
+            "run_faulted",
+            "run_finished",
+            "rejected/reserved",
+        ] {
+            assert!(seen.contains_key(needed), "no case produced {needed}");
+        }
+    }
+}

@@ -239,12 +239,20 @@ impl Doc<'_> {
             self.only_keys(
                 pool,
                 &section,
-                &["members", "convergence_window", "on_readiness_lost", "wait_timeout"],
+                &[
+                    "members",
+                    "convergence_window",
+                    "on_readiness_lost",
+                    "wait_timeout",
+                ],
             )?;
             let members = self.required(pool, &section, "members", value.span())?;
             let definition = self.members(members, id, &dotted(&section, "members"))?;
             let convergence_window = match pool.get("convergence_window") {
-                Some(value) => self.duration(value, &dotted(&section, "convergence_window"))?.0,
+                Some(value) => {
+                    self.duration(value, &dotted(&section, "convergence_window"))?
+                        .0
+                }
                 None => window.ok_or_else(|| {
                     self.error(
                         value.span(),
@@ -257,7 +265,9 @@ impl Doc<'_> {
             self.planning(pool, &section, Some(convergence_window), &mut planning)?;
             // A timeout from [planning] must fit this pool's own window.
             if let (Some(timeout), None) = (planning.wait_timeout, pool.get("wait_timeout")) {
-                if let Some(problem) = poolgate_actors::wait_timeout_problem(timeout, convergence_window) {
+                if let Some(problem) =
+                    poolgate_actors::wait_timeout_problem(timeout, convergence_window)
+                {
                     return Err(self.error(
                         value.span(),
                         &dotted(&section, "convergence_window"),

@@ -911,7 +911,11 @@ members = ["n1", "n2"]
     #[test]
     fn pools_take_their_own_settings_or_the_defaults_and_come_by_id() {
         let config = Config::parse(FLEET, "config.toml").unwrap();
-        let ids: Vec<&str> = config.pools.iter().map(|p| p.definition.id().as_str()).collect();
+        let ids: Vec<&str> = config
+            .pools
+            .iter()
+            .map(|p| p.definition.id().as_str())
+            .collect();
         assert_eq!(ids, ["a", "b"]);
         assert_eq!(config.pool.id().as_str(), "a", "the first pool, by id");
         let (a, b) = (&config.pools[0], &config.pools[1]);
@@ -931,16 +935,62 @@ members = ["n1", "n2"]
     #[test]
     fn a_wrong_pool_of_a_fleet_is_named_by_key_and_line() {
         let cases = [
-            (FLEET.replace("[pools.a]", "[pool]\nid = \"x\"\nmembers = [\"n\"]\n[pools.a]"), 11, "pool"),
-            (FLEET.replace("[\"n1\", \"n2\"]", "[\"n1\", \"n1\"]"), 12, "pools.a.members"),
-            (FLEET.replace("[\"n1\", \"n2\"]", "[]"), 12, "pools.a.members"),
-            (FLEET.replace("members = [\"n1\", \"n2\"]", "size = 2"), 12, "pools.a.size"),
-            (FLEET.replace("wait_timeout = \"10s\"", "wait_timeout = \"2s\""), 10, "pools.b.wait_timeout"),
-            (FLEET.replace("[pools.a]", "[pools.\"a\\u0007\"]"), 11, "pools.a\u{7}"),
-            (FLEET.replace("convergence_window = \"5s\"", "convergence_window = \"31s\""), 5, "planning.wait_timeout"),
-            ("[pools.a]\nmembers = [\"n1\"]\n".to_string(), 1, "pools.a.convergence_window"),
-            ("[pools]\n[readiness]\nconvergence_window = \"1s\"\n".to_string(), 1, "pools"),
-            ("[readiness]\nconvergence_window = \"1s\"\n".to_string(), 1, "pool"),
+            (
+                FLEET.replace(
+                    "[pools.a]",
+                    "[pool]\nid = \"x\"\nmembers = [\"n\"]\n[pools.a]",
+                ),
+                11,
+                "pool",
+            ),
+            (
+                FLEET.replace("[\"n1\", \"n2\"]", "[\"n1\", \"n1\"]"),
+                12,
+                "pools.a.members",
+            ),
+            (
+                FLEET.replace("[\"n1\", \"n2\"]", "[]"),
+                12,
+                "pools.a.members",
+            ),
+            (
+                FLEET.replace("members = [\"n1\", \"n2\"]", "size = 2"),
+                12,
+                "pools.a.size",
+            ),
+            (
+                FLEET.replace("wait_timeout = \"10s\"", "wait_timeout = \"2s\""),
+                10,
+                "pools.b.wait_timeout",
+            ),
+            (
+                FLEET.replace("[pools.a]", "[pools.\"a\\u0007\"]"),
+                11,
+                "pools.a\u{7}",
+            ),
+            (
+                FLEET.replace(
+                    "convergence_window = \"5s\"",
+                    "convergence_window = \"31s\"",
+                ),
+                5,
+                "planning.wait_timeout",
+            ),
+            (
+                "[pools.a]\nmembers = [\"n1\"]\n".to_string(),
+                1,
+                "pools.a.convergence_window",
+            ),
+            (
+                "[pools]\n[readiness]\nconvergence_window = \"1s\"\n".to_string(),
+                1,
+                "pools",
+            ),
+            (
+                "[readiness]\nconvergence_window = \"1s\"\n".to_string(),
+                1,
+                "pool",
+            ),
         ];
         for (text, line, key) in cases {
             let (l, k, message) = error_of(&text);

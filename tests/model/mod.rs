@@ -73,7 +73,7 @@ enum Stage {
     Committed,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Run {
     id: String,
     stage: Stage,
@@ -81,6 +81,7 @@ struct Run {
 }
 
 /// The model gate.
+#[derive(Clone)]
 pub struct Model {
     window: u64,
     abort: bool,
@@ -155,6 +156,13 @@ impl Model {
             self.out
                 .push(json!({"at_ms": at, "event": "rejected", "line": line, "error": error}));
         }
+    }
+
+    /// Fires every timer due strictly before `at` ("Observations stamped
+    /// at a time T are applied before timers due at T").
+    #[allow(dead_code)]
+    pub fn advance(&mut self, at: u64) {
+        self.fire_timers(Some(at));
     }
 
     /// After the last record: "keeps advancing virtual time until no timer
