@@ -333,35 +333,7 @@ impl Fleet {
         node: NodeId,
         observation: Observation,
     ) -> Result<usize, GateError> {
-        let gates: Vec<Gate> = {
-            let mut state = self.state();
-            let State {
-                candidacy,
-                facts,
-                gates,
-            } = &mut *state;
-            let holders: Vec<Gate> = candidacy
-                .pools_of(&node)
-                .filter_map(|pool| gates.get(pool).cloned())
-                .collect();
-            let kept = !holders.is_empty() || observation == Observation::Known;
-            match facts.get_mut(&node) {
-                Some(held) => {
-                    held.observe(&observation);
-                    if holders.is_empty() && !held.is_known() {
-                        facts.remove(&node);
-                    }
-                }
-                None if kept => {
-                    facts.entry(node.clone()).or_default().observe(&observation);
-                }
-                None => {}
-            }
-            holders
-        };
-        if gates.is_empty() {
-            crate::telemetry::observation("non_candidate");
-        }
+        let gates = self.note(&node, std::slice::from_ref(&observation));
         for gate in &gates {
             let input = Input::Observation {
                 node: node.clone(),
@@ -370,6 +342,56 @@ impl Fleet {
             gate.submit(at, input).await?;
         }
         Ok(gates.len())
+    }
+
+    /// Applies several observations of one node, in order and at one
+    /// instant, in every pool that has it (one trip to each pool's actor
+    /// of the node: what one agent frame says); returns how many pools.
+    pub async fn observe_all(
+        &self,
+        node: NodeId,
+        observations: Vec<Observation>,
+    ) -> Result<usize, GateError> {
+        let gates = self.note(&node, &observations);
+        for gate in &gates {
+            gate.observe_all(node.clone(), observations.clone()).await?;
+        }
+        Ok(gates.len())
+    }
+
+    /// Feeds a SWIM fact to every pool that has the node without waiting
+    /// for it to be applied (a membership feed that must not block).
+    pub fn membership_nowait(&self, update: MembershipUpdate) {
+        let (node, observation) = update.clone().into_observation();
+        for gate in self.note(&node, std::slice::from_ref(&observation)) {
+            gate.membership_nowait(update.clone());
+        }
+    }
+
+    /// Notes what was observed of `node` in the fleet's facts (kept while
+    /// the node is known or a candidate) and returns the pools to tell.
+    fn note(&self, node: &NodeId, observations: &[Observation]) -> Vec<Gate> {
+        let mut state = self.state();
+        let State {
+            candidacy,
+            facts,
+            gates,
+        } = &mut *state;
+        let holders: Vec<Gate> = candidacy
+            .pools_of(node)
+            .filter_map(|pool| gates.get(pool).cloned())
+            .collect();
+        let held = facts.entry(node.clone()).or_default();
+        for observation in observations {
+            held.observe(observation);
+        }
+        if holders.is_empty() && !held.is_known() {
+            facts.remove(node);
+        }
+        if holders.is_empty() {
+            crate::telemetry::observation("non_candidate");
+        }
+        holders
     }
 
     /// Applies an input stamped `at` (a replay's record): an observation

@@ -2,7 +2,7 @@
 //! a candidate, and which committed run each node serves. Values, no I/O:
 //! the actor subsystem's `Fleet` keeps them and asks them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::ids::{NodeId, PoolId, RunId};
 use crate::run::Refusal;
@@ -11,7 +11,8 @@ use crate::run::Refusal;
 /// goes to these pools and no others.
 #[derive(Debug, Default, Clone)]
 pub struct Candidacy {
-    pools_of: HashMap<NodeId, BTreeSet<PoolId>>,
+    /// Each node's pools, sorted (a short list: most nodes are in few).
+    pools_of: HashMap<NodeId, Vec<PoolId>>,
     members_of: BTreeMap<PoolId, Vec<NodeId>>,
 }
 
@@ -42,10 +43,10 @@ impl Candidacy {
         let before = self.remove(pool);
         let mut added = Vec::new();
         for node in members {
-            self.pools_of
-                .entry(node.clone())
-                .or_default()
-                .insert(pool.clone());
+            let pools = self.pools_of.entry(node.clone()).or_default();
+            if let Err(at) = pools.binary_search(pool) {
+                pools.insert(at, pool.clone());
+            }
             if !before.contains(node) {
                 added.push(node.clone());
             }
@@ -59,7 +60,7 @@ impl Candidacy {
         let members = self.members_of.remove(pool).unwrap_or_default();
         for node in &members {
             if let Some(pools) = self.pools_of.get_mut(node) {
-                pools.remove(pool);
+                pools.retain(|p| p != pool);
                 if pools.is_empty() {
                     self.pools_of.remove(node);
                 }
