@@ -147,6 +147,9 @@ enum Command {
         /// The answer as one JSON object.
         #[arg(long)]
         json: bool,
+        /// One pool only (default: every pool).
+        #[arg(long, value_name = "ID")]
+        pool: Option<String>,
     },
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
     /// if the run faults (COMMAND's process group gets SIGTERM, SIGKILL
@@ -158,6 +161,9 @@ enum Command {
         /// The configuration file.
         #[arg(long, default_value = "config.toml")]
         config: PathBuf,
+        /// The pool to run on (default: the only pool).
+        #[arg(long, value_name = "ID")]
+        pool: Option<String>,
         /// The nodes the run requires (default: every member).
         #[arg(long, value_delimiter = ',')]
         require: Option<Vec<String>>,
@@ -355,9 +361,12 @@ fn main() -> ExitCode {
                 _ => 0,
             })
         }),
-        Command::Status { config, json } => load(&config).and_then(|loaded| {
+        Command::Status { config, json, pool } => load(&config).and_then(|loaded| {
             let addr = poolgate::live::status::address(&loaded);
-            live_system(async move { Ok(poolgate::live::status::ask(addr).await) }).map(|answer| {
+            live_system(
+                async move { Ok(poolgate::live::status::ask_pool(addr, pool.as_deref()).await) },
+            )
+            .map(|answer| {
                 match answer {
                     // A closed stdout (`| head`) is no reason to panic.
                     Ok(answer) if json => {
@@ -377,6 +386,7 @@ fn main() -> ExitCode {
         }),
         Command::Run {
             config,
+            pool,
             require,
             json,
             metrics,
@@ -386,6 +396,7 @@ fn main() -> ExitCode {
             end,
             command,
         } => load(&config).and_then(|loaded| {
+            let loaded = loaded.with_only_pool(pool.as_deref())?;
             let run_id = |flag: &str, name: Option<String>| {
                 name.map(|n| poolgate::core::RunId::new(&n).map_err(|e| format!("{flag}: {e}")))
                     .transpose()

@@ -354,8 +354,10 @@ fn watch_serves_its_metrics_health_readiness_and_status_and_404_elsewhere() {
         assert!(text.contains("poolgate_candidates_blocked"), "{text}");
         // Per pool member, 0 while its node process has not started.
         assert!(
-            text.lines()
-                .any(|l| l == "poolgate_node_ready{node=\"node-1\"} 0"),
+            text.lines().any(
+                |l| l.starts_with("poolgate_node_ready{node=\"node-1\",pool=")
+                    && l.ends_with("} 0")
+            ),
             "{text}"
         );
         // Leadership and the pool's phase, as gauges.
@@ -942,4 +944,176 @@ async fn next_ready(
         }
     }
     panic!("watch ended");
+}
+
+/// Two pools over four node processes in one orchestrator (design §14):
+/// A = node-1, node-2; B = node-3, node-4.
+fn two_pools(config: &poolgate::Config) -> poolgate::Config {
+    let mut config = config.clone();
+    let pool = |id: &str, members: &[&str]| poolgate::config::PoolConfig {
+        definition: poolgate::core::PoolDefinition::new(
+            poolgate::core::PoolId::new(id).unwrap(),
+            members.iter().map(|m| node(m)).collect(),
+        )
+        .unwrap(),
+        convergence_window: config.convergence_window,
+        planning: config.planning,
+    };
+    config.pools = vec![
+        pool("a", &["node-1", "node-2"]),
+        pool("b", &["node-3", "node-4"]),
+    ];
+    config.pool = config.pools[0].definition.clone();
+    config
+}
+
+#[test]
+fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node() {
+    live(async {
+        let mut plan = plan(4);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let config = two_pools(&cluster.config);
+        let live = poolgate::live::Orchestrator::start(&config).await.unwrap();
+        let mut events = live.fleet.subscribe();
+        for i in 0..4 {
+            cluster.spawn(i).unwrap();
+        }
+        let mut ready_pools = std::collections::BTreeMap::new();
+        while ready_pools.len() < 2 {
+            let (pool, epoch) = until(&mut events, |e| match e {
+                Event::PoolReady { pool, epoch, .. } => Some((pool.to_string(), *epoch)),
+                _ => None,
+            })
+            .await;
+            ready_pools.insert(pool, epoch);
+        }
+        for (pool, required) in [("a", ["node-1", "node-2"]), ("b", ["node-3", "node-4"])] {
+            let gate = live
+                .fleet
+                .pool(&poolgate::core::PoolId::new(pool).unwrap())
+                .unwrap();
+            let epoch = gate.wait_ready().await.unwrap().epoch;
+            let run = RunId::new(&format!("run-{pool}")).unwrap();
+            gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+            gate.commit_plan(run, required.iter().map(|n| node(n)).collect(), Some(epoch))
+                .await
+                .unwrap();
+        }
+        // node-3 crashes: B's run faults, A's does not.
+        cluster.kill(2);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted {
+                pool, run, node, ..
+            } => Some((pool.to_string(), run.to_string(), node.to_string())),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted, ("b".into(), "run-b".into(), "node-3".into()));
+        // A's run is still guarded: node-1's crash faults it.
+        cluster.kill(0);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted {
+                pool, run, node, ..
+            } => Some((pool.to_string(), run.to_string(), node.to_string())),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted, ("a".into(), "run-a".into(), "node-1".into()));
+        live.shutdown();
+    });
+}
+
+#[test]
+fn watch_gates_every_pool_and_status_reports_each_or_one() {
+    live(async {
+        let mut plan = plan(3);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        // Overlapping: A = node-1, node-2; B = node-2, node-3.
+        config.pools[1].definition = poolgate::core::PoolDefinition::new(
+            poolgate::core::PoolId::new("b").unwrap(),
+            vec![node("node-2"), node("node-3")],
+        )
+        .unwrap();
+        let file = cluster.dir.join("pools.toml");
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--until-ready", "--config"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        for i in 0..3 {
+            cluster.spawn(i).unwrap();
+        }
+        // `--until-ready` exits once every pool was ready.
+        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+        let mut ready = std::collections::BTreeSet::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert!(
+                event["pool"].is_string(),
+                "every event names its pool: {line}"
+            );
+            if event["event"] == "pool_ready" {
+                ready.insert(event["pool"].as_str().unwrap().to_string());
+            }
+        }
+        assert_eq!(ready.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+        let status = watch.wait().await.unwrap();
+        assert!(status.success(), "{status:?}");
+        // A second watch to ask: status of every pool, then of one.
+        let _watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let ask = |pool: Option<&str>| {
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
+            command.args(["status", "--json", "--config"]).arg(&file);
+            if let Some(pool) = pool {
+                command.args(["--pool", pool]);
+            }
+            command.output().unwrap()
+        };
+        let all = loop {
+            let out = ask(None);
+            if out.status.success() {
+                break serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let pools: Vec<&str> = all["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pool"].as_str().unwrap())
+            .collect();
+        assert_eq!(pools, ["a", "b"], "{all}");
+        let b = ask(Some("b"));
+        assert!(b.status.success());
+        let b: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+        assert_eq!(b["pool"], "b");
+        let members: Vec<&str> = b["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["node"].as_str().unwrap())
+            .collect();
+        assert_eq!(members, ["node-2", "node-3"]);
+        let unknown = ask(Some("z"));
+        assert_eq!(unknown.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&unknown.stderr).contains("no pool z"),
+            "{}",
+            String::from_utf8_lossy(&unknown.stderr)
+        );
+    });
 }

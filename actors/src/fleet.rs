@@ -467,6 +467,16 @@ impl Fleet {
         Ok(earliest)
     }
 
+    /// Whether any pool's last write of its durable state failed.
+    pub fn writes_failing(&self) -> bool {
+        self.state().gates.values().any(Gate::writes_failing)
+    }
+
+    /// Whether [`Fleet::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stream.is_closed()
+    }
+
     /// Stops every pool and ends the fleet's stream.
     pub fn stop(&self) {
         let gates: Vec<Gate> = std::mem::take(&mut self.state().gates)

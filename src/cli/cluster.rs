@@ -316,7 +316,9 @@ fn node_toml(
 }
 
 /// The orchestrator's configuration as `config.toml` text.
-fn orchestrator_toml(config: &Config) -> String {
+/// `config` as a `config.toml` text (`[pool]`, or `[pools.<id>]` when it
+/// has several pools).
+pub fn orchestrator_toml(config: &Config) -> String {
     let members: Vec<String> = config
         .pool
         .members()
@@ -341,15 +343,44 @@ fn orchestrator_toml(config: &Config) -> String {
         .iter()
         .map(|(node, key)| format!("{} = \"{key}\"\n", toml_string(node.as_str())))
         .collect();
+    let pools = match config.pools.is_empty() {
+        true => format!(
+            "[pool]\nid = {}\nmembers = [{}]\n\n",
+            toml_string(config.pool.id().as_str()),
+            members.join(", ")
+        ),
+        false => config
+            .pools
+            .iter()
+            .map(|pool| {
+                let members: Vec<String> = pool
+                    .definition
+                    .members()
+                    .iter()
+                    .map(|m| toml_string(m.as_str()))
+                    .collect();
+                let wait = pool
+                    .planning
+                    .wait_timeout
+                    .map(|t| format!("wait_timeout = \"{}ms\"\n", t.as_millis()))
+                    .unwrap_or_default();
+                format!(
+                    "[pools.{}]\nmembers = [{}]\nconvergence_window = \"{}ms\"\non_readiness_lost = \"{}\"\n{wait}\n",
+                    toml_string(pool.definition.id().as_str()),
+                    members.join(", "),
+                    pool.convergence_window.as_millis(),
+                    pool.planning.on_readiness_lost.name()
+                )
+            })
+            .collect(),
+    };
     format!(
-        "[pool]\nid = {id}\nmembers = [{members}]\n\n[readiness]\nconvergence_window = \"{window}ms\"\n\n\
+        "{pools}[readiness]\nconvergence_window = \"{window}ms\"\n\n\
          [planning]\non_readiness_lost = \"{policy}\"\n{wait}\n\
          [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
          suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\ninsecure = {insecure}\nlabel = {label}\n\n\
          [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n\
          {state}[registry]\n{registry}",
-        id = toml_string(config.pool.id().as_str()),
-        members = members.join(", "),
         window = config.convergence_window.as_millis(),
         bind = config.swim.bind,
         pp = timings.probe_period.as_millis(),

@@ -376,7 +376,9 @@ impl Watching<'_> {
         lost: impl std::future::Future<Output = ()>,
     ) -> Result<Watched, LiveError> {
         tokio::pin!(lost);
-        let mut events = live.gate.subscribe();
+        let mut events = live.fleet.subscribe();
+        // `--until-ready`: every pool ready (once each).
+        let mut unready: std::collections::BTreeSet<_> = live.fleet.pools().into_iter().collect();
         let mut printer = Printer::new(self.output);
         if self.output == Output::Explain {
             printer.state(&live.gate, live.gate.clock().now()).await;
@@ -394,9 +396,12 @@ impl Watching<'_> {
                         }
                         return Err(GateError::Stopped.into());
                     };
-                    let ready = matches!(event, Event::PoolReady { .. });
-                    printer.print(&live.gate, event).await;
-                    if ready && self.until_ready {
+                    if matches!(event, Event::PoolReady { .. }) {
+                        unready.remove(event.pool());
+                    }
+                    let gate = live.fleet.pool(event.pool()).unwrap_or_else(|| live.gate.clone());
+                    printer.print(&gate, event).await;
+                    if unready.is_empty() && self.until_ready {
                         return Ok(Watched::End(WatchEnd::Ready));
                     }
                 }
@@ -407,7 +412,11 @@ impl Watching<'_> {
                 }
                 _ = &mut limit => {
                     if self.until_ready {
-                        not_ready_within(&live.gate, self.timeout).await;
+                        for pool in &unready {
+                            if let Some(gate) = live.fleet.pool(pool) {
+                                not_ready_within(&gate, self.timeout).await;
+                            }
+                        }
                     }
                     return Ok(Watched::End(WatchEnd::TimedOut));
                 }

@@ -613,6 +613,47 @@ impl Config {
         }
     }
 
+    /// This configuration narrowed to one pool (`run --pool`): `id`, or
+    /// the only pool when `None`; an error naming the pools defined when
+    /// there is no such pool, or several and none named.
+    pub fn with_only_pool(&self, id: Option<&str>) -> Result<Config, String> {
+        let defined: Vec<String> = self
+            .pool_definitions()
+            .iter()
+            .map(|p| p.id().to_string())
+            .collect();
+        let chosen = match (id, self.pools.len()) {
+            (None, 0 | 1) => return Ok(self.clone()),
+            (None, _) => {
+                return Err(format!(
+                    "several pools are defined ({}): name one with --pool",
+                    defined.join(", ")
+                ))
+            }
+            (Some(id), 0) if id == self.pool.id().as_str() => return Ok(self.clone()),
+            (Some(id), _) => self
+                .pools
+                .iter()
+                .find(|p| p.definition.id().as_str() == id)
+                .ok_or_else(|| format!("no pool {id} (defined: {})", defined.join(", ")))?,
+        };
+        let mut narrowed = self.clone();
+        narrowed.pool = chosen.definition.clone();
+        narrowed.convergence_window = chosen.convergence_window;
+        narrowed.planning = chosen.planning;
+        narrowed.pools = vec![chosen.clone()];
+        Ok(narrowed)
+    }
+
+    /// Every pool's definition: `[pool]`'s one, or each of `[pools.<id>]`,
+    /// by id.
+    pub fn pool_definitions(&self) -> Vec<PoolDefinition> {
+        if self.pools.is_empty() {
+            return vec![self.pool.clone()];
+        }
+        self.pools.iter().map(|p| p.definition.clone()).collect()
+    }
+
     /// Every pool's gate settings: `[pool]`'s one, or each of
     /// `[pools.<id>]`, by id.
     pub fn pool_settings(&self) -> Result<Vec<GateSettings>, poolgate_actors::GateError> {

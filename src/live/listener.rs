@@ -12,7 +12,7 @@ use actix::Addr;
 use poolgate_actors::core::{
     AgentReport, FaultReason, IdentityMaterial, NodeId, Observation, SwimState,
 };
-use poolgate_actors::Gate;
+use poolgate_actors::Fleet;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -191,7 +191,7 @@ impl Admission {
 
 #[derive(Clone)]
 pub(super) struct Listener {
-    gate: Gate,
+    fleet: Fleet,
     swim: Addr<SwimMember>,
     registry: Registry,
     label: String,
@@ -265,7 +265,7 @@ impl Listener {
         if last.leaving {
             return;
         }
-        let (gate, nodes) = (self.gate.clone(), Arc::clone(&self.nodes));
+        let (fleet, nodes) = (self.fleet.clone(), Arc::clone(&self.nodes));
         actix::spawn(async move {
             tokio::time::sleep(LOST_GRACE).await;
             let still_this = lock(&nodes).attached.get(&node) == Some(&id);
@@ -274,7 +274,7 @@ impl Listener {
             }
             lock(&nodes).attached.remove(&node);
             tracing::warn!(%node, %peer, "agent connection lost and not reopened: the node is not available until it announces again");
-            if let Err(e) = gate
+            if let Err(e) = fleet
                 .agent(AgentReport::Unavailable { node: node.clone() })
                 .await
             {
@@ -307,7 +307,8 @@ impl Listener {
                 Ok(Ok(Some(bytes))) if talk.is_new() && status::is_status_query(&bytes) => {
                     let local = stream.local_addr().map(|a| a.ip());
                     if local.is_ok_and(|local| status::answers(peer.ip(), local)) {
-                        self.status(&mut stream).await;
+                        let pool = status::status_query(&bytes).flatten();
+                        self.status(&mut stream, pool).await;
                     } else {
                         metrics::counter!("poolgate_status_refused_total").increment(1);
                         let refusal = wire::encode_reply(&Reply::Refused {
@@ -399,19 +400,20 @@ impl Listener {
 
     /// Answers `poolgate status`, one question at a time (a flood of them
     /// costs one answer's memory; the others are closed unanswered).
-    async fn status(&self, stream: &mut TcpStream) {
+    async fn status(&self, stream: &mut TcpStream, pool: Option<String>) {
         let Ok(_turn) = Arc::clone(&self.answering).try_acquire_owned() else {
             metrics::counter!("poolgate_status_refused_total").increment(1);
             return;
         };
-        let Ok(report) = self.gate.report().await else {
+        let Ok(reports) = self.fleet.reports().await else {
             return;
         };
-        let answer = status::answer(
-            &report,
-            self.gate.clock().now(),
+        let answer = status::answer_all(
+            &reports,
+            pool.as_deref(),
+            self.fleet.clock().now(),
             &self.leader,
-            !self.gate.writes_failing(),
+            !self.fleet.writes_failing(),
         );
         let _ = tokio::time::timeout(FIRST_FRAME, status::write_answer(stream, &answer)).await;
     }
@@ -510,7 +512,7 @@ impl Listener {
         } else {
             Observation::Unavailable
         });
-        self.gate.observe_all(node.clone(), observations).await?;
+        self.fleet.observe_all(node.clone(), observations).await?;
         Ok(())
     }
 }
@@ -520,7 +522,7 @@ impl Listener {
     /// and `nodes`, with `config`'s `[agents]` limits and label; `leader`
     /// is what `status` says of who leads.
     pub(super) fn new(
-        gate: Gate,
+        fleet: Fleet,
         swim: Addr<SwimMember>,
         registry: Registry,
         config: &Config,
@@ -528,7 +530,7 @@ impl Listener {
         leader: Arc<str>,
     ) -> Listener {
         Listener {
-            gate,
+            fleet,
             swim,
             registry,
             label: config.swim.label.clone(),

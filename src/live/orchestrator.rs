@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use actix::Addr;
 use poolgate_actors::core::{NodeId, PoolPhase};
-use poolgate_actors::Gate;
+use poolgate_actors::{Fleet, Gate};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -82,8 +82,11 @@ use crate::config::{Config, SwimConfig};
 /// });
 /// ```
 pub struct Orchestrator {
-    /// The gate, fed by SWIM and the agents.
+    /// The first pool's gate (the only one with `[pool]`).
     pub gate: Gate,
+    /// Every pool (design §14), fed by SWIM and the agents: each fact
+    /// reaches the pools that have its node.
+    pub fleet: Fleet,
     /// The orchestrator's SWIM member (an actix address: not part of the
     /// API).
     swim: Addr<SwimMember>,
@@ -144,14 +147,28 @@ impl Orchestrator {
         keyring(&config.swim)?;
         settings.record = record;
         check_live(config)?;
-        let gate = Gate::try_start(settings)?;
-        for node in config.pool.members() {
-            if !config.registry.contains_key(node) {
-                tracing::warn!(%node, "pool member is not in [registry]: its frames will be refused and the pool can never be ready");
+        // The first pool with what it was given (its store, its
+        // recording); any other of `[pools.<id>]` as configured.
+        let mut pools = vec![settings];
+        for pool in config.pools.iter().skip(1) {
+            pools.push(pool.gate_settings()?);
+        }
+        let fleet = Fleet::try_start(pools)?;
+        let gate = fleet
+            .pool(config.pool.id())
+            .ok_or(poolgate_actors::GateError::UnknownPool(
+                config.pool.id().clone(),
+            ))?;
+        for pool in config.pool_definitions() {
+            for node in pool.members() {
+                if !config.registry.contains_key(node) {
+                    tracing::warn!(pool = %pool.id(), %node, "pool member is not in [registry]: its frames will be refused and the pool can never be ready");
+                }
             }
         }
         for node in config.registry.keys() {
-            gate.registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
+            fleet
+                .registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;
         }
         let nodes = Arc::new(Mutex::new(Nodes::default()));
@@ -171,13 +188,13 @@ impl Orchestrator {
             )));
         }
         let sink: super::swim::member::MembershipSink = {
-            let (gate, nodes) = (gate.clone(), Arc::clone(&nodes));
+            let (fleet, nodes) = (fleet.clone(), Arc::clone(&nodes));
             Box::new(move |fact: SwimFact| {
                 let kept = lock(&nodes).observe(fact);
                 let new = kept.is_new();
                 if let Kept::ForGate(update) = kept {
                     tracing::debug!(node = %update.node, state = %update.state, incarnation = update.incarnation, "SWIM change");
-                    gate.membership_nowait(update);
+                    fleet.membership_nowait(update);
                 }
                 new
             })
@@ -232,7 +249,7 @@ impl Orchestrator {
         let listener = until_free(|| listen(config.agents.listen).map_err(bound)).await?;
         let agents_addr = listener.local_addr().map_err(bound)?;
         let accept = Listener::new(
-            gate.clone(),
+            fleet.clone(),
             swim.clone(),
             Arc::clone(&registry),
             config,
@@ -240,11 +257,12 @@ impl Orchestrator {
             leader,
         );
         tasks.push(actix::spawn(accept.serve(listener)));
-        tasks.push(actix::spawn(keep_readiness_gauge(gate.clone())));
-        tracing::info!(%swim_addr, %agents_addr, "orchestrator started");
+        tasks.push(actix::spawn(keep_readiness_gauge(fleet.clone())));
+        tracing::info!(%swim_addr, %agents_addr, pools = fleet.pools().len(), "orchestrator started");
         unwind.member = None;
         Ok(Orchestrator {
             gate,
+            fleet,
             swim,
             owns_swim,
             swim_addr,
@@ -268,7 +286,7 @@ impl Orchestrator {
     /// and the SWIM member, as a stopped orchestrator process would. The
     /// gate's actors go when the `System` stops.
     pub fn shutdown(self) {
-        self.gate.stop();
+        self.fleet.stop();
         for task in &self.tasks {
             task.abort();
         }
@@ -344,7 +362,7 @@ impl Orchestrator {
             return Ok(());
         };
         self.swim.do_send(super::swim::member::OnlyMembers(names));
-        self.gate.registry(fact).await?;
+        self.fleet.registry(fact).await?;
         Ok(())
     }
 
@@ -360,14 +378,18 @@ impl Orchestrator {
     /// not a reload). Returns what changed, one line each.
     pub async fn reload(&self, config: &Config) -> Result<Vec<String>, LiveError> {
         let mut said = Vec::new();
-        let report = self.gate.report().await?;
-        if config.pool.id() != &report.pool {
+        let running = self.fleet.pools();
+        if config.pools.is_empty() && !running.contains(config.pool.id()) {
             return Err(LiveError::Setting {
                 key: "pool.id",
                 message: format!(
                     "{} is not the running pool {}: a new pool needs a restart",
                     config.pool.id(),
-                    report.pool
+                    running
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             });
         }
@@ -389,30 +411,78 @@ impl Orchestrator {
             self.unregister(node).await?;
             said.push(format!("{node}: forgotten (removed from [registry])"));
         }
-        let now: std::collections::BTreeSet<&NodeId> =
-            report.candidates.iter().map(|c| &c.node).collect();
-        let wanted: std::collections::BTreeSet<&NodeId> = config.pool.members().iter().collect();
-        if now != wanted {
-            let added: Vec<String> = wanted.difference(&now).map(|n| n.to_string()).collect();
-            let removed: Vec<String> = now.difference(&wanted).map(|n| n.to_string()).collect();
-            let change = format!(
-                "pool {} members: added [{}], removed [{}]",
-                report.pool,
-                added.join(", "),
-                removed.join(", ")
-            );
-            match self.gate.define_pool(config.pool.clone()).await {
-                Ok(()) => said.push(change),
-                Err(poolgate_actors::GateError::Refused(
-                    poolgate_actors::core::Refusal::RunCommitted(run),
-                )) => said.push(format!(
-                    "{change}: NOT applied while run {run} is committed (reload again once it ends)"
-                )),
-                Err(e) => return Err(e.into()),
+        let settings = match config.pools.is_empty() {
+            true => vec![config.gate_settings()?],
+            false => config.pool_settings()?,
+        };
+        for pool in &settings {
+            said.extend(self.reload_pool(pool).await?);
+        }
+        // With [pools.<id>], a pool no longer listed is removed.
+        if !config.pools.is_empty() {
+            for id in running
+                .iter()
+                .filter(|id| !settings.iter().any(|s| s.definition.id() == *id))
+            {
+                match self.fleet.remove_pool(id).await {
+                    Ok(()) => said.push(format!("pool {id}: removed")),
+                    Err(poolgate_actors::GateError::Refused(
+                        poolgate_actors::core::Refusal::RunCommitted(run),
+                    )) => said.push(format!(
+                        "pool {id}: NOT removed while run {run} is committed (reload again once it ends)"
+                    )),
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         self.reload_cluster_keys(&config.swim)?;
         Ok(said)
+    }
+
+    /// Defines `settings`' pool if it is new, or redefines its members if
+    /// they changed (not under a committed run); what changed, in words.
+    async fn reload_pool(
+        &self,
+        settings: &poolgate_actors::GateSettings,
+    ) -> Result<Option<String>, LiveError> {
+        let definition = &settings.definition;
+        let Some(gate) = self.fleet.pool(definition.id()) else {
+            self.fleet.define_pool(settings.clone()).await?;
+            return Ok(Some(format!(
+                "pool {}: defined over [{}]",
+                definition.id(),
+                definition
+                    .members()
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        let report = gate.report().await?;
+        let now: std::collections::BTreeSet<&NodeId> =
+            report.candidates.iter().map(|c| &c.node).collect();
+        let wanted: std::collections::BTreeSet<&NodeId> = definition.members().iter().collect();
+        if now == wanted {
+            return Ok(None);
+        }
+        let added: Vec<String> = wanted.difference(&now).map(|n| n.to_string()).collect();
+        let removed: Vec<String> = now.difference(&wanted).map(|n| n.to_string()).collect();
+        let change = format!(
+            "pool {} members: added [{}], removed [{}]",
+            report.pool,
+            added.join(", "),
+            removed.join(", ")
+        );
+        match self.fleet.define_pool(settings.clone()).await {
+            Ok(_) => Ok(Some(change)),
+            Err(poolgate_actors::GateError::Refused(
+                poolgate_actors::core::Refusal::RunCommitted(run),
+            )) => Ok(Some(format!(
+                "{change}: NOT applied while run {run} is committed (reload again once it ends)"
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The nodes registered now and their pinned keys.
@@ -432,7 +502,7 @@ impl Orchestrator {
     /// closed (the listener's task ended, the SWIM member stopped), so the
     /// same addresses can be bound again at once (a replica's next term).
     pub async fn stop(self) {
-        self.gate.stop();
+        self.fleet.stop();
         for task in &self.tasks {
             task.abort();
         }
@@ -669,10 +739,10 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
             message: message.to_string(),
         })
     };
-    if config.pools.len() > 1 {
+    if config.pools.len() > 1 && (config.state.path.is_some() || !config.state.etcd.is_empty()) {
         return wrong(
             "pools",
-            "the live orchestrator gates one pool in this version: several [pools.<id>] are for `poolgate replay` and the embedded Fleet",
+            "several [pools.<id>] keep their state in memory in this version: [state] path and etcd take one pool",
         );
     }
     let agents = &config.agents;
@@ -750,35 +820,42 @@ pub(crate) const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_mi
 
 /// Keeps `poolgate_node_ready{node}` (1 ready, 0 not) for every pool member:
 /// its cardinality is the pool's size, never what the network sends.
-async fn keep_readiness_gauge(gate: Gate) {
+async fn keep_readiness_gauge(fleet: Fleet) {
     loop {
-        let Ok(report) = gate.report().await else {
+        let Ok(reports) = fleet.reports().await else {
             // Its term (or the process) is over: it leads no more.
             metrics::gauge!("poolgate_leading").set(0.0);
             return;
         };
+        if fleet.is_stopped() {
+            metrics::gauge!("poolgate_leading").set(0.0);
+            return;
+        }
         metrics::gauge!("poolgate_leading").set(1.0);
-        let pool = report.pool.to_string();
-        let (phase, epoch) = match report.phase {
-            PoolPhase::Forming => ("forming", None),
-            PoolPhase::Converging { .. } => ("converging", None),
-            PoolPhase::Ready { epoch } => ("ready", Some(epoch.0)),
-        };
-        for each in ["forming", "converging", "ready"] {
-            let now = if each == phase { 1.0 } else { 0.0 };
-            metrics::gauge!("poolgate_pool_phase", "pool" => pool.clone(), "phase" => each)
-                .set(now);
-        }
-        if let Some(epoch) = epoch {
-            metrics::gauge!("poolgate_pool_epoch", "pool" => pool.clone()).set(epoch as f64);
-        }
-        for candidate in &report.candidates {
-            let ready = if candidate.verdict.is_ready() {
-                1.0
-            } else {
-                0.0
+        for report in &reports {
+            let pool = report.pool.to_string();
+            let (phase, epoch) = match report.phase {
+                PoolPhase::Forming => ("forming", None),
+                PoolPhase::Converging { .. } => ("converging", None),
+                PoolPhase::Ready { epoch } => ("ready", Some(epoch.0)),
             };
-            metrics::gauge!("poolgate_node_ready", "node" => candidate.node.to_string()).set(ready);
+            for each in ["forming", "converging", "ready"] {
+                let now = if each == phase { 1.0 } else { 0.0 };
+                metrics::gauge!("poolgate_pool_phase", "pool" => pool.clone(), "phase" => each)
+                    .set(now);
+            }
+            if let Some(epoch) = epoch {
+                metrics::gauge!("poolgate_pool_epoch", "pool" => pool.clone()).set(epoch as f64);
+            }
+            for candidate in &report.candidates {
+                let ready = if candidate.verdict.is_ready() {
+                    1.0
+                } else {
+                    0.0
+                };
+                metrics::gauge!("poolgate_node_ready", "node" => candidate.node.to_string(), "pool" => pool.clone())
+                    .set(ready);
+            }
         }
         tokio::time::sleep(GAUGE_EVERY).await;
     }

@@ -41,11 +41,58 @@ pub struct Query {
     pub v: u32,
     /// What is asked: `status`.
     pub query: String,
+    /// One pool only (`status --pool`); every pool when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// Whether `bytes` (a first frame) is a status question.
 pub fn is_status_query(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<Query>(bytes).is_ok_and(|q| q.v == 1 && q.query == "status")
+    status_query(bytes).is_some()
+}
+
+/// The status question `bytes` (a first frame) asks, if it is one: the
+/// pool it asks of, if one.
+pub fn status_query(bytes: &[u8]) -> Option<Option<String>> {
+    serde_json::from_slice::<Query>(bytes)
+        .ok()
+        .filter(|q| q.v == 1 && q.query == "status")
+        .map(|q| q.pool)
+}
+
+/// The status answer for a fleet's `reports` (design §14): the first
+/// pool's answer (or `only`'s), with `pools` listing every pool's answer
+/// when there are several; for an `only` no pool has, an `error`.
+pub fn answer_all(
+    reports: &[PoolReport],
+    only: Option<&str>,
+    now: Time,
+    leader: &str,
+    writing: bool,
+) -> Value {
+    if let Some(only) = only {
+        return match reports.iter().find(|r| r.pool.as_str() == only) {
+            Some(report) => answer(report, now, leader, writing),
+            None => json!({
+                "error": format!("no pool {only}"),
+                "pools_defined": reports.iter().map(|r| r.pool.as_str()).collect::<Vec<_>>(),
+                "leader": leader,
+            }),
+        };
+    }
+    let Some(first) = reports.first() else {
+        return json!({"error": "no pool is defined", "leader": leader});
+    };
+    let mut all = answer(first, now, leader, writing);
+    if reports.len() > 1 {
+        all["pools"] = Value::Array(
+            reports
+                .iter()
+                .map(|r| answer(r, now, leader, writing))
+                .collect(),
+        );
+    }
+    all
 }
 
 /// The status answer for `report`, taken at `now`; `writing`: whether the
@@ -174,6 +221,11 @@ pub fn answers(peer: std::net::IpAddr, local: std::net::IpAddr) -> bool {
 
 /// Asks the orchestrator at `addr`; its answer, or why there is none.
 pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
+    ask_pool(addr, None).await
+}
+
+/// Asks the orchestrator at `addr` of `pool` (every pool when `None`).
+pub async fn ask_pool(addr: SocketAddr, pool: Option<&str>) -> Result<Value, String> {
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await
@@ -181,6 +233,7 @@ pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
         let query = serde_json::to_vec(&Query {
             v: 1,
             query: "status".into(),
+            pool: pool.map(str::to_string),
         })
         .unwrap_or_default();
         let mut framed = u32::try_from(query.len())
@@ -204,6 +257,9 @@ pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
                 answer["detail"].as_str().unwrap_or("no reason given")
             ));
         }
+        if let Some(error) = answer["error"].as_str() {
+            return Err(format!("{addr}: {error}"));
+        }
         Ok(answer)
     };
     tokio::time::timeout(STATUS_WAIT, exchange)
@@ -211,8 +267,16 @@ pub async fn ask(addr: SocketAddr) -> Result<Value, String> {
         .unwrap_or_else(|_| Err(format!("no answer from {addr} within {STATUS_WAIT:?}")))
 }
 
-/// The answer in words, one line per candidate.
+/// The answer in words, one line per candidate; every pool's, one after
+/// another, when there are several.
 pub fn render(answer: &Value) -> String {
+    match answer["pools"].as_array() {
+        Some(pools) => pools.iter().map(render_one).collect::<Vec<_>>().join("\n"),
+        None => render_one(answer),
+    }
+}
+
+fn render_one(answer: &Value) -> String {
     let mut out = String::new();
     let pool = answer["pool"].as_str().unwrap_or("?");
     let phase = answer["phase"].as_str().unwrap_or("?");
