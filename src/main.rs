@@ -396,7 +396,12 @@ fn main() -> ExitCode {
             end,
             command,
         } => load(&config).and_then(|loaded| {
-            let loaded = loaded.with_only_pool(pool.as_deref())?;
+            let pool_asked = pool.clone();
+            let loaded = match &loaded.control {
+                // A running watch serving it knows every pool.
+                Some(path) if path.exists() => loaded,
+                _ => loaded.with_only_pool(pool.as_deref())?,
+            };
             let run_id = |flag: &str, name: Option<String>| {
                 name.map(|n| poolgate::core::RunId::new(&n).map_err(|e| format!("{flag}: {e}")))
                     .transpose()
@@ -417,6 +422,7 @@ fn main() -> ExitCode {
                 }
                 let output = output(json, false);
                 let request = commands::RunRequest {
+                    pool: pool_asked,
                     require,
                     resume,
                     timeout,

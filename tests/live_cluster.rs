@@ -1117,3 +1117,121 @@ fn watch_gates_every_pool_and_status_reports_each_or_one() {
         );
     });
 }
+
+/// `poolgate run --pool ID` of `config` (a file), its command writing its
+/// pid to `<dir>/<pool>.pid` and sleeping.
+fn run_on_pool(file: &std::path::Path, dir: &std::path::Path, pool: &str) -> tokio::process::Child {
+    let pid_file = dir.join(format!("{pool}.pid"));
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--json", "--pool", pool, "--config"])
+        .arg(file)
+        .args(["--", "sh", "-c"])
+        .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
+    live(async {
+        use std::os::unix::fs::PermissionsExt;
+        let mut plan = plan(4);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        let socket = cluster.dir.join("control.sock");
+        config.control = Some(socket.clone());
+        let file = cluster.dir.join("pools.toml");
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        while !socket.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the control socket is its owner's only"
+        );
+        for i in 0..4 {
+            cluster.spawn(i).unwrap();
+        }
+        // Two runs at once, one per pool, through the one orchestrator
+        // (neither binds the cluster's sockets: they are the watch's).
+        let mut run_a = run_on_pool(&file, &cluster.dir, "a");
+        let mut run_b = run_on_pool(&file, &cluster.dir, "b");
+        let mut lines_a = BufReader::new(run_a.stdout.take().unwrap()).lines();
+        let mut lines_b = BufReader::new(run_b.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines_a, |v| v["event"] == "run_committed").await;
+        assert_eq!(committed["pool"], "a");
+        assert_eq!(
+            committed["required"],
+            serde_json::json!(["node-1", "node-2"])
+        );
+        let committed = until_line(&mut lines_b, |v| v["event"] == "run_committed").await;
+        assert_eq!(committed["pool"], "b");
+        // `status` through the socket, for one pool.
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["status", "--json", "--pool", "b", "--config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(
+            (answer["pool"].as_str(), answer["run"].as_str().is_some()),
+            (Some("b"), true),
+            "{answer}"
+        );
+        // node-3 crashes: B's run exits 3, A's goes on.
+        while !cluster.dir.join("b.pid").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.kill(2);
+        let faulted = until_line(&mut lines_b, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["node"], "node-3");
+        let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.code(), Some(3));
+        assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
+        // A SIGTERM ends A's run: its command stops, its run is finished.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        let finished = until_line(&mut lines_a, |v| v["event"] == "run_finished").await;
+        assert_eq!(finished["pool"], "a");
+        let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.code(), Some(128 + 15));
+        // The watch removes its socket when it stops.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), watch.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!socket.exists(), "the socket is removed at exit");
+    });
+}

@@ -380,7 +380,12 @@ pub fn orchestrator_toml(config: &Config) -> String {
          [swim]\nbind = \"{bind}\"\nprobe_period = \"{pp}ms\"\nprobe_rtt = \"{rtt}ms\"\n\
          suspicion_timeout = \"{st}ms\"\ncluster_keys = [{keys}]\ninsecure = {insecure}\nlabel = {label}\n\n\
          [agents]\nlisten = \"{listen}\"\nmax_connections = {max}\nidle_timeout = \"{idle}ms\"\n\n\
-         {state}[registry]\n{registry}",
+         {state}{control}[registry]\n{registry}",
+        control = config
+            .control
+            .as_ref()
+            .map(|p| format!("[control]\nsocket = {}\n\n", toml_string(&p.display().to_string())))
+            .unwrap_or_default(),
         window = config.convergence_window.as_millis(),
         bind = config.swim.bind,
         pp = timings.probe_period.as_millis(),

@@ -192,6 +192,12 @@ pub async fn watch(
         until_ready,
         timeout,
     };
+    // `[control] socket`: bound before anything starts (another
+    // orchestrator serving it is an error to say at once).
+    let mut control = match &config.control {
+        Some(path) => Some(crate::live::control::bind(path).await?),
+        None => None,
+    };
     let mut leadership = Leadership::of(config).await?;
     // SIGHUP reloads a follower's warm member's keys too: a rotation
     // missed there would leave the next term's SWIM deaf.
@@ -224,6 +230,16 @@ pub async fn watch(
                 }
             }
         };
+        let mut live = live;
+        if let Some(bound) = control.take() {
+            let leader: std::sync::Arc<str> =
+                std::sync::Arc::from(crate::live::orchestrator::LEADER);
+            live.attach(actix::spawn(crate::live::control::serve(
+                bound,
+                live.fleet.clone(),
+                leader,
+            )));
+        }
         let lost = {
             let fence_check = &leadership;
             async move { fence_check.lost().await }
@@ -474,6 +490,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// What `poolgate run` is asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct RunRequest {
+    /// The pool (`--pool`; the only pool when `None`).
+    pub pool: Option<String>,
     /// The nodes the run requires (every member when `None`).
     pub require: Option<Vec<NodeId>>,
     /// Guard this run, restored from the state file, instead of planning

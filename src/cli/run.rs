@@ -48,7 +48,13 @@ pub async fn run(
         .require
         .clone()
         .unwrap_or_else(|| config.pool.members().to_vec());
-    if let Some(stranger) = required.iter().find(|n| !config.pool.members().contains(n)) {
+    // Beside a watch serving `[control] socket`, that orchestrator checks
+    // the plan against the pool named.
+    let served = config.control.as_ref().is_some_and(|p| p.exists());
+    if let Some(stranger) = required
+        .iter()
+        .find(|n| !served && !config.pool.members().contains(n))
+    {
         return Err(
             GateError::Refused(poolgate_actors::core::Refusal::NotCandidate(
                 stranger.clone(),
@@ -156,6 +162,16 @@ enum Keeper {
     /// its own included). A takeover changes nothing here: the next leader
     /// guards the run from etcd and answers through the same keys.
     Replicated(Box<ReplicatedKeeper>),
+    /// Beside a running `watch` (`[control] socket`, design §14): the run
+    /// is asked of that orchestrator, which plans, commits and guards it
+    /// and tells this process its events.
+    Control(Box<ControlKeeper>),
+}
+
+struct ControlKeeper {
+    client: crate::live::control::Client,
+    pool: Option<String>,
+    printer: Printer,
 }
 
 struct AloneKeeper {
@@ -187,6 +203,22 @@ impl Keeper {
         record: Option<&Path>,
         hangup: tokio::signal::unix::Signal,
     ) -> Result<Keeper, LiveError> {
+        if let Some(path) = &config.control {
+            if let Some(client) = crate::live::control::Client::connect(path).await {
+                if request.resume.is_some() {
+                    return Err(LiveError::Setting {
+                        key: "control.socket",
+                        message: "--resume: the orchestrator serving the control socket guards its restored runs itself".into(),
+                    });
+                }
+                tracing::info!(socket = %path.display(), "asking the orchestrator that serves the control socket");
+                return Ok(Keeper::Control(Box::new(ControlKeeper {
+                    client,
+                    pool: request.pool.clone(),
+                    printer: Printer::new(output),
+                })));
+            }
+        }
         if config.state.etcd.is_empty() {
             warn_without_state(config);
             let live = Orchestrator::start_recording(config, recording(record)?).await?;
@@ -244,6 +276,7 @@ impl Keeper {
             Keeper::Replicated(replicated) => {
                 replicated.commit(config, request, required, stop).await
             }
+            Keeper::Control(control) => control.commit(request, required, stop).await,
         }
     }
 
@@ -254,6 +287,7 @@ impl Keeper {
         match self {
             Keeper::Alone(alone) => alone.guard(run).await,
             Keeper::Replicated(replicated) => replicated.guard(run).await,
+            Keeper::Control(control) => Ok(control.guard().await),
         }
     }
 
@@ -262,7 +296,7 @@ impl Keeper {
     /// second.
     async fn told(&mut self, run: &RunId) -> i32 {
         match self {
-            Keeper::Alone(_) => EXIT_UNGUARDED,
+            Keeper::Alone(_) | Keeper::Control(_) => EXIT_UNGUARDED,
             Keeper::Replicated(replicated) => replicated.told(run).await,
         }
     }
@@ -274,6 +308,116 @@ impl Keeper {
             Keeper::Replicated(replicated) => {
                 replicated.end(run).await;
                 Ok(())
+            }
+            Keeper::Control(control) => {
+                control.end(run).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ControlKeeper {
+    async fn commit(
+        &mut self,
+        request: &RunRequest,
+        required: &[NodeId],
+        stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
+    ) -> Result<Result<RunId, i32>, LiveError> {
+        use crate::live::control::{Reply, Request};
+        let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
+        let asked = Request::Run {
+            v: 1,
+            pool: self.pool.clone(),
+            run: run.to_string(),
+            required: request
+                .require
+                .as_ref()
+                .map(|_| required.iter().map(|n| n.to_string()).collect()),
+        };
+        self.client.ask(&asked).await?;
+        let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(limit, stop);
+        loop {
+            let reply = tokio::select! {
+                reply = self.client.next() => reply,
+                _ = &mut limit => {
+                    // Closing the connection withdraws the request.
+                    let within = crate::config::in_words(request.timeout.unwrap_or_default());
+                    eprintln!("poolgate: run {run} was not committed within {within} (ask poolgate status what blocks the pool)");
+                    return Ok(Err(1));
+                }
+                signal = &mut stop => return Ok(Err(128 + signal)),
+            };
+            match reply {
+                Some(Reply::Event { event }) => self.print(event),
+                Some(Reply::Committed { .. }) => return Ok(Ok(run)),
+                Some(Reply::Refused { code, detail }) => {
+                    eprintln!(
+                        "poolgate run: run {run} refused by the orchestrator: {detail} ({code})"
+                    );
+                    return Ok(Err(if code == "run_in_progress" {
+                        EXIT_OTHER_RUN
+                    } else {
+                        1
+                    }));
+                }
+                Some(_) => {}
+                None => {
+                    eprintln!("poolgate run: the orchestrator serving the control socket closed the connection before the run was committed");
+                    return Ok(Err(1));
+                }
+            }
+        }
+    }
+
+    fn print(&mut self, event: serde_json::Value) {
+        self.printer
+            .print_told(serde_json::from_value::<Event>(event).ok());
+    }
+
+    /// One step: `Some` once the run ended (faulted, or the orchestrator
+    /// is gone: the run is no longer guarded).
+    async fn guard(&mut self) -> Option<Ended> {
+        use crate::live::control::Reply;
+        match self.client.next().await {
+            Some(Reply::Event { event }) => {
+                self.print(event);
+                None
+            }
+            Some(Reply::Ended {
+                status,
+                node,
+                reason,
+            }) if status == "faulted" => {
+                eprintln!(
+                    "poolgate run: run faulted: {} {}",
+                    node.unwrap_or_default(),
+                    reason.unwrap_or_default()
+                );
+                Some(Ended::Told(3))
+            }
+            Some(_) => None,
+            None => {
+                eprintln!("poolgate run: the orchestrator serving the control socket is gone: the run is no longer guarded; its command is stopped");
+                Some(Ended::Told(EXIT_UNGUARDED))
+            }
+        }
+    }
+
+    async fn end(&mut self, run: &RunId) {
+        use crate::live::control::{Reply, Request};
+        if self.client.ask(&Request::Finish).await.is_err() {
+            return;
+        }
+        while let Some(reply) = self.client.next().await {
+            match reply {
+                Reply::Event { event } => self.print(event),
+                Reply::Ended { .. } => return,
+                Reply::Refused { detail, .. } => {
+                    return tracing::warn!(%run, %detail, "the end of the run refused")
+                }
+                _ => {}
             }
         }
     }

@@ -85,6 +85,9 @@ pub struct Config {
     pub state: StateConfig,
     /// `[run]`: what `poolgate run` does while it guards a command.
     pub run: RunConfig,
+    /// `[control] socket`: the Unix socket `watch` serves, through which
+    /// `run` and `status` given the same config reach it (design §14).
+    pub control: Option<PathBuf>,
 }
 
 /// One pool of `[pools.<id>]`: its members, and its window and policy
@@ -260,6 +263,7 @@ impl Config {
         let config = Config {
             pool,
             pools: Vec::new(),
+            control: None,
             convergence_window: window,
             planning: PlanningPolicy {
                 on_readiness_lost: OnReadinessLost::Wait,
@@ -312,6 +316,7 @@ impl Config {
                 "registry",
                 "state",
                 "run",
+                "control",
             ],
         )?;
 
@@ -562,9 +567,28 @@ impl Config {
             }
         }
 
+        let mut control = None;
+        if let Some((table, span)) = doc.section(root, "control")? {
+            doc.only_keys(table, "control", &["socket"])?;
+            let value = doc.required(table, "control", "socket", span)?;
+            let (text, span) = doc.string(value, "control.socket")?;
+            if text.is_empty() {
+                return Err(doc.error(span, "control.socket", "must be a path"));
+            }
+            if !state.etcd.is_empty() {
+                return Err(doc.error(
+                    span,
+                    "control.socket",
+                    "among replicas ([state] etcd), run and status go through etcd: [control] socket is for one orchestrator",
+                ));
+            }
+            control = Some(PathBuf::from(text));
+        }
+
         Ok(Config {
             pool,
             pools,
+            control,
             convergence_window,
             planning: planning_policy,
             #[cfg(feature = "live")]
@@ -589,6 +613,7 @@ impl Config {
             &mut self.state.tls.ca_file,
             &mut self.state.tls.cert_file,
             &mut self.state.tls.key_file,
+            &mut self.control,
         ] {
             if let Some(path) = path.as_mut().filter(|p| p.is_relative()) {
                 *path = dir.join(&*path);

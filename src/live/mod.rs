@@ -19,6 +19,7 @@
 //!   [`crate::keys`], here too).
 
 pub use crate::config::endpoint;
+pub mod control;
 pub(crate) mod conversation;
 pub(crate) mod generation;
 mod listener;

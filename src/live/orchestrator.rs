@@ -813,7 +813,7 @@ fn restore_sequences(
 
 /// Which replica leads, as `poolgate status` says it (one orchestrator: no
 /// replicas yet, design §12).
-const LEADER: &str = "this orchestrator (no replicas configured)";
+pub(crate) const LEADER: &str = "this orchestrator (no replicas configured)";
 
 /// How often the per-node readiness gauge is brought up to date.
 pub(crate) const GAUGE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);

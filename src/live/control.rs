@@ -1,0 +1,502 @@
+//! The control socket (design §14): `[control] socket = "PATH"` is a Unix
+//! socket, mode 0600, that `poolgate watch` serves, so that `poolgate run`
+//! and `poolgate status` given the same config use the running
+//! orchestrator (its one SWIM member, listener and pools) instead of
+//! starting their own; several `run`s then share it without etcd.
+//!
+//! One JSON object per line, each way; a connection asks one thing.
+//!
+//! - `{"v":1,"op":"status","pool":null}`: the status answer (as the agent
+//!   listener gives it), `{"reply":"status","status":{…}}`; closed.
+//! - `{"v":1,"op":"run","pool":"a","run":"run-42","required":["n1"]}`
+//!   (`pool` and `required` may be `null`: the only pool, every member):
+//!   the orchestrator waits for its pool's `PoolReady`, plans and commits
+//!   (again at the next `PoolReady` while refused for a reason that
+//!   passes: not ready, a node `reserved` by another pool's run), and
+//!   answers, in order: `{"reply":"event","event":{…}}` for each event of
+//!   the run, then `{"reply":"committed","run":…,"epoch":…}`, or
+//!   `{"reply":"refused","code":…,"detail":…}` and closes. Once committed:
+//!   the run's events as they come; `{"reply":"ended","status":"faulted",
+//!   "node":…,"reason":…}` when it faults; the requester's
+//!   `{"op":"finish"}` ends it (`{"reply":"ended","status":"finished"}`).
+//!   A requester gone (its connection closed) has stopped its command:
+//!   its run is ended.
+//!
+//! Requests are bounded (a line of at most 64 KiB, at most
+//! [`MAX_CONNECTIONS`] connections at once).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use poolgate_actors::core::{Event, NodeId, PoolId, Refusal, RunId};
+use poolgate_actors::{Fleet, GateError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::LiveError;
+
+/// The longest request line, in bytes.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// How many control connections are served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a refused commit waits before it is asked again (if no
+/// `PoolReady` comes first).
+const RETRY: Duration = Duration::from_millis(200);
+
+/// A request.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Where every pool (or `pool`) stands.
+    Status {
+        /// The format's version (1).
+        v: u32,
+        /// One pool only.
+        #[serde(default)]
+        pool: Option<String>,
+    },
+    /// Plan, commit and guard a run.
+    Run {
+        /// The format's version (1).
+        v: u32,
+        /// The pool (`null`: the only one).
+        #[serde(default)]
+        pool: Option<String>,
+        /// The run's id.
+        run: String,
+        /// The nodes it requires (`null`: every member).
+        #[serde(default)]
+        required: Option<Vec<String>>,
+    },
+    /// The requester's command ended: end its run.
+    Finish,
+}
+
+/// An answer line.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// The status answer.
+    Status {
+        /// As `poolgate status --json` prints it.
+        status: Value,
+    },
+    /// An event of the run (the replay format).
+    Event {
+        /// The event.
+        event: Value,
+    },
+    /// The run is committed: its command may start.
+    Committed {
+        /// The run.
+        run: String,
+        /// The epoch it was committed on.
+        epoch: u64,
+    },
+    /// The run was not committed, and will not be.
+    Refused {
+        /// A short code (`unknown_pool`, `run_in_progress`, …).
+        code: String,
+        /// The same in words.
+        detail: String,
+    },
+    /// The run ended.
+    Ended {
+        /// `faulted` or `finished`.
+        status: String,
+        /// The lost node (a fault).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        /// Why (a fault).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// The socket bound at its path, removed when dropped.
+pub struct Bound {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds the control socket at `path`, mode 0600 from the start (bound
+/// under a temporary name, then renamed). A socket file nobody answers
+/// on (a `watch` that crashed) is replaced; one that answers is another
+/// orchestrator's: an error.
+pub async fn bind(path: &Path) -> Result<Bound, LiveError> {
+    use std::os::unix::fs::PermissionsExt;
+    let taken = |detail: String| LiveError::Setting {
+        key: "control.socket",
+        message: detail,
+    };
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(taken(format!(
+                "{} is served by another orchestrator",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path).map_err(|e| {
+            taken(format!(
+                "{}: a stale socket not removed: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    let listener = UnixListener::bind(&temporary)
+        .map_err(|e| taken(format!("cannot bind {}: {e}", temporary.display())))?;
+    let mut bound = Bound {
+        listener,
+        path: temporary.clone(),
+    };
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| taken(format!("{}: {e}", temporary.display())))?;
+    std::fs::rename(&temporary, path)
+        .map_err(|e| taken(format!("cannot place {}: {e}", path.display())))?;
+    bound.path = path.to_path_buf();
+    Ok(bound)
+}
+
+/// Serves `bound` for `fleet` until the task is aborted; `leader` is what
+/// the status answer says of who leads.
+pub async fn serve(bound: Bound, fleet: Fleet, leader: std::sync::Arc<str>) {
+    let room = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let Ok((stream, _)) = bound.listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(turn) = std::sync::Arc::clone(&room).try_acquire_owned() else {
+            metrics::counter!("poolgate_control_refused_total").increment(1);
+            continue;
+        };
+        let (fleet, leader) = (fleet.clone(), std::sync::Arc::clone(&leader));
+        connections.spawn_local(async move {
+            connection(stream, fleet, &leader).await;
+            drop(turn);
+        });
+    }
+}
+
+/// Reads one line of at most [`MAX_LINE`] bytes; `None` at the end or
+/// past the bound.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> Option<String> {
+    let mut line = Vec::new();
+    let mut limited = tokio::io::AsyncReadExt::take(reader, MAX_LINE as u64 + 1);
+    match limited.read_until(b'\n', &mut line).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) if line.len() > MAX_LINE => None,
+        Ok(_) => String::from_utf8(line).ok(),
+    }
+}
+
+async fn send<W: tokio::io::AsyncWrite + Unpin>(writer: &mut W, reply: &Reply) -> bool {
+    let mut line = serde_json::to_vec(reply).unwrap_or_default();
+    line.push(b'\n');
+    writer.write_all(&line).await.is_ok()
+}
+
+async fn connection(stream: UnixStream, fleet: Fleet, leader: &str) {
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = BufReader::new(reader);
+    let Some(line) = read_line(&mut reader).await else {
+        return;
+    };
+    let request = match serde_json::from_str::<Request>(&line) {
+        Ok(request) => request,
+        Err(e) => {
+            let refused = Reply::Refused {
+                code: "bad_request".into(),
+                detail: format!("not a control request: {e}"),
+            };
+            send(&mut writer, &refused).await;
+            return;
+        }
+    };
+    match request {
+        Request::Status { pool, .. } => {
+            let Ok(reports) = fleet.reports().await else {
+                return;
+            };
+            let status = super::status::answer_all(
+                &reports,
+                pool.as_deref(),
+                fleet.clock().now(),
+                leader,
+                !fleet.writes_failing(),
+            );
+            send(&mut writer, &Reply::Status { status }).await;
+        }
+        Request::Run {
+            pool,
+            run,
+            required,
+            ..
+        } => {
+            let served = serve_run(&fleet, pool, &run, required, &mut reader, &mut writer).await;
+            if let Err(refused) = served {
+                send(&mut writer, &refused).await;
+            }
+        }
+        Request::Finish => {
+            let refused = Reply::Refused {
+                code: "bad_request".into(),
+                detail: "finish names no run: send it on the run's own connection".into(),
+            };
+            send(&mut writer, &refused).await;
+        }
+    }
+}
+
+fn refused(e: &GateError) -> Reply {
+    Reply::Refused {
+        code: e.code().to_string(),
+        detail: e.to_string(),
+    }
+}
+
+fn event_reply(event: &Event) -> Reply {
+    Reply::Event {
+        event: serde_json::to_value(event).unwrap_or(Value::Null),
+    }
+}
+
+/// Whether a refused commit may pass by waiting (the pool not ready yet,
+/// a `PoolReady` since the proof, nodes another pool's run holds, the
+/// run suspended).
+fn passes(e: &GateError) -> bool {
+    matches!(
+        e,
+        GateError::Refused(
+            Refusal::PoolNotReady
+                | Refusal::StaleEpoch { .. }
+                | Refusal::Reserved { .. }
+                | Refusal::NotPlanning { .. }
+        ) | GateError::NotDurable(_)
+            | GateError::Internal
+    )
+}
+
+async fn serve_run<R, W>(
+    fleet: &Fleet,
+    pool: Option<String>,
+    run: &str,
+    required: Option<Vec<String>>,
+    reader: &mut R,
+    writer: &mut W,
+) -> Result<(), Reply>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let gate = match pool {
+        Some(pool) => {
+            let id = PoolId::new(&pool).map_err(|e| refused(&e.into()))?;
+            fleet
+                .pool(&id)
+                .ok_or_else(|| refused(&GateError::UnknownPool(id)))?
+        }
+        None => match fleet.pools().as_slice() {
+            [only] => fleet
+                .pool(only)
+                .ok_or_else(|| refused(&GateError::UnknownPool(only.clone())))?,
+            _ => return Err(refused(&GateError::PoolRequired)),
+        },
+    };
+    let run = RunId::new(run).map_err(|e| refused(&e.into()))?;
+    let members = gate.report().await.map_err(|e| refused(&e))?.candidates;
+    let required: Vec<NodeId> = match required {
+        Some(names) => names
+            .iter()
+            .map(|n| NodeId::new(n))
+            .collect::<Result<_, _>>()
+            .map_err(|e| refused(&e.into()))?,
+        None => members.into_iter().map(|c| c.node).collect(),
+    };
+    let mut events = gate.subscribe_from_now();
+    let mut planning = false;
+    // Plans and commits at each `PoolReady` (or every RETRY) until
+    // committed, refused for good, or the requester is gone.
+    let epoch = loop {
+        let ready = tokio::select! {
+            ready = gate.wait_ready() => ready.map_err(|e| refused(&e))?,
+            _ = read_line(reader) => return Ok(()),
+        };
+        if !planning {
+            match gate.begin_planning(run.clone(), Some(ready.epoch)).await {
+                Ok(_) => planning = true,
+                Err(e) if passes(&e) => {}
+                Err(e) => return Err(refused(&e)),
+            }
+        }
+        if planning {
+            match gate
+                .commit_plan(run.clone(), required.clone(), Some(ready.epoch))
+                .await
+            {
+                Ok(()) => break ready.epoch,
+                // Aborted by the policy: planned again at the next PoolReady.
+                Err(GateError::Refused(Refusal::UnknownRun(_))) => planning = false,
+                Err(e) if passes(&e) => {}
+                Err(e) => return Err(refused(&e)),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY) => {}
+            _ = read_line(reader) => return Ok(()),
+        }
+    };
+    // The run's events so far, then the word to start.
+    while let Ok(event) = events.try_recv() {
+        if of_run(&event, &run) && !send(writer, &event_reply(&event)).await {
+            break;
+        }
+    }
+    let committed = Reply::Committed {
+        run: run.to_string(),
+        epoch: epoch.0,
+    };
+    if !send(writer, &committed).await {
+        end(
+            &gate,
+            &run,
+            "its requester is gone (the control connection closed)",
+        )
+        .await;
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let Some(event) = event else { return Ok(()) };
+                if !of_run(&event, &run) {
+                    continue;
+                }
+                send(writer, &event_reply(&event)).await;
+                if let Event::RunFaulted { node, reason, .. } = &event {
+                    let ended = Reply::Ended {
+                        status: "faulted".into(),
+                        node: Some(node.to_string()),
+                        reason: Some(reason.to_string()),
+                    };
+                    send(writer, &ended).await;
+                    return Ok(());
+                }
+            }
+            line = read_line(reader) => {
+                let finish = line
+                    .as_deref()
+                    .and_then(|l| serde_json::from_str::<Request>(l).ok())
+                    == Some(Request::Finish);
+                if !finish {
+                    end(&gate, &run, "its requester is gone (the control connection closed)").await;
+                    return Ok(());
+                }
+                match gate.finish_run(run.clone()).await {
+                    Ok(()) => {
+                        while let Ok(event) = events.try_recv() {
+                            if of_run(&event, &run) {
+                                send(writer, &event_reply(&event)).await;
+                            }
+                        }
+                        let ended = Reply::Ended { status: "finished".into(), node: None, reason: None };
+                        send(writer, &ended).await;
+                    }
+                    Err(e) => {
+                        send(writer, &refused(&e)).await;
+                    }
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn of_run(event: &Event, run: &RunId) -> bool {
+    match event {
+        Event::PlanningStarted { run: r, .. }
+        | Event::PlanningSuspended { run: r, .. }
+        | Event::PlanningResumed { run: r, .. }
+        | Event::PlanningAborted { run: r, .. }
+        | Event::RunCommitted { run: r, .. }
+        | Event::RunFaulted { run: r, .. }
+        | Event::RunFinished { run: r, .. } => r == run,
+        _ => false,
+    }
+}
+
+/// Ends `run`, whose requester is gone: it stopped its command.
+async fn end(gate: &poolgate_actors::Gate, run: &RunId, why: &str) {
+    tracing::warn!(%run, "{why}: its run is ended");
+    if let Err(e) = gate.finish_run(run.clone()).await {
+        tracing::warn!(%run, error = %e, "the run of a requester that is gone not ended");
+    }
+}
+
+/// A requester's connection to the control socket.
+pub struct Client {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl Client {
+    /// Connects to `path`; `None` when nobody serves it.
+    pub async fn connect(path: &Path) -> Option<Client> {
+        let stream = UnixStream::connect(path).await.ok()?;
+        let (reader, writer) = stream.into_split();
+        Some(Client {
+            reader: BufReader::new(reader),
+            writer,
+        })
+    }
+
+    /// Sends `request`.
+    pub async fn ask(&mut self, request: &Request) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        self.writer.write_all(&line).await
+    }
+
+    /// The next reply; `None` once the orchestrator closed the connection.
+    pub async fn next(&mut self) -> Option<Reply> {
+        let line = read_line(&mut self.reader).await?;
+        serde_json::from_str(&line).ok()
+    }
+}
+
+/// Asks the orchestrator serving `path` where its pools stand.
+pub async fn status(path: &Path, pool: Option<&str>) -> Result<Value, String> {
+    let mut client = Client::connect(path)
+        .await
+        .ok_or_else(|| format!("no orchestrator serves {}", path.display()))?;
+    let request = Request::Status {
+        v: 1,
+        pool: pool.map(str::to_string),
+    };
+    client
+        .ask(&request)
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match tokio::time::timeout(super::status::STATUS_WAIT, client.next()).await {
+        Ok(Some(Reply::Status { status })) => match status["error"].as_str() {
+            Some(error) => Err(format!("{}: {error}", path.display())),
+            None => Ok(status),
+        },
+        Ok(_) => Err(format!("{} closed without an answer", path.display())),
+        Err(_) => Err(format!("no answer from {} in time", path.display())),
+    }
+}
