@@ -910,3 +910,173 @@ fn a_runs_outcome_is_told_only_once_it_is_written() {
         }
     });
 }
+
+/// Several pools in one state file (design §14): each pool's epochs and
+/// run under its own record; a restored committed run holds its nodes
+/// again against the other pools' commits.
+mod pools {
+    use super::*;
+    use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, SwimState};
+    use poolgate::{Config, Fleet};
+
+    const POOLS: &str = r#"
+[readiness]
+convergence_window = "20ms"
+[pools.a]
+members = ["n1", "n2"]
+[pools.b]
+members = ["n2", "n3"]
+[state]
+restore_grace = "30s"
+"#;
+
+    fn n(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    async fn all_ready(fleet: &Fleet) {
+        for name in ["n1", "n2", "n3"] {
+            fleet
+                .registry(RegistryFact::Known { node: n(name) })
+                .await
+                .unwrap();
+            let alive = MembershipUpdate {
+                node: n(name),
+                state: SwimState::Alive,
+                incarnation: 1,
+            };
+            fleet.membership(alive).await.unwrap();
+            fleet
+                .agent(AgentReport::Available { node: n(name) })
+                .await
+                .unwrap();
+            let identity = AgentReport::identity(n(name), name.as_bytes().to_vec()).unwrap();
+            fleet.agent(identity).await.unwrap();
+        }
+    }
+
+    fn pool(fleet: &Fleet, id: &str) -> Gate {
+        fleet
+            .pool(&poolgate::core::PoolId::new(id).unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn each_pool_keeps_its_epochs_and_run_and_a_restored_run_holds_its_nodes() {
+        let dir = scratch("pools");
+        let config = Config::parse(POOLS, "pools").unwrap();
+        let file = dir.join("state.db");
+        actix::System::new().block_on(async {
+            let (settings, _store) = config.pool_settings_with_store(Some(&file)).unwrap();
+            let fleet = Fleet::try_start(settings).unwrap();
+            all_ready(&fleet).await;
+            let a = pool(&fleet, "a");
+            let ready = a.wait_ready().await.unwrap();
+            assert_eq!(ready.epoch, Epoch(1));
+            a.begin_planning(RunId::new("ra").unwrap(), Some(ready.epoch))
+                .await
+                .unwrap();
+            a.commit_plan(
+                RunId::new("ra").unwrap(),
+                vec![n("n1"), n("n2")],
+                Some(ready.epoch),
+            )
+            .await
+            .unwrap();
+            pool(&fleet, "b").wait_ready().await.unwrap();
+            fleet.stop();
+        });
+        // Started again on the same file: A's run restored, B's epochs go on.
+        actix::System::new().block_on(async {
+            let (settings, _store) = config.pool_settings_with_store(Some(&file)).unwrap();
+            let held: Vec<_> = settings
+                .iter()
+                .map(|s| {
+                    let restored = &s.durable.as_ref().unwrap().restored;
+                    (
+                        s.definition.id().to_string(),
+                        restored.last_epoch,
+                        restored.run.as_ref().map(|r| r.run.to_string()),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                held,
+                [
+                    ("a".to_string(), 1, Some("ra".to_string())),
+                    ("b".to_string(), 1, None)
+                ]
+            );
+            let fleet = Fleet::try_start(settings).unwrap();
+            assert_eq!(
+                fleet
+                    .reserved_by(&n("n2"))
+                    .map(|(p, r)| (p.to_string(), r.to_string())),
+                Some(("a".to_string(), "ra".to_string())),
+                "the restored run holds its nodes again"
+            );
+            all_ready(&fleet).await;
+            let b = pool(&fleet, "b");
+            let ready = b.wait_ready().await.unwrap();
+            assert_eq!(
+                ready.epoch,
+                Epoch(2),
+                "B's epochs go on from its own record"
+            );
+            b.begin_planning(RunId::new("rb").unwrap(), Some(ready.epoch))
+                .await
+                .unwrap();
+            let refused = b
+                .commit_plan(RunId::new("rb").unwrap(), vec![n("n2")], Some(ready.epoch))
+                .await
+                .unwrap_err();
+            assert_eq!(refused.code(), "reserved");
+            fleet.stop();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_one_pool_state_with_a_run_is_not_taken_by_pools_and_its_epochs_are_a_floor() {
+        let dir = scratch("one-to-many");
+        let file = dir.join("state.db");
+        let (store, _) = poolgate::state::RedbStore::open(&file).unwrap();
+        let run = Durable {
+            last_epoch: 7,
+            run: Some(poolgate::core::DurableRun {
+                run: RunId::new("r9").unwrap(),
+                epoch: Epoch(7),
+                committed: true,
+                required: vec![(n("a"), None)],
+            }),
+        };
+        poolgate::StateStore::save(&*store, &run).unwrap();
+        drop(store);
+        let many = Config::parse(POOLS, "pools").unwrap();
+        let error = many
+            .pool_settings_with_store(Some(&file))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("r9") && error.contains("--end r9"),
+            "{error}"
+        );
+        // Once ended, the pools start above its epochs.
+        let (store, _) = poolgate::state::RedbStore::open(&file).unwrap();
+        poolgate::StateStore::save(
+            &*store,
+            &Durable {
+                last_epoch: 7,
+                run: None,
+            },
+        )
+        .unwrap();
+        drop(store);
+        let (settings, _) = many.pool_settings_with_store(Some(&file)).unwrap();
+        for s in &settings {
+            assert_eq!(s.durable.as_ref().unwrap().restored.last_epoch, 7);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

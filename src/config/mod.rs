@@ -710,19 +710,57 @@ impl Config {
         ),
         SettingsError,
     > {
-        let settings = self.gate_settings()?;
+        let (mut all, store) = self.pool_settings_with_store(path)?;
+        let first = all.remove(0);
+        Ok((first, store))
+    }
+
+    /// Every pool's gate settings with its durable state: `[pool]`'s under
+    /// the state file's `state` record, each of `[pools.<id>]` under its
+    /// own (`pools/<id>/state`); with the opened store.
+    pub fn pool_settings_with_store(
+        &self,
+        path: Option<&Path>,
+    ) -> Result<PoolsWithStore, SettingsError> {
+        let settings = self.pool_settings()?;
         let Some(path) = path.or(self.state.path.as_deref()) else {
             return Ok((settings, None));
         };
         let (store, restored) = open_file_store(path)?;
-        let settings = settings.with_durable(poolgate_actors::DurableSettings {
-            store: store.clone(),
-            restored,
-            restore_grace: self.state.restore_grace,
-        })?;
-        Ok((settings, Some(store)))
+        let durable = |store: std::sync::Arc<dyn poolgate_actors::StateStore>, restored| {
+            poolgate_actors::DurableSettings {
+                store,
+                restored,
+                restore_grace: self.state.restore_grace,
+            }
+        };
+        if self.pools.is_empty() {
+            let settings = settings
+                .into_iter()
+                .map(|s| s.with_durable(durable(store.clone(), restored.clone())))
+                .collect::<Result<_, _>>()?;
+            return Ok((settings, Some(store)));
+        }
+        let mut kept = Vec::with_capacity(settings.len());
+        for s in settings {
+            let (record, held) = std::sync::Arc::clone(&store)
+                .pool_record(s.definition.id())
+                .map_err(|e| crate::state::StateError {
+                    file: path.display().to_string(),
+                    what: e.to_string(),
+                })?;
+            kept.push(s.with_durable(durable(record, held))?);
+        }
+        Ok((kept, Some(store)))
     }
 }
+
+/// Every pool's gate settings with its durable state, and the store
+/// opened (the orchestrator keeps agent sequences in it too).
+pub type PoolsWithStore = (
+    Vec<GateSettings>,
+    Option<std::sync::Arc<dyn crate::state::OrchestratorStore>>,
+);
 
 /// The state file at `path`, opened (redb).
 #[cfg(feature = "redb")]

@@ -129,15 +129,15 @@ impl Orchestrator {
                 message: "replicas start through live::replica::Replica (one Orchestrator per leadership term), as poolgate watch does".into(),
             });
         }
-        let (settings, store) = config.gate_settings_with_store(None)?;
-        Orchestrator::start_with(config, settings, store, record, Arc::from(LEADER), None).await
+        let (pools, store) = config.pool_settings_with_store(None)?;
+        Orchestrator::start_with(config, pools, store, record, Arc::from(LEADER), None).await
     }
 
     /// Starts from gate settings already holding the store (`store`, which
     /// also keeps agent sequences), answering status with `leader`.
     pub(crate) async fn start_with(
         config: &Config,
-        mut settings: poolgate_actors::GateSettings,
+        mut pools: Vec<poolgate_actors::GateSettings>,
         store: Option<Arc<dyn crate::state::OrchestratorStore>>,
         record: Option<poolgate_actors::Recording>,
         leader: Arc<str>,
@@ -145,14 +145,11 @@ impl Orchestrator {
     ) -> Result<Orchestrator, LiveError> {
         // Checked before anything starts (the member may be warm already).
         keyring(&config.swim)?;
-        settings.record = record;
-        check_live(config)?;
-        // The first pool with what it was given (its store, its
-        // recording); any other of `[pools.<id>]` as configured.
-        let mut pools = vec![settings];
-        for pool in config.pools.iter().skip(1) {
-            pools.push(pool.gate_settings()?);
+        // The recording is the first pool's (a recording is one gate's).
+        if let Some(first) = pools.first_mut() {
+            first.record = record;
         }
+        check_live(config)?;
         let fleet = Fleet::try_start(pools)?;
         let gate = fleet
             .pool(config.pool.id())
@@ -739,10 +736,10 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
             message: message.to_string(),
         })
     };
-    if config.pools.len() > 1 && (config.state.path.is_some() || !config.state.etcd.is_empty()) {
+    if config.pools.len() > 1 && !config.state.etcd.is_empty() {
         return wrong(
             "pools",
-            "several [pools.<id>] keep their state in memory in this version: [state] path and etcd take one pool",
+            "several [pools.<id>] keep their state in a state file ([state] path) in this version; among replicas ([state] etcd) one pool",
         );
     }
     let agents = &config.agents;

@@ -588,7 +588,7 @@ impl Replica {
             let leader: Arc<str> = Arc::from(format!("{} (this replica)", self.me));
             match Orchestrator::start_with(
                 &self.config,
-                settings,
+                vec![settings],
                 Some(store),
                 record.clone(),
                 leader,

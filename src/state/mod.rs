@@ -47,6 +47,18 @@ pub trait OrchestratorStore: StateStore {
     fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError>;
     /// Writes the sequences, durably.
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError>;
+    /// The record of one of several pools (`[pools.<id>]`, design §14):
+    /// a store of its own for that pool's state, and what it held. A
+    /// pool with no record yet starts its epochs above `floor` (what the
+    /// store held before it kept pools apart), so no epoch is told twice.
+    fn pool_record(
+        self: Arc<Self>,
+        pool: &poolgate_actors::core::PoolId,
+    ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
+        Err(StoreError(format!(
+            "pool {pool}: this store keeps one pool's state ([pool]); several [pools.<id>] keep theirs in a state file"
+        )))
+    }
 }
 
 /// A store in memory: what was written last (a replay from a recording's

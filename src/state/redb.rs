@@ -96,6 +96,29 @@ impl RedbStore {
         self.put("state", &encode_state(durable)?)
     }
 
+    /// The record under `key`, decoded; `None` if there is none.
+    fn read_state(&self, key: &str) -> Result<Option<Durable>, String> {
+        let handle = self.handle()?;
+        let Some(db) = &handle.db else {
+            return Err("the state file is not open".into());
+        };
+        let read = db.begin_read().map_err(|e| describe(&e.to_string()))?;
+        let table = match read.open_table(TABLE) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(describe(&e.to_string())),
+        };
+        let format = table
+            .get("format")
+            .map_err(|e| describe(&e.to_string()))?
+            .and_then(|f| <[u8; 8]>::try_from(f.value()).ok())
+            .map_or(FORMAT, u64::from_be_bytes);
+        match checked(&table, key, format)? {
+            Some(bytes) => decode_state(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Writes `record` and its checksum under `key` (and the format: a
     /// format 1 file is format 2 from its first write on), durably.
     fn put(&self, key: &str, record: &[u8]) -> Result<(), String> {
@@ -193,6 +216,52 @@ impl OrchestratorStore for RedbStore {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
         let record = encode_sequences(sequences).map_err(failed)?;
         self.put("sequences", &record).map_err(failed)
+    }
+
+    fn pool_record(
+        self: Arc<Self>,
+        pool: &poolgate_actors::core::PoolId,
+    ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
+        let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
+        let key = format!("pools/{pool}/state");
+        let held = match self.read_state(&key).map_err(failed)? {
+            Some(held) => held,
+            None => {
+                // Before pools were kept apart: epochs go on above it; a
+                // run it holds belongs to no pool named here.
+                let before = self
+                    .read_state("state")
+                    .map_err(failed)?
+                    .unwrap_or_default();
+                if let Some(run) = &before.run {
+                    return Err(failed(format!(
+                        "it holds run {} of a one-pool configuration ([pool]): end it (poolgate run --end {}) before the pools are kept apart",
+                        run.run, run.run
+                    )));
+                }
+                Durable {
+                    last_epoch: before.last_epoch,
+                    run: None,
+                }
+            }
+        };
+        let record: Arc<dyn StateStore> = Arc::new(PoolRecord { store: self, key });
+        Ok((record, held))
+    }
+}
+
+/// One pool's record in the state file (`pools/<id>/state`).
+#[derive(Debug)]
+struct PoolRecord {
+    store: Arc<RedbStore>,
+    key: String,
+}
+
+impl StateStore for PoolRecord {
+    fn save(&self, state: &Durable) -> Result<(), StoreError> {
+        let failed = |e: String| StoreError(format!("{}: {e}", self.store.path.display()));
+        let record = encode_state(state).map_err(failed)?;
+        self.store.put(&self.key, &record).map_err(failed)
     }
 }
 
