@@ -332,7 +332,7 @@ fn main() {
             ));
         }
         for fleet_of in [1, 100] {
-            let (p50, p99) = median(fault_latency(fleet_of, 30).await);
+            let (p50, p99) = median(fault_latency(fleet_of, 100).await);
             lines.push(format!(
                 r#"{{"measure":"fault_latency","pools":{fleet_of},"p50_us":{p50:.1},"p99_us":{p99:.1}}}"#
             ));
