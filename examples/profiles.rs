@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use poolgate::cli::cluster::{ClusterPlan, LocalCluster};
-use poolgate::config::SwimSettings;
+use poolgate::config::SwimTimings;
 use poolgate::core::{Event, RunId};
 use poolgate::{Config, EventStream, Gate};
 use rand::RngExt;
@@ -85,10 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|dir| dir.join("poolgate"))
         .ok_or("no target folder")?;
     let mut all = Vec::new();
-    for (name, timings) in [
-        ("steady", SwimSettings::STEADY),
-        ("fast", SwimSettings::FAST),
-    ] {
+    for (name, timings) in [("steady", SwimTimings::STEADY), ("fast", SwimTimings::FAST)] {
         let mut base = Config::parse(BASE, "profiles")?;
         base.swim.timings = timings;
         let plan = ClusterPlan {

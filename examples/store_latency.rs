@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use poolgate::core::{
     AgentReport, Durable, MembershipUpdate, NodeId, RegistryFact, RunId, SwimState,
 };
-use poolgate::state::etcd::{EtcdStore, Fence, Term};
+use poolgate::state::etcd::{EtcdStore, Fence, LeaderTerm};
 use poolgate::{DurableSettings, Gate, GateSettings, StateStore};
 
 fn settings(store: Option<Arc<dyn StateStore>>) -> GateSettings {
@@ -115,7 +115,7 @@ fn etcd_store(endpoints: &[String], tls: &poolgate::etcd::TlsFiles) -> Arc<dyn S
         .expect("key")
         .create_revision;
     let fence = Arc::new(Fence::default());
-    fence.set(Term {
+    fence.set(LeaderTerm {
         created,
         until: Instant::now() + Duration::from_secs(3600),
     });

@@ -54,7 +54,7 @@ struct Endpoint {
 
 /// A key and what etcd holds under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Kv {
+pub struct KeyValue {
     /// The key.
     pub key: Vec<u8>,
     /// The value.
@@ -150,13 +150,13 @@ impl Etcd {
     }
 
     /// What `key` holds, if anything.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Kv>, EtcdError> {
+    pub fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
         let answer = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
         Ok(kvs(&answer).into_iter().next())
     }
 
     /// Every key under `prefix`.
-    pub fn get_prefix(&self, prefix: &[u8]) -> Result<Vec<Kv>, EtcdError> {
+    pub fn get_prefix(&self, prefix: &[u8]) -> Result<Vec<KeyValue>, EtcdError> {
         let answer = self.call(
             "/v3/kv/range",
             &json!({ "key": b64(prefix), "range_end": b64(&prefix_end(prefix)) }),
@@ -654,12 +654,12 @@ fn int(value: &Value) -> i64 {
 }
 
 /// The key-values of a range response.
-pub fn kvs(answer: &Value) -> Vec<Kv> {
+pub fn kvs(answer: &Value) -> Vec<KeyValue> {
     answer["kvs"]
         .as_array()
         .map(|kvs| {
             kvs.iter()
-                .map(|kv| Kv {
+                .map(|kv| KeyValue {
                     key: unb64(&kv["key"]),
                     value: unb64(&kv["value"]),
                     create_revision: int(&kv["create_revision"]),

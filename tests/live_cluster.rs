@@ -754,7 +754,7 @@ on_readiness_lost = "wait"
         let plan = common::live::plan(DEFAULTS, 3);
         assert_eq!(
             plan.base.swim.timings,
-            poolgate::config::SwimSettings::STEADY,
+            poolgate::config::SwimTimings::STEADY,
             "no timings given: the default profile"
         );
         let (mut cluster, gate, mut events) = start(&plan).await;

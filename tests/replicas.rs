@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use poolgate::core::{Durable, Event};
 use poolgate::live::replica::Replica;
-use poolgate::state::etcd::{EtcdStore, Fence, Term};
+use poolgate::state::etcd::{EtcdStore, Fence, LeaderTerm};
 use poolgate::{Config, StateStore};
 
 use common::live::{live_for, ready};
@@ -64,7 +64,7 @@ fn one_replica_leads_a_deposed_write_changes_nothing_and_epochs_continue() {
         // A write from a term that is over (another create revision of the
         // leader key) is refused by etcd and changes nothing.
         let deposed = Arc::new(Fence::default());
-        deposed.set(Term {
+        deposed.set(LeaderTerm {
             created: 1,
             until: std::time::Instant::now() + Duration::from_secs(60),
         });
@@ -887,7 +887,7 @@ fn a_term_of(server: &etcd::Etcd, label: &str) -> Arc<EtcdStore> {
         .unwrap()
         .create_revision;
     let fence = Arc::new(Fence::default());
-    fence.set(Term {
+    fence.set(LeaderTerm {
         created,
         until: std::time::Instant::now() + Duration::from_secs(600),
     });
@@ -901,7 +901,7 @@ fn a_term_of(server: &etcd::Etcd, label: &str) -> Arc<EtcdStore> {
 /// requester whose session lives `ttl`), before its first look.
 struct LeaderAsked {
     gate: poolgate::Gate,
-    serving: poolgate::live::requests::Serving,
+    serving: poolgate::live::requests::RequestServer,
     requests: poolgate::live::requests::Requests,
     run: poolgate::core::RunId,
     _session: poolgate::live::requests::Session,
@@ -910,8 +910,11 @@ struct LeaderAsked {
 async fn leader_asked(config: &Config, store: &Arc<EtcdStore>, ttl: Duration) -> LeaderAsked {
     let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
     let node = poolgate::core::NodeId::new("node-1").unwrap();
-    let serving =
-        poolgate::live::requests::Serving::new(gate.clone(), Arc::clone(store), vec![node.clone()]);
+    let serving = poolgate::live::requests::RequestServer::new(
+        gate.clone(),
+        Arc::clone(store),
+        vec![node.clone()],
+    );
     let requests = poolgate::live::requests::Requests::new(Arc::clone(store));
     let run = poolgate::core::RunId::new("r1").unwrap();
     let session = requests
@@ -1067,7 +1070,7 @@ fn a_write_against_a_record_changed_under_the_term_is_refused_and_ends_the_term(
         .unwrap()
         .create_revision;
     let fence = Arc::new(Fence::default());
-    let term = Term {
+    let term = LeaderTerm {
         created,
         until: std::time::Instant::now() + Duration::from_secs(600),
     };

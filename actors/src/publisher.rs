@@ -75,13 +75,13 @@ struct Subscriber {
 /// chatter shed first (see [`Queue::offer`]).
 #[derive(Debug, Default)]
 struct Queue {
-    state: Mutex<Held>,
+    state: Mutex<Waiting>,
     ready: tokio::sync::Notify,
     lost: AtomicU64,
 }
 
 #[derive(Debug, Default)]
-struct Held {
+struct Waiting {
     events: std::collections::VecDeque<Event>,
     /// No event will come any more (the publisher closed, or is gone).
     ended: bool,
@@ -107,7 +107,7 @@ pub(crate) fn is_outcome(event: &Event) -> bool {
 }
 
 impl Queue {
-    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

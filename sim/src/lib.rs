@@ -35,7 +35,7 @@ use rand::{RngExt, SeedableRng};
 use net::{address, node_name, Network};
 pub use net::{NetworkModel, Partition};
 use poolgate::live::nodes::Nodes;
-use poolgate::live::swim::SwimSettings;
+use poolgate::live::swim::SwimTimings;
 
 /// What a simulation is made of.
 #[derive(Clone, Debug)]
@@ -48,7 +48,7 @@ pub struct SimSettings {
     pub window: Duration,
     /// SWIM timings; foca's configuration is `foca_config(nodes + 1)`
     /// (foca's `Config::new_lan` for that size, with these timings).
-    pub swim: SwimSettings,
+    pub swim: SwimTimings,
     /// The network.
     pub model: NetworkModel,
     /// Each agent announces itself after a random delay below this.
@@ -73,7 +73,7 @@ impl SimSettings {
             nodes,
             seed,
             window: Duration::from_secs(5),
-            swim: SwimSettings {
+            swim: SwimTimings {
                 probe_period: Duration::from_millis(400),
                 probe_rtt: Duration::from_millis(120),
                 suspicion_timeout: Duration::from_secs(2),

@@ -31,7 +31,7 @@ pub const DEFAULT_INDIRECT_PROBES: usize = 16;
 
 /// SWIM timings (config `[swim]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SwimSettings {
+pub struct SwimTimings {
     /// How often a random member is probed.
     pub probe_period: Duration,
     /// How long to wait for a direct probe reply before asking others.
@@ -44,16 +44,16 @@ pub struct SwimSettings {
 }
 
 /// The default: the `steady` profile.
-impl Default for SwimSettings {
+impl Default for SwimTimings {
     fn default() -> Self {
-        SwimSettings::STEADY
+        SwimTimings::STEADY
     }
 }
 
 /// Every `[swim] profile`, by name.
 pub const PROFILES: &[&str] = &["steady", "fast"];
 
-impl SwimSettings {
+impl SwimTimings {
     /// `steady`, the default: a member is suspected only when it missed a
     /// whole 1.5 s probe period (a direct probe, then 16 others asked
     /// after 500 ms), so a node agent stalled for a second (a paused VM,
@@ -61,7 +61,7 @@ impl SwimSettings {
     /// under 2 s by its agent connection falling silent (four 500 ms
     /// heartbeats), a crashed process in about 100 ms by its connection
     /// closing (BENCHMARKS.md, "SWIM profiles").
-    pub const STEADY: SwimSettings = SwimSettings {
+    pub const STEADY: SwimTimings = SwimTimings {
         probe_period: Duration::from_millis(1500),
         probe_rtt: Duration::from_millis(500),
         suspicion_timeout: Duration::from_secs(3),
@@ -72,7 +72,7 @@ impl SwimSettings {
     /// host is suspected about 0.6 s after its last answer (SWIM's
     /// e/(e−1) × the period), but a stall of 0.3 s can be taken for a
     /// death.
-    pub const FAST: SwimSettings = SwimSettings {
+    pub const FAST: SwimTimings = SwimTimings {
         probe_period: Duration::from_millis(400),
         probe_rtt: Duration::from_millis(120),
         suspicion_timeout: Duration::from_secs(2),
@@ -81,10 +81,10 @@ impl SwimSettings {
 
     /// The timings of a named profile (`[swim] profile`); the explicit
     /// keys (`probe_period`, …) override them.
-    pub fn profile(name: &str) -> Option<SwimSettings> {
+    pub fn profile(name: &str) -> Option<SwimTimings> {
         match name {
-            "steady" => Some(SwimSettings::STEADY),
-            "fast" => Some(SwimSettings::FAST),
+            "steady" => Some(SwimTimings::STEADY),
+            "fast" => Some(SwimTimings::FAST),
             _ => None,
         }
     }
@@ -129,7 +129,7 @@ pub struct SwimConfig {
     /// and again at every later join).
     pub seeds: Vec<Endpoint>,
     /// `probe_period`, `probe_rtt`, `suspicion_timeout`, `indirect_probes`.
-    pub timings: SwimSettings,
+    pub timings: SwimTimings,
     /// `cluster_keys`: key files of the gossip keyring; the first seals,
     /// all open (relative paths are from the config file's folder).
     pub cluster_keys: Vec<PathBuf>,
@@ -150,7 +150,7 @@ impl Default for SwimConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise: None,
             seeds: Vec::new(),
-            timings: SwimSettings::default(),
+            timings: SwimTimings::default(),
             cluster_keys: Vec::new(),
             cluster_key_material: Vec::new(),
             insecure: false,
@@ -260,7 +260,7 @@ impl Doc<'_> {
         }
         if let Some(value) = table.get("profile") {
             let (name, span) = self.string(value, "swim.profile")?;
-            swim.timings = SwimSettings::profile(&name).ok_or_else(|| {
+            swim.timings = SwimTimings::profile(&name).ok_or_else(|| {
                 self.error(
                     span,
                     "swim.profile",

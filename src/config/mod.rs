@@ -24,7 +24,7 @@ mod node;
 
 #[cfg(feature = "live")]
 pub use cluster::{
-    label_problem, AgentsConfig, DemoConfig, Registry, SwimConfig, SwimSettings,
+    label_problem, AgentsConfig, DemoConfig, Registry, SwimConfig, SwimTimings,
     DEFAULT_INDIRECT_PROBES,
 };
 use doc::Doc;
@@ -764,7 +764,7 @@ pub type PoolsWithStore = (
 
 /// The state file at `path`, opened (redb).
 #[cfg(feature = "redb")]
-fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::StateError> {
+fn open_file_store(path: &Path) -> Result<crate::state::OpenedStore, crate::state::StateError> {
     let (store, restored) = crate::state::RedbStore::open(path)?;
     Ok((store, restored))
 }
@@ -772,7 +772,7 @@ fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::St
 /// Without the `redb` feature there is no file store: an error naming
 /// the file, never a gate that forgets.
 #[cfg(not(feature = "redb"))]
-fn open_file_store(path: &Path) -> Result<crate::state::Opened, crate::state::StateError> {
+fn open_file_store(path: &Path) -> Result<crate::state::OpenedStore, crate::state::StateError> {
     Err(crate::state::StateError {
         file: path.display().to_string(),
         what: "[state] path needs poolgate built with the `redb` feature".into(),

@@ -81,7 +81,7 @@ fn generation_of(update: &MembershipUpdate) -> u64 {
 pub struct NodeSwim {
     /// The latest fact per identity (address, generation), so a node's
     /// state is known the moment it signs it.
-    identities: HashMap<(SocketAddr, u64), Held>,
+    identities: HashMap<(SocketAddr, u64), UnsignedFacts>,
     /// The incarnation of the last fact the gate was told of the node: a
     /// leave is told at it (whatever identity the node signs next, and
     /// however many identities others invent under its name).
@@ -104,7 +104,7 @@ impl NodeSwim {
 /// before the node's first frame is not dropped as a suspicion of a member
 /// never seen alive.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct UnsignedFacts {
     alive: Option<MembershipUpdate>,
     latest: MembershipUpdate,
 }
@@ -204,7 +204,7 @@ impl Nodes {
         };
         facts.insert(
             key,
-            Held {
+            UnsignedFacts {
                 alive,
                 latest: update.clone(),
             },
@@ -321,7 +321,7 @@ impl Nodes {
 
     /// The facts held for the identity `node` signed (its newest
     /// generation, if it signs none).
-    fn signed_held(&self, node: &NodeId) -> Option<&Held> {
+    fn signed_held(&self, node: &NodeId) -> Option<&UnsignedFacts> {
         let signed = self.swim_addr.get(node)?;
         let record = self.latest.get(node)?;
         record.identities.get(&record.signed_key(*signed)?)

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::{LiveError, Orchestrator};
 use crate::etcd::{self, Etcd};
-use crate::state::etcd::{EtcdStore, Fence, Term};
+use crate::state::etcd::{EtcdStore, Fence, LeaderTerm};
 
 /// How often a follower looks at the leader key.
 pub(crate) const POLL: Duration = Duration::from_millis(250);
@@ -183,7 +183,7 @@ pub(crate) const RENEW_RETRY: Duration = Duration::from_millis(100);
 
 /// A term being held: the lease, the key's create revision, the TTL.
 #[derive(Clone, Copy)]
-struct Held {
+struct HeldLease {
     lease: i64,
     created: i64,
     ttl: Duration,
@@ -212,7 +212,7 @@ impl Elector {
     }
 
     fn run(mut self, abandoned: &AtomicBool) {
-        let mut held: Option<Held> = None;
+        let mut held: Option<HeldLease> = None;
         while !self.stop.load(Ordering::Relaxed) {
             held = match held {
                 None => {
@@ -245,7 +245,7 @@ impl Elector {
     }
 
     /// One look at the leader key; a campaign if it is free.
-    fn follow(&mut self) -> Option<Held> {
+    fn follow(&mut self) -> Option<HeldLease> {
         match self.etcd.get(&self.settings.key) {
             Ok(Some(kv)) => {
                 let leader = serde_json::from_slice::<Leader>(&kv.value).ok();
@@ -269,7 +269,7 @@ impl Elector {
         }
     }
 
-    fn campaign(&mut self) -> Option<Held> {
+    fn campaign(&mut self) -> Option<HeldLease> {
         let began = Instant::now();
         let (lease, ttl) = match self.etcd.grant(self.settings.ttl) {
             Ok(granted) => granted,
@@ -286,7 +286,7 @@ impl Elector {
         );
         match txn {
             Ok((true, answer)) => {
-                let term = Held {
+                let term = HeldLease {
                     lease,
                     created: etcd::revision(&answer),
                     ttl,
@@ -297,7 +297,7 @@ impl Elector {
                     let _ = self.etcd.revoke(lease);
                     return None;
                 }
-                self.fence.set(Term {
+                self.fence.set(LeaderTerm {
                     created: term.created,
                     until: term.until,
                 });
@@ -313,7 +313,7 @@ impl Elector {
     }
 
     /// Renews a held term once, stepping down if it cannot.
-    fn lead(&mut self, term: Held) -> Option<Held> {
+    fn lead(&mut self, term: HeldLease) -> Option<HeldLease> {
         // Renewed every sixth of the TTL; a renewal that failed is tried
         // again soon, so one slow answer does not cost the term.
         let every = if self.failed_renewal {
@@ -341,12 +341,12 @@ impl Elector {
         match self.etcd.keep_alive(term.lease) {
             Ok(Some(ttl)) => match self.etcd.get(&self.settings.key) {
                 Ok(Some(kv)) if kv.create_revision == term.created && kv.lease == term.lease => {
-                    let renewed = Held {
+                    let renewed = HeldLease {
                         ttl,
                         until: began + renew_deadline(ttl),
                         ..term
                     };
-                    self.fence.set(Term {
+                    self.fence.set(LeaderTerm {
                         created: renewed.created,
                         until: renewed.until,
                     });
@@ -370,7 +370,7 @@ impl Elector {
         }
     }
 
-    fn step_down(&mut self, term: Held, why: SteppedDown) -> Option<Held> {
+    fn step_down(&mut self, term: HeldLease, why: SteppedDown) -> Option<HeldLease> {
         self.fence.clear();
         self.failed_renewal = false;
         tracing::error!(why = %why, "stepped down: no longer the leader");

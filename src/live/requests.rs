@@ -372,7 +372,7 @@ pub async fn serve(
     aborted_at_start: Option<RunId>,
 ) {
     let mut changed = watch_requests(Arc::clone(&store));
-    let mut serving = Serving::new(gate, store, pool.members().to_vec());
+    let mut serving = RequestServer::new(gate, store, pool.members().to_vec());
     if let Some(run) = aborted_at_start {
         serving.unsettled.push_back(Event::PlanningAborted {
             at: poolgate_actors::core::Time::ZERO,
@@ -441,7 +441,7 @@ fn watch_requests(store: Arc<EtcdStore>) -> tokio::sync::mpsc::Receiver<()> {
 
 /// What the leader's side keeps for one term (see [`serve`]).
 #[derive(Debug)]
-pub struct Serving {
+pub struct RequestServer {
     gate: Gate,
     store: Arc<EtcdStore>,
     members: Vec<NodeId>,
@@ -457,10 +457,10 @@ pub struct Serving {
     published: Option<serde_json::Value>,
 }
 
-impl Serving {
-    /// Serving the requests on `gate`, from the events published from now.
+impl RequestServer {
+    /// RequestServer the requests on `gate`, from the events published from now.
     pub fn new(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) -> Self {
-        Serving {
+        RequestServer {
             events: gate.subscribe_from_now(),
             gate,
             store,

@@ -33,7 +33,7 @@ pub struct Fence {
 
 #[derive(Debug, Default)]
 struct FenceState {
-    current: Option<Term>,
+    current: Option<LeaderTerm>,
     /// A term ended by a refused write: renewing its lease does not
     /// bring it back (the leader steps down, see [`Fence::is_ended`]).
     ended: Option<i64>,
@@ -41,7 +41,7 @@ struct FenceState {
 
 /// One leadership term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Term {
+pub struct LeaderTerm {
     /// The revision that created the `leader` key for this replica.
     pub created: i64,
     /// Acting stops here (before the lease can expire).
@@ -50,13 +50,13 @@ pub struct Term {
 
 impl Fence {
     /// The term, while it lasts.
-    pub fn current(&self) -> Option<Term> {
+    pub fn current(&self) -> Option<LeaderTerm> {
         let term = self.lock().current;
         term.filter(|t| Instant::now() < t.until)
     }
 
     /// A term begins or is renewed (a term ended by [`Fence::end`] is not).
-    pub fn set(&self, term: Term) {
+    pub fn set(&self, term: LeaderTerm) {
         let mut state = self.lock();
         if state.ended != Some(term.created) {
             state.current = Some(term);
@@ -97,7 +97,7 @@ pub fn default_prefix(label: &str, pool: &str) -> String {
 }
 
 /// What the prefix holds: the gate's state and the agent sequences.
-pub type Held = (Durable, BTreeMap<String, u64>);
+pub type StoredRecords = (Durable, BTreeMap<String, u64>);
 
 /// The keys under one folder of the prefix, by name, each with its value.
 pub type Listing = Vec<(String, Vec<u8>)>;
@@ -124,7 +124,7 @@ pub struct EtcdStore {
 
 /// What one read of the prefix gave.
 struct Read {
-    held: Option<Held>,
+    held: Option<StoredRecords>,
     revisions: BTreeMap<String, i64>,
     /// The extra keys asked for that exist.
     extra: BTreeMap<String, Vec<u8>>,
@@ -213,7 +213,7 @@ impl EtcdStore {
     /// being unchanged since this read (or its own last write). A write
     /// prepared in an earlier term, or against a record someone else
     /// changed, never lands; the term then ends ([`Fence::end`]).
-    pub fn bind(&self, term: i64) -> Result<(Arc<EtcdStore>, Option<Held>), StateError> {
+    pub fn bind(&self, term: i64) -> Result<(Arc<EtcdStore>, Option<StoredRecords>), StateError> {
         let (held, revisions) = self.read_with_revisions()?;
         let store = EtcdStore {
             etcd: Arc::clone(&self.etcd),
@@ -249,14 +249,14 @@ impl EtcdStore {
     /// Reads what the prefix holds (a fresh prefix holds nothing: the
     /// default state). Another cluster's prefix, a newer format or a
     /// damaged record is an error naming the key.
-    pub fn read(&self) -> Result<Held, StateError> {
+    pub fn read(&self) -> Result<StoredRecords, StateError> {
         self.read_records().map(Option::unwrap_or_default)
     }
 
     /// As [`EtcdStore::read`]; `None` for a prefix never written (no
     /// format record): a replica that saw it written and then finds it so
     /// knows etcd's data was wiped.
-    pub fn read_records(&self) -> Result<Option<Held>, StateError> {
+    pub fn read_records(&self) -> Result<Option<StoredRecords>, StateError> {
         self.read_with(&[]).map(|read| read.held)
     }
 
@@ -276,7 +276,9 @@ impl EtcdStore {
         })
     }
 
-    fn read_with_revisions(&self) -> Result<(Option<Held>, BTreeMap<String, i64>), StateError> {
+    fn read_with_revisions(
+        &self,
+    ) -> Result<(Option<StoredRecords>, BTreeMap<String, i64>), StateError> {
         self.read_with(&[]).map(|read| (read.held, read.revisions))
     }
 
@@ -456,7 +458,7 @@ impl EtcdStore {
 
     /// The keys under `dir` by name, each value opened (what fails its
     /// MAC is left out, counted and logged by `open`).
-    fn named(&self, dir: &str, kvs: Vec<etcd::Kv>) -> Listing {
+    fn named(&self, dir: &str, kvs: Vec<etcd::KeyValue>) -> Listing {
         let full = format!("{}{dir}", self.prefix);
         kvs.into_iter()
             .filter_map(|kv| {

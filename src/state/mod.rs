@@ -87,4 +87,4 @@ impl StateStore for MemoryStore {
 }
 
 /// The store `[state]` names, opened, with what it held.
-pub type Opened = (Arc<dyn OrchestratorStore>, Durable);
+pub type OpenedStore = (Arc<dyn OrchestratorStore>, Durable);

@@ -30,7 +30,7 @@ use super::identity::{with_signed, SwimIdentity};
 use super::tracker::{MembershipTracker, SwimFact, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
 use crate::config::endpoint::Endpoint;
-pub use crate::config::{SwimSettings, DEFAULT_INDIRECT_PROBES};
+pub use crate::config::{SwimTimings, DEFAULT_INDIRECT_PROBES};
 use crate::live::wire::Keyring;
 use crate::live::LiveError;
 
@@ -169,7 +169,7 @@ impl Recent {
     }
 }
 
-impl SwimSettings {
+impl SwimTimings {
     /// foca's configuration for a cluster of about `cluster_size` members
     /// (the CLI's and the tests' SWIM members; foca's type is not part of
     /// the API).
@@ -960,7 +960,7 @@ mod tests {
         let (codec, _changes) = WatchingCodec::watched();
         let mut foca: SwimFoca = Foca::new(
             identity("orchestrator", 1),
-            SwimSettings::default().foca_config(4),
+            SwimTimings::default().foca_config(4),
             StdRng::seed_from_u64(1),
             codec,
         );
@@ -1095,7 +1095,7 @@ mod tests {
                 "127.0.0.1:0".parse().unwrap(),
                 None,
                 generation,
-                SwimSettings::default().foca_config(4),
+                SwimTimings::default().foca_config(4),
                 StdRng::seed_from_u64(1),
                 None,
                 Keyring::new(&[], "test"),

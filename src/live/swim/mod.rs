@@ -28,7 +28,7 @@ pub mod tracker;
 pub mod watch;
 
 pub use identity::SwimIdentity;
-pub use member::{SwimMember, SwimSettings};
+pub use member::{SwimMember, SwimTimings};
 pub use tracker::MembershipTracker;
 
 use crate::config::SwimConfig;

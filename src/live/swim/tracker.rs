@@ -217,7 +217,7 @@ mod tests {
     use crate::live::nodes::Nodes;
     use crate::live::swim::drive;
     use crate::live::swim::watch::{Changes, WatchingCodec};
-    use crate::live::swim::SwimSettings;
+    use crate::live::swim::SwimTimings;
 
     type SimFoca = Foca<SwimIdentity, WatchingCodec, StdRng, NoCustomBroadcast>;
 
@@ -277,7 +277,7 @@ mod tests {
             addr: addr(i),
             generation,
         };
-        let config = SwimSettings::FAST.foca_config(4);
+        let config = SwimTimings::FAST.foca_config(4);
         Foca::new(
             identity,
             config,
