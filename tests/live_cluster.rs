@@ -967,6 +967,17 @@ fn two_pools(config: &poolgate::Config) -> poolgate::Config {
     config
 }
 
+/// The next `run_faulted`: its pool, run and node.
+async fn next_fault(events: &mut EventStream) -> (String, String, String) {
+    until(events, |e| match e {
+        Event::RunFaulted {
+            pool, run, node, ..
+        } => Some((pool.to_string(), run.to_string(), node.to_string())),
+        _ => None,
+    })
+    .await
+}
+
 #[test]
 fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node() {
     live(async {
@@ -1002,23 +1013,11 @@ fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node(
         }
         // node-3 crashes: B's run faults, A's does not.
         cluster.kill(2);
-        let faulted = until(&mut events, |e| match e {
-            Event::RunFaulted {
-                pool, run, node, ..
-            } => Some((pool.to_string(), run.to_string(), node.to_string())),
-            _ => None,
-        })
-        .await;
+        let faulted = next_fault(&mut events).await;
         assert_eq!(faulted, ("b".into(), "run-b".into(), "node-3".into()));
         // A's run is still guarded: node-1's crash faults it.
         cluster.kill(0);
-        let faulted = until(&mut events, |e| match e {
-            Event::RunFaulted {
-                pool, run, node, ..
-            } => Some((pool.to_string(), run.to_string(), node.to_string())),
-            _ => None,
-        })
-        .await;
+        let faulted = next_fault(&mut events).await;
         assert_eq!(faulted, ("a".into(), "run-a".into(), "node-1".into()));
         live.shutdown();
     });

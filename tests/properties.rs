@@ -201,6 +201,16 @@ fn cases() -> u32 {
     total.div_ceil(2)
 }
 
+/// A runner of `cases` cases from `seed`, nothing persisted.
+fn runner(seed: u64, cases: u32) -> TestRunner {
+    TestRunner::new(RunnerConfig {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    })
+}
+
 fn agree_on_random_scenarios(default_seed: u64) {
     let seed = std::env::var("POOLGATE_SEED")
         .ok()
@@ -208,12 +218,7 @@ fn agree_on_random_scenarios(default_seed: u64) {
         .unwrap_or(default_seed);
     let cases = cases();
     println!("property seed: {seed}, {cases} cases (set POOLGATE_SEED, POOLGATE_CASES to change)");
-    let mut runner = TestRunner::new(RunnerConfig {
-        cases,
-        rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: None,
-        ..RunnerConfig::default()
-    });
+    let mut runner = runner(seed, cases);
     let strategy = (prop::collection::vec(step(), 1..40), any::<bool>());
     let seen = RefCell::new(BTreeMap::new());
     runner
@@ -562,12 +567,7 @@ mod fleet {
             .unwrap_or(0xf1ee7);
         let cases = cases();
         println!("fleet property seed: {seed}, {cases} cases");
-        let mut runner = TestRunner::new(RunnerConfig {
-            cases,
-            rng_seed: RngSeed::Fixed(seed),
-            failure_persistence: None,
-            ..RunnerConfig::default()
-        });
+        let mut runner = runner(seed, cases);
         let delta = prop::sample::select(vec![0u64, 0, 1, 50, 101, 300]);
         let steps =
             prop::collection::vec((delta, prop::collection::vec(fleet_record(), 1..4)), 1..40);

@@ -98,6 +98,14 @@ impl RedbStore {
 
     /// The record under `key`, decoded; `None` if there is none.
     fn read_state(&self, key: &str) -> Result<Option<Durable>, String> {
+        self.record(key)?
+            .map(|bytes| decode_state(&bytes))
+            .transpose()
+    }
+
+    /// The record under `key`, checked against its checksum; `None` if
+    /// the file holds no table yet or no such record.
+    fn record(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
         let handle = self.handle()?;
         let Some(db) = &handle.db else {
             return Err("the state file is not open".into());
@@ -113,10 +121,7 @@ impl RedbStore {
             .map_err(|e| describe(&e.to_string()))?
             .and_then(|f| <[u8; 8]>::try_from(f.value()).ok())
             .map_or(FORMAT, u64::from_be_bytes);
-        match checked(&table, key, format)? {
-            Some(bytes) => decode_state(&bytes).map(Some),
-            None => Ok(None),
-        }
+        checked(&table, key, format)
     }
 
     /// Writes `record` and its checksum under `key` (and the format: a
@@ -191,22 +196,7 @@ fn checked(
 impl OrchestratorStore for RedbStore {
     fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
-        let handle = self.handle().map_err(failed)?;
-        let Some(db) = &handle.db else {
-            return Err(failed("the state file is not open".into()));
-        };
-        let read = db.begin_read().map_err(|e| failed(e.to_string()))?;
-        let table = match read.open_table(TABLE) {
-            Ok(table) => table,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),
-            Err(e) => return Err(failed(e.to_string())),
-        };
-        let format = table
-            .get("format")
-            .map_err(|e| failed(e.to_string()))?
-            .and_then(|f| <[u8; 8]>::try_from(f.value()).ok())
-            .map_or(FORMAT, u64::from_be_bytes);
-        match checked(&table, "sequences", format).map_err(failed)? {
+        match self.record("sequences").map_err(failed)? {
             Some(bytes) => decode_sequences(&bytes).map_err(failed),
             None => Ok(Default::default()),
         }
