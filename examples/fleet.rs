@@ -264,6 +264,68 @@ async fn fault_latency(fleet_of: usize, trials: usize) -> Vec<f64> {
     samples
 }
 
+/// The config text of an orchestrator on loopback (no keys: a
+/// measurement, not a deployment) over `pools`, each `[pools.<id>]`.
+fn orchestrator_config(pools: &[GateSettings]) -> poolgate::Config {
+    let mut text = String::from(
+        "[readiness]\nconvergence_window = \"20ms\"\n[swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    for pool in pools {
+        let members: Vec<String> = pool
+            .definition
+            .members()
+            .iter()
+            .map(|m| format!("\"{m}\""))
+            .collect();
+        text.push_str(&format!(
+            "[pools.{}]\nmembers = [{}]\n",
+            pool.definition.id(),
+            members.join(", ")
+        ));
+    }
+    poolgate::Config::parse(&text, "fleet example").expect("a valid config")
+}
+
+/// Live orchestrators over `layout(pools, size)`, fed every node's facts
+/// to ready: one with every pool (`one`), or one per pool; the heap they
+/// hold (gate, SWIM member, agent listener and their tables each).
+async fn orchestrators_heap(pools: usize, size: usize, one: bool) -> isize {
+    let before = live();
+    let layout = layout(pools, size);
+    let configs: Vec<poolgate::Config> = match one {
+        true => vec![orchestrator_config(&layout)],
+        false => layout
+            .chunks(1)
+            .map(orchestrator_config)
+            .collect(),
+    };
+    let mut started = Vec::new();
+    for config in &configs {
+        let live = poolgate::live::Orchestrator::start(config)
+            .await
+            .expect("an orchestrator");
+        for definition in config.pool_definitions() {
+            for n in definition.members() {
+                live.fleet
+                    .observe_all(n.clone(), ready_facts(n))
+                    .await
+                    .expect("taken");
+            }
+        }
+        started.push(live);
+    }
+    for live in &started {
+        for id in live.fleet.pools() {
+            live.fleet.pool(&id).expect("a pool").wait_ready().await.expect("ready");
+        }
+    }
+    let held = live() - before;
+    for live in started {
+        live.stop().await;
+    }
+    held
+}
+
 fn median(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
@@ -283,6 +345,14 @@ fn main() {
             lines.push(format!(
                 r#"{{"measure":"footprint","pools":{pools},"size":{size},"fleet_heap_bytes":{},"gates_heap_bytes":{},"fleet_cpu_ms":{:.1},"gates_cpu_ms":{:.1},"fleet_wall_ms":{:.1},"gates_wall_ms":{:.1}}}"#,
                 fleet.heap, gates.heap, fleet.cpu_ms, gates.cpu_ms, fleet.wall_ms, gates.wall_ms
+            ));
+        }
+        for (pools, size) in [(100, 10), (10, 100)] {
+            let _ = orchestrators_heap(pools, size, true).await;
+            let separate = orchestrators_heap(pools, size, false).await;
+            let one = orchestrators_heap(pools, size, true).await;
+            lines.push(format!(
+                r#"{{"measure":"orchestrators","pools":{pools},"size":{size},"one_fleet_orchestrator_heap_bytes":{one},"orchestrator_per_pool_heap_bytes":{separate}}}"#
             ));
         }
         for (pools, holders) in [(100, 1), (100, 10), (100, 100), (10, 1), (1000, 1)] {
