@@ -294,10 +294,7 @@ async fn orchestrators_heap(pools: usize, size: usize, one: bool) -> isize {
     let layout = layout(pools, size);
     let configs: Vec<poolgate::Config> = match one {
         true => vec![orchestrator_config(&layout)],
-        false => layout
-            .chunks(1)
-            .map(orchestrator_config)
-            .collect(),
+        false => layout.chunks(1).map(orchestrator_config).collect(),
     };
     let mut started = Vec::new();
     for config in &configs {
@@ -316,7 +313,12 @@ async fn orchestrators_heap(pools: usize, size: usize, one: bool) -> isize {
     }
     for live in &started {
         for id in live.fleet.pools() {
-            live.fleet.pool(&id).expect("a pool").wait_ready().await.expect("ready");
+            live.fleet
+                .pool(&id)
+                .expect("a pool")
+                .wait_ready()
+                .await
+                .expect("ready");
         }
     }
     let held = live() - before;

@@ -7,9 +7,9 @@
 //! `POOLGATE_FLOOD` sets the number of observations (default 1,000,000).
 //! Alone in its file so the peak memory read from /proc is this test's.
 
-mod common;
-
 use std::collections::HashMap;
+
+mod common;
 
 use common::on_virtual_time;
 use poolgate::core::{AgentReport, Input, MembershipUpdate, Observation, RegistryFact};

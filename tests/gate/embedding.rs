@@ -1,8 +1,6 @@
 //! The library as an embedder meets it (issue 21): what it does around
 //! the edges of an actix `System`.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -100,7 +98,7 @@ fn a_fenced_gate_stops_acting_the_moment_its_fence_says_no() {
         gate.fence_with(move || fence.load(Ordering::SeqCst));
         let mut events = gate.subscribe();
         let node = NodeId::new("node-1").unwrap();
-        common::make_ready(&gate, "node-1").await;
+        crate::common::make_ready(&gate, "node-1").await;
         // The window is running; the leadership ends before it is over.
         leads.store(false, Ordering::SeqCst);
         // The window's end would publish pool_ready: the stream ends instead.

@@ -2,13 +2,11 @@
 //! behave as a gate restarted between them; the store is written before
 //! what it holds is told; bad state files are errors, never a reset.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use poolgate::core::{Durable, Epoch, Event, OnReadinessLost, Reason, RunId};
 use poolgate::{DurableSettings, Gate, GateError, GateSettings, StateStore, StoreError};
 

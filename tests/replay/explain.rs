@@ -1,6 +1,6 @@
 //! `poolgate replay --explain`: the readable account of a scenario with
 //! each kind of blocker, compared with a golden file (reviewed by hand).
-//! After a deliberate change: `POOLGATE_BLESS=1 cargo test --test explain`.
+//! After a deliberate change: `POOLGATE_BLESS=1 cargo test --test replay explain`.
 
 use std::io::Write;
 use std::path::Path;

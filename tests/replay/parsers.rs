@@ -18,7 +18,7 @@ fn runner(cases: u32) -> TestRunner {
 
 const RECORD: &str =
     r#"{"at_ms":5,"type":"commit_plan","run":"r1","required":["a","b"],"epoch":1}"#;
-const CONFIG: &str = include_str!("../config.toml");
+const CONFIG: &str = include_str!("../../config.toml");
 
 /// Valid text with one byte replaced, inserted or removed.
 fn mutated(base: &'static str) -> impl Strategy<Value = Vec<u8>> {

@@ -4,13 +4,11 @@
 //!
 //! The seed is fixed and printed; set `POOLGATE_SEED` to explore others.
 
-mod model;
-
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use model::Model;
+use crate::model::Model;
 use poolgate::replay;
 use poolgate::replay::render::json_line;
 use poolgate::Config;

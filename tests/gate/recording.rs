@@ -3,13 +3,11 @@
 //! recording; `replay` of the recording prints exactly the events the live
 //! gate published: same events, same `at_ms`, same order.
 
-mod common;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use poolgate::core::{AgentReport, Input, MembershipUpdate, RegistryFact, RunId, SwimState};
 use poolgate::core::{Command, OnReadinessLost};
 use poolgate::replay::{self, render::json_line, ReplayEvent};

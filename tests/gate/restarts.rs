@@ -7,11 +7,9 @@
 //! every one before); every told epoch is stored; a committed run that did
 //! not end is in the store and guarded in every later life.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use poolgate::core::{Durable, Event, MembershipUpdate, OnReadinessLost, RunId, SwimState};
 use poolgate::{DurableSettings, Gate, GateSettings, StateStore, StoreError};
 use proptest::prelude::*;

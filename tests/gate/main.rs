@@ -1,0 +1,12 @@
+//! The gate's tests beside the actor-level ones: durability and restarts, recordings, the embedding API as an embedder uses it.
+//!
+//! One test binary for these (each is linked once). `tests/flood.rs`
+//! stays a binary of its own: it reads its process's peak memory.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod durability;
+mod embedding;
+mod recording;
+mod restarts;

@@ -1,0 +1,12 @@
+//! The replay's tests: the scenario directory against its golden outputs, the property tests against the independent model, the explainer, and the parsers on arbitrary input.
+//!
+//! One test binary for these (each is linked once). `tests/huge_line.rs`
+//! stays a binary of its own: it reads its children's peak memory.
+
+#[path = "../model/mod.rs"]
+mod model;
+
+mod explain;
+mod parsers;
+mod properties;
+mod scenarios;
