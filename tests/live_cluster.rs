@@ -1234,3 +1234,31 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
         assert!(!socket.exists(), "the socket is removed at exit");
     });
 }
+
+#[test]
+fn a_recording_of_several_pools_is_refused_by_name_not_half_written() {
+    live(async {
+        let text = "[readiness]\nconvergence_window = \"1s\"\n[pools.a]\nmembers = [\"n1\"]\n[pools.b]\nmembers = [\"n2\"]\n\
+                    [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n";
+        let config = poolgate::Config::parse(text, "pools").unwrap();
+        let dir =
+            std::env::temp_dir().join(format!("poolgate-record-pools-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("record.jsonl");
+        let recording = poolgate::Recording::new(Box::new(std::fs::File::create(&file).unwrap()));
+        let refused = poolgate::live::Orchestrator::start_recording(&config, Some(recording))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            refused.contains("pools") && refused.contains("--record"),
+            "{refused}"
+        );
+        // Without a recording, both pools start.
+        let live = poolgate::live::Orchestrator::start(&config).await.unwrap();
+        assert_eq!(live.fleet.pools().len(), 2);
+        live.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

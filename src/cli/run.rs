@@ -205,6 +205,12 @@ impl Keeper {
     ) -> Result<Keeper, LiveError> {
         if let Some(path) = &config.control {
             if let Some(client) = crate::live::control::Client::connect(path).await {
+                if record.is_some() {
+                    return Err(LiveError::Setting {
+                        key: "control.socket",
+                        message: "--record: the orchestrator serving the control socket applies the inputs; record there (watch --record)".into(),
+                    });
+                }
                 if request.resume.is_some() {
                     return Err(LiveError::Setting {
                         key: "control.socket",

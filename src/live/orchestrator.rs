@@ -145,7 +145,14 @@ impl Orchestrator {
     ) -> Result<Orchestrator, LiveError> {
         // Checked before anything starts (the member may be warm already).
         keyring(&config.swim)?;
-        // The recording is the first pool's (a recording is one gate's).
+        // A recording is one gate's: with several pools, said and refused
+        // rather than a file that replays one pool's half of the story.
+        if record.is_some() && pools.len() > 1 {
+            return Err(LiveError::Setting {
+                key: "pools",
+                message: "--record records one pool in this version: record a [pool] configuration, or one pool with run --pool".into(),
+            });
+        }
         if let Some(first) = pools.first_mut() {
             first.record = record;
         }
