@@ -141,6 +141,21 @@ impl Watch {
         }
     }
 
+    /// Waits until every metric of `wanted` has its value (the condition,
+    /// not a fixed wait; the test's own bound ends a wait that never ends).
+    async fn until_metrics(&self, wanted: &[(&str, f64)]) {
+        loop {
+            let mut all = true;
+            for (name, value) in wanted {
+                all &= self.metric(name).await == *value;
+            }
+            if all {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn rss_kib(&self) -> u64 {
         let pid = self.child.id().unwrap();
         std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -167,18 +182,24 @@ fn a_node_with_a_wrong_cluster_key_never_becomes_live_and_its_datagrams_are_coun
             .await;
         // node-1 is live; node-2 announced itself (signed, accepted) but
         // SWIM never saw it: it is blocked as not live, nothing else.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let settled = [
+            ("poolgate_candidates_blocked{condition=\"not_live\"}", 1.0),
+            (
+                "poolgate_candidates_blocked{condition=\"not_available\"}",
+                0.0,
+            ),
+        ];
+        watch.until_metrics(&settled).await;
+        // And stays so while its datagrams keep being refused.
+        let rejected = watch.metric("poolgate_gossip_rejected_total").await;
+        watch
+            .until_metric("poolgate_gossip_rejected_total", rejected + 2.0)
+            .await;
         assert_eq!(
             watch
                 .metric("poolgate_candidates_blocked{condition=\"not_live\"}")
                 .await,
             1.0
-        );
-        assert_eq!(
-            watch
-                .metric("poolgate_candidates_blocked{condition=\"not_available\"}")
-                .await,
-            0.0
         );
     });
 }
@@ -199,19 +220,27 @@ fn a_node_whose_signing_key_is_not_the_pinned_one_is_refused_and_stays_unavailab
                 1.0,
             )
             .await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            watch
-                .metric("poolgate_candidates_blocked{condition=\"not_available\"}")
-                .await,
-            1.0
-        );
-        assert_eq!(
-            watch
-                .metric("poolgate_candidates_blocked{condition=\"no_identity\"}")
-                .await,
-            1.0
-        );
+        // node-1 counts (ready: nothing blocks it), node-2 refused: it is
+        // not available and has no identity, and stays so as its frames
+        // keep being refused.
+        let refused = [
+            (
+                "poolgate_candidates_blocked{condition=\"not_available\"}",
+                1.0,
+            ),
+            (
+                "poolgate_candidates_blocked{condition=\"no_identity\"}",
+                1.0,
+            ),
+        ];
+        watch.until_metrics(&refused).await;
+        watch
+            .until_metric(
+                "poolgate_agent_frames_refused_total{reason=\"bad_signature\"}",
+                2.0,
+            )
+            .await;
+        watch.until_metrics(&refused).await;
     });
 }
 
