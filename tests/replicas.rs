@@ -483,6 +483,29 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         assert!(requests.outcome(&stranger).await.unwrap().is_none());
         drop(session);
 
+        // A run asked of a pool the leader does not gate is refused, said
+        // by name (design §14: requests carry their pool).
+        let other = poolgate::core::RunId::new("other-pool").unwrap();
+        let elsewhere = poolgate::core::PoolId::new("elsewhere").unwrap();
+        let session = requests
+            .ask_of(
+                Some(&elsewhere),
+                &other,
+                std::slice::from_ref(&node),
+                Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(5),
+            outcome_of(&requests, &other, "refused"),
+        )
+        .await
+        .expect("refused");
+        let reason = refused.reason.unwrap_or_default();
+        assert!(reason.contains("no pool elsewhere"), "{reason}");
+        drop(session);
+
         // A committed run whose requester is gone for good (its session
         // revoked or expired) is ended by the leader, its end written
         // with the reason (docs/failover.md §3: the requester had

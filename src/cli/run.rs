@@ -542,7 +542,12 @@ impl ReplicatedKeeper {
         // with it; a run committed stays guarded by whichever replica
         // leads (design §12) until it faults or is ended.
         let mut session = requests
-            .ask(&run, required, config.run.unguarded_after)
+            .ask_of(
+                Some(config.pool.id()),
+                &run,
+                required,
+                config.run.unguarded_after,
+            )
             .await
             .map_err(failed)?;
         let mut said = crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY);
@@ -566,7 +571,7 @@ impl ReplicatedKeeper {
                             let _ = requests.forget(&run).await;
                             run = new_run()?;
                             session = requests
-                                .ask(&run, required, config.run.unguarded_after)
+                                .ask_of(Some(config.pool.id()), &run, required, config.run.unguarded_after)
                                 .await
                                 .map_err(failed)?;
                         }

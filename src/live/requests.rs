@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolgate_actors::core::{Event, NodeId, PoolPhase, RunId};
+use poolgate_actors::core::{Event, NodeId, PoolId, PoolPhase, RunId};
 use poolgate_actors::{Gate, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +60,10 @@ pub const WATCH_SPAN: Duration = Duration::from_secs(5);
 /// A run asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
+    /// The pool it is asked of (design §14); the leader's one pool when
+    /// absent. A pool the leader does not gate is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The nodes it requires.
     pub required: Vec<NodeId>,
     /// The requester's lease (what became of the run is kept on it).
@@ -192,11 +196,24 @@ impl Requests {
         required: &[NodeId],
         ttl: Duration,
     ) -> Result<Session, StoreError> {
+        self.ask_of(None, run, required, ttl).await
+    }
+
+    /// As [`Requests::ask`], of `pool` (refused by a leader that does not
+    /// gate it).
+    pub async fn ask_of(
+        &self,
+        pool: Option<&PoolId>,
+        run: &RunId,
+        required: &[NodeId],
+        ttl: Duration,
+    ) -> Result<Session, StoreError> {
         let etcd = Arc::clone(self.store.etcd());
         let (lease, granted) =
             blocking(move || etcd.grant(ttl).map_err(|e| StoreError(e.to_string()))).await?;
         let session = keep(Arc::clone(self.store.etcd()), lease, granted);
         let body = serde_json::to_vec(&Request {
+            pool: pool.map(|p| p.to_string()),
             required: required.to_vec(),
             lease,
         })
@@ -709,10 +726,17 @@ async fn look(
     // A plan that can never be committed is refused at once, before it
     // holds the pool in planning.
     let stranger = request.required.iter().find(|n| !members.contains(n));
-    if request.required.is_empty() || stranger.is_some() {
-        let reason = match stranger {
-            Some(node) => format!("{node} is not a member of the leader's pool"),
-            None => "no required node".to_string(),
+    let elsewhere = request
+        .pool
+        .as_ref()
+        .filter(|pool| pool.as_str() != report.pool.as_str());
+    if request.required.is_empty() || stranger.is_some() || elsewhere.is_some() {
+        let reason = match (elsewhere, stranger) {
+            (Some(pool), _) => {
+                format!("no pool {pool} here: the leader gates pool {}", report.pool)
+            }
+            (None, Some(node)) => format!("{node} is not a member of the leader's pool"),
+            (None, None) => "no required node".to_string(),
         };
         tracing::warn!(%run, %reason, "requested run refused");
         return write_outcome(store, &id, "refused", None, Some(reason)).await;
