@@ -62,6 +62,10 @@ use crate::messages::Outcome;
 use crate::pool_actor::GateSettings;
 use crate::publisher::{EventStream, Publisher};
 
+/// How many times a new pool is told its members' facts again while they
+/// keep changing under it (a fact that came in meanwhile also went to it).
+const TELL_AGAIN: usize = 8;
+
 /// The fleet's reservations, shared by its pools' actors: a commit takes
 /// its nodes in the same step as the pool admits it.
 #[derive(Clone, Debug, Default)]
@@ -246,22 +250,30 @@ impl Fleet {
                 (self.start_pool(settings), members)
             }
         };
-        let told: Vec<(NodeId, Vec<Observation>)> = {
-            let state = self.state();
+        // What the fleet knows of the new members, told to the pool; told
+        // again while a fact of theirs came in meanwhile (it went to the
+        // pool too, and may have landed before this older word): the
+        // pool ends on the latest facts whatever the order.
+        let snapshot = |state: &State| -> Vec<(NodeId, NodeFacts)> {
             added
-                .into_iter()
-                .filter_map(|node| {
-                    let facts = state.facts.get(&node)?.as_observations();
-                    Some((node, facts))
-                })
+                .iter()
+                .filter_map(|node| Some((node.clone(), state.facts.get(node)?.clone())))
                 .collect()
         };
-        for (node, observations) in told {
-            for observation in observations {
-                let node = node.clone();
-                gate.submit(at, Input::Observation { node, observation })
-                    .await?;
+        let mut told = snapshot(&self.state());
+        for _ in 0..TELL_AGAIN {
+            for (node, facts) in &told {
+                for observation in facts.as_statement() {
+                    let node = node.clone();
+                    gate.submit(at, Input::Observation { node, observation })
+                        .await?;
+                }
             }
+            let now = snapshot(&self.state());
+            if now == told {
+                break;
+            }
+            told = now;
         }
         Ok(gate)
     }
