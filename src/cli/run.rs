@@ -357,7 +357,11 @@ impl ControlKeeper {
             };
             match reply {
                 Some(Reply::Event { event }) => self.print(event),
-                Some(Reply::Committed { .. }) => return Ok(Ok(run)),
+                // The run committed is the one named (a run its last
+                // requester left planning may have been taken over).
+                Some(Reply::Committed { run: committed, .. }) => {
+                    return Ok(Ok(RunId::new(&committed).unwrap_or(run)))
+                }
                 Some(Reply::Refused { code, detail }) => {
                     eprintln!(
                         "poolgate run: run {run} refused by the orchestrator: {detail} ({code})"

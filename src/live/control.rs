@@ -173,6 +173,7 @@ pub async fn bind(path: &Path) -> Result<Bound, LiveError> {
 /// the status answer says of who leads.
 pub async fn serve(bound: Bound, fleet: Fleet, leader: std::sync::Arc<str>) {
     let room = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let orphans = Orphans::default();
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -185,8 +186,9 @@ pub async fn serve(bound: Bound, fleet: Fleet, leader: std::sync::Arc<str>) {
             continue;
         };
         let (fleet, leader) = (fleet.clone(), std::sync::Arc::clone(&leader));
+        let orphans = orphans.clone();
         connections.spawn_local(async move {
-            connection(stream, fleet, &leader).await;
+            connection(stream, fleet, &leader, &orphans).await;
             drop(turn);
         });
     }
@@ -210,7 +212,36 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(writer: &mut W, reply: &Reply) -
     writer.write_all(&line).await.is_ok()
 }
 
-async fn connection(stream: UnixStream, fleet: Fleet, leader: &str) {
+/// Runs left planning by a requester that went away (or was refused
+/// after its planning began), by pool: a run plans until it is committed
+/// or aborted, so the next request on that pool takes it over rather than
+/// find the pool held by a run nobody asks for.
+#[derive(Clone, Default)]
+struct Orphans(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PoolId, RunId>>>);
+
+impl Orphans {
+    fn leave(&self, pool: &PoolId, run: &RunId) {
+        tracing::info!(%pool, %run, "a run left planning by its requester: the next run asked of the pool takes it over");
+        self.lock().insert(pool.clone(), run.clone());
+    }
+
+    /// Takes `run` over if it was left on `pool`.
+    fn adopt(&self, pool: &PoolId, run: &RunId) -> bool {
+        let mut left = self.lock();
+        match left.get(pool) {
+            Some(orphan) if orphan == run => left.remove(pool).is_some(),
+            _ => false,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PoolId, RunId>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Orphans) {
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     let Some(line) = read_line(&mut reader).await else {
@@ -247,7 +278,12 @@ async fn connection(stream: UnixStream, fleet: Fleet, leader: &str) {
             required,
             ..
         } => {
-            let served = serve_run(&fleet, pool, &run, required, &mut reader, &mut writer).await;
+            let asked = Asked {
+                pool,
+                run,
+                required,
+            };
+            let served = serve_run(&fleet, asked, orphans, &mut reader, &mut writer).await;
             if let Err(refused) = served {
                 send(&mut writer, &refused).await;
             }
@@ -291,11 +327,17 @@ fn passes(e: &GateError) -> bool {
     )
 }
 
+/// What a `run` request asks.
+struct Asked {
+    pool: Option<String>,
+    run: String,
+    required: Option<Vec<String>>,
+}
+
 async fn serve_run<R, W>(
     fleet: &Fleet,
-    pool: Option<String>,
-    run: &str,
-    required: Option<Vec<String>>,
+    asked: Asked,
+    orphans: &Orphans,
     reader: &mut R,
     writer: &mut W,
 ) -> Result<(), Reply>
@@ -303,6 +345,11 @@ where
     R: tokio::io::AsyncBufRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
+    let Asked {
+        pool,
+        run,
+        required,
+    } = asked;
     let gate = match pool {
         Some(pool) => {
             let id = PoolId::new(&pool).map_err(|e| refused(&e.into()))?;
@@ -317,8 +364,9 @@ where
             _ => return Err(refused(&GateError::PoolRequired)),
         },
     };
-    let run = RunId::new(run).map_err(|e| refused(&e.into()))?;
-    let members = gate.report().await.map_err(|e| refused(&e))?.candidates;
+    let mut run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+    let report = gate.report().await.map_err(|e| refused(&e))?;
+    let (pool_id, members) = (report.pool, report.candidates);
     let required: Vec<NodeId> = match required {
         Some(names) => names
             .iter()
@@ -330,17 +378,29 @@ where
     let mut events = gate.subscribe_from_now();
     let mut planning = false;
     // Plans and commits at each `PoolReady` (or every RETRY) until
-    // committed, refused for good, or the requester is gone.
-    let epoch = loop {
+    // committed, refused for good, or the requester is gone; a run left
+    // planning is left to the next request on the pool.
+    let outcome = loop {
         let ready = tokio::select! {
-            ready = gate.wait_ready() => ready.map_err(|e| refused(&e))?,
-            _ = read_line(reader) => return Ok(()),
+            ready = gate.wait_ready() => ready,
+            _ = read_line(reader) => break Err(None),
+        };
+        let ready = match ready {
+            Ok(ready) => ready,
+            Err(e) => break Err(Some(refused(&e))),
         };
         if !planning {
             match gate.begin_planning(run.clone(), Some(ready.epoch)).await {
                 Ok(_) => planning = true,
+                Err(GateError::Refused(Refusal::RunInProgress(other)))
+                    if orphans.adopt(&pool_id, &other) =>
+                {
+                    tracing::info!(pool = %pool_id, run = %other, "a run left planning is taken over");
+                    run = other;
+                    planning = true;
+                }
                 Err(e) if passes(&e) => {}
-                Err(e) => return Err(refused(&e)),
+                Err(e) => break Err(Some(refused(&e))),
             }
         }
         if planning {
@@ -348,16 +408,25 @@ where
                 .commit_plan(run.clone(), required.clone(), Some(ready.epoch))
                 .await
             {
-                Ok(()) => break ready.epoch,
+                Ok(()) => break Ok(ready.epoch),
                 // Aborted by the policy: planned again at the next PoolReady.
                 Err(GateError::Refused(Refusal::UnknownRun(_))) => planning = false,
                 Err(e) if passes(&e) => {}
-                Err(e) => return Err(refused(&e)),
+                Err(e) => break Err(Some(refused(&e))),
             }
         }
         tokio::select! {
             _ = tokio::time::sleep(RETRY) => {}
-            _ = read_line(reader) => return Ok(()),
+            _ = read_line(reader) => break Err(None),
+        }
+    };
+    let epoch = match outcome {
+        Ok(epoch) => epoch,
+        Err(why) => {
+            if planning {
+                orphans.leave(&pool_id, &run);
+            }
+            return why.map_or(Ok(()), Err);
         }
     };
     // The run's events so far, then the word to start.
@@ -498,5 +567,133 @@ pub async fn status(path: &Path, pool: Option<&str>) -> Result<Value, String> {
         },
         Ok(_) => Err(format!("{} closed without an answer", path.display())),
         Err(_) => Err(format!("no answer from {} in time", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use poolgate_actors::core::{
+        AgentReport, MembershipUpdate, OnReadinessLost, PlanningPolicy, PoolDefinition,
+        RegistryFact, SwimState,
+    };
+    use poolgate_actors::GateSettings;
+
+    fn n(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    async fn ready_fleet() -> Fleet {
+        let definition =
+            PoolDefinition::new(PoolId::new("a").unwrap(), vec![n("n1"), n("n2")]).unwrap();
+        let policy = PlanningPolicy {
+            on_readiness_lost: OnReadinessLost::Wait,
+            wait_timeout: None,
+        };
+        let settings = GateSettings::new(definition, Duration::from_millis(10), policy).unwrap();
+        let fleet = Fleet::try_start(vec![settings]).unwrap();
+        for name in ["n1", "n2"] {
+            fleet
+                .registry(RegistryFact::Known { node: n(name) })
+                .await
+                .unwrap();
+            let alive = MembershipUpdate {
+                node: n(name),
+                state: SwimState::Alive,
+                incarnation: 1,
+            };
+            fleet.membership(alive).await.unwrap();
+            fleet
+                .agent(AgentReport::Available { node: n(name) })
+                .await
+                .unwrap();
+            let identity = AgentReport::identity(n(name), name.as_bytes().to_vec()).unwrap();
+            fleet.agent(identity).await.unwrap();
+        }
+        fleet
+    }
+
+    fn socket(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "poolgate-control-{}-{name}.sock",
+            std::process::id()
+        ))
+    }
+
+    async fn ask_run(path: &Path, run: &str, required: &[&str]) -> (Client, Reply) {
+        let mut client = Client::connect(path).await.unwrap();
+        let request = Request::Run {
+            v: 1,
+            pool: None,
+            run: run.into(),
+            required: Some(required.iter().map(|r| r.to_string()).collect()),
+        };
+        client.ask(&request).await.unwrap();
+        loop {
+            match client.next().await.unwrap() {
+                Reply::Event { .. } => continue,
+                reply => return (client, reply),
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_left_planning_is_taken_over_by_the_next_and_a_requester_gone_ends_its_run() {
+        actix::System::new().block_on(async {
+            let fleet = ready_fleet().await;
+            let path = socket("orphans");
+            let bound = bind(&path).await.unwrap();
+            let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+            // Refused after its planning began (a node no pool has): the
+            // run is left planning, not holding the pool for good.
+            let (_first, refused) = ask_run(&path, "r1", &["n1", "zz"]).await;
+            assert!(
+                matches!(&refused, Reply::Refused { code, .. } if code == "not_candidate"),
+                "{refused:?}"
+            );
+            let (second, committed) = ask_run(&path, "r2", &["n1"]).await;
+            assert_eq!(
+                committed,
+                Reply::Committed {
+                    run: "r1".into(),
+                    epoch: 1
+                },
+                "the run left planning is taken over"
+            );
+            // Its requester gone: the run is ended.
+            let mut events = fleet.subscribe();
+            drop(second);
+            let ended = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    if let Some(Event::RunFinished { run, .. }) = events.recv().await {
+                        return run;
+                    }
+                }
+            })
+            .await
+            .unwrap();
+            assert_eq!(ended.as_str(), "r1");
+            served.abort();
+            let _ = served.await;
+            assert!(!path.exists(), "the socket goes with its server");
+        });
+    }
+
+    #[test]
+    fn a_socket_another_orchestrator_serves_is_not_taken_and_a_stale_one_is_replaced() {
+        actix::System::new().block_on(async {
+            let path = socket("taken");
+            let _ = std::fs::remove_file(&path);
+            // A stale file (nobody serving it) is replaced.
+            std::fs::write(&path, b"").unwrap();
+            let first = bind(&path).await.unwrap();
+            let second = bind(&path).await.err().unwrap().to_string();
+            assert!(
+                second.contains("served by another orchestrator"),
+                "{second}"
+            );
+            drop(first);
+            assert!(!path.exists());
+        });
     }
 }
