@@ -346,14 +346,28 @@ impl Fleet {
         observation: Observation,
     ) -> Result<usize, GateError> {
         let gates = self.note(&node, std::slice::from_ref(&observation));
+        let mut failed = None;
         for gate in &gates {
             let input = Input::Observation {
                 node: node.clone(),
                 observation: observation.clone(),
             };
-            gate.submit(at, input).await?;
+            Self::each(&mut failed, gate, gate.submit(at, input).await);
         }
-        Ok(gates.len())
+        failed.map_or(Ok(gates.len()), Err)
+    }
+
+    /// Keeps the first error of one pool's answer (its refusal reaches the
+    /// caller once every pool had the fact); a pool stopped since (removed)
+    /// is no error.
+    fn each<T>(failed: &mut Option<GateError>, gate: &Gate, answer: Result<T, GateError>) {
+        match answer {
+            Ok(_) => {}
+            Err(GateError::Stopped) if gate.is_stopped() => {}
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
     }
 
     /// Applies several observations of one node, in order and at one
@@ -365,10 +379,12 @@ impl Fleet {
         observations: Vec<Observation>,
     ) -> Result<usize, GateError> {
         let gates = self.note(&node, &observations);
+        let mut failed = None;
         for gate in &gates {
-            gate.observe_all(node.clone(), observations.clone()).await?;
+            let answer = gate.observe_all(node.clone(), observations.clone()).await;
+            Self::each(&mut failed, gate, answer);
         }
-        Ok(gates.len())
+        failed.map_or(Ok(gates.len()), Err)
     }
 
     /// Feeds a SWIM fact to every pool that has the node without waiting

@@ -256,3 +256,21 @@ fn a_pool_is_removed_only_when_no_run_of_it_is_committed() {
         assert_eq!(after[0].pool().as_str(), "b");
     });
 }
+
+#[test]
+fn a_pool_stopped_under_the_fleet_does_not_keep_a_fact_from_the_others() {
+    on_virtual_time(async {
+        let fleet = Fleet::try_start(vec![settings("a", &["n1"]), settings("b", &["n1"])]).unwrap();
+        let mut events = fleet.subscribe();
+        // A's gate stops (as a removal in flight would leave it).
+        fleet.pool(&pool_id("a")).unwrap().stop();
+        ready(&fleet, "n1").await;
+        advance_to(&fleet, WINDOW_MS + 1).await;
+        let told: Vec<_> = drain(&mut events)
+            .into_iter()
+            .filter(|e| e.name() == "pool_ready")
+            .map(|e| e.pool().to_string())
+            .collect();
+        assert_eq!(told, ["b"], "B heard every fact");
+    });
+}
