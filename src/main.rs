@@ -363,9 +363,15 @@ fn main() -> ExitCode {
         }),
         Command::Status { config, json, pool } => load(&config).and_then(|loaded| {
             let addr = poolgate::live::status::address(&loaded);
-            live_system(
-                async move { Ok(poolgate::live::status::ask_pool(addr, pool.as_deref()).await) },
-            )
+            let control = loaded.control.clone();
+            live_system(async move {
+                // `[control] socket`: the watch serving it answers for
+                // every pool; otherwise the agent listener.
+                if let Some(path) = control.filter(|p| poolgate::live::control::is_served(p)) {
+                    return Ok(poolgate::live::control::status(&path, pool.as_deref()).await);
+                }
+                Ok(poolgate::live::status::ask_pool(addr, pool.as_deref()).await)
+            })
             .map(|answer| {
                 match answer {
                     // A closed stdout (`| head`) is no reason to panic.
@@ -399,7 +405,7 @@ fn main() -> ExitCode {
             let pool_asked = pool.clone();
             let loaded = match &loaded.control {
                 // A running watch serving it knows every pool.
-                Some(path) if path.exists() => loaded,
+                Some(path) if poolgate::live::control::is_served(path) => loaded,
                 _ => loaded.with_only_pool(pool.as_deref())?,
             };
             let run_id = |flag: &str, name: Option<String>| {

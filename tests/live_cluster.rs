@@ -1178,10 +1178,19 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
         );
         let committed = until_line(&mut lines_b, |v| v["event"] == "run_committed").await;
         assert_eq!(committed["pool"], "b");
-        // `status` through the socket, for one pool.
+        // `status` through the socket, for one pool (its config's agent
+        // listener is a port nobody serves: the answer is the socket's).
+        let mut elsewhere = config.clone();
+        elsewhere.agents.listen = free_port();
+        let status_file = cluster.dir.join("status.toml");
+        std::fs::write(
+            &status_file,
+            poolgate::cli::cluster::orchestrator_toml(&elsewhere),
+        )
+        .unwrap();
         let status = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
             .args(["status", "--json", "--pool", "b", "--config"])
-            .arg(&file)
+            .arg(&status_file)
             .output()
             .unwrap();
         assert!(
@@ -1260,5 +1269,58 @@ fn a_recording_of_several_pools_is_refused_by_name_not_half_written() {
         assert_eq!(live.fleet.pools().len(), 2);
         live.shutdown();
         let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn a_socket_left_by_a_killed_watch_is_not_served_and_run_gates_the_pool_it_names() {
+    live(async {
+        let mut plan = plan(4);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        let socket = cluster.dir.join("control.sock");
+        config.control = Some(socket.clone());
+        let file = cluster.dir.join("pools.toml");
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        while !socket.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        watch.kill().await.unwrap();
+        assert!(socket.exists(), "SIGKILL leaves the socket file");
+        for i in 0..4 {
+            cluster.spawn(i).unwrap();
+        }
+        // Nobody serves it: `run --pool b` gates pool b itself.
+        let mut run = run_on_pool(&file, &cluster.dir, "b");
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
+        assert_eq!(committed["pool"], "b");
+        assert_eq!(
+            committed["required"],
+            serde_json::json!(["node-3", "node-4"])
+        );
+        run.kill().await.unwrap();
+        // An unknown pool is an error, not the first pool.
+        let unknown = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--pool", "zz", "--config"])
+            .arg(&file)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(unknown.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&unknown.stderr).contains("no pool zz"),
+            "{}",
+            String::from_utf8_lossy(&unknown.stderr)
+        );
     });
 }

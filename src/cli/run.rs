@@ -50,7 +50,10 @@ pub async fn run(
         .unwrap_or_else(|| config.pool.members().to_vec());
     // Beside a watch serving `[control] socket`, that orchestrator checks
     // the plan against the pool named.
-    let served = config.control.as_ref().is_some_and(|p| p.exists());
+    let served = config
+        .control
+        .as_ref()
+        .is_some_and(|p| crate::live::control::is_served(p));
     if let Some(stranger) = required
         .iter()
         .find(|n| !served && !config.pool.members().contains(n))

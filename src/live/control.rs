@@ -129,6 +129,12 @@ impl Drop for Bound {
     }
 }
 
+/// Whether an orchestrator serves the control socket at `path` now (it
+/// accepts a connection): a file left by one that is gone is not served.
+pub fn is_served(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 /// Binds the control socket at `path`, mode 0600 from the start (bound
 /// under a temporary name, then renamed). A socket file nobody answers
 /// on (a `watch` that crashed) is replaced; one that answers is another
@@ -139,7 +145,14 @@ pub async fn bind(path: &Path) -> Result<Bound, LiveError> {
         key: "control.socket",
         message: detail,
     };
-    if path.exists() {
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !metadata.file_type().is_socket() {
+            return Err(taken(format!(
+                "{} exists and is not a socket: not replaced",
+                path.display()
+            )));
+        }
         if UnixStream::connect(path).await.is_ok() {
             return Err(taken(format!(
                 "{} is served by another orchestrator",
@@ -156,7 +169,7 @@ pub async fn bind(path: &Path) -> Result<Bound, LiveError> {
     let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
     let _ = std::fs::remove_file(&temporary);
     let listener = UnixListener::bind(&temporary)
-        .map_err(|e| taken(format!("cannot bind {}: {e}", temporary.display())))?;
+        .map_err(|e| taken(format!("cannot bind {}: {e}", path.display())))?;
     let mut bound = Bound {
         listener,
         path: temporary.clone(),
