@@ -1324,3 +1324,79 @@ fn a_socket_left_by_a_killed_watch_is_not_served_and_run_gates_the_pool_it_names
         );
     });
 }
+
+#[test]
+fn a_run_whose_control_socket_orchestrator_falls_silent_stops_its_command_and_exits_5() {
+    live(async {
+        use tokio::io::AsyncWriteExt;
+        let dir = std::env::temp_dir().join(format!("poolgate-silent-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("control.sock");
+        let file = dir.join("config.toml");
+        std::fs::write(
+            &file,
+            "[pool]\nid = \"p\"\nmembers = [\"n1\"]\n[readiness]\nconvergence_window = \"1s\"\n\
+             [run]\nunguarded_after = \"2s\"\n[control]\nsocket = \"control.sock\"\n",
+        )
+        .unwrap();
+        // An orchestrator that commits the run and then says nothing (a
+        // watch frozen by SIGSTOP, or hung).
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let frozen = actix::spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                // `run` first knocks to see whether the socket is served.
+                let (stream, _) = listener.accept().await.unwrap();
+                let (reader, mut writer) = stream.into_split();
+                let mut lines = BufReader::new(reader).lines();
+                let Ok(Some(request)) = lines.next_line().await else {
+                    continue;
+                };
+                assert!(request.contains("\"op\":\"run\""), "{request}");
+                writer
+                    .write_all(b"{\"reply\":\"committed\",\"run\":\"r1\",\"epoch\":1}\n")
+                    .await
+                    .unwrap();
+                held.push((lines, writer));
+            }
+        });
+        let pid_file = dir.join("command.pid");
+        let began = std::time::Instant::now();
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--config"])
+            .arg(&file)
+            .args(["--", "sh", "-c"])
+            .arg(format!("echo $$ > '{}'; exec sleep 60", pid_file.display()))
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(15), run.wait_with_output())
+            .await
+            .expect("run ends by itself")
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            began.elapsed()
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("said nothing"), "{stderr}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        assert!(!alive, "the command is stopped");
+        frozen.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

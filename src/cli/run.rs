@@ -175,6 +175,9 @@ struct ControlKeeper {
     client: crate::live::control::Client,
     pool: Option<String>,
     printer: Printer,
+    /// Silence from the orchestrator longer than this (half of `[run]
+    /// unguarded_after`) means the run is no longer confirmed guarded.
+    silence: Duration,
 }
 
 struct AloneKeeper {
@@ -225,6 +228,7 @@ impl Keeper {
                     client,
                     pool: request.pool.clone(),
                     printer: Printer::new(output),
+                    silence: config.run.unguarded_after / 2,
                 })));
             }
         }
@@ -393,7 +397,16 @@ impl ControlKeeper {
     /// is gone: the run is no longer guarded).
     async fn guard(&mut self) -> Option<Ended> {
         use crate::live::control::Reply;
-        match self.client.next().await {
+        // The orchestrator beats every half second; a frozen or hung one
+        // guards nothing.
+        let Ok(reply) = tokio::time::timeout(self.silence, self.client.next()).await else {
+            eprintln!(
+                "poolgate run: the orchestrator serving the control socket said nothing for {}: the run is no longer confirmed guarded; its command is stopped",
+                crate::config::in_words(self.silence)
+            );
+            return Some(Ended::Told(EXIT_UNGUARDED));
+        };
+        match reply {
             Some(Reply::Event { event }) => {
                 self.print(event);
                 None
@@ -423,7 +436,9 @@ impl ControlKeeper {
         if self.client.ask(&Request::Finish).await.is_err() {
             return;
         }
-        while let Some(reply) = self.client.next().await {
+        // Bounded: an orchestrator frozen meanwhile does not hold `run`.
+        let deadline = tokio::time::Instant::now() + END_WAIT;
+        while let Ok(Some(reply)) = tokio::time::timeout_at(deadline, self.client.next()).await {
             match reply {
                 Reply::Event { event } => self.print(event),
                 Reply::Ended { .. } => return,

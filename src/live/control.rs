@@ -40,6 +40,14 @@ use super::LiveError;
 /// The longest request line, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// How long a connection has to send its request.
+pub const FIRST_LINE: Duration = Duration::from_secs(5);
+
+/// How often a guarded run's requester hears that the orchestrator is
+/// there (`{"reply":"alive"}`): a requester that hears nothing for longer
+/// than its `[run] unguarded_after` / 2 stops its command (exit 5).
+pub const BEAT: Duration = Duration::from_millis(500);
+
 /// How many control connections are served at once.
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -104,6 +112,8 @@ pub enum Reply {
         /// The same in words.
         detail: String,
     },
+    /// The orchestrator is there, and guards the run (every [`BEAT`]).
+    Alive,
     /// The run ended.
     Ended {
         /// `faulted` or `finished`.
@@ -257,8 +267,22 @@ impl Orphans {
 async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Orphans) {
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
-    let Some(line) = read_line(&mut reader).await else {
-        return;
+    // A connection that asks nothing in time is closed: idle ones cannot
+    // hold the room every `run` needs.
+    let line = match tokio::time::timeout(FIRST_LINE, read_line(&mut reader)).await {
+        Ok(Some(line)) => line,
+        Ok(None) => {
+            let refused = Reply::Refused {
+                code: "bad_request".into(),
+                detail: format!("not a request: a line of UTF-8 up to {MAX_LINE} bytes"),
+            };
+            send(&mut writer, &refused).await;
+            return;
+        }
+        Err(_) => {
+            metrics::counter!("poolgate_control_idle_closed_total").increment(1);
+            return;
+        }
     };
     let request = match serde_json::from_str::<Request>(&line) {
         Ok(request) => request,
@@ -461,8 +485,13 @@ where
         .await;
         return Ok(());
     }
+    let mut beat = tokio::time::interval(BEAT);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = beat.tick() => {
+                send(writer, &Reply::Alive).await;
+            }
             event = events.recv() => {
                 let Some(event) = event else { return Ok(()) };
                 if !of_run(&event, &run) {
@@ -693,13 +722,21 @@ mod tests {
     }
 
     #[test]
-    fn a_socket_another_orchestrator_serves_is_not_taken_and_a_stale_one_is_replaced() {
+    fn a_socket_served_is_not_taken_a_stale_one_is_replaced_and_no_other_file_is() {
         actix::System::new().block_on(async {
             let path = socket("taken");
             let _ = std::fs::remove_file(&path);
-            // A stale file (nobody serving it) is replaced.
-            std::fs::write(&path, b"").unwrap();
+            // Another kind of file is not taken for a socket.
+            std::fs::write(&path, b"notes").unwrap();
+            let refused = bind(&path).await.err().unwrap().to_string();
+            assert!(refused.contains("not a socket"), "{refused}");
+            assert_eq!(std::fs::read(&path).unwrap(), b"notes");
+            std::fs::remove_file(&path).unwrap();
+            // A stale socket (nobody serving it) is replaced.
+            drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+            assert!(path.exists() && !is_served(&path));
             let first = bind(&path).await.unwrap();
+            assert!(is_served(&path));
             let second = bind(&path).await.err().unwrap().to_string();
             assert!(
                 second.contains("served by another orchestrator"),
