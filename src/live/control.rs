@@ -722,6 +722,25 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_that_asks_nothing_is_closed_so_idle_ones_cannot_hold_the_room() {
+        actix::System::new().block_on(async {
+            let fleet = ready_fleet().await;
+            let path = socket("idle");
+            let bound = bind(&path).await.unwrap();
+            let served = actix::spawn(serve(bound, fleet, "test".into()));
+            let began = std::time::Instant::now();
+            let mut idle = Client::connect(&path).await.unwrap();
+            let closed = tokio::time::timeout(FIRST_LINE * 2, idle.next()).await;
+            assert!(
+                matches!(closed, Ok(None)),
+                "closed, not answered: {closed:?}"
+            );
+            assert!(began.elapsed() >= FIRST_LINE);
+            served.abort();
+        });
+    }
+
+    #[test]
     fn a_socket_served_is_not_taken_a_stale_one_is_replaced_and_no_other_file_is() {
         actix::System::new().block_on(async {
             let path = socket("taken");
