@@ -1400,3 +1400,80 @@ fn a_run_whose_control_socket_orchestrator_falls_silent_stops_its_command_and_ex
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+#[test]
+fn a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file() {
+    live(async {
+        let dir = std::env::temp_dir().join(format!("poolgate-reload-pool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = |pools: &str| {
+            format!(
+                "[readiness]\nconvergence_window = \"20ms\"\n{pools}\
+                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n\
+                 [state]\npath = \"{}\"\n",
+                dir.join("state.db").display()
+            )
+        };
+        let one = poolgate::Config::parse(&text("[pools.a]\nmembers = [\"n1\"]\n"), "one").unwrap();
+        let two = poolgate::Config::parse(
+            &text("[pools.a]\nmembers = [\"n1\"]\n[pools.c]\nmembers = [\"n1\"]\n"),
+            "two",
+        )
+        .unwrap();
+        let make_ready = |live: &poolgate::live::Orchestrator| {
+            let fleet = live.fleet.clone();
+            async move {
+                let n1 = node("n1");
+                fleet
+                    .registry(poolgate::core::RegistryFact::Known { node: n1.clone() })
+                    .await
+                    .unwrap();
+                let alive = poolgate::core::MembershipUpdate {
+                    node: n1.clone(),
+                    state: poolgate::core::SwimState::Alive,
+                    incarnation: 1,
+                };
+                fleet.membership(alive).await.unwrap();
+                let available = poolgate::core::AgentReport::Available { node: n1.clone() };
+                fleet.agent(available).await.unwrap();
+                let identity = poolgate::core::AgentReport::identity(n1, b"key".to_vec()).unwrap();
+                fleet.agent(identity).await.unwrap();
+            }
+        };
+        let c = poolgate::core::PoolId::new("c").unwrap();
+        let live = poolgate::live::Orchestrator::start(&one).await.unwrap();
+        let said = live.reload(&two).await.unwrap();
+        assert!(
+            said.iter().any(|l| l.starts_with("pool c: defined")),
+            "{said:?}"
+        );
+        make_ready(&live).await;
+        let first = live
+            .fleet
+            .pool(&c)
+            .unwrap()
+            .wait_ready()
+            .await
+            .unwrap()
+            .epoch;
+        live.stop().await;
+        // Started again with the pool in its config: its epochs go on.
+        let live = poolgate::live::Orchestrator::start(&two).await.unwrap();
+        make_ready(&live).await;
+        let again = live
+            .fleet
+            .pool(&c)
+            .unwrap()
+            .wait_ready()
+            .await
+            .unwrap()
+            .epoch;
+        assert!(
+            again > first,
+            "epoch {again:?} after {first:?}: an epoch told twice"
+        );
+        live.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

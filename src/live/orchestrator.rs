@@ -108,6 +108,9 @@ pub struct Orchestrator {
     /// This orchestrator's attachment to its SWIM member (a warm one is
     /// detached only by the term that attached it).
     attachment: u64,
+    /// The durable store, if any: a pool defined by a reload keeps its
+    /// state there too.
+    store: Option<Arc<dyn crate::state::OrchestratorStore>>,
 }
 
 impl Orchestrator {
@@ -178,6 +181,7 @@ impl Orchestrator {
         let nodes = Arc::new(Mutex::new(Nodes::default()));
         let registry: Registry = Arc::new(std::sync::RwLock::new(config.registry.clone()));
         let mut tasks = Vec::new();
+        let kept = store.clone();
         if let Some(store) = store {
             // Replay protection across restarts: the last sequence accepted
             // per node, kept in the state file.
@@ -275,6 +279,7 @@ impl Orchestrator {
             registry,
             nodes,
             attachment,
+            store: kept,
         })
     }
 
@@ -420,7 +425,7 @@ impl Orchestrator {
             false => config.pool_settings()?,
         };
         for pool in &settings {
-            said.extend(self.reload_pool(pool).await?);
+            said.extend(self.reload_pool(pool, config.state.restore_grace).await?);
         }
         // With [pools.<id>], a pool no longer listed is removed.
         if !config.pools.is_empty() {
@@ -448,10 +453,24 @@ impl Orchestrator {
     async fn reload_pool(
         &self,
         settings: &poolgate_actors::GateSettings,
+        restore_grace: std::time::Duration,
     ) -> Result<Option<String>, LiveError> {
         let definition = &settings.definition;
         let Some(gate) = self.fleet.pool(definition.id()) else {
-            self.fleet.define_pool(settings.clone()).await?;
+            // A new pool keeps its state where the others keep theirs
+            // (its own record: a pool defined again goes on from it).
+            let mut settings = settings.clone();
+            if let Some(store) = &self.store {
+                let (record, restored) = Arc::clone(store)
+                    .pool_record(definition.id())
+                    .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+                settings = settings.with_durable(poolgate_actors::DurableSettings {
+                    store: record,
+                    restored,
+                    restore_grace,
+                })?;
+            }
+            self.fleet.define_pool(settings).await?;
             return Ok(Some(format!(
                 "pool {}: defined over [{}]",
                 definition.id(),
