@@ -424,7 +424,7 @@ fn main() -> ExitCode {
                     health::serve(addr, health::Face::Orchestrator(listener))?;
                 }
                 if let Some(run) = end {
-                    return commands::end_run(&loaded, &run).await;
+                    return commands::end_run(&loaded, pool_asked.as_deref(), &run).await;
                 }
                 let output = output(json, false);
                 let request = commands::RunRequest {

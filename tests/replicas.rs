@@ -784,7 +784,7 @@ fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
         .await
         .expect("committed");
         drop(session);
-        let code = poolgate::cli::commands::end_run(&config, &ghost)
+        let code = poolgate::cli::commands::end_run(&config, None, &ghost)
             .await
             .unwrap();
         assert_eq!(live.gate.report().await.unwrap().run, None, "ended");

@@ -285,7 +285,7 @@ impl Fleet {
         let gate = self
             .pool(pool)
             .ok_or_else(|| GateError::UnknownPool(pool.clone()))?;
-        if let Some(run) = self.committed_run_of(pool) {
+        if let Some(run) = self.committed_run(pool) {
             return Err(GateError::Refused(Refusal::RunCommitted(run)));
         }
         gate.stop();
@@ -299,8 +299,8 @@ impl Fleet {
         Ok(())
     }
 
-    /// The committed run of `pool`, if one holds nodes.
-    fn committed_run_of(&self, pool: &PoolId) -> Option<RunId> {
+    /// The committed run of `pool`, if one holds its nodes.
+    pub fn committed_run(&self, pool: &PoolId) -> Option<RunId> {
         let reservations = self.shared.reservations.lock();
         let state = self.state();
         state

@@ -690,7 +690,25 @@ pub(super) fn in_the_way(other: &RunId) {
 /// `poolgate run --end RUN`: ends RUN, restored from the state file, whose
 /// guard is gone. Exit 0 once it is ended (and stored so), 4 when RUN is
 /// not the active run.
-pub async fn end_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
+pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result<i32, LiveError> {
+    // Beside a watch serving `[control] socket`: that orchestrator ends it.
+    if let Some(path) = config
+        .control
+        .as_ref()
+        .filter(|p| crate::live::control::is_served(p))
+    {
+        return match crate::live::control::end_run(path, pool, run).await {
+            Ok(None) => {
+                eprintln!("poolgate run: run {run} ended");
+                Ok(0)
+            }
+            Ok(Some(why)) => {
+                eprintln!("poolgate run: --end {run}: {why}");
+                Ok(EXIT_OTHER_RUN)
+            }
+            Err(e) => Err(LiveError::Io(std::io::Error::other(e))),
+        };
+    }
     if !config.state.etcd.is_empty() {
         return end_replicated_run(config, run).await;
     }

@@ -217,12 +217,6 @@ impl Keeper {
                         message: "--record: the orchestrator serving the control socket applies the inputs; record there (watch --record)".into(),
                     });
                 }
-                if request.resume.is_some() {
-                    return Err(LiveError::Setting {
-                        key: "control.socket",
-                        message: "--resume: the orchestrator serving the control socket guards its restored runs itself".into(),
-                    });
-                }
                 tracing::info!(socket = %path.display(), "asking the orchestrator that serves the control socket");
                 return Ok(Keeper::Control(Box::new(ControlKeeper {
                     client,
@@ -338,15 +332,30 @@ impl ControlKeeper {
         stop: std::pin::Pin<&mut impl std::future::Future<Output = i32>>,
     ) -> Result<Result<RunId, i32>, LiveError> {
         use crate::live::control::{Reply, Request};
-        let run = RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
-        let asked = Request::Run {
-            v: 1,
-            pool: self.pool.clone(),
-            run: run.to_string(),
-            required: request
-                .require
-                .as_ref()
-                .map(|_| required.iter().map(|n| n.to_string()).collect()),
+        let (run, asked) = match &request.resume {
+            // A committed run (restored, its requester gone) guarded anew.
+            Some(run) => (
+                run.clone(),
+                Request::Resume {
+                    v: 1,
+                    pool: self.pool.clone(),
+                    run: run.to_string(),
+                },
+            ),
+            None => {
+                let run =
+                    RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
+                let asked = Request::Run {
+                    v: 1,
+                    pool: self.pool.clone(),
+                    run: run.to_string(),
+                    required: request
+                        .require
+                        .as_ref()
+                        .map(|_| required.iter().map(|n| n.to_string()).collect()),
+                };
+                (run, asked)
+            }
         };
         self.client.ask(&asked).await?;
         let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));

@@ -82,6 +82,28 @@ pub enum Request {
     },
     /// The requester's command ended: end its run.
     Finish,
+    /// End a committed run nobody guards any more (`run --end RUN`: its
+    /// requester is gone, its run restored from the state file).
+    End {
+        /// The format's version (1).
+        v: u32,
+        /// The pool (`null`: the only one).
+        #[serde(default)]
+        pool: Option<String>,
+        /// The run.
+        run: String,
+    },
+    /// Guard a committed run again with a new requester (`run --resume
+    /// RUN`): as a run just committed from here on.
+    Resume {
+        /// The format's version (1).
+        v: u32,
+        /// The pool (`null`: the only one).
+        #[serde(default)]
+        pool: Option<String>,
+        /// The run.
+        run: String,
+    },
 }
 
 /// An answer line.
@@ -325,6 +347,54 @@ async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Or
                 send(&mut writer, &refused).await;
             }
         }
+        Request::End { pool, run, .. } => {
+            let ended = async {
+                let gate = pool_gate(&fleet, pool)?;
+                let run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+                gate.finish_run(run).await.map_err(|e| refused(&e))
+            };
+            let reply = match ended.await {
+                Ok(()) => Reply::Ended {
+                    status: "finished".into(),
+                    node: None,
+                    reason: None,
+                },
+                Err(refusal) => refusal,
+            };
+            send(&mut writer, &reply).await;
+        }
+        Request::Resume { pool, run, .. } => {
+            let resumed = async {
+                let gate = pool_gate(&fleet, pool)?;
+                let run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+                let report = gate.report().await.map_err(|e| refused(&e))?;
+                if report.run.as_ref() != Some(&run)
+                    || fleet.committed_run(&report.pool).as_ref() != Some(&run)
+                {
+                    let active = report.run.map_or("none".to_string(), |r| r.to_string());
+                    return Err(Reply::Refused {
+                        code: "unknown_run".into(),
+                        detail: format!(
+                            "run {run} is not the pool's committed run (the active run: {active})"
+                        ),
+                    });
+                }
+                let epoch = match report.phase {
+                    poolgate_actors::core::PoolPhase::Ready { epoch } => epoch.0,
+                    _ => 0,
+                };
+                Ok((gate, run, epoch))
+            };
+            match resumed.await {
+                Ok((gate, run, epoch)) => {
+                    let events = gate.subscribe_from_now();
+                    guard(&gate, run, epoch, events, &mut reader, &mut writer).await;
+                }
+                Err(refusal) => {
+                    send(&mut writer, &refusal).await;
+                }
+            }
+        }
         Request::Finish => {
             let refused = Reply::Refused {
                 code: "bad_request".into(),
@@ -364,6 +434,24 @@ fn passes(e: &GateError) -> bool {
     )
 }
 
+/// The gate of `pool`, or of the only pool.
+fn pool_gate(fleet: &Fleet, pool: Option<String>) -> Result<poolgate_actors::Gate, Reply> {
+    match pool {
+        Some(pool) => {
+            let id = PoolId::new(&pool).map_err(|e| refused(&e.into()))?;
+            fleet
+                .pool(&id)
+                .ok_or_else(|| refused(&GateError::UnknownPool(id)))
+        }
+        None => match fleet.pools().as_slice() {
+            [only] => fleet
+                .pool(only)
+                .ok_or_else(|| refused(&GateError::UnknownPool(only.clone()))),
+            _ => Err(refused(&GateError::PoolRequired)),
+        },
+    }
+}
+
 /// What a `run` request asks.
 struct Asked {
     pool: Option<String>,
@@ -387,20 +475,7 @@ where
         run,
         required,
     } = asked;
-    let gate = match pool {
-        Some(pool) => {
-            let id = PoolId::new(&pool).map_err(|e| refused(&e.into()))?;
-            fleet
-                .pool(&id)
-                .ok_or_else(|| refused(&GateError::UnknownPool(id)))?
-        }
-        None => match fleet.pools().as_slice() {
-            [only] => fleet
-                .pool(only)
-                .ok_or_else(|| refused(&GateError::UnknownPool(only.clone())))?,
-            _ => return Err(refused(&GateError::PoolRequired)),
-        },
-    };
+    let gate = pool_gate(fleet, pool)?;
     let mut run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
     let report = gate.report().await.map_err(|e| refused(&e))?;
     let (pool_id, members) = (report.pool, report.candidates);
@@ -412,7 +487,7 @@ where
             .map_err(|e| refused(&e.into()))?,
         None => members.into_iter().map(|c| c.node).collect(),
     };
-    let mut events = gate.subscribe_from_now();
+    let events = gate.subscribe_from_now();
     let mut planning = false;
     // Plans and commits at each `PoolReady` (or every RETRY) until
     // committed, refused for good, or the requester is gone; a run left
@@ -466,7 +541,26 @@ where
             return why.map_or(Ok(()), Err);
         }
     };
-    // The run's events so far, then the word to start.
+    guard(&gate, run, epoch.0, events, reader, writer).await;
+    Ok(())
+}
+
+/// Guards `run`, committed on `gate` at `epoch`, for the requester on
+/// `reader`/`writer`: its events so far, the word to start, then its
+/// events as they come and a beat every [`BEAT`], until it faults, the
+/// requester ends it, or the requester is gone (its run is ended).
+async fn guard<R, W>(
+    gate: &poolgate_actors::Gate,
+    run: RunId,
+    epoch: u64,
+    mut events: poolgate_actors::EventStream,
+    reader: &mut R,
+    writer: &mut W,
+) where
+    R: tokio::io::AsyncBufRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    const GONE: &str = "its requester is gone (the control connection closed)";
     while let Ok(event) = events.try_recv() {
         if of_run(&event, &run) && !send(writer, &event_reply(&event)).await {
             break;
@@ -474,16 +568,10 @@ where
     }
     let committed = Reply::Committed {
         run: run.to_string(),
-        epoch: epoch.0,
+        epoch,
     };
     if !send(writer, &committed).await {
-        end(
-            &gate,
-            &run,
-            "its requester is gone (the control connection closed)",
-        )
-        .await;
-        return Ok(());
+        return end(gate, &run, GONE).await;
     }
     let mut beat = tokio::time::interval(BEAT);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -493,7 +581,7 @@ where
                 send(writer, &Reply::Alive).await;
             }
             event = events.recv() => {
-                let Some(event) = event else { return Ok(()) };
+                let Some(event) = event else { return };
                 if !of_run(&event, &run) {
                     continue;
                 }
@@ -505,7 +593,7 @@ where
                         reason: Some(reason.to_string()),
                     };
                     send(writer, &ended).await;
-                    return Ok(());
+                    return;
                 }
             }
             line = read_line(reader) => {
@@ -514,8 +602,7 @@ where
                     .and_then(|l| serde_json::from_str::<Request>(l).ok())
                     == Some(Request::Finish);
                 if !finish {
-                    end(&gate, &run, "its requester is gone (the control connection closed)").await;
-                    return Ok(());
+                    return end(gate, &run, GONE).await;
                 }
                 match gate.finish_run(run.clone()).await {
                     Ok(()) => {
@@ -531,7 +618,7 @@ where
                         send(writer, &refused(&e)).await;
                     }
                 }
-                return Ok(());
+                return;
             }
         }
     }
@@ -586,6 +673,33 @@ impl Client {
     pub async fn next(&mut self) -> Option<Reply> {
         let line = read_line(&mut self.reader).await?;
         serde_json::from_str(&line).ok()
+    }
+}
+
+/// Asks the orchestrator serving `path` to end `run` of `pool` (`run
+/// --end`): `Ok(None)` when it did, `Ok(Some(why))` when it refused.
+pub async fn end_run(
+    path: &Path,
+    pool: Option<&str>,
+    run: &RunId,
+) -> Result<Option<String>, String> {
+    let mut client = Client::connect(path)
+        .await
+        .ok_or_else(|| format!("no orchestrator serves {}", path.display()))?;
+    let request = Request::End {
+        v: 1,
+        pool: pool.map(str::to_string),
+        run: run.to_string(),
+    };
+    client
+        .ask(&request)
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match tokio::time::timeout(super::status::STATUS_WAIT, client.next()).await {
+        Ok(Some(Reply::Ended { .. })) => Ok(None),
+        Ok(Some(Reply::Refused { detail, .. })) => Ok(Some(detail)),
+        Ok(_) => Err(format!("{} closed without an answer", path.display())),
+        Err(_) => Err(format!("no answer from {} in time", path.display())),
     }
 }
 
@@ -718,6 +832,75 @@ mod tests {
             served.abort();
             let _ = served.await;
             assert!(!path.exists(), "the socket goes with its server");
+        });
+    }
+
+    #[test]
+    fn a_committed_run_nobody_guards_is_resumed_or_ended_through_the_socket() {
+        actix::System::new().block_on(async {
+            let fleet = ready_fleet().await;
+            let gate = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+            // A committed run with no requester (as one restored is).
+            let commit = |run: &'static str| {
+                let gate = gate.clone();
+                async move {
+                    let ready = gate.wait_ready().await.unwrap();
+                    let run = RunId::new(run).unwrap();
+                    gate.begin_planning(run.clone(), Some(ready.epoch))
+                        .await
+                        .unwrap();
+                    gate.commit_plan(run, vec![n("n1")], Some(ready.epoch))
+                        .await
+                        .unwrap();
+                }
+            };
+            commit("r1").await;
+            let path = socket("resume");
+            let bound = bind(&path).await.unwrap();
+            let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+            // Another run is refused, naming nothing it could take over.
+            let stranger = RunId::new("r9").unwrap();
+            assert_eq!(
+                end_run(&path, None, &stranger)
+                    .await
+                    .unwrap()
+                    .map(|w| w.contains("r9")),
+                Some(true)
+            );
+            let mut client = Client::connect(&path).await.unwrap();
+            let resume = Request::Resume {
+                v: 1,
+                pool: None,
+                run: "r1".into(),
+            };
+            client.ask(&resume).await.unwrap();
+            let committed = loop {
+                match client.next().await.unwrap() {
+                    Reply::Event { .. } | Reply::Alive => continue,
+                    reply => break reply,
+                }
+            };
+            assert!(
+                matches!(&committed, Reply::Committed { run, .. } if run == "r1"),
+                "{committed:?}"
+            );
+            client.ask(&Request::Finish).await.unwrap();
+            let ended = loop {
+                match client.next().await.unwrap() {
+                    Reply::Event { .. } | Reply::Alive => continue,
+                    reply => break reply,
+                }
+            };
+            assert!(
+                matches!(&ended, Reply::Ended { status, .. } if status == "finished"),
+                "{ended:?}"
+            );
+            // And `run --end` of a run nobody guards ends it.
+            commit("r2").await;
+            let r2 = RunId::new("r2").unwrap();
+            assert_eq!(end_run(&path, Some("a"), &r2).await.unwrap(), None);
+            assert_eq!(gate.report().await.unwrap().run, None);
+            served.abort();
         });
     }
 
