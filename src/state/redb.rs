@@ -225,7 +225,7 @@ impl OrchestratorStore for RedbStore {
                     .unwrap_or_default();
                 if let Some(run) = &before.run {
                     return Err(failed(format!(
-                        "it holds run {} of a one-pool configuration ([pool]): end it (poolgate run --end {}) before the pools are kept apart",
+                        "it holds run {} of a one-pool configuration ([pool]): end it with that configuration first (poolgate run --config <the [pool] config> --end {}), then start with [pools.<id>]",
                         run.run, run.run
                     )));
                 }
