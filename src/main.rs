@@ -153,8 +153,9 @@ enum Command {
     },
     /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
     /// if the run faults (COMMAND's process group gets SIGTERM, SIGKILL
-    /// after 5 s), 4 if a run restored from the state file is in the way
-    /// (see --resume and --end), 5 if COMMAND was stopped because its run
+    /// after 5 s), 4 if another run is in the way (one restored from the
+    /// state file: see --resume and --end; or, beside a watch serving the
+    /// control socket, another requester's on the same pool), 5 if COMMAND was stopped because its run
     /// could no longer be confirmed guarded, 128 + signal if signalled
     /// (COMMAND stopped and the run ended first), else COMMAND's exit code.
     Run {

@@ -373,6 +373,9 @@ impl ControlKeeper {
             };
             match reply {
                 Some(Reply::Event { event }) => self.print(event),
+                Some(Reply::Waiting { detail }) => {
+                    eprintln!("poolgate run: run {run} waits: {detail}");
+                }
                 // The run committed is the one named (a run its last
                 // requester left planning may have been taken over).
                 Some(Reply::Committed { run: committed, .. }) => {

@@ -20,7 +20,14 @@
 //!   "node":…,"reason":…}` when it faults; the requester's
 //!   `{"op":"finish"}` ends it (`{"reply":"ended","status":"finished"}`).
 //!   A requester gone (its connection closed) has stopped its command:
-//!   its run is ended.
+//!   its run is ended. While it waits, `{"reply":"waiting","detail":…}`
+//!   says why when the reason changes; once committed,
+//!   `{"reply":"alive"}` every [`BEAT`]: a requester that hears nothing
+//!   for half of its `[run] unguarded_after` stops its command (exit 5).
+//! - `{"v":1,"op":"end","pool":…,"run":…}` (`run --end`): ends a committed
+//!   run nobody guards (restored, its requester gone).
+//! - `{"v":1,"op":"resume","pool":…,"run":…}` (`run --resume`): guards
+//!   such a run again, as a run just committed.
 //!
 //! Requests are bounded (a line of at most 64 KiB, at most
 //! [`MAX_CONNECTIONS`] connections at once).
@@ -136,6 +143,13 @@ pub enum Reply {
     },
     /// The orchestrator is there, and guards the run (every [`BEAT`]).
     Alive,
+    /// The run waits to be committed, and why (said when the reason
+    /// changes: a node `reserved` by another pool's run, the pool not
+    /// ready).
+    Waiting {
+        /// Why, in words.
+        detail: String,
+    },
     /// The run ended.
     Ended {
         /// `faulted` or `finished`.
@@ -489,6 +503,7 @@ where
     };
     let events = gate.subscribe_from_now();
     let mut planning = false;
+    let mut said = String::new();
     // Plans and commits at each `PoolReady` (or every RETRY) until
     // committed, refused for good, or the requester is gone; a run left
     // planning is left to the next request on the pool.
@@ -511,7 +526,7 @@ where
                     run = other;
                     planning = true;
                 }
-                Err(e) if passes(&e) => {}
+                Err(e) if passes(&e) => waiting(writer, &mut said, &e).await,
                 Err(e) => break Err(Some(refused(&e))),
             }
         }
@@ -523,7 +538,7 @@ where
                 Ok(()) => break Ok(ready.epoch),
                 // Aborted by the policy: planned again at the next PoolReady.
                 Err(GateError::Refused(Refusal::UnknownRun(_))) => planning = false,
-                Err(e) if passes(&e) => {}
+                Err(e) if passes(&e) => waiting(writer, &mut said, &e).await,
                 Err(e) => break Err(Some(refused(&e))),
             }
         }
@@ -621,6 +636,25 @@ async fn guard<R, W>(
                 return;
             }
         }
+    }
+}
+
+/// Tells the requester why its run waits, when that changed.
+async fn waiting<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    said: &mut String,
+    why: &GateError,
+) {
+    let detail = why.to_string();
+    if *said != detail {
+        send(
+            writer,
+            &Reply::Waiting {
+                detail: detail.clone(),
+            },
+        )
+        .await;
+        *said = detail;
     }
 }
 
@@ -740,14 +774,24 @@ mod tests {
     }
 
     async fn ready_fleet() -> Fleet {
-        let definition =
-            PoolDefinition::new(PoolId::new("a").unwrap(), vec![n("n1"), n("n2")]).unwrap();
+        ready_pools(&[("a", &["n1", "n2"])]).await
+    }
+
+    /// A fleet of `pools` over n1 and n2, every node ready.
+    async fn ready_pools(pools: &[(&str, &[&str])]) -> Fleet {
         let policy = PlanningPolicy {
             on_readiness_lost: OnReadinessLost::Wait,
             wait_timeout: None,
         };
-        let settings = GateSettings::new(definition, Duration::from_millis(10), policy).unwrap();
-        let fleet = Fleet::try_start(vec![settings]).unwrap();
+        let settings = pools
+            .iter()
+            .map(|(id, members)| {
+                let members = members.iter().map(|m| n(m)).collect();
+                let definition = PoolDefinition::new(PoolId::new(id).unwrap(), members).unwrap();
+                GateSettings::new(definition, Duration::from_millis(10), policy).unwrap()
+            })
+            .collect();
+        let fleet = Fleet::try_start(settings).unwrap();
         for name in ["n1", "n2"] {
             fleet
                 .registry(RegistryFact::Known { node: n(name) })
@@ -900,6 +944,52 @@ mod tests {
             let r2 = RunId::new("r2").unwrap();
             assert_eq!(end_run(&path, Some("a"), &r2).await.unwrap(), None);
             assert_eq!(gate.report().await.unwrap().run, None);
+            served.abort();
+        });
+    }
+
+    #[test]
+    fn a_run_waiting_on_a_node_another_pools_run_holds_is_told_why_then_committed() {
+        actix::System::new().block_on(async {
+            let fleet = ready_pools(&[("a", &["n1", "n2"][..]), ("b", &["n2"][..])]).await;
+            let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+            let ready = a.wait_ready().await.unwrap();
+            let r1 = RunId::new("r1").unwrap();
+            a.begin_planning(r1.clone(), Some(ready.epoch))
+                .await
+                .unwrap();
+            a.commit_plan(r1.clone(), vec![n("n2")], Some(ready.epoch))
+                .await
+                .unwrap();
+            let path = socket("waiting");
+            let bound = bind(&path).await.unwrap();
+            let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+            let mut client = Client::connect(&path).await.unwrap();
+            let asked = Request::Run {
+                v: 1,
+                pool: Some("b".into()),
+                run: "r2".into(),
+                required: None,
+            };
+            client.ask(&asked).await.unwrap();
+            let told = client.next().await.unwrap();
+            assert_eq!(
+                told,
+                Reply::Waiting {
+                    detail: "node n2 is reserved by run r1 of pool a".into()
+                }
+            );
+            a.finish_run(r1).await.unwrap();
+            let committed = loop {
+                match client.next().await.unwrap() {
+                    Reply::Event { .. } | Reply::Alive | Reply::Waiting { .. } => continue,
+                    reply => break reply,
+                }
+            };
+            assert!(
+                matches!(&committed, Reply::Committed { run, .. } if run == "r2"),
+                "{committed:?}"
+            );
             served.abort();
         });
     }
