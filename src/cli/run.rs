@@ -435,6 +435,13 @@ impl ControlKeeper {
                 );
                 Some(Ended::Told(3))
             }
+            Some(Reply::Ended { reason, .. }) => {
+                eprintln!(
+                    "poolgate run: the run ended ({}): its command is stopped",
+                    reason.unwrap_or_default()
+                );
+                Some(Ended::Told(EXIT_UNGUARDED))
+            }
             Some(_) => None,
             None => {
                 eprintln!("poolgate run: the orchestrator serving the control socket is gone: the run is no longer guarded; its command is stopped");
@@ -449,7 +456,7 @@ impl ControlKeeper {
             return;
         }
         // Bounded: an orchestrator frozen meanwhile does not hold `run`.
-        let deadline = tokio::time::Instant::now() + END_WAIT;
+        let deadline = tokio::time::Instant::now() + self.silence;
         while let Ok(Some(reply)) = tokio::time::timeout_at(deadline, self.client.next()).await {
             match reply {
                 Reply::Event { event } => self.print(event),

@@ -233,24 +233,61 @@ pub async fn bind(path: &Path) -> Result<Bound, LiveError> {
 pub async fn serve(bound: Bound, fleet: Fleet, leader: std::sync::Arc<str>) {
     let room = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let orphans = Orphans::default();
+    // The connections that have not asked yet, oldest first: when the room
+    // is full, the oldest of them makes way (one that asked is a run's
+    // requester, or gets its answer at once).
+    let unasked: Unasked = std::sync::Arc::default();
     let mut connections = tokio::task::JoinSet::new();
+    let mut next = 0u64;
     loop {
         while connections.try_join_next().is_some() {}
         let Ok((stream, _)) = bound.listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(turn) = std::sync::Arc::clone(&room).try_acquire_owned() else {
-            metrics::counter!("poolgate_control_refused_total").increment(1);
-            continue;
+        let turn = match std::sync::Arc::clone(&room).try_acquire_owned() {
+            Ok(turn) => turn,
+            Err(_) => {
+                let oldest = lock_unasked(&unasked).pop_front();
+                let Some((_, evicted)) = oldest else {
+                    metrics::counter!("poolgate_control_refused_total").increment(1);
+                    continue;
+                };
+                evicted.abort();
+                metrics::counter!("poolgate_control_evicted_total").increment(1);
+                // The aborted task gives its place back as it is dropped.
+                let Ok(turn) = std::sync::Arc::clone(&room).acquire_owned().await else {
+                    continue;
+                };
+                turn
+            }
         };
+        next += 1;
+        let id = next;
         let (fleet, leader) = (fleet.clone(), std::sync::Arc::clone(&leader));
-        let orphans = orphans.clone();
-        connections.spawn_local(async move {
-            connection(stream, fleet, &leader, &orphans).await;
-            drop(turn);
+        let (orphans, asked) = (orphans.clone(), std::sync::Arc::clone(&unasked));
+        let handle = connections.spawn_local(async move {
+            let _turn = turn;
+            connection(stream, fleet, &leader, &orphans, || {
+                lock_unasked(&asked).retain(|(each, _)| *each != id)
+            })
+            .await;
+            lock_unasked(&asked).retain(|(each, _)| *each != id);
         });
+        lock_unasked(&unasked).push_back((id, handle));
     }
+}
+
+/// The connections that have not sent their request yet, oldest first.
+type Unasked =
+    std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>>;
+
+fn lock_unasked(
+    unasked: &Unasked,
+) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(u64, tokio::task::AbortHandle)>> {
+    unasked
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Reads one line of at most [`MAX_LINE`] bytes; `None` at the end or
@@ -276,37 +313,81 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(writer: &mut W, reply: &Reply) -
 /// or aborted, so the next request on that pool takes it over rather than
 /// find the pool held by a run nobody asks for.
 #[derive(Clone, Default)]
-struct Orphans(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PoolId, RunId>>>);
+struct Orphans(std::sync::Arc<std::sync::Mutex<Requested>>);
+
+/// What the socket's requesters hold: runs left planning, by pool, and the
+/// runs a connection guards now (nobody else may end or resume those).
+#[derive(Default)]
+struct Requested {
+    left: std::collections::HashMap<PoolId, RunId>,
+    guarded: std::collections::HashSet<(PoolId, RunId)>,
+}
+
+/// A run a connection guards, for as long as this lives.
+struct Guarding {
+    orphans: Orphans,
+    key: (PoolId, RunId),
+}
+
+impl Drop for Guarding {
+    fn drop(&mut self) {
+        self.orphans.lock().guarded.remove(&self.key);
+    }
+}
 
 impl Orphans {
+    /// `run` of `pool` is guarded by a connection from now on; `None` if
+    /// one guards it already.
+    fn guarding(&self, pool: &PoolId, run: &RunId) -> Option<Guarding> {
+        let key = (pool.clone(), run.clone());
+        self.lock().guarded.insert(key.clone()).then(|| Guarding {
+            orphans: self.clone(),
+            key,
+        })
+    }
+
+    /// Whether a connection guards `run` of `pool`.
+    fn is_guarded(&self, pool: &PoolId, run: &RunId) -> bool {
+        self.lock().guarded.contains(&(pool.clone(), run.clone()))
+    }
+
     fn leave(&self, pool: &PoolId, run: &RunId) {
         tracing::info!(%pool, %run, "a run left planning by its requester: the next run asked of the pool takes it over");
-        self.lock().insert(pool.clone(), run.clone());
+        self.lock().left.insert(pool.clone(), run.clone());
     }
 
     /// Takes `run` over if it was left on `pool`.
     fn adopt(&self, pool: &PoolId, run: &RunId) -> bool {
-        let mut left = self.lock();
-        match left.get(pool) {
-            Some(orphan) if orphan == run => left.remove(pool).is_some(),
+        let mut held = self.lock();
+        match held.left.get(pool) {
+            Some(orphan) if orphan == run => held.left.remove(pool).is_some(),
             _ => false,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PoolId, RunId>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Requested> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
-async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Orphans) {
+async fn connection(
+    stream: UnixStream,
+    fleet: Fleet,
+    leader: &str,
+    orphans: &Orphans,
+    asked: impl FnOnce(),
+) {
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     // A connection that asks nothing in time is closed: idle ones cannot
     // hold the room every `run` needs.
     let line = match tokio::time::timeout(FIRST_LINE, read_line(&mut reader)).await {
-        Ok(Some(line)) => line,
+        Ok(Some(line)) => {
+            asked();
+            line
+        }
         Ok(None) => {
             let refused = Reply::Refused {
                 code: "bad_request".into(),
@@ -365,6 +446,10 @@ async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Or
             let ended = async {
                 let gate = pool_gate(&fleet, pool)?;
                 let run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+                let pool = gate.report().await.map_err(|e| refused(&e))?.pool;
+                if orphans.is_guarded(&pool, &run) {
+                    return Err(guarded_by_another(&run));
+                }
                 gate.finish_run(run).await.map_err(|e| refused(&e))
             };
             let reply = match ended.await {
@@ -397,10 +482,14 @@ async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Or
                     poolgate_actors::core::PoolPhase::Ready { epoch } => epoch.0,
                     _ => 0,
                 };
-                Ok((gate, run, epoch))
+                // Its own requester, if it has one, guards it: not taken.
+                let guarding = orphans
+                    .guarding(&report.pool, &run)
+                    .ok_or_else(|| guarded_by_another(&run))?;
+                Ok((gate, run, epoch, guarding))
             };
             match resumed.await {
-                Ok((gate, run, epoch)) => {
+                Ok((gate, run, epoch, _guarding)) => {
                     let events = gate.subscribe_from_now();
                     guard(&gate, run, epoch, events, &mut reader, &mut writer).await;
                 }
@@ -416,6 +505,16 @@ async fn connection(stream: UnixStream, fleet: Fleet, leader: &str, orphans: &Or
             };
             send(&mut writer, &refused).await;
         }
+    }
+}
+
+/// A run a connection guards now is neither ended nor resumed by another.
+fn guarded_by_another(run: &RunId) -> Reply {
+    Reply::Refused {
+        code: "run_guarded".into(),
+        detail: format!(
+            "run {run} is guarded by its own requester (a running `poolgate run`): end that instead"
+        ),
     }
 }
 
@@ -556,6 +655,7 @@ where
             return why.map_or(Ok(()), Err);
         }
     };
+    let _guarding = orphans.guarding(&pool_id, &run);
     guard(&gate, run, epoch.0, events, reader, writer).await;
     Ok(())
 }
@@ -601,12 +701,22 @@ async fn guard<R, W>(
                     continue;
                 }
                 send(writer, &event_reply(&event)).await;
-                if let Event::RunFaulted { node, reason, .. } = &event {
-                    let ended = Reply::Ended {
+                let ended = match &event {
+                    Event::RunFaulted { node, reason, .. } => Some(Reply::Ended {
                         status: "faulted".into(),
                         node: Some(node.to_string()),
                         reason: Some(reason.to_string()),
-                    };
+                    }),
+                    // Ended, not by this requester (a restart of the
+                    // orchestrator's own, say): its command goes too.
+                    Event::RunFinished { .. } | Event::PlanningAborted { .. } => Some(Reply::Ended {
+                        status: "ended".into(),
+                        node: None,
+                        reason: Some("ended by the orchestrator, not by this run's requester".into()),
+                    }),
+                    _ => None,
+                };
+                if let Some(ended) = ended {
                     send(writer, &ended).await;
                     return;
                 }
@@ -928,6 +1038,20 @@ mod tests {
                 matches!(&committed, Reply::Committed { run, .. } if run == "r1"),
                 "{committed:?}"
             );
+            // Guarded now: nobody else ends it or takes it.
+            let r1 = RunId::new("r1").unwrap();
+            let refused = end_run(&path, None, &r1).await.unwrap().unwrap();
+            assert!(
+                refused.contains("guarded by its own requester"),
+                "{refused}"
+            );
+            let mut other = Client::connect(&path).await.unwrap();
+            other.ask(&resume).await.unwrap();
+            let taken = other.next().await.unwrap();
+            assert!(
+                matches!(&taken, Reply::Refused { code, .. } if code == "run_guarded"),
+                "{taken:?}"
+            );
             client.ask(&Request::Finish).await.unwrap();
             let ended = loop {
                 match client.next().await.unwrap() {
@@ -1009,6 +1133,29 @@ mod tests {
                 "closed, not answered: {closed:?}"
             );
             assert!(began.elapsed() >= FIRST_LINE);
+            served.abort();
+        });
+    }
+
+    #[test]
+    fn a_full_room_of_connections_that_ask_nothing_makes_way_for_one_that_asks() {
+        actix::System::new().block_on(async {
+            let fleet = ready_fleet().await;
+            let path = socket("full");
+            let bound = bind(&path).await.unwrap();
+            let served = actix::spawn(serve(bound, fleet, "test".into()));
+            let mut idle = Vec::new();
+            for _ in 0..MAX_CONNECTIONS + 10 {
+                idle.push(Client::connect(&path).await.unwrap());
+            }
+            let began = std::time::Instant::now();
+            let answer = status(&path, None).await;
+            assert!(answer.is_ok(), "{answer:?}");
+            assert!(
+                began.elapsed() < FIRST_LINE,
+                "answered at once, {:?}",
+                began.elapsed()
+            );
             served.abort();
         });
     }

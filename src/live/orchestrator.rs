@@ -461,9 +461,12 @@ impl Orchestrator {
             // (its own record: a pool defined again goes on from it).
             let mut settings = settings.clone();
             if let Some(store) = &self.store {
-                let (record, restored) = Arc::clone(store)
-                    .pool_record(definition.id())
-                    .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+                let (record, restored) =
+                    Arc::clone(store)
+                        .pool_record(definition.id())
+                        .map_err(|e| {
+                            LiveError::Io(std::io::Error::other(format!("the state file: {e}")))
+                        })?;
                 settings = settings.with_durable(poolgate_actors::DurableSettings {
                     store: record,
                     restored,

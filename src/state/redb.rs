@@ -212,7 +212,8 @@ impl OrchestratorStore for RedbStore {
         self: Arc<Self>,
         pool: &poolgate_actors::core::PoolId,
     ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
-        let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
+        // Said by the caller with the file's name.
+        let failed = StoreError;
         let key = format!("pools/{pool}/state");
         let held = match self.read_state(&key).map_err(failed)? {
             Some(held) => held,
