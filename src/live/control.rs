@@ -625,6 +625,19 @@ where
                     run = other;
                     planning = true;
                 }
+                // A committed run nobody guards (restored after a restart,
+                // its requester gone): said with what ends it.
+                Err(GateError::Refused(Refusal::RunInProgress(other)))
+                    if fleet.committed_run(&pool_id).as_ref() == Some(&other)
+                        && !orphans.is_guarded(&pool_id, &other) =>
+                {
+                    break Err(Some(Reply::Refused {
+                        code: "run_in_progress".into(),
+                        detail: format!(
+                            "run {other} is committed and nobody guards it (restored after a restart): end it with poolgate run --end {other}, or guard it with --resume {other}"
+                        ),
+                    }));
+                }
                 Err(e) if passes(&e) => waiting(writer, &mut said, &e).await,
                 Err(e) => break Err(Some(refused(&e))),
             }
@@ -1012,6 +1025,20 @@ mod tests {
             let path = socket("resume");
             let bound = bind(&path).await.unwrap();
             let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+            // A new run is told what ends the one nobody guards.
+            let mut newcomer = Client::connect(&path).await.unwrap();
+            let asked = Request::Run {
+                v: 1,
+                pool: None,
+                run: "r5".into(),
+                required: None,
+            };
+            newcomer.ask(&asked).await.unwrap();
+            let told = newcomer.next().await.unwrap();
+            assert!(
+                matches!(&told, Reply::Refused { detail, .. } if detail.contains("--end r1")),
+                "{told:?}"
+            );
             // Another run is refused, naming nothing it could take over.
             let stranger = RunId::new("r9").unwrap();
             assert_eq!(
