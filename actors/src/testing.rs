@@ -67,6 +67,32 @@ pub async fn make_ready(gate: &Gate, node: &NodeId, identity: &[u8]) -> Result<(
     Ok(())
 }
 
+/// As [`make_ready`], through a fleet: the node is ready in every pool
+/// that has it.
+pub async fn make_ready_in(
+    fleet: &crate::Fleet,
+    node: &NodeId,
+    identity: &[u8],
+) -> Result<(), GateError> {
+    fleet
+        .registry(RegistryFact::Known { node: node.clone() })
+        .await?;
+    fleet
+        .membership(MembershipUpdate {
+            node: node.clone(),
+            state: SwimState::Alive,
+            incarnation: 1,
+        })
+        .await?;
+    fleet
+        .agent(AgentReport::Available { node: node.clone() })
+        .await?;
+    fleet
+        .agent(AgentReport::identity(node.clone(), identity.to_vec())?)
+        .await?;
+    Ok(())
+}
+
 /// One of the gate's actors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -886,10 +886,7 @@ pub async fn status(path: &Path, pool: Option<&str>) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use poolgate_actors::core::{
-        AgentReport, MembershipUpdate, OnReadinessLost, PlanningPolicy, PoolDefinition,
-        RegistryFact, SwimState,
-    };
+    use poolgate_actors::core::{OnReadinessLost, PlanningPolicy, PoolDefinition};
     use poolgate_actors::GateSettings;
 
     fn n(s: &str) -> NodeId {
@@ -916,22 +913,9 @@ mod tests {
             .collect();
         let fleet = Fleet::try_start(settings).unwrap();
         for name in ["n1", "n2"] {
-            fleet
-                .registry(RegistryFact::Known { node: n(name) })
+            poolgate_actors::testing::make_ready_in(&fleet, &n(name), name.as_bytes())
                 .await
                 .unwrap();
-            let alive = MembershipUpdate {
-                node: n(name),
-                state: SwimState::Alive,
-                incarnation: 1,
-            };
-            fleet.membership(alive).await.unwrap();
-            fleet
-                .agent(AgentReport::Available { node: n(name) })
-                .await
-                .unwrap();
-            let identity = AgentReport::identity(n(name), name.as_bytes().to_vec()).unwrap();
-            fleet.agent(identity).await.unwrap();
         }
         fleet
     }

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use poolgate::core::{
-    AgentReport, Event, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition,
-    PoolId, Reason, RegistryFact, RunId, SwimState, Time,
+    Event, MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
+    Reason, RunId, SwimState, Time,
 };
 use poolgate::{Fleet, GateSettings};
 
@@ -28,18 +28,10 @@ fn settings(id: &str, members: &[&str]) -> GateSettings {
 }
 
 async fn ready(fleet: &Fleet, name: &str) {
-    let n = node(name);
-    fleet
-        .registry(RegistryFact::Known { node: n.clone() })
+    let identity = format!("key-{name}").into_bytes();
+    poolgate_actors::testing::make_ready_in(fleet, &node(name), &identity)
         .await
         .unwrap();
-    fleet.membership(alive(name, 1)).await.unwrap();
-    fleet
-        .agent(AgentReport::Available { node: n.clone() })
-        .await
-        .unwrap();
-    let identity = AgentReport::identity(n, format!("key-{name}").into_bytes()).unwrap();
-    fleet.agent(identity).await.unwrap();
 }
 
 fn alive(name: &str, incarnation: u64) -> MembershipUpdate {

@@ -914,7 +914,7 @@ fn a_runs_outcome_is_told_only_once_it_is_written() {
 /// again against the other pools' commits.
 mod pools {
     use super::*;
-    use poolgate::core::{AgentReport, MembershipUpdate, NodeId, RegistryFact, SwimState};
+    use poolgate::core::NodeId;
     use poolgate::{Config, Fleet};
 
     const POOLS: &str = r#"
@@ -934,22 +934,9 @@ restore_grace = "30s"
 
     async fn all_ready(fleet: &Fleet) {
         for name in ["n1", "n2", "n3"] {
-            fleet
-                .registry(RegistryFact::Known { node: n(name) })
+            poolgate_actors::testing::make_ready_in(fleet, &n(name), name.as_bytes())
                 .await
                 .unwrap();
-            let alive = MembershipUpdate {
-                node: n(name),
-                state: SwimState::Alive,
-                incarnation: 1,
-            };
-            fleet.membership(alive).await.unwrap();
-            fleet
-                .agent(AgentReport::Available { node: n(name) })
-                .await
-                .unwrap();
-            let identity = AgentReport::identity(n(name), name.as_bytes().to_vec()).unwrap();
-            fleet.agent(identity).await.unwrap();
         }
     }
 
