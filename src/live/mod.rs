@@ -19,6 +19,7 @@
 //!   [`crate::keys`], here too).
 
 pub use crate::config::endpoint;
+#[doc(hidden)]
 pub mod control;
 pub(crate) mod conversation;
 pub(crate) mod generation;
