@@ -7,7 +7,10 @@
 //! [`MembershipTracker`](poolgate::live::swim::MembershipTracker)) and comes
 //! out as [`SwimFact`] facts, stamped with the virtual instant (its timing
 //! for the tracker benchmark is the `timing` module's). Members 1..=N are
-//! the nodes `n1`…`nN`.
+//! the nodes `n1`…`nN`. Every member repairs what foca leaves undone once
+//! a virtual second, as a live member does once a second
+//! ([`drive::Repair`]): suspicions time out everywhere, and member 0's
+//! whole view is checked against what its tracker told.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -78,6 +81,11 @@ enum Event {
         life: u32,
         timer: Timer<SwimIdentity>,
     },
+    /// A member's once-a-second repair ([`drive::Repair`]).
+    Repair {
+        member: usize,
+        life: u32,
+    },
 }
 
 /// Events by virtual millisecond, each instant's in the order they were
@@ -126,6 +134,7 @@ impl drive::Host for Asked {
 struct Member {
     foca: SwimFoca,
     runtime: AccumulatingRuntime<SwimIdentity>,
+    repair: drive::Repair,
     up: bool,
     /// Bumped at each restart: timers of an earlier life are ignored.
     life: u32,
@@ -192,7 +201,26 @@ impl Network {
             let foca = network.foca(index, node_name(index), 1, WatchingCodec::unwatched());
             network.members.push(foca);
         }
+        for index in 0..network.members.len() {
+            network.schedule_repair(index);
+        }
         network
+    }
+
+    /// Member `index`'s next repair, a repair period from now.
+    fn schedule_repair(&mut self, index: usize) {
+        let Some(member) = self.members.get(index) else {
+            return;
+        };
+        let life = member.life;
+        let at = self.now + millis(drive::REPAIR_EVERY);
+        self.schedule(
+            at,
+            Event::Repair {
+                member: index,
+                life,
+            },
+        );
     }
 
     fn foca(&self, index: usize, node: String, generation: u64, codec: WatchingCodec) -> Member {
@@ -214,6 +242,7 @@ impl Network {
                 codec,
             ),
             runtime: AccumulatingRuntime::new(),
+            repair: drive::Repair::for_config(&self.config),
             up: true,
             life: 0,
             generation,
@@ -356,6 +385,7 @@ impl Network {
         let mut member = self.foca(index, node, generation, WatchingCodec::unwatched());
         member.life = life;
         self.members[index] = member;
+        self.schedule_repair(index);
         self.join(index);
     }
 
@@ -428,6 +458,50 @@ impl Network {
                 let _ = member.foca.handle_timer(timer, &mut member.runtime);
                 self.drain(index);
             }
+            Event::Repair {
+                member: index,
+                life,
+            } => {
+                let Some(member) = self.members.get_mut(index) else {
+                    return;
+                };
+                if member.life != life {
+                    return;
+                }
+                if member.up {
+                    self.repair(index);
+                }
+                // A crashed member's clock goes on: it repairs again if it
+                // comes back in this life.
+                self.schedule_repair(index);
+            }
+        }
+    }
+
+    /// Member `index`'s repair: its expired suspicions declared down (and
+    /// gossiped), and for member 0 its whole view told to the tracker.
+    fn repair(&mut self, index: usize) {
+        let now = Duration::from_millis(self.now);
+        let member = &mut self.members[index];
+        let expired = member
+            .repair
+            .expired(member.foca.iter_membership_state(), now);
+        if !expired.is_empty() {
+            self.stats.suspicions_expired += expired.len() as u64;
+            // foca refuses what it cannot use; nothing else to do then.
+            let _ = member
+                .foca
+                .apply_many(expired.into_iter(), true, &mut member.runtime);
+            self.drain(index);
+        }
+        if index == 0 {
+            let member = &self.members[0];
+            let facts = drive::whole_view(
+                self.tracker.tracker_mut(),
+                member.foca.iter_membership_state(),
+                member.foca.identity(),
+            );
+            self.observed.extend(facts);
         }
     }
 

@@ -23,4 +23,7 @@ pub struct NetStats {
     pub baseline_calls: u64,
     /// Real time the baseline walk took on them, in nanoseconds.
     pub baseline_ns: u64,
+    /// Suspicions a member declared down at its repair, having held them
+    /// past the limit (`drive::Repair`).
+    pub suspicions_expired: u64,
 }

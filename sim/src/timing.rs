@@ -27,6 +27,11 @@ pub(super) struct TimedTracker {
 }
 
 impl TimedTracker {
+    /// The tracker itself, untimed (the whole-view check of the repair).
+    pub(super) fn tracker_mut(&mut self) -> &mut MembershipTracker {
+        &mut self.tracker
+    }
+
     /// The tracker on what member 0's foca noted, timed; the facts it
     /// reports.
     pub(super) fn call(

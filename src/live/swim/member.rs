@@ -210,11 +210,11 @@ pub struct SwimMember {
     receiver: Option<tokio::sync::oneshot::Sender<()>>,
     /// Shared with the receiving task; replaced whole on rotation.
     keyring: Arc<RwLock<Keyring>>,
-    /// How long a suspicion may stand before this member declares the
-    /// suspect down itself (SWIM's suspicion timeout plus a probe period).
-    suspicion_limit: Duration,
-    /// Members held suspect: at which incarnation, since when.
-    suspected: std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
+    /// What this member repairs on top of foca, once every
+    /// [`drive::REPAIR_EVERY`].
+    repair: drive::Repair,
+    /// The origin of the repair's clock.
+    started: std::time::Instant,
     /// Told this member's generation whenever foca renews its identity.
     own_generation: Option<tokio::sync::watch::Sender<u64>>,
     /// Told to leave: foca's "defunct" that follows is the leave, said as
@@ -271,9 +271,7 @@ impl SwimMember {
             generation,
         };
         let (codec, changes) = WatchingCodec::watched();
-        let suspicion_limit = config
-            .suspect_to_down_after
-            .saturating_add(config.probe_period);
+        let repair = drive::Repair::for_config(&config);
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
@@ -284,8 +282,8 @@ impl SwimMember {
             sink,
             receiver: None,
             keyring: Arc::new(RwLock::new(keyring)),
-            suspicion_limit,
-            suspected: std::collections::HashMap::new(),
+            repair,
+            started: std::time::Instant::now(),
             own_generation: None,
             leaving: false,
             signed: None,
@@ -345,15 +343,6 @@ impl SwimMember {
     }
 }
 
-/// How often the tracker's view is checked against foca's whole
-/// membership. The tracker follows what foca encodes as it applies it; a
-/// state foca applied without encoding it in that call (seen on the rig:
-/// a member first heard of as suspect, then refuted, after a host was cut
-/// off and healed) would otherwise stay unreported, leaving the node
-/// blocked for good. The walk costs about 5 µs at 100 members and 1 ms at
-/// 4,096, once a second.
-pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
-
 impl SwimMember {
     /// Hands the sink every member of foca's whole view (the wanted ones);
     /// the sink's table keeps what differs from what it holds, and says so.
@@ -366,40 +355,21 @@ impl SwimMember {
         }
     }
 
-    /// One fact per member of foca's whole membership (the newest
-    /// generation of each name and address).
+    /// One fact per member of foca's whole membership ([`drive::whole_view`]).
     fn whole_view(&mut self) -> Vec<SwimFact> {
-        let own = self.foca.identity().clone();
-        // One state per (name, address): the newest generation's (an
-        // earlier life still listed as down must not speak over it).
-        let mut newest: std::collections::HashMap<(&str, SocketAddr), &foca::Member<SwimIdentity>> =
-            std::collections::HashMap::new();
-        for member in self.foca.iter_membership_state().filter(|m| *m.id() != own) {
-            let id = member.id();
-            let slot = newest.entry((id.node.as_str(), id.addr)).or_insert(member);
-            if id.generation > slot.id().generation {
-                *slot = member;
-            }
-        }
-        let states: Vec<foca::Member<SwimIdentity>> = newest.into_values().cloned().collect();
-        self.tracker.changed(states, Vec::new())
+        drive::whole_view(
+            &mut self.tracker,
+            self.foca.iter_membership_state(),
+            self.foca.identity(),
+        )
     }
 
-    /// Declares down every member held suspect at one incarnation for
-    /// longer than the suspicion timeout. foca times a suspicion out only
-    /// at the member that raised it; one that learnt it from gossip, and
-    /// missed the refutation (it joined after the refutation was
-    /// gossiped), held it for good: on the rig, a fresh orchestrator kept
-    /// a node of a healed host suspect, never ready again. SWIM's rule is
-    /// that every member times a suspicion out; down, the member is told
-    /// so when it next speaks and rejoins under a renewed identity.
+    /// Declares down every member held suspect past the limit
+    /// ([`drive::Repair`]).
     fn expire_suspicions(&mut self, ctx: &mut Context<Self>) {
-        let expired = expired_suspicions(
-            &mut self.suspected,
-            self.foca.iter_membership_state(),
-            std::time::Instant::now(),
-            self.suspicion_limit,
-        );
+        let expired = self
+            .repair
+            .expired(self.foca.iter_membership_state(), self.started.elapsed());
         if expired.is_empty() {
             return;
         }
@@ -418,32 +388,6 @@ impl SwimMember {
     }
 }
 
-/// Follows the suspicions in `members` (`held`: at which incarnation,
-/// since when) and returns, as `Down` updates, those held at one
-/// incarnation for `limit` or longer.
-fn expired_suspicions<'m>(
-    held: &mut std::collections::HashMap<SwimIdentity, (u16, std::time::Instant)>,
-    members: impl Iterator<Item = &'m foca::Member<SwimIdentity>>,
-    now: std::time::Instant,
-    limit: Duration,
-) -> Vec<foca::Member<SwimIdentity>> {
-    let mut still = std::collections::HashMap::new();
-    for member in members.filter(|m| m.state() == foca::State::Suspect) {
-        let since = match held.get(member.id()) {
-            Some((incarnation, since)) if *incarnation == member.incarnation() => *since,
-            _ => now,
-        };
-        still.insert(member.id().clone(), (member.incarnation(), since));
-    }
-    *held = still;
-    held.iter()
-        .filter(|(_, (_, since))| now.duration_since(*since) >= limit)
-        .map(|(id, (incarnation, _))| {
-            foca::Member::new(id.clone(), *incarnation, foca::State::Down)
-        })
-        .collect()
-}
-
 impl Actor for SwimMember {
     type Context = Context<Self>;
 
@@ -457,7 +401,7 @@ impl Actor for SwimMember {
             // after start): no timers can be set, and nothing to do.
             return ctx.stop();
         }
-        ctx.run_interval(RECONCILE_EVERY, |member, ctx| {
+        ctx.run_interval(drive::REPAIR_EVERY, |member, ctx| {
             if member.sink.is_some() {
                 member.reconcile();
             }
@@ -951,78 +895,6 @@ mod tests {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             generation: 1,
         }
-    }
-
-    #[test]
-    fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down() {
-        // A member that hears of B only as suspect (gossip, no probe of its
-        // own failed) arms no timer in foca: B would stay suspect for good.
-        let (codec, _changes) = WatchingCodec::watched();
-        let mut foca: SwimFoca = Foca::new(
-            identity("orchestrator", 1),
-            SwimTimings::default().foca_config(4),
-            StdRng::seed_from_u64(1),
-            codec,
-        );
-        let mut runtime = AccumulatingRuntime::new();
-        let b = identity("node-4", 2);
-        let heard = [
-            foca::Member::new(b.clone(), 3, foca::State::Alive),
-            foca::Member::new(b.clone(), 3, foca::State::Suspect),
-        ];
-        foca.apply_many(heard.into_iter(), true, &mut runtime)
-            .unwrap();
-        let limit = Duration::from_secs(3);
-        let start = std::time::Instant::now();
-        let mut held = std::collections::HashMap::new();
-        let expired = expired_suspicions(&mut held, foca.iter_membership_state(), start, limit);
-        assert!(expired.is_empty(), "not yet");
-        let later = start + limit - Duration::from_millis(1);
-        assert!(
-            expired_suspicions(&mut held, foca.iter_membership_state(), later, limit).is_empty()
-        );
-        let expired = expired_suspicions(
-            &mut held,
-            foca.iter_membership_state(),
-            start + limit,
-            limit,
-        );
-        assert_eq!(expired.len(), 1);
-        foca.apply_many(expired.into_iter(), true, &mut runtime)
-            .unwrap();
-        let state = foca
-            .iter_membership_state()
-            .find(|m| m.id() == &b)
-            .map(|m| m.state());
-        assert_eq!(state, Some(foca::State::Down));
-    }
-
-    #[test]
-    fn a_refuted_suspicion_starts_over() {
-        let b = identity("node-4", 2);
-        let limit = Duration::from_secs(3);
-        let start = std::time::Instant::now();
-        let mut held = std::collections::HashMap::new();
-        let suspect = |incarnation| {
-            vec![foca::Member::new(
-                b.clone(),
-                incarnation,
-                foca::State::Suspect,
-            )]
-        };
-        expired_suspicions(&mut held, suspect(3).iter(), start, limit);
-        // Refuted, then suspected again at the new incarnation: its own clock.
-        let soon = start + Duration::from_secs(2);
-        expired_suspicions(&mut held, suspect(4).iter(), soon, limit);
-        assert!(expired_suspicions(&mut held, suspect(4).iter(), start + limit, limit).is_empty());
-        assert_eq!(
-            expired_suspicions(&mut held, suspect(4).iter(), soon + limit, limit).len(),
-            1
-        );
-        // Alive again: nothing held.
-        let alive = [foca::Member::new(b.clone(), 5, foca::State::Alive)];
-        assert!(expired_suspicions(&mut held, alive.iter(), soon + limit * 2, limit).is_empty());
-        assert!(held.is_empty());
     }
 
     #[test]
