@@ -71,6 +71,18 @@ impl SwimIdentity {
     }
 }
 
+#[cfg(test)]
+impl SwimIdentity {
+    /// A member on 127.0.0.1:`port` at generation 1 (the unit tests').
+    pub(crate) fn local(node: &str, port: u16) -> Self {
+        Self {
+            node: node.into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            generation: 1,
+        }
+    }
+}
+
 impl foca::Identity for SwimIdentity {
     type Addr = SocketAddr;
 

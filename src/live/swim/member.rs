@@ -890,11 +890,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn identity(node: &str, port: u16) -> SwimIdentity {
-        SwimIdentity {
-            node: node.into(),
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            generation: 1,
-        }
+        SwimIdentity::local(node, port)
     }
 
     #[test]
