@@ -61,41 +61,11 @@ use crate::gate::{Accepted, Gate};
 use crate::messages::Outcome;
 use crate::pool_actor::GateSettings;
 use crate::publisher::{EventStream, Publisher};
+use crate::reservations::Reservations;
 
 /// How many times a new pool is told its members' facts again while they
 /// keep changing under it (a fact that came in meanwhile also went to it).
 const TELL_AGAIN: usize = 8;
-
-/// The fleet's reservations, shared by its pools' actors: a commit takes
-/// its nodes in the same step as the pool admits it.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Reservations(Arc<Mutex<poolgate_core::Reservations>>);
-
-impl Reservations {
-    fn lock(&self) -> MutexGuard<'_, poolgate_core::Reservations> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Every node of `required` for `run` of `pool`, or none (`reserved`).
-    pub(crate) fn take(
-        &self,
-        pool: &PoolId,
-        run: &RunId,
-        required: &[NodeId],
-    ) -> Result<(), Refusal> {
-        self.lock().reserve(pool, run, required)
-    }
-
-    /// The nodes `run` of `pool` holds go back.
-    pub(crate) fn release(&self, pool: &PoolId, run: &RunId) {
-        self.lock().release(pool, run);
-    }
-
-    /// The nodes any run of `pool` holds go back.
-    pub(crate) fn release_pool(&self, pool: &PoolId) {
-        self.lock().release_pool(pool);
-    }
-}
 
 /// The handle of a running fleet. Cheap to clone.
 #[derive(Clone, Debug)]

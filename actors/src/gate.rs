@@ -186,7 +186,7 @@ impl Gate {
     pub(crate) fn launch(
         settings: GateSettings,
         clock: Clock,
-        fleet: Option<(&Publisher, &crate::fleet::Reservations)>,
+        fleet: Option<(&Publisher, &crate::reservations::Reservations)>,
     ) -> Gate {
         let publisher = Publisher::default();
         let reservations = fleet.map(|(stream, reservations)| {

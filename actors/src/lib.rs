@@ -87,6 +87,7 @@ mod pool_actor;
 mod publisher;
 pub mod recording;
 pub mod replay_format;
+mod reservations;
 mod router;
 mod run_actor;
 pub mod store;

@@ -18,7 +18,6 @@ use actix::{Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Ha
 
 use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
-use crate::fleet::Reservations;
 use crate::messages::{
     BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun, FromNode,
     GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync,
@@ -27,6 +26,7 @@ use crate::messages::{
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
 use crate::recording::Recording;
+use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::run_actor::RunActor;
 use crate::store::{DurableSettings, StateStore, StoreError};
