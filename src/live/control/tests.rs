@@ -1,0 +1,317 @@
+//! The control socket served and asked in-process: takeovers, a requester
+//! gone, guarded runs, beats, idle connections.
+
+use super::*;
+use poolgate_actors::core::{Event, NodeId, PoolId, RunId};
+use poolgate_actors::core::{OnReadinessLost, PlanningPolicy, PoolDefinition};
+use poolgate_actors::Fleet;
+use poolgate_actors::GateSettings;
+use std::path::{Path, PathBuf};
+
+fn n(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+async fn ready_fleet() -> Fleet {
+    ready_pools(&[("a", &["n1", "n2"])]).await
+}
+
+/// A fleet of `pools` over n1 and n2, every node ready.
+async fn ready_pools(pools: &[(&str, &[&str])]) -> Fleet {
+    let policy = PlanningPolicy {
+        on_readiness_lost: OnReadinessLost::Wait,
+        wait_timeout: None,
+    };
+    let settings = pools
+        .iter()
+        .map(|(id, members)| {
+            let members = members.iter().map(|m| n(m)).collect();
+            let definition = PoolDefinition::new(PoolId::new(id).unwrap(), members).unwrap();
+            GateSettings::new(definition, Duration::from_millis(10), policy).unwrap()
+        })
+        .collect();
+    let fleet = Fleet::try_start(settings).unwrap();
+    for name in ["n1", "n2"] {
+        poolgate_actors::testing::make_ready_in(&fleet, &n(name), name.as_bytes())
+            .await
+            .unwrap();
+    }
+    fleet
+}
+
+fn socket(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "poolgate-control-{}-{name}.sock",
+        std::process::id()
+    ))
+}
+
+async fn ask_run(path: &Path, run: &str, required: &[&str]) -> (Client, Reply) {
+    let mut client = Client::connect(path).await.unwrap();
+    let request = Request::Run {
+        v: 1,
+        pool: None,
+        run: run.into(),
+        required: Some(required.iter().map(|r| r.to_string()).collect()),
+    };
+    client.ask(&request).await.unwrap();
+    loop {
+        match client.next().await.unwrap() {
+            Reply::Event { .. } => continue,
+            reply => return (client, reply),
+        }
+    }
+}
+
+#[test]
+fn a_run_left_planning_is_taken_over_by_the_next_and_a_requester_gone_ends_its_run() {
+    actix::System::new().block_on(async {
+        let fleet = ready_fleet().await;
+        let path = socket("orphans");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        // Refused after its planning began (a node no pool has): the
+        // run is left planning, not holding the pool for good.
+        let (_first, refused) = ask_run(&path, "r1", &["n1", "zz"]).await;
+        assert!(
+            matches!(&refused, Reply::Refused { code, .. } if code == "not_candidate"),
+            "{refused:?}"
+        );
+        let (second, committed) = ask_run(&path, "r2", &["n1"]).await;
+        assert_eq!(
+            committed,
+            Reply::Committed {
+                run: "r1".into(),
+                epoch: 1
+            },
+            "the run left planning is taken over"
+        );
+        // Its requester gone: the run is ended.
+        let mut events = fleet.subscribe();
+        drop(second);
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(Event::RunFinished { run, .. }) = events.recv().await {
+                    return run;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(ended.as_str(), "r1");
+        served.abort();
+        let _ = served.await;
+        assert!(!path.exists(), "the socket goes with its server");
+    });
+}
+
+#[test]
+fn a_committed_run_nobody_guards_is_resumed_or_ended_through_the_socket() {
+    actix::System::new().block_on(async {
+        let fleet = ready_fleet().await;
+        let gate = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+        // A committed run with no requester (as one restored is).
+        let commit = |run: &'static str| {
+            let gate = gate.clone();
+            async move {
+                let ready = gate.wait_ready().await.unwrap();
+                let run = RunId::new(run).unwrap();
+                gate.begin_planning(run.clone(), Some(ready.epoch))
+                    .await
+                    .unwrap();
+                gate.commit_plan(run, vec![n("n1")], Some(ready.epoch))
+                    .await
+                    .unwrap();
+            }
+        };
+        commit("r1").await;
+        let path = socket("resume");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        // A new run is told what ends the one nobody guards.
+        let mut newcomer = Client::connect(&path).await.unwrap();
+        let asked = Request::Run {
+            v: 1,
+            pool: None,
+            run: "r5".into(),
+            required: None,
+        };
+        newcomer.ask(&asked).await.unwrap();
+        let told = newcomer.next().await.unwrap();
+        assert!(
+            matches!(&told, Reply::Refused { detail, .. } if detail.contains("--end r1")),
+            "{told:?}"
+        );
+        // Another run is refused, naming nothing it could take over.
+        let stranger = RunId::new("r9").unwrap();
+        assert_eq!(
+            end_run(&path, None, &stranger)
+                .await
+                .unwrap()
+                .map(|w| w.contains("r9")),
+            Some(true)
+        );
+        let mut client = Client::connect(&path).await.unwrap();
+        let resume = Request::Resume {
+            v: 1,
+            pool: None,
+            run: "r1".into(),
+        };
+        client.ask(&resume).await.unwrap();
+        let committed = loop {
+            match client.next().await.unwrap() {
+                Reply::Event { .. } | Reply::Alive => continue,
+                reply => break reply,
+            }
+        };
+        assert!(
+            matches!(&committed, Reply::Committed { run, .. } if run == "r1"),
+            "{committed:?}"
+        );
+        // Guarded now: nobody else ends it or takes it.
+        let r1 = RunId::new("r1").unwrap();
+        let refused = end_run(&path, None, &r1).await.unwrap().unwrap();
+        assert!(
+            refused.contains("guarded by its own requester"),
+            "{refused}"
+        );
+        let mut other = Client::connect(&path).await.unwrap();
+        other.ask(&resume).await.unwrap();
+        let taken = other.next().await.unwrap();
+        assert!(
+            matches!(&taken, Reply::Refused { code, .. } if code == "run_guarded"),
+            "{taken:?}"
+        );
+        client.ask(&Request::Finish).await.unwrap();
+        let ended = loop {
+            match client.next().await.unwrap() {
+                Reply::Event { .. } | Reply::Alive => continue,
+                reply => break reply,
+            }
+        };
+        assert!(
+            matches!(&ended, Reply::Ended { status, .. } if status == "finished"),
+            "{ended:?}"
+        );
+        // And `run --end` of a run nobody guards ends it.
+        commit("r2").await;
+        let r2 = RunId::new("r2").unwrap();
+        assert_eq!(end_run(&path, Some("a"), &r2).await.unwrap(), None);
+        assert_eq!(gate.report().await.unwrap().run, None);
+        served.abort();
+    });
+}
+
+#[test]
+fn a_run_waiting_on_a_node_another_pools_run_holds_is_told_why_then_committed() {
+    actix::System::new().block_on(async {
+        let fleet = ready_pools(&[("a", &["n1", "n2"][..]), ("b", &["n2"][..])]).await;
+        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+        let ready = a.wait_ready().await.unwrap();
+        let r1 = RunId::new("r1").unwrap();
+        a.begin_planning(r1.clone(), Some(ready.epoch))
+            .await
+            .unwrap();
+        a.commit_plan(r1.clone(), vec![n("n2")], Some(ready.epoch))
+            .await
+            .unwrap();
+        let path = socket("waiting");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        let mut client = Client::connect(&path).await.unwrap();
+        let asked = Request::Run {
+            v: 1,
+            pool: Some("b".into()),
+            run: "r2".into(),
+            required: None,
+        };
+        client.ask(&asked).await.unwrap();
+        let told = client.next().await.unwrap();
+        assert_eq!(
+            told,
+            Reply::Waiting {
+                detail: "node n2 is reserved by run r1 of pool a".into()
+            }
+        );
+        a.finish_run(r1).await.unwrap();
+        let committed = loop {
+            match client.next().await.unwrap() {
+                Reply::Event { .. } | Reply::Alive | Reply::Waiting { .. } => continue,
+                reply => break reply,
+            }
+        };
+        assert!(
+            matches!(&committed, Reply::Committed { run, .. } if run == "r2"),
+            "{committed:?}"
+        );
+        served.abort();
+    });
+}
+
+#[test]
+fn a_connection_that_asks_nothing_is_closed_so_idle_ones_cannot_hold_the_room() {
+    actix::System::new().block_on(async {
+        let fleet = ready_fleet().await;
+        let path = socket("idle");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet, "test".into()));
+        let began = std::time::Instant::now();
+        let mut idle = Client::connect(&path).await.unwrap();
+        let closed = tokio::time::timeout(FIRST_LINE * 2, idle.next()).await;
+        assert!(
+            matches!(closed, Ok(None)),
+            "closed, not answered: {closed:?}"
+        );
+        assert!(began.elapsed() >= FIRST_LINE);
+        served.abort();
+    });
+}
+
+#[test]
+fn a_full_room_of_connections_that_ask_nothing_makes_way_for_one_that_asks() {
+    actix::System::new().block_on(async {
+        let fleet = ready_fleet().await;
+        let path = socket("full");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet, "test".into()));
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS + 10 {
+            idle.push(Client::connect(&path).await.unwrap());
+        }
+        let began = std::time::Instant::now();
+        let answer = status(&path, None).await;
+        assert!(answer.is_ok(), "{answer:?}");
+        assert!(
+            began.elapsed() < FIRST_LINE,
+            "answered at once, {:?}",
+            began.elapsed()
+        );
+        served.abort();
+    });
+}
+
+#[test]
+fn a_socket_served_is_not_taken_a_stale_one_is_replaced_and_no_other_file_is() {
+    actix::System::new().block_on(async {
+        let path = socket("taken");
+        let _ = std::fs::remove_file(&path);
+        // Another kind of file is not taken for a socket.
+        std::fs::write(&path, b"notes").unwrap();
+        let refused = bind(&path).await.err().unwrap().to_string();
+        assert!(refused.contains("not a socket"), "{refused}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"notes");
+        std::fs::remove_file(&path).unwrap();
+        // A stale socket (nobody serving it) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists() && !is_served(&path));
+        let first = bind(&path).await.unwrap();
+        assert!(is_served(&path));
+        let second = bind(&path).await.err().unwrap().to_string();
+        assert!(
+            second.contains("served by another orchestrator"),
+            "{second}"
+        );
+        drop(first);
+        assert!(!path.exists());
+    });
+}
