@@ -338,13 +338,15 @@ fn the_node_daemon_imports_neither_the_orchestrator_nor_the_replicas() {
     let daemon = workspace().join("src/cli/node.rs");
     let imports = krate.imports.get(&daemon).expect("src/cli/node.rs is read");
     for forbidden in [
-        "src/live/orchestrator.rs",
+        "src/live/orchestrator",
         "src/live/replica.rs",
         "src/live/requests.rs",
     ] {
+        let forbidden = workspace().join(forbidden);
         assert!(
-            !imports.contains(&workspace().join(forbidden)),
-            "src/cli/node.rs imports {forbidden}"
+            !imports.iter().any(|i| i.starts_with(&forbidden)),
+            "src/cli/node.rs imports {}",
+            forbidden.display()
         );
     }
     // It does import what a node needs: the reader sees its imports.

@@ -1,0 +1,136 @@
+//! Agent frame sequences kept across restarts (design §8, replay
+//! protection): written to the state store as they rise, read back at
+//! start for the registry's keys.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use poolgate_actors::core::NodeId;
+
+use crate::live::keys::PublicKey;
+use crate::live::listener::{lock, pinned, Registry};
+use crate::live::nodes::Nodes;
+use crate::live::throttle::LOG_EVERY;
+
+/// How often accepted sequences are written to the state file: a frame
+/// captured in the last interval before a crash could be replayed once
+/// after a restart, never an older one.
+#[doc(hidden)]
+pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+pub(super) async fn keep_sequences(
+    store: Arc<dyn crate::state::OrchestratorStore>,
+    nodes: Arc<Mutex<Nodes>>,
+    registry: Registry,
+) {
+    let mut written = HashMap::new();
+    let mut said = crate::live::throttle::Throttle::new(LOG_EVERY);
+    loop {
+        tokio::time::sleep(SEQUENCES_EVERY).await;
+        // Labelled with their keys under the nodes' lock, where a key is
+        // replaced: a sequence is never stored under a key that did not
+        // sign it.
+        let (current, sequences) = {
+            let held = lock(&nodes);
+            if held.last_seq == written {
+                continue;
+            }
+            let sequences: std::collections::BTreeMap<String, u64> = held
+                .last_seq
+                .iter()
+                .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
+                .collect();
+            (held.last_seq.clone(), sequences)
+        };
+        // Off the actors' thread (a write ends with an fsync, every 100 ms
+        // while nodes send frames), one at a time, in order.
+        let writer = Arc::clone(&store);
+        let saved = tokio::task::spawn_blocking(move || writer.save_sequences(&sequences)).await;
+        let saved = saved.unwrap_or_else(|e| Err(crate::StoreError(e.to_string())));
+        match saved {
+            Ok(()) => written = current,
+            Err(e) => {
+                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                if let Some(held) = said.allow(std::time::Instant::now()) {
+                    tracing::error!(error = %e, held, "agent sequences not written (tried again every 100 ms)");
+                }
+            }
+        }
+    }
+}
+
+/// How a node's last sequence is stored: `node@<key id>`, so that it
+/// holds only for the key it was signed with.
+pub(super) fn sequence_key(node: &NodeId, key: Option<&PublicKey>) -> String {
+    match key {
+        Some(key) => format!("{node}@{}", key.id()),
+        None => node.to_string(),
+    }
+}
+
+/// The stored sequences that still hold: each for the node's key in
+/// `registry` (a node whose key was replaced, after a theft say, starts
+/// over: a thief's sequence of 2^64 − 1 cannot lock the node out for good).
+/// Entries stored before keys were noted hold for the node.
+pub(super) fn restore_sequences(
+    stored: std::collections::BTreeMap<String, u64>,
+    registry: &std::collections::BTreeMap<NodeId, PublicKey>,
+) -> HashMap<NodeId, u64> {
+    let mut restored = HashMap::new();
+    for (name, seq) in stored {
+        let (node, key) = match name.rsplit_once('@') {
+            Some((node, key)) if key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                (node, Some(key))
+            }
+            _ => (name.as_str(), None),
+        };
+        let Ok(node) = NodeId::new(node) else {
+            continue;
+        };
+        let pinned = registry.get(&node).map(PublicKey::id);
+        match key {
+            Some(key) if pinned.as_deref() != Some(key) => {
+                tracing::info!(%node, "the node's key changed: its frame sequences start over");
+            }
+            _ => {
+                restored.insert(node, seq);
+            }
+        }
+    }
+    restored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::keys::NodeKey;
+    use poolgate_actors::core::NodeId;
+
+    #[test]
+    fn a_stored_sequence_holds_only_for_the_key_it_was_signed_with() {
+        // A thief with node-1's key sent sequence 2^64 − 1; node-1's key
+        // was then replaced: its sequences start over, node-2's hold.
+        let node1 = NodeId::new("node-1").unwrap();
+        let node2 = NodeId::new("node-2").unwrap();
+        let (stolen, fresh, other) = (
+            NodeKey::generate().public(),
+            NodeKey::generate().public(),
+            NodeKey::generate().public(),
+        );
+        let stored = [
+            (sequence_key(&node1, Some(&stolen)), u64::MAX),
+            (sequence_key(&node2, Some(&other)), 7),
+        ]
+        .into_iter()
+        .collect();
+        let registry = [(node1.clone(), fresh), (node2.clone(), other)]
+            .into_iter()
+            .collect();
+        let restored = restore_sequences(stored, &registry);
+        assert_eq!(restored.get(&node1), None);
+        assert_eq!(restored.get(&node2), Some(&7));
+        // Stored before keys were noted: holds for the node.
+        let old = [("node-1".to_string(), 9)].into_iter().collect();
+        assert_eq!(restore_sequences(old, &registry).get(&node1), Some(&9));
+    }
+}
