@@ -1,0 +1,374 @@
+//! The campaign for the `leader` key: one thread that follows, campaigns,
+//! leads (renewing its lease) and steps down, telling the replica its
+//! [`Role`] and the store its [`Fence`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::etcd::{self, Etcd};
+use crate::state::etcd::{Fence, LeaderTerm};
+
+/// How often a follower looks at the leader key.
+pub(crate) const POLL: Duration = Duration::from_millis(250);
+
+/// What the leader key says about the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    /// The leading replica's name.
+    pub replica: String,
+    /// Where its agent listener is reached (what nodes are pointed to).
+    pub agents: String,
+}
+
+impl std::fmt::Display for Leader {
+    /// `<replica> at <agents>`, as refusals and status say it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.replica, self.agents)
+    }
+}
+
+/// This replica's role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Another replica leads (`Some`), or nobody is known to.
+    Following(Option<Leader>),
+    /// This replica leads, since the instant it won.
+    Leading(Instant),
+}
+
+/// Why a replica stopped leading (said once, at the step down).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SteppedDown {
+    /// No renewal succeeded within the renew deadline.
+    NoRenewal(Duration),
+    /// The lease is gone on etcd (expired, revoked, or etcd's data lost).
+    LeaseGone,
+    /// The leader key is no longer this replica's.
+    KeyTaken,
+    /// etcd refused a write of this term (the leader key or a record
+    /// changed under it).
+    WriteRefused,
+}
+
+impl std::fmt::Display for SteppedDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SteppedDown::NoRenewal(d) => write!(
+                f,
+                "the lease could not be renewed within {}: stepped down before it can expire",
+                crate::config::in_words(*d)
+            ),
+            SteppedDown::LeaseGone => f.write_str("the lease is gone on etcd"),
+            SteppedDown::KeyTaken => f.write_str("the leader key is no longer this replica's"),
+            SteppedDown::WriteRefused => f.write_str(
+                "etcd refused a write of this term (the leader key or a record changed under it)",
+            ),
+        }
+    }
+}
+
+/// A replica's part in the election: started with [`Campaign::start`],
+/// ended (lease revoked, leadership handed on at once) by
+/// [`Campaign::resign`] or on drop.
+#[derive(Debug)]
+pub(crate) struct Campaign {
+    stop: Arc<AtomicBool>,
+    abandoned: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    role: watch::Receiver<Role>,
+}
+
+/// What a campaign needs.
+#[derive(Debug, Clone)]
+pub(crate) struct CampaignSettings {
+    /// The leader key.
+    pub key: Vec<u8>,
+    /// What this replica writes there.
+    pub me: Leader,
+    /// The lease's TTL.
+    pub ttl: Duration,
+}
+
+impl Campaign {
+    /// Starts campaigning; `fence` follows the terms won.
+    pub fn start(etcd: Arc<Etcd>, settings: CampaignSettings, fence: Arc<Fence>) -> Campaign {
+        let (tx, role) = watch::channel(Role::Following(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, abandoned) = (Arc::clone(&stop), Arc::clone(&abandoned));
+            std::thread::Builder::new()
+                .name("poolgate-leadership".into())
+                .spawn(move || Elector::new(etcd, settings, fence, tx, stop).run(&abandoned))
+                .ok()
+        };
+        Campaign {
+            stop,
+            abandoned,
+            thread,
+            role,
+        }
+    }
+
+    /// The role, as it changes.
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.role.clone()
+    }
+
+    /// Stops campaigning; a leader revokes its lease so another replica
+    /// leads at once.
+    pub fn resign(mut self) {
+        self.end();
+    }
+
+    /// Stops campaigning without revoking the lease, as a crashed process
+    /// would: another replica leads once the lease expires.
+    pub fn abandon(mut self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Renew deadline: acting stops this long after a renewal began.
+pub(crate) fn renew_deadline(ttl: Duration) -> Duration {
+    ttl * 2 / 3
+}
+
+struct Elector {
+    etcd: Arc<Etcd>,
+    settings: CampaignSettings,
+    value: Vec<u8>,
+    fence: Arc<Fence>,
+    tx: watch::Sender<Role>,
+    stop: Arc<AtomicBool>,
+    said: crate::live::throttle::Throttle,
+    /// The last renewal failed: the next comes sooner.
+    failed_renewal: bool,
+}
+
+/// How many renewals a lease gets per TTL: with the renew deadline at two
+/// thirds of the TTL, a leader has at least half the TTL to ride out an
+/// etcd election that begins right after a renewal.
+pub(crate) const RENEWALS_PER_TTL: u32 = 6;
+
+/// How soon a failed renewal is tried again.
+pub(crate) const RENEW_RETRY: Duration = Duration::from_millis(100);
+
+/// A term being held: the lease, the key's create revision, the TTL.
+#[derive(Clone, Copy)]
+struct HeldLease {
+    lease: i64,
+    created: i64,
+    ttl: Duration,
+    until: Instant,
+}
+
+impl Elector {
+    fn new(
+        etcd: Arc<Etcd>,
+        settings: CampaignSettings,
+        fence: Arc<Fence>,
+        tx: watch::Sender<Role>,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        let value = serde_json::to_vec(&settings.me).unwrap_or_default();
+        Elector {
+            etcd,
+            settings,
+            value,
+            fence,
+            tx,
+            stop,
+            said: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
+            failed_renewal: false,
+        }
+    }
+
+    fn run(mut self, abandoned: &AtomicBool) {
+        let mut held: Option<HeldLease> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            held = match held {
+                None => {
+                    let won = self.follow();
+                    if won.is_none() {
+                        self.pause(POLL);
+                    }
+                    won
+                }
+                Some(term) => self.lead(term),
+            };
+        }
+        self.fence.clear();
+        if let (Some(term), false) = (held, abandoned.load(Ordering::Relaxed)) {
+            // Hand over at once rather than at the lease's expiry.
+            let _ = self.etcd.revoke(term.lease);
+            tracing::info!("resigned the leadership (lease revoked)");
+        }
+    }
+
+    fn pause(&self, d: Duration) {
+        let until = Instant::now() + d;
+        while !self.stop.load(Ordering::Relaxed) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// One look at the leader key; a campaign if it is free.
+    fn follow(&mut self) -> Option<HeldLease> {
+        match self.etcd.get(&self.settings.key) {
+            Ok(Some(kv)) => {
+                let leader = serde_json::from_slice::<Leader>(&kv.value).ok();
+                self.tx.send_if_modified(|role| {
+                    let now = Role::Following(leader);
+                    (*role != now).then(|| *role = now).is_some()
+                });
+                None
+            }
+            Ok(None) => self.campaign(),
+            Err(e) => {
+                if let Some(held) = self.said.allow(Instant::now()) {
+                    tracing::warn!(error = %e, held, "leadership: etcd not reachable; following nobody");
+                }
+                self.tx.send_if_modified(|role| {
+                    let now = Role::Following(None);
+                    (*role != now).then(|| *role = now).is_some()
+                });
+                None
+            }
+        }
+    }
+
+    fn campaign(&mut self) -> Option<HeldLease> {
+        let began = Instant::now();
+        let (lease, ttl) = match self.etcd.grant(self.settings.ttl) {
+            Ok(granted) => granted,
+            Err(e) => {
+                tracing::warn!(error = %e, "leadership: no lease granted");
+                return None;
+            }
+        };
+        let key = &self.settings.key;
+        let txn = self.etcd.txn(
+            vec![etcd::created_at(key, 0)],
+            vec![etcd::put(key, &self.value, lease)],
+            vec![etcd::range(key)],
+        );
+        match txn {
+            Ok((true, answer)) => {
+                let term = HeldLease {
+                    lease,
+                    created: etcd::revision(&answer),
+                    ttl,
+                    until: began + renew_deadline(ttl),
+                };
+                if Instant::now() >= term.until {
+                    // Won too slowly to act on it.
+                    let _ = self.etcd.revoke(lease);
+                    return None;
+                }
+                self.fence.set(LeaderTerm {
+                    created: term.created,
+                    until: term.until,
+                });
+                tracing::info!(replica = %self.settings.me.replica, ttl = ?ttl, "leading");
+                self.tx.send_replace(Role::Leading(Instant::now()));
+                Some(term)
+            }
+            Ok((false, _)) | Err(_) => {
+                let _ = self.etcd.revoke(lease);
+                None
+            }
+        }
+    }
+
+    /// Renews a held term once, stepping down if it cannot.
+    fn lead(&mut self, term: HeldLease) -> Option<HeldLease> {
+        // Renewed every sixth of the TTL; a renewal that failed is tried
+        // again soon, so one slow answer does not cost the term.
+        let every = if self.failed_renewal {
+            RENEW_RETRY
+        } else {
+            term.ttl / RENEWALS_PER_TTL
+        };
+        let next = Instant::now() + every;
+        while Instant::now() < next.min(term.until) {
+            if self.stop.load(Ordering::Relaxed) {
+                return Some(term);
+            }
+            if self.fence.is_ended(term.created) {
+                return self.step_down(term, SteppedDown::WriteRefused);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if Instant::now() >= term.until {
+            return self.step_down(term, SteppedDown::NoRenewal(renew_deadline(term.ttl)));
+        }
+        if self.fence.is_ended(term.created) {
+            return self.step_down(term, SteppedDown::WriteRefused);
+        }
+        let began = Instant::now();
+        match self.etcd.keep_alive(term.lease) {
+            Ok(Some(ttl)) => match self.etcd.get(&self.settings.key) {
+                Ok(Some(kv)) if kv.create_revision == term.created && kv.lease == term.lease => {
+                    let renewed = HeldLease {
+                        ttl,
+                        until: began + renew_deadline(ttl),
+                        ..term
+                    };
+                    self.fence.set(LeaderTerm {
+                        created: renewed.created,
+                        until: renewed.until,
+                    });
+                    self.failed_renewal = false;
+                    Some(renewed)
+                }
+                Ok(_) => self.step_down(term, SteppedDown::KeyTaken),
+                Err(_) => {
+                    self.failed_renewal = true;
+                    Some(term)
+                }
+            },
+            Ok(None) => self.step_down(term, SteppedDown::LeaseGone),
+            Err(e) => {
+                if let Some(held) = self.said.allow(Instant::now()) {
+                    tracing::warn!(error = %e, held, "leadership: the lease not renewed; acting until the renew deadline");
+                }
+                self.failed_renewal = true;
+                Some(term)
+            }
+        }
+    }
+
+    fn step_down(&mut self, term: HeldLease, why: SteppedDown) -> Option<HeldLease> {
+        self.fence.clear();
+        self.failed_renewal = false;
+        tracing::error!(why = %why, "stepped down: no longer the leader");
+        self.tx.send_replace(Role::Following(None));
+        let _ = self.etcd.revoke(term.lease);
+        // Not at once a candidate again: the orchestrator of the term
+        // that ended must see it end first.
+        self.pause(POLL * 2);
+        None
+    }
+}

@@ -1,0 +1,357 @@
+//! Leadership among orchestrator replicas on etcd (design §12).
+//!
+//! Each replica campaigns for the `leader` key under the state prefix,
+//! created on a lease of `[state] lease` in one transaction that succeeds
+//! only if the key does not exist. The leader renews its lease every
+//! sixth of the TTL and may act only until two thirds of the TTL after
+//! the start of its last successful renewal, by its own monotonic clock
+//! (the lease cannot expire on etcd before the full TTL from then): a
+//! leader that cannot reach etcd stops acting before any other replica
+//! can lead. Followers read the key every `POLL` and campaign when it is
+//! gone. All of it runs on a thread of its own; what it decides reaches
+//! the orchestrator through a [`Role`] watch and the store's [`Fence`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::{LiveError, Orchestrator};
+
+mod campaign;
+mod follower;
+mod store;
+
+pub(crate) use campaign::RENEWALS_PER_TTL;
+use campaign::{Campaign, CampaignSettings};
+pub use campaign::{Leader, Role, SteppedDown};
+use follower::{follow, Following};
+pub use store::requests_of;
+use store::{advertised_agents, etcd_client, open_store, replica_name};
+
+use crate::etcd::Etcd;
+use crate::state::etcd::{EtcdStore, Fence};
+
+/// An orchestrator replica (design §12): campaigns on etcd, follows (its
+/// agent listener refusing nodes with a pointer to the leader) and, for
+/// each term it leads, runs an [`Orchestrator`] over the state in etcd.
+///
+/// ```no_run
+/// # async fn example(config: poolgate::Config) -> Result<(), poolgate::live::LiveError> {
+/// use poolgate::live::replica::Replica;
+///
+/// let mut replica = Replica::start(&config)?;
+/// loop {
+///     let live = replica.lead(None).await?; // follows until it leads
+///     let mut events = live.gate.subscribe();
+///     loop {
+///         tokio::select! {
+///             event = events.recv() => match event {
+///                 Some(event) => println!("{event:?}"),
+///                 None => break,
+///             },
+///             _ = replica.lost() => break, // stepped down: stop acting
+///         }
+///     }
+///     live.shutdown();
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Replica {
+    config: crate::Config,
+    etcd: Arc<Etcd>,
+    store: Arc<EtcdStore>,
+    fence: Arc<Fence>,
+    campaign: Campaign,
+    me: Leader,
+    /// The highest epoch this replica has seen stored: a store holding
+    /// less was wiped or rolled back, and is refused.
+    seen_epoch: u64,
+    /// Whether this replica has seen the prefix written (a format
+    /// record): finding it empty later means etcd's data was wiped.
+    seen_written: bool,
+    terms: u64,
+    /// The term the running orchestrator belongs to (the leader key's
+    /// create revision).
+    term: Option<i64>,
+    /// The SWIM member, kept warm while following (a member of the
+    /// cluster with its view) and handed to each term's orchestrator;
+    /// none if its socket was taken (another replica on this host): then
+    /// each term starts its own.
+    warm: Option<super::orchestrator::WarmSwim>,
+    /// Whether starting the warm member was tried.
+    warmed: bool,
+}
+
+/// How often a follower looks at what is stored.
+pub(crate) const FOLLOWER_LOOK: Duration = Duration::from_secs(1);
+
+/// How long one etcd call of the store may take.
+pub(crate) const STORE_CALL: Duration = Duration::from_secs(2);
+
+impl Replica {
+    /// Connects to `[state] etcd`, checks what the prefix holds (another
+    /// cluster's state, a newer format, a damaged record: an error naming
+    /// the key; no endpoint answering: an error naming them) and starts
+    /// campaigning.
+    pub fn start(config: &crate::Config) -> Result<Replica, LiveError> {
+        let (etcd, prefix, fence, store, held) = open_store(config)?;
+        let me = Leader {
+            replica: replica_name(config),
+            agents: advertised_agents(config),
+        };
+        let ttl = config.state.lease;
+        // Renewals must be answered well within the renew deadline.
+        let campaign_etcd = Arc::new(etcd_client(
+            config,
+            (ttl / RENEWALS_PER_TTL).min(Duration::from_secs(1)),
+        )?);
+        let campaign = Campaign::start(
+            campaign_etcd,
+            CampaignSettings {
+                key: store.key("leader"),
+                me: me.clone(),
+                ttl,
+            },
+            Arc::clone(&fence),
+        );
+        tracing::info!(replica = %me.replica, etcd = %etcd.endpoints(), %prefix, "replica started: campaigning");
+        Ok(Replica {
+            config: config.clone(),
+            etcd,
+            store,
+            fence,
+            campaign,
+            me,
+            seen_epoch: held.as_ref().map_or(0, |(d, _)| d.last_epoch),
+            seen_written: held.is_some(),
+            terms: 0,
+            term: None,
+            warm: None,
+            warmed: false,
+        })
+    }
+
+    /// This replica's name and agent address, as the leader key says them.
+    pub fn me(&self) -> &Leader {
+        &self.me
+    }
+
+    /// The role, as it changes.
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.campaign.role()
+    }
+
+    /// Whether this replica may act now.
+    pub fn leads(&self) -> bool {
+        self.fence.current().is_some()
+    }
+
+    /// Runs asked of whichever replica leads, through this replica's etcd.
+    pub fn requests(&self) -> super::requests::Requests {
+        super::requests::Requests::new(Arc::clone(&self.store))
+    }
+
+    /// How many terms this replica has led.
+    pub fn terms(&self) -> u64 {
+        self.terms
+    }
+
+    /// Follows until this replica leads, then starts an orchestrator over
+    /// the state etcd holds: epochs above every epoch stored, the active
+    /// run restored (its restore grace starting now).
+    pub async fn lead(
+        &mut self,
+        record: Option<poolgate_actors::Recording>,
+    ) -> Result<Orchestrator, LiveError> {
+        self.warm_up().await?;
+        loop {
+            let mut following = Following(
+                follow(&self.config, self.campaign.role(), Arc::clone(&self.store)).await?,
+            );
+            let mut role = self.campaign.role();
+            // While following, what is stored is looked at every second:
+            // the epochs issued meanwhile, and whether the prefix is
+            // written, are known at takeover.
+            let mut look = tokio::time::interval(FOLLOWER_LOOK);
+            while !matches!(*role.borrow_and_update(), Role::Leading(_)) || !self.leads() {
+                tokio::select! {
+                    changed = role.changed() => if changed.is_err() {
+                        return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
+                    },
+                    _ = look.tick() => {
+                        let store = Arc::clone(&self.store);
+                        if let Ok(Ok(Some((held, _)))) =
+                            tokio::task::spawn_blocking(move || store.read_records()).await
+                        {
+                            self.seen_written = true;
+                            self.seen_epoch = self.seen_epoch.max(held.last_epoch);
+                        }
+                    }
+                }
+            }
+            following.0.abort();
+            let _ = (&mut following.0).await;
+            self.term = self.fence.current().map(|t| t.created);
+            let Some(term) = self.term else { continue };
+            // The term's store starts from what etcd holds now; its
+            // writes land only in this term, on records unchanged since.
+            let base = Arc::clone(&self.store);
+            let (store, held) = tokio::task::spawn_blocking(move || base.bind(term))
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+            self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
+            if held.is_none() && (self.seen_written || self.store.written_epoch() > 0) {
+                return Err(self.wiped(format!(
+                    "{}: empty, though this replica saw it written",
+                    String::from_utf8_lossy(&self.store.key(""))
+                )));
+            }
+            let restored = held.map(|(d, _)| d).unwrap_or_default();
+            if restored.last_epoch < self.seen_epoch {
+                return Err(self.wiped(format!(
+                    "{}state: holds epoch {} but this replica saw epoch {} stored",
+                    String::from_utf8_lossy(&self.store.key("")),
+                    restored.last_epoch,
+                    self.seen_epoch
+                )));
+            }
+            self.seen_epoch = restored.last_epoch;
+            // A run found planning is aborted as the gate starts (design
+            // §9): its end is the requests' server's first write.
+            let aborted_at_start = restored
+                .run
+                .as_ref()
+                .filter(|run| !run.committed)
+                .map(|run| run.run.clone());
+            let term_store = store;
+            let store: Arc<dyn crate::state::OrchestratorStore> = term_store.clone();
+            let settings = self.config.gate_settings().and_then(|settings| {
+                settings.with_durable(poolgate_actors::DurableSettings {
+                    store: store.clone(),
+                    restored,
+                    restore_grace: self.config.state.restore_grace,
+                })
+            })?;
+            let leader: Arc<str> = Arc::from(format!("{} (this replica)", self.me));
+            match Orchestrator::start_with(
+                &self.config,
+                vec![settings],
+                Some(store),
+                record.clone(),
+                leader,
+                self.warm.as_ref(),
+            )
+            .await
+            {
+                Ok(mut live) => {
+                    let (fence, term) = (Arc::clone(&self.fence), self.term);
+                    live.gate
+                        .fence_with(move || fence.current().map(|t| t.created) == term);
+                    let live_gate = live.gate.clone();
+                    let pool = self.config.pool.clone();
+                    live.attach(actix::spawn(super::requests::serve(
+                        live_gate,
+                        term_store,
+                        pool,
+                        aborted_at_start,
+                    )));
+                    self.terms += 1;
+                    tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");
+                    return Ok(live);
+                }
+                // Lost the term while starting (the first write refused):
+                // follow again.
+                Err(LiveError::Gate(e)) if !self.leads() => {
+                    tracing::warn!(error = %e, "the term ended while starting; following");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The error for a prefix holding less than this replica saw stored:
+    /// `what` was found.
+    fn wiped(&self, what: String) -> LiveError {
+        LiveError::State(crate::state::StateError {
+            file: format!("etcd {}", self.etcd.endpoints()),
+            what: format!("{what}: etcd's data was wiped or rolled back; refusing to issue epochs again (restore etcd, or remove the prefix and restart every replica)"),
+        })
+    }
+
+    /// Resolves when the term [`Replica::lead`] began is over: this
+    /// replica may no longer act (checked every 20 ms against the renew
+    /// deadline, whatever the campaign's thread is doing).
+    pub async fn lost(&self) {
+        // A term lost and a new one won between two looks is lost too.
+        while self.term.is_some() && self.fence.current().map(|t| t.created) == self.term {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the SWIM member kept warm while following (once; also
+    /// done by the first [`Replica::lead`]). A socket another process on
+    /// this host holds is no error: each term then starts its own member.
+    /// Must be called inside a running actix `System`.
+    pub async fn warm_up(&mut self) -> Result<(), LiveError> {
+        if self.warmed {
+            return Ok(());
+        }
+        let started = super::orchestrator::WarmSwim::start(&self.config).await;
+        self.warmed = true;
+        match started {
+            Ok(warm) => {
+                tracing::info!(swim = %warm.addr(), "SWIM member started: kept warm while following");
+                self.warm = Some(warm);
+                Ok(())
+            }
+            Err(LiveError::Bind { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                tracing::info!("SWIM socket held by another process on this host: this replica starts its member when it leads");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where the warm SWIM member answers (none before
+    /// [`Replica::warm_up`], or when each term starts its own).
+    pub fn swim_addr(&self) -> Option<std::net::SocketAddr> {
+        self.warm.as_ref().map(super::orchestrator::WarmSwim::addr)
+    }
+
+    /// How many other members the warm SWIM member knows (none without
+    /// one).
+    pub async fn swim_members(&self) -> Option<usize> {
+        match &self.warm {
+            Some(warm) => warm.members().await,
+            None => None,
+        }
+    }
+
+    /// What reloads the warm SWIM member's gossip keyring (SIGHUP, while
+    /// following or leading: each term's orchestrator uses that member).
+    pub fn swim_keys(&self) -> Option<super::orchestrator::SwimKeys> {
+        self.warm.as_ref().map(super::orchestrator::WarmSwim::keys)
+    }
+
+    /// The highest epoch stored that this replica knows of.
+    pub fn note_epoch(&mut self, epoch: u64) {
+        self.seen_epoch = self.seen_epoch.max(epoch);
+    }
+
+    /// Stops campaigning and hands the leadership on at once.
+    pub fn resign(self) {
+        self.fence.clear();
+        self.campaign.resign();
+    }
+
+    /// Stops campaigning as a crashed process would (the lease left to
+    /// expire); for tests of takeovers, and an embedder's own crash drills.
+    pub fn abandon(self) {
+        self.fence.clear();
+        self.campaign.abandon();
+    }
+}

@@ -1,0 +1,153 @@
+//! What a replica opens of `[state] etcd`: its client, the prefix and the
+//! store over it, checked before it campaigns; and the requests a `run`
+//! puts there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::etcd::Etcd;
+use crate::live::LiveError;
+use crate::state::etcd::{EtcdStore, Fence};
+
+use super::STORE_CALL;
+
+/// What [`open_store`] gives: the client, the prefix, the store's fence,
+/// the store and what it held.
+pub(super) type OpenStore = (
+    Arc<Etcd>,
+    String,
+    Arc<Fence>,
+    Arc<EtcdStore>,
+    Option<(
+        crate::core::Durable,
+        std::collections::BTreeMap<String, u64>,
+    )>,
+);
+
+/// `[state] etcd`'s store, checked (another cluster's prefix, a newer
+/// format, a damaged record, no endpoint: an error naming it), with a
+/// fence of its own and what it holds.
+pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
+    let bad = |message: String| LiveError::Setting {
+        key: "state.etcd",
+        message,
+    };
+    if !config.state.insecure {
+        if let Some(plain) = config.state.etcd.iter().find(|e| e.starts_with("http://")) {
+            return Err(bad(format!(
+                "{plain}: plain http is refused; set [state] insecure = true to accept it"
+            )));
+        }
+        if config.state.key.is_none() {
+            return Err(LiveError::Setting {
+                key: "state.key",
+                message: "[state] etcd needs a key (poolgate keygen --cluster), or insecure = true"
+                    .into(),
+            });
+        }
+    }
+    let etcd = Arc::new(etcd_client(config, STORE_CALL)?);
+    let key = match &config.state.key {
+        Some(path) => {
+            let key = crate::keys::ClusterKey::load(path).map_err(|e| LiveError::Setting {
+                key: "state.key",
+                message: e.to_string(),
+            })?;
+            Some(crate::state::mac::StateKey::from_bytes(key.0))
+        }
+        None => None,
+    };
+    if config.state.insecure {
+        tracing::warn!(
+            mac = key.is_some(),
+            "[state] insecure = true: plain http to etcd is accepted{}",
+            if key.is_some() {
+                ""
+            } else {
+                ", and its records and requests carry no MAC: anyone who reaches etcd can rewrite the gate"
+            }
+        );
+    }
+    let prefix = config.state.prefix.clone().unwrap_or_else(|| {
+        crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
+    });
+    let fence = Arc::new(Fence::default());
+    let store = Arc::new(
+        EtcdStore::new(
+            Arc::clone(&etcd),
+            &prefix,
+            &config.swim.label,
+            config.pool.id().as_str(),
+            Arc::clone(&fence),
+        )
+        .with_key(key),
+    );
+    let held = store.read_records()?;
+    Ok((etcd, prefix, fence, store, held))
+}
+
+/// A client of `[state] etcd`, each call bounded by `timeout`, over TLS
+/// as `ca_file`, `cert_file` and `key_file` say, authenticated as `[state] username` with the password in
+/// `password_file` when they are given.
+pub(super) fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<Etcd, LiveError> {
+    let etcd = Etcd::new(&config.state.etcd, timeout).map_err(|message| LiveError::Setting {
+        key: "state.etcd",
+        message,
+    })?;
+    let etcd = etcd
+        .with_tls(&config.state.tls)
+        .map_err(|message| LiveError::Setting {
+            key: "state",
+            message,
+        })?;
+    let Some((user, file)) = config
+        .state
+        .username
+        .as_ref()
+        .zip(config.state.password_file.as_ref())
+    else {
+        return Ok(etcd);
+    };
+    let password = std::fs::read_to_string(file).map_err(|e| LiveError::Setting {
+        key: "state.password_file",
+        message: format!("{}: {e}", file.display()),
+    })?;
+    let password = password.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        return Err(LiveError::Setting {
+            key: "state.password_file",
+            message: format!("{}: empty", file.display()),
+        });
+    }
+    Ok(etcd.with_auth(user, password))
+}
+
+/// Runs asked of whichever replica leads, by a process that is not a
+/// replica itself (`poolgate run --end`).
+#[doc(hidden)]
+pub fn requests_of(config: &crate::Config) -> Result<crate::live::requests::Requests, LiveError> {
+    let (_, _, _, store, _) = open_store(config)?;
+    Ok(crate::live::requests::Requests::new(store))
+}
+
+/// The replica's name: `[swim] advertise`, else the agent listener.
+pub(super) fn replica_name(config: &crate::Config) -> String {
+    match &config.swim.advertise {
+        Some(advertise) => advertise.as_str().to_string(),
+        None => config.agents.listen.to_string(),
+    }
+}
+
+/// Where nodes reach this replica's agent listener: its address, or on
+/// an unspecified one, `[swim] advertise`'s host with the listener's port.
+pub(super) fn advertised_agents(config: &crate::Config) -> String {
+    let listen = config.agents.listen;
+    match (&config.swim.advertise, listen.ip().is_unspecified()) {
+        (Some(advertise), true) => {
+            let text = advertise.as_str();
+            let host = text.rsplit_once(':').map_or(text, |(host, _)| host);
+            format!("{host}:{}", listen.port())
+        }
+        _ => listen.to_string(),
+    }
+}
