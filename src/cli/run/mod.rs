@@ -28,8 +28,8 @@ use replicated::campaign;
 /// `command` and guards it. Returns the exit code: the command's own; 3
 /// when the run faulted (the command's process group is sent SIGTERM,
 /// then SIGKILL after 5 s); 1 when the pool was not ready within the
-/// timeout; [`EXIT_OTHER_RUN`] when a restored run is in the way;
-/// [`EXIT_UNGUARDED`] when its run could not be confirmed guarded; 128 +
+/// timeout; [`EXIT_OTHER_RUN`](crate::cli::commands::EXIT_OTHER_RUN) when a restored run is in the way;
+/// [`EXIT_UNGUARDED`](crate::cli::commands::EXIT_UNGUARDED) when its run could not be confirmed guarded; 128 +
 /// signal when `run` was signalled (the command stopped and the run ended
 /// first).
 ///

@@ -1,0 +1,115 @@
+//! Runs asked of whichever replica leads (design §12): `poolgate run` among
+//! replicas writes its request into etcd, the leader plans and commits it
+//! on a ready pool and writes what became of it; a takeover changes
+//! nothing for the requester, since the next leader reads the same keys.
+//!
+//! Keys under the state prefix:
+//! - `requests/<run>`: the required nodes and the requester's lease,
+//!   written by the requester on that lease;
+//! - `alive/<run>`: the requester is there (on its lease, whose TTL is
+//!   `[run] unguarded_after`): a run whose requester is gone for good
+//!   (its lease expired) is withdrawn if waiting, and ended by the leader
+//!   if committed (outcome `ended`, with the reason): a requester that
+//!   could not renew its session for that long has stopped its command;
+//! - `requested/<run>`: the leader committed it for a requester (fenced);
+//! - `runs/<run>`: what became of it, the event the leader published
+//!   (fenced; on no lease: it outlives the requester's session);
+//! - `finish/<run>`: the requester's command ended: the leader ends it.
+//!
+//! A requester confirms that its run is still guarded by reading, in one
+//! transaction, the leader key, the stored state and the outcome
+//! ([`Requests::standing`]); the stored state is written before any
+//! outcome is told, so a run the state no longer holds has ended.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolgate_actors::core::{Event, NodeId};
+use poolgate_actors::StoreError;
+use serde::{Deserialize, Serialize};
+
+use crate::state::etcd::EtcdStore;
+
+mod requester;
+mod server;
+
+pub use requester::{Requests, Session};
+pub use server::{serve, RequestServer, REQUESTER_GONE};
+
+/// The key of the pool's state the leader publishes.
+pub const STATUS: &str = "status";
+
+/// What the leader last published of the pool, with `age_ms` (how long
+/// ago, by this host's clock); `None` when nothing was, or it is not
+/// readable.
+pub async fn leader_said(store: Arc<EtcdStore>) -> Option<serde_json::Value> {
+    let bytes = blocking(move || store.get_raw(STATUS)).await.ok()??;
+    let mut said: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let written = said["written_unix_ms"].as_u64().unwrap_or(0);
+    said["age_ms"] = serde_json::json!(super::generation::unix_ms().saturating_sub(written));
+    Some(said)
+}
+
+/// How often a requester looks at what became of its run.
+pub const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the leader looks at the requests when nothing told it to:
+/// it watches their keys and looks at once on a change; this is the
+/// floor should a change go unseen (a watch broken and made again).
+pub const LEADER_LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one watch of the requests lasts before it is made again (the
+/// watching thread ends within this of its term).
+pub const WATCH_SPAN: Duration = Duration::from_secs(5);
+
+/// A run asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The pool it is asked of (design §14); the leader's one pool when
+    /// absent. A pool the leader does not gate is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The nodes it requires.
+    pub required: Vec<NodeId>,
+    /// The requester's lease (what became of the run is kept on it).
+    #[serde(default)]
+    pub lease: i64,
+}
+
+/// What became of a requested run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// `committed`, `faulted`, `finished`, or `refused` (it can never be
+    /// committed: `reason` says why).
+    pub status: String,
+    /// The event the leader published for it (none when a leader found
+    /// the run committed by its predecessor, whose event went unwritten).
+    pub event: Option<Event>,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What a requester found of its committed run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunStanding {
+    /// A replica leads and the stored state holds the run committed.
+    Guarded,
+    /// The stored state holds the run committed, but no replica leads
+    /// right now (a takeover under way).
+    Unled,
+    /// The leader wrote the run's end.
+    Ended(Outcome),
+    /// The stored state no longer holds the run: it ended (the state is
+    /// written before any outcome is told), its outcome not written yet.
+    NotHeld,
+}
+
+/// Runs an etcd call off the actors' thread.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(StoreError(e.to_string())))
+}

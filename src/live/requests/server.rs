@@ -1,0 +1,401 @@
+//! The leader's side: the requests served on its gate, what became of
+//! each run written back, and runs whose requester is gone ended.
+
+use std::sync::Arc;
+
+use poolgate_actors::core::{Event, NodeId, PoolPhase, RunId};
+use poolgate_actors::{Gate, StoreError};
+
+use crate::state::etcd::EtcdStore;
+
+use super::{blocking, Outcome, Request, LEADER_LOOK_EVERY, STATUS, WATCH_SPAN};
+
+/// The leader's side, for one term: serves the requests on `gate` until
+/// the task is aborted (the term ends).
+///
+/// `aborted_at_start` is the run the term found planning in etcd: the
+/// gate aborted it as it started (`planning_aborted`, `restarted`),
+/// before this task could subscribe; its end is written first.
+pub async fn serve(
+    gate: Gate,
+    store: Arc<EtcdStore>,
+    pool: poolgate_actors::core::PoolDefinition,
+    aborted_at_start: Option<RunId>,
+) {
+    let mut changed = watch_requests(Arc::clone(&store));
+    let mut serving = RequestServer::new(gate, store, pool.members().to_vec());
+    if let Some(run) = aborted_at_start {
+        serving.unsettled.push_back(Event::PlanningAborted {
+            at: poolgate_actors::core::Time::ZERO,
+            pool: pool.id().clone(),
+            run,
+            reason: poolgate_actors::core::AbortReason::Restarted,
+        });
+    }
+    let mut tick = tokio::time::interval(LEADER_LOOK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut said = crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY);
+    loop {
+        let result = tokio::select! {
+            event = serving.events.recv() => match event {
+                Some(event) => {
+                    serving.unsettled.push_back(event);
+                    serving.settle_published().await
+                }
+                None => return,
+            },
+            Some(()) = changed.recv() => serving.look().await,
+            _ = tick.tick() => {
+                let looked = serving.look().await;
+                if let Err(e) = serving.publish_status().await {
+                    tracing::debug!(error = %e, "the pool's status not published (tried again)");
+                }
+                looked
+            }
+        };
+        if let Err(e) = result {
+            if let Some(held) = said.allow(std::time::Instant::now()) {
+                tracing::warn!(error = %e, held, "run requests: not served (tried again)");
+            }
+        }
+    }
+}
+
+/// Watches the requests' keys on a thread of its own (the etcd client
+/// blocks): one message on the channel per batch of changes, at most one
+/// waiting. The thread ends within [`WATCH_SPAN`] of the receiver's drop
+/// (the term's end); a watch that breaks is made again a second later.
+pub(super) fn watch_requests(store: Arc<EtcdStore>) -> tokio::sync::mpsc::Receiver<()> {
+    let (tell, changed) = tokio::sync::mpsc::channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("poolgate-watch".into())
+        .spawn(move || {
+            let mut said = crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY);
+            while !tell.is_closed() {
+                let watched = store.watch_requests(WATCH_SPAN, || {
+                    let _ = tell.try_send(());
+                });
+                if let Err(e) = watched {
+                    metrics::counter!("poolgate_etcd_watch_broken_total").increment(1);
+                    if let Some(held) = said.allow(std::time::Instant::now()) {
+                        tracing::debug!(error = %e, held, "watch of the run requests broke: looked at every second meanwhile");
+                    }
+                    std::thread::sleep(LEADER_LOOK_EVERY);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no thread to watch the run requests: looked at every second");
+    }
+    changed
+}
+
+/// What the leader's side keeps for one term (see [`serve`]).
+#[derive(Debug)]
+pub struct RequestServer {
+    gate: Gate,
+    store: Arc<EtcdStore>,
+    members: Vec<NodeId>,
+    events: poolgate_actors::EventStream,
+    /// Outcomes not written yet (etcd slow, or unreachable for a moment):
+    /// written at the next chance, in order, never dropped.
+    unsettled: std::collections::VecDeque<Event>,
+    said_waiting: crate::live::throttle::Throttle,
+    /// Committed runs whose requester is gone, said once each.
+    orphans: std::collections::BTreeSet<RunId>,
+    /// The pool's state last published (`status`), to write it only when
+    /// it changes.
+    published: Option<serde_json::Value>,
+}
+
+impl RequestServer {
+    /// RequestServer the requests on `gate`, from the events published from now.
+    pub fn new(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) -> Self {
+        RequestServer {
+            events: gate.subscribe_from_now(),
+            gate,
+            store,
+            members,
+            unsettled: Default::default(),
+            said_waiting: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
+            orphans: Default::default(),
+            published: None,
+        }
+    }
+
+    /// Publishes the pool's state under `status` when it changed (see
+    /// [`crate::live::status::published`]), fenced by the term: every replica's
+    /// `status` and a requester that gives up tell it.
+    pub async fn publish_status(&mut self) -> Result<(), StoreError> {
+        let report = self
+            .gate
+            .report()
+            .await
+            .map_err(|e| StoreError(e.to_string()))?;
+        let said = crate::live::status::published(&report);
+        if self.published.as_ref() == Some(&said) {
+            return Ok(());
+        }
+        let mut record = said.clone();
+        record["written_unix_ms"] = serde_json::json!(crate::live::generation::unix_ms());
+        let bytes = serde_json::to_vec(&record).map_err(|e| StoreError(e.to_string()))?;
+        let store = Arc::clone(&self.store);
+        blocking(move || store.put_fenced(STATUS, &bytes, 0)).await?;
+        self.published = Some(said);
+        Ok(())
+    }
+
+    /// Writes the outcomes of the events published so far, oldest first;
+    /// stops at the first failure (the rest wait for the next chance).
+    pub async fn settle_published(&mut self) -> Result<(), StoreError> {
+        while let Ok(event) = self.events.try_recv() {
+            self.unsettled.push_back(event);
+        }
+        settle_all(&self.store, &mut self.unsettled).await
+    }
+
+    /// One look at the requests, from the gate's report. Every event
+    /// published before that report is settled first: a run that ended
+    /// before it has its outcome written before the look forgets its
+    /// request (which it would otherwise do, the run being no longer
+    /// active, and the outcome would have nowhere to go).
+    pub async fn look(&mut self) -> Result<(), StoreError> {
+        let report = self
+            .gate
+            .report()
+            .await
+            .map_err(|e| StoreError(e.to_string()))?;
+        self.settle_published().await?;
+        look(
+            &self.gate,
+            &self.store,
+            &self.members,
+            report,
+            &mut self.said_waiting,
+            &mut self.orphans,
+        )
+        .await
+    }
+}
+
+/// Writes the outcomes waiting, oldest first; stops at the first failure.
+pub(super) async fn settle_all(
+    store: &Arc<EtcdStore>,
+    unsettled: &mut std::collections::VecDeque<Event>,
+) -> Result<(), StoreError> {
+    while let Some(event) = unsettled.front() {
+        settle(store, event.clone()).await?;
+        unsettled.pop_front();
+    }
+    Ok(())
+}
+
+/// Writes what became of a requested run.
+pub(super) async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), StoreError> {
+    let (run, status) = match &event {
+        Event::RunCommitted { run, .. } => (run.clone(), "committed"),
+        Event::RunFaulted { run, .. } => (run.clone(), "faulted"),
+        Event::RunFinished { run, .. } => (run.clone(), "finished"),
+        // A run's planning that was abandoned is its end: the same run is
+        // never planned again (its requester asks anew, under a new id).
+        Event::PlanningAborted { run, .. } => (run.clone(), "aborted"),
+        _ => return Ok(()),
+    };
+    write_outcome(store, &run, status, Some(event), None).await
+}
+
+/// Writes `runs/<run>` on its requester's lease (read from its request, or
+/// its presence), then takes the request (and an end asked for).
+pub(super) async fn write_outcome(
+    store: &Arc<EtcdStore>,
+    run: &RunId,
+    status: &str,
+    event: Option<Event>,
+    reason: Option<String>,
+) -> Result<(), StoreError> {
+    let (store, run, status) = (Arc::clone(store), run.clone(), status.to_string());
+    blocking(move || {
+        let request = store.get_raw(&format!("requests/{run}"))?;
+        let requested = store.get_raw(&format!("requested/{run}"))?;
+        // Only runs asked for through etcd have an outcome to write.
+        if request.is_none() && requested.is_none() {
+            return Ok(());
+        }
+        // A run finished that its requester neither asked to end nor is
+        // there for was ended by the leader: its requester is gone.
+        let gone = status == "finished"
+            && store.get_raw(&format!("finish/{run}"))?.is_none()
+            && store.get_raw(&format!("alive/{run}"))?.is_none();
+        let outcome = match gone {
+            true => Outcome {
+                status: "ended".to_string(),
+                event,
+                reason: Some(REQUESTER_GONE.to_string()),
+            },
+            false => Outcome {
+                status: status.clone(),
+                event,
+                reason,
+            },
+        };
+        let body = serde_json::to_vec(&outcome).map_err(|e| StoreError(e.to_string()))?;
+        if status == "committed" {
+            if let Some(bytes) = &request {
+                store.put_fenced(&format!("requested/{run}"), bytes, 0)?;
+            }
+        }
+        // On no lease: it outlives the requester's session (its requester
+        // removes it once read; that of a requester gone for good stays,
+        // as the record of why its run ended).
+        store.put_fenced(&format!("runs/{run}"), &body, 0)?;
+        store.delete_raw(&format!("requests/{run}"))?;
+        if status == "committed" {
+            // An end asked for by a requester that just read `committed`
+            // may already be there: it is the next look's to take.
+            return Ok(());
+        }
+        store.delete_raw(&format!("requested/{run}"))?;
+        store.delete_raw(&format!("finish/{run}"))
+    })
+    .await
+}
+
+/// The reason written for a run ended because its requester is gone.
+pub const REQUESTER_GONE: &str =
+    "its requester is gone: its etcd session expired, so it had stopped its command";
+
+/// Ends `run`, committed for a requester that is gone for good; its end is
+/// written as `ended`, with [`REQUESTER_GONE`].
+pub(super) async fn end_orphan(
+    gate: &Gate,
+    run: &RunId,
+    said: &mut std::collections::BTreeSet<RunId>,
+) -> Result<(), StoreError> {
+    if said.insert(run.clone()) {
+        tracing::warn!(%run, "the run's requester is gone (its etcd session expired): the run is ended");
+    }
+    // Its `run_finished` is settled as `ended`, with the reason (see
+    // `write_outcome`), and tried again until it is written.
+    if let Err(e) = gate.finish_run(run.clone()).await {
+        tracing::warn!(%run, error = %e, "the run of a requester that is gone not ended (tried again)");
+    }
+    Ok(())
+}
+
+/// One look at the requests, as `report` shows the gate: ends the runs
+/// asked to end, then plans and commits the first run asked for once the
+/// pool is ready and no run is active.
+pub(super) async fn look(
+    gate: &Gate,
+    store: &Arc<EtcdStore>,
+    members: &[NodeId],
+    report: poolgate_actors::core::PoolReport,
+    said_waiting: &mut crate::live::throttle::Throttle,
+    orphans: &mut std::collections::BTreeSet<RunId>,
+) -> Result<(), StoreError> {
+    let listed = Arc::clone(store);
+    // One transaction: one request to etcd, and one revision's view of
+    // the four (an end, a request and its requester's presence seen as
+    // they stood together).
+    let (finishes, requests, alive, requested) = blocking(move || {
+        let mut lists = listed
+            .list_raw_all(&["finish/", "requests/", "alive/", "requested/"])?
+            .into_iter();
+        let mut next = || lists.next().unwrap_or_default();
+        Ok((next(), next(), next(), next()))
+    })
+    .await?;
+    let present = |run: &str| alive.iter().any(|(name, _)| name == run);
+    for (run, _) in finishes {
+        let Ok(id) = RunId::new(&run) else { continue };
+        if report.run.as_ref() == Some(&id) {
+            match gate.finish_run(id).await {
+                // `settle` writes `run_finished` and takes the request.
+                Ok(()) => continue,
+                Err(e) => tracing::warn!(%run, error = %e, "requested end of run refused"),
+            }
+        }
+        let (store, name) = (Arc::clone(store), format!("finish/{run}"));
+        blocking(move || store.delete_raw(&name)).await?;
+    }
+    // A committed run whose requester is gone for good (its session
+    // expired: it could not confirm its run guarded for that long, so it
+    // stopped its command) is ended, and its end written with the reason
+    // (docs/failover.md §3). Requested runs no longer active are
+    // forgotten.
+    for (run, _) in &requested {
+        let Ok(id) = RunId::new(run) else { continue };
+        if report.run.as_ref() == Some(&id) {
+            if !present(run) {
+                end_orphan(gate, &id, orphans).await?;
+            }
+        } else {
+            let (store, name) = (Arc::clone(store), format!("requested/{run}"));
+            blocking(move || store.delete_raw(&name)).await?;
+        }
+    }
+    let PoolPhase::Ready { epoch } = report.phase else {
+        return Ok(());
+    };
+    // The active run, if requested, is committed here (planned before a
+    // readiness loss, or committed by the last leader, whose outcome went
+    // unwritten); no other is planned meanwhile.
+    let pick = match &report.run {
+        Some(active) => requests
+            .into_iter()
+            .find(|(run, _)| run.as_str() == active.as_str()),
+        None => requests.into_iter().find(|(run, _)| present(run)),
+    };
+    let Some((run, body)) = pick else {
+        return Ok(());
+    };
+    let request = RunId::new(&run)
+        .ok()
+        .zip(serde_json::from_slice::<Request>(&body).ok());
+    let Some((id, request)) = request else {
+        tracing::warn!(%run, "a run request that does not parse: dropped");
+        let (store, name) = (Arc::clone(store), format!("requests/{run}"));
+        return blocking(move || store.delete_raw(&name)).await;
+    };
+    // A plan that can never be committed is refused at once, before it
+    // holds the pool in planning.
+    let stranger = request.required.iter().find(|n| !members.contains(n));
+    let elsewhere = request
+        .pool
+        .as_ref()
+        .filter(|pool| pool.as_str() != report.pool.as_str());
+    if request.required.is_empty() || stranger.is_some() || elsewhere.is_some() {
+        let reason = match (elsewhere, stranger) {
+            (Some(pool), _) => {
+                format!("no pool {pool} here: the leader gates pool {}", report.pool)
+            }
+            (None, Some(node)) => format!("{node} is not a member of the leader's pool"),
+            (None, None) => "no required node".to_string(),
+        };
+        tracing::warn!(%run, %reason, "requested run refused");
+        return write_outcome(store, &id, "refused", None, Some(reason)).await;
+    }
+    let planned = match &report.run {
+        Some(_) => Ok(epoch),
+        None => gate.begin_planning(id.clone(), Some(epoch)).await,
+    };
+    let committed = match planned {
+        Ok(_) => {
+            gate.commit_plan(id.clone(), request.required, Some(epoch))
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match committed {
+        Ok(()) => Ok(()),
+        Err(poolgate_actors::GateError::Refused(poolgate_actors::core::Refusal::RunCommitted(
+            other,
+        ))) if other == id => write_outcome(store, &id, "committed", None, None).await,
+        Err(e) => {
+            if let Some(held) = said_waiting.allow(std::time::Instant::now()) {
+                tracing::info!(%run, error = %e, held, "requested run not committed yet (tried again)");
+            }
+            Ok(())
+        }
+    }
+}
