@@ -13,9 +13,10 @@ use crate::messages::{
     ApplyObservation, BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Outcome,
     TimerDue,
 };
-use crate::pool_actor::{GateSettings, PoolActor};
+use crate::pool_actor::PoolActor;
 use crate::publisher::Publisher;
 use crate::router::Router;
+use crate::settings::GateSettings;
 use poolgate_core::{
     Epoch, Event, IdentityMaterial, NodeId, Observation, OnReadinessLost, PlanningPolicy,
     PoolDefinition, PoolId, PoolPhase, Reason, Refusal, RunId, SwimState, Time,

@@ -59,9 +59,9 @@ use crate::clock::Clock;
 use crate::error::GateError;
 use crate::gate::{Accepted, Gate};
 use crate::messages::Outcome;
-use crate::pool_actor::GateSettings;
 use crate::publisher::{EventStream, Publisher};
 use crate::reservations::Reservations;
+use crate::settings::GateSettings;
 
 /// How many times a new pool is told its members' facts again while they
 /// keep changing under it (a fact that came in meanwhile also went to it).

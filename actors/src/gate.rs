@@ -30,9 +30,10 @@ use crate::messages::{
     GetReport, Outcome, PendingDeadline,
 };
 use crate::node_actor::NodeActor;
-use crate::pool_actor::{GateSettings, PoolActor};
+use crate::pool_actor::PoolActor;
 use crate::publisher::Publisher;
 use crate::router::{ReplaceNode, Router};
+use crate::settings::GateSettings;
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{
     AgentReport, Command, Epoch, Event, Input, MembershipUpdate, NodeId, Observation,

@@ -90,6 +90,7 @@ pub mod replay_format;
 mod reservations;
 mod router;
 mod run_actor;
+mod settings;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
@@ -103,7 +104,7 @@ pub use error::GateError;
 pub use fleet::Fleet;
 pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
 pub use messages::Outcome;
-pub use pool_actor::{duration_problem, wait_timeout_problem, GateSettings, MAX_SETTING};
+pub use settings::{duration_problem, wait_timeout_problem, GateSettings, MAX_SETTING};
 /// The gate's core: its ids, inputs, events, reasons and refusals
 /// (`poolgate-core`, re-exported whole, with its pages here).
 pub mod core {

@@ -20,8 +20,8 @@ use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
 use crate::messages::{
     BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun, FromNode,
-    GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, Resync,
-    RunAnswer, RunStatus, TimerDue,
+    GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, RunAnswer,
+    RunStatus, TimerDue,
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
@@ -29,120 +29,15 @@ use crate::recording::Recording;
 use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::run_actor::RunActor;
-use crate::store::{DurableSettings, StateStore, StoreError};
+use crate::settings::GateSettings;
+use crate::store::{StateStore, StoreError};
 use crate::telemetry::{self, BlockedGauges, IgnoredCounts};
+mod restart;
+
 use poolgate_core::{
-    AdmittedCommit, Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PlanningPolicy,
-    PoolDefinition, PoolMachine, Reason, Refusal, RunId, SlotKey, Time, Verdict,
+    AdmittedCommit, Command, Durable, Epoch, Event, NodeChange, NodeDetail, NodeId, PoolMachine,
+    Reason, Refusal, RunId, SlotKey, Time, Verdict,
 };
-
-/// What the gate needs to start: the first pool, its window and the
-/// planning policy; optionally a store and a recording.
-///
-/// Built by [`GateSettings::new`], which checks it as `config.toml` is
-/// checked, then [`GateSettings::with_durable`] and
-/// [`GateSettings::with_recording`]. The fields can be read and changed;
-/// [`Gate::try_start`](crate::Gate::try_start) checks them again.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct GateSettings {
-    /// The first candidate pool.
-    pub definition: PoolDefinition,
-    /// How long the view must hold still before `PoolReady`.
-    pub window: Duration,
-    /// What planning does when readiness is lost before commit.
-    pub policy: PlanningPolicy,
-    /// Where to keep epochs and the active run across restarts, and what
-    /// was kept; `None` keeps them in memory only.
-    pub durable: Option<DurableSettings>,
-    /// Where to record every applied input (`--record`), if anywhere.
-    pub record: Option<Recording>,
-}
-
-/// The longest duration a setting takes (as `config.toml` refuses longer).
-pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// What is wrong with `d` as a setting's duration, if anything: the one
-/// rule for durations built in code and parsed from `config.toml`.
-pub fn duration_problem(d: Duration) -> Option<&'static str> {
-    if d.is_zero() {
-        Some("must be longer than zero")
-    } else if d > MAX_SETTING {
-        Some("must be at most 365 days (no timer here waits longer)")
-    } else if !d.subsec_nanos().is_multiple_of(1_000_000) {
-        Some("must be a whole number of milliseconds")
-    } else {
-        None
-    }
-}
-
-/// What is wrong with `wait` as the planning policy's wait timeout over
-/// a convergence window of `window`, if anything: the one rule for
-/// settings built in code and parsed from `config.toml` (a wait no longer
-/// than the window could never see a `PoolReady`).
-pub fn wait_timeout_problem(wait: Duration, window: Duration) -> Option<&'static str> {
-    (wait <= window).then_some("is not longer than the convergence window")
-}
-
-impl GateSettings {
-    /// Settings for `definition` with its convergence `window` and the
-    /// planning `policy`, in memory only and not recorded; refused
-    /// ([`GateError::InvalidSettings`]) as `config.toml` would refuse them.
-    pub fn new(
-        definition: PoolDefinition,
-        window: Duration,
-        policy: PlanningPolicy,
-    ) -> Result<GateSettings, GateError> {
-        let settings = GateSettings {
-            definition,
-            window,
-            policy,
-            durable: None,
-            record: None,
-        };
-        settings.check().map_err(GateError::InvalidSettings)?;
-        Ok(settings)
-    }
-
-    /// The same settings, with epochs and the active run kept in
-    /// `durable`'s store (and restored from what it held); refused if its
-    /// restore grace is not a valid duration.
-    pub fn with_durable(mut self, durable: DurableSettings) -> Result<GateSettings, GateError> {
-        self.durable = Some(durable);
-        self.check().map_err(GateError::InvalidSettings)?;
-        Ok(self)
-    }
-
-    /// The same settings, with every applied input recorded to `recording`.
-    pub fn with_recording(mut self, recording: Recording) -> GateSettings {
-        self.record = Some(recording);
-        self
-    }
-
-    /// Checks settings built in code as `config.toml`'s are checked: the
-    /// window and the restore grace longer than zero, whole milliseconds,
-    /// at most 365 days; a wait timeout longer than the window.
-    pub fn check(&self) -> Result<(), String> {
-        let span = |what: &str, d: Duration| match duration_problem(d) {
-            Some(problem) => Err(format!("{what} ({d:?}) {problem}")),
-            None => Ok(()),
-        };
-        span("the convergence window", self.window)?;
-        if let Some(wait) = self.policy.wait_timeout {
-            span("the wait timeout", wait)?;
-            if let Some(problem) = wait_timeout_problem(wait, self.window) {
-                return Err(format!(
-                    "the wait timeout ({wait:?}) {problem} ({:?})",
-                    self.window
-                ));
-            }
-        }
-        if let Some(durable) = &self.durable {
-            span("the restore grace", durable.restore_grace)?;
-        }
-        Ok(())
-    }
-}
 
 /// The epoch an event held back by [`PoolActor::hold_untold`] tells.
 fn untold_epoch(event: &Event) -> Option<Epoch> {
@@ -725,152 +620,6 @@ impl PoolActor {
                 });
             });
         }
-    }
-}
-
-impl actix::Supervised for PoolActor {
-    /// After a failure readiness starts over: every summary is forgotten, a
-    /// fresh window is needed, the epoch keeps rising, and each node actor
-    /// reports its facts again. The committed run stays with its actor,
-    /// which is not the pool's and did not fail with it; a run the core
-    /// holds committed with no actor left to guard it faults `internal`.
-    /// Runs' outcomes not yet told are told (stored first), never dropped.
-    /// A panic in here ends the supervisor, and the gate with it (see
-    /// `Drop`).
-    fn restarting(&mut self, ctx: &mut Context<Self>) {
-        if self.shut {
-            // Stopped for good (`Shutdown`, or a restart given up): the
-            // context is kept only while a handle still holds the address,
-            // with nothing running.
-            return;
-        }
-        telemetry::actor_restarted("pool");
-        #[cfg(any(test, feature = "testing"))]
-        if let Some(crate::messages::InjectPoolFault::PanicAndFailRestart) = self.armed {
-            self.armed = None;
-            panic!("injected failure of the pool actor's restart");
-        }
-        // The old timers died with the old context; epochs held back for
-        // a write are moot (readiness starts over).
-        self.timer = TimerSlot::default();
-        self.untold.clear();
-        self.out.retain(crate::publisher::is_outcome);
-        let now = self.applied_at(self.clock.now());
-        self.core.restart(now, &mut self.out);
-        self.reguard();
-        self.recount_blocked();
-        for candidate in self.core.readiness().candidates() {
-            if let Some(addr) = self.router.route(&candidate.node) {
-                addr.do_send(Resync { at: now });
-            }
-        }
-        self.flush(ctx);
-    }
-}
-
-/// A pool actor that fails [`RESTARTS_IN_PERIOD`] times within this
-/// period (by the gate's clock) is given up: the gate ends rather than
-/// restart in a loop (a fault that comes back at every restart).
-pub const RESTART_PERIOD: Duration = Duration::from_secs(10);
-
-/// See [`RESTART_PERIOD`].
-pub const RESTARTS_IN_PERIOD: usize = 10;
-
-impl PoolActor {
-    /// Runs `work` (a handler's, or a callback's of the actor's own); a
-    /// panic anywhere in it (the core, the actor's code, or a hook of the
-    /// embedder's it calls, such as a tracing layer) stops the actor, and
-    /// its supervisor restarts it from the core, the one copy of the
-    /// pool's state (see `Supervised::restarting`). `None` on a failure.
-    fn contained<R>(
-        &mut self,
-        ctx: &mut Context<Self>,
-        work: impl FnOnce(&mut Self, &mut Context<Self>) -> R,
-    ) -> Option<R> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            #[cfg(any(test, feature = "testing"))]
-            if let Some(crate::messages::InjectPoolFault::PanicAlways) = self.armed {
-                panic!("injected persistent pool actor fault");
-            }
-            work(self, ctx)
-        })) {
-            Ok(result) => Some(result),
-            Err(_) => {
-                self.failed(ctx);
-                None
-            }
-        }
-    }
-
-    /// The actor failed: its supervisor restarts it, unless it failed
-    /// [`RESTARTS_IN_PERIOD`] times within [`RESTART_PERIOD`]; then the
-    /// gate ends (see [`PoolActor::wind_down`]).
-    fn failed(&mut self, ctx: &mut Context<Self>) {
-        let now = self.clock.now();
-        self.failures.retain(|at| now - *at < RESTART_PERIOD);
-        self.failures.push(now);
-        let pool = self.core.readiness().id().clone();
-        if self.failures.len() >= RESTARTS_IN_PERIOD {
-            telemetry::said!(error, %pool, failures = RESTARTS_IN_PERIOD, within = ?RESTART_PERIOD, "pool actor failed too often; given up");
-            self.wind_down(true);
-        } else {
-            telemetry::said!(error, %pool, "pool actor failed; restarting it");
-        }
-        ctx.stop();
-    }
-
-    /// Stops for good (once): every subscription ends, the node actors and
-    /// the run actor stop, the store and the recording are let go, and
-    /// what waited to be told is dropped with the gate. Said at `ERROR`
-    /// when the actor `failed`, at `WARN` when the gate was stopped,
-    /// naming a committed run left unguarded.
-    fn wind_down(&mut self, failed: bool) {
-        if std::mem::replace(&mut self.shut, true) {
-            return;
-        }
-        let pool = self.core.readiness().id();
-        if let Some(reservations) = &self.reservations {
-            reservations.release_pool(pool);
-        }
-        match (self.core.committed_run(), failed) {
-            (Some((run, _)), true) => {
-                telemetry::said!(error, %pool, %run, "the pool actor failed and cannot be restarted: the gate stopped, and its committed run is no longer guarded by it")
-            }
-            (None, true) => {
-                telemetry::said!(error, %pool, "the pool actor failed and cannot be restarted: the gate stopped")
-            }
-            (Some((run, _)), false) => {
-                telemetry::said!(warn, %pool, %run, "the gate stopped with a run committed: the run is no longer guarded by it")
-            }
-            (None, false) => {}
-        }
-        self.publisher.close();
-        for node in self.router.drain() {
-            node.do_send(crate::messages::StopNode);
-        }
-        self.run = None;
-        self.store = None;
-        self.untold.clear();
-        self.unwritten.clear();
-        self.out.clear();
-        if let Some(recording) = self.recording.take() {
-            recording.close();
-        }
-    }
-
-    /// After a restart: a run the core holds committed whose actor is
-    /// gone (the failure came between the commit and the actor's start,
-    /// or took the actor too) faults `internal`.
-    fn reguard(&mut self) {
-        let Some((run, _)) = self.core.committed_run() else {
-            return;
-        };
-        if self.run.as_ref().is_some_and(|addr| addr.connected()) {
-            return;
-        }
-        let run = run.clone();
-        let events = self.run_actor_lost(&run);
-        self.run_answered(&run, true, events);
     }
 }
 
