@@ -41,6 +41,21 @@ impl Client {
     }
 }
 
+/// Asks the orchestrator serving `path` one thing and reads its one
+/// answer (within the status wait); `None` when it closed without one.
+async fn ask_once(path: &Path, request: &Request) -> Result<Option<Reply>, String> {
+    let mut client = Client::connect(path)
+        .await
+        .ok_or_else(|| format!("no orchestrator serves {}", path.display()))?;
+    client
+        .ask(request)
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    tokio::time::timeout(crate::live::status::STATUS_WAIT, client.next())
+        .await
+        .map_err(|_| format!("no answer from {} in time", path.display()))
+}
+
 /// Asks the orchestrator serving `path` to end `run` of `pool` (`run
 /// --end`): `Ok(None)` when it did, `Ok(Some(why))` when it refused.
 pub async fn end_run(
@@ -48,45 +63,29 @@ pub async fn end_run(
     pool: Option<&str>,
     run: &RunId,
 ) -> Result<Option<String>, String> {
-    let mut client = Client::connect(path)
-        .await
-        .ok_or_else(|| format!("no orchestrator serves {}", path.display()))?;
     let request = Request::End {
         v: 1,
         pool: pool.map(str::to_string),
         run: run.to_string(),
     };
-    client
-        .ask(&request)
-        .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    match tokio::time::timeout(crate::live::status::STATUS_WAIT, client.next()).await {
-        Ok(Some(Reply::Ended { .. })) => Ok(None),
-        Ok(Some(Reply::Refused { detail, .. })) => Ok(Some(detail)),
-        Ok(_) => Err(format!("{} closed without an answer", path.display())),
-        Err(_) => Err(format!("no answer from {} in time", path.display())),
+    match ask_once(path, &request).await? {
+        Some(Reply::Ended { .. }) => Ok(None),
+        Some(Reply::Refused { detail, .. }) => Ok(Some(detail)),
+        _ => Err(format!("{} closed without an answer", path.display())),
     }
 }
 
 /// Asks the orchestrator serving `path` where its pools stand.
 pub async fn status(path: &Path, pool: Option<&str>) -> Result<Value, String> {
-    let mut client = Client::connect(path)
-        .await
-        .ok_or_else(|| format!("no orchestrator serves {}", path.display()))?;
     let request = Request::Status {
         v: 1,
         pool: pool.map(str::to_string),
     };
-    client
-        .ask(&request)
-        .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    match tokio::time::timeout(crate::live::status::STATUS_WAIT, client.next()).await {
-        Ok(Some(Reply::Status { status })) => match status["error"].as_str() {
+    match ask_once(path, &request).await? {
+        Some(Reply::Status { status }) => match status["error"].as_str() {
             Some(error) => Err(format!("{}: {error}", path.display())),
             None => Ok(status),
         },
-        Ok(_) => Err(format!("{} closed without an answer", path.display())),
-        Err(_) => Err(format!("no answer from {} in time", path.display())),
+        _ => Err(format!("{} closed without an answer", path.display())),
     }
 }
