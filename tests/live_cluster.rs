@@ -145,9 +145,17 @@ fn a_failing_health_check_faults_with_its_stderr_and_a_new_identity_on_sighup_is
         })
         .await;
         assert_eq!(lost, Reason::Faulted);
-        // Give both nodes a check's time to fault, then read the reason.
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        let report = gate.report().await.unwrap();
+        // Both nodes' checks fault within a few of their periods; each
+        // then says why.
+        let faulted = |report: &poolgate::core::PoolReport| {
+            report.candidates.iter().all(|c| c.detail.fault.is_some())
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut report = gate.report().await.unwrap();
+        while !faulted(&report) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            report = gate.report().await.unwrap();
+        }
         for candidate in &report.candidates {
             assert_eq!(
                 candidate.detail.fault.as_deref(),
