@@ -1,10 +1,14 @@
 //! The live cluster for real: `poolgate node` processes of the built binary
 //! on 127.0.0.1 (sealed SWIM over UDP, signed announcements over TCP), the
 //! orchestrator in this test process or as `poolgate run`/`watch`, crashes
-//! by SIGKILL. Each test gives up after 40 s; every process it started is
-//! killed and reaped when its cluster is dropped.
+//! by SIGKILL; one with a real etcd on 127.0.0.1 (replicas, design §12).
+//! Each test gives up after 40 s; every process it started is killed and
+//! reaped when its cluster is dropped.
 
 mod common;
+#[path = "common/etcd.rs"]
+#[macro_use]
+mod etcd;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -1483,5 +1487,101 @@ fn a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file() {
         );
         live.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn two_runs_on_two_pools_among_replicas_on_etcd() {
+    // design §14 among replicas (§12): a `watch` replica leads every pool;
+    // `run --pool a` and `run --pool b` ask theirs through etcd at once.
+    need_etcd!();
+    let server = etcd::Etcd::start("pools-cli");
+    live(async {
+        let mut plan = plan(4);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        config.state.path = None;
+        config.state.etcd = vec![server.endpoint.clone()];
+        config.state.lease = Duration::from_secs(2);
+        config.state.insecure = true;
+        let file = cluster.dir.join("pools.toml");
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut watched = BufReader::new(watch.stdout.take().unwrap()).lines();
+        for i in 0..4 {
+            cluster.spawn(i).unwrap();
+        }
+        // Both pools ready under the leading watch.
+        let mut ready = std::collections::BTreeSet::new();
+        while ready.len() < 2 {
+            let line = until_line(&mut watched, |v| v["event"] == "pool_ready").await;
+            ready.insert(line["pool"].as_str().unwrap().to_string());
+        }
+        let mut run_a = run_on_pool(&file, &cluster.dir, "a");
+        let mut run_b = run_on_pool(&file, &cluster.dir, "b");
+        let mut lines_a = BufReader::new(run_a.stdout.take().unwrap()).lines();
+        let mut lines_b = BufReader::new(run_b.stdout.take().unwrap()).lines();
+        let committed_a = until_line(&mut lines_a, |v| v["event"] == "run_committed").await;
+        assert_eq!(committed_a["pool"], "a");
+        assert_eq!(
+            committed_a["required"],
+            serde_json::json!(["node-1", "node-2"])
+        );
+        let committed_b = until_line(&mut lines_b, |v| v["event"] == "run_committed").await;
+        assert_eq!(committed_b["pool"], "b");
+        // Each pool's request and outcome under its own keys.
+        let label = &config.swim.label;
+        for (pool, committed) in [("a", &committed_a), ("b", &committed_b)] {
+            let key = format!(
+                "/poolgate/{label}/a/pools/{pool}/runs/{}",
+                committed["run"].as_str().unwrap()
+            );
+            assert!(
+                server.client().get(key.as_bytes()).unwrap().is_some(),
+                "no outcome at {key}"
+            );
+        }
+        // node-3 crashes: B's run exits 3, A's goes on.
+        while !cluster.dir.join("b.pid").exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.kill(2);
+        let faulted = until_line(&mut lines_b, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["node"], "node-3");
+        let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.code(), Some(3));
+        assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        let finished = until_line(&mut lines_a, |v| v["event"] == "run_finished").await;
+        assert_eq!(finished["pool"], "a");
+        let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.code(), Some(128 + 15));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), watch.wait())
+            .await
+            .unwrap()
+            .unwrap();
     });
 }

@@ -1701,3 +1701,154 @@ fn a_watch_tells_of_a_change_under_its_range_and_of_nothing_outside_it() {
     assert!(watching.join().unwrap().is_ok());
     assert_eq!(seen.try_iter().count(), 0, "told of keys outside the range");
 }
+
+#[test]
+fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeover() {
+    // design §14 among replicas (§12): one leader gates every pool; each
+    // pool's requests, runs and epochs live under its own prefix; a
+    // takeover restores each pool's committed run and issues each pool's
+    // epochs above what it stored.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("fleet");
+    let text = format!(
+        "[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-2\"]\n\
+         [readiness]\nconvergence_window = \"50ms\"\n\
+         [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"fleet\"\n\
+         [agents]\nlisten = \"127.0.0.1:0\"\n\
+         [state]\netcd = [\"{}\"]\nlease = \"2s\"\ninsecure = true\n",
+        server.endpoint
+    );
+    let config = Config::parse(&text, "config.toml").expect("config");
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    live_for(Duration::from_secs(90), async {
+        let mut a = Replica::start(&config).unwrap();
+        let mut b = Replica::start(&config).unwrap();
+        let (a_leads, live) = first_leader(&mut a, &mut b).await;
+        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b")]);
+        // A requester of each pool, as `run --pool` would ask.
+        let of = |id: &str| {
+            poolgate::live::replica::requests_of(&config.with_only_pool(Some(id)).unwrap()).unwrap()
+        };
+        let (asks_a, asks_b) = (of("a"), of("b"));
+        let (ra, rb) = (
+            poolgate::core::RunId::new("ra").unwrap(),
+            poolgate::core::RunId::new("rb").unwrap(),
+        );
+        let _sa = asks_a
+            .ask_of(
+                Some(&pool("a")),
+                &ra,
+                &[node("node-1")],
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        let _sb = asks_b
+            .ask_of(
+                Some(&pool("b")),
+                &rb,
+                &[node("node-2")],
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        for n in ["node-1", "node-2"] {
+            poolgate_actors::testing::make_ready_in(&live.fleet, &node(n), b"key")
+                .await
+                .unwrap();
+        }
+        let committed = |requests: poolgate::live::requests::Requests, run| async move {
+            loop {
+                if let Some(o) = requests.outcome(&run).await.unwrap() {
+                    if o.status == "committed" {
+                        return o;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let epoch_of = |o: poolgate::live::requests::Outcome| match o.event {
+            Some(Event::RunCommitted { epoch, pool: p, .. }) => (p, epoch),
+            other => panic!("not a commit: {other:?}"),
+        };
+        let within = Duration::from_secs(10);
+        let (pa, ea) = epoch_of(
+            tokio::time::timeout(within, committed(asks_a.clone(), ra.clone()))
+                .await
+                .expect("pool a's run committed"),
+        );
+        let (pb, eb) = epoch_of(
+            tokio::time::timeout(within, committed(asks_b.clone(), rb.clone()))
+                .await
+                .expect("pool b's run committed"),
+        );
+        assert_eq!((pa, pb), (pool("a"), pool("b")));
+        // Each pool's state is its own record, under pools/<id>/ of the
+        // replicas' prefix (the first pool's default one).
+        let prefix = EtcdStore::new(
+            Arc::new(server.client()),
+            "/poolgate/fleet/a/",
+            "fleet",
+            "",
+            Arc::new(Fence::default()),
+        );
+        for (id, run, epoch) in [("a", &ra, ea), ("b", &rb, eb)] {
+            let (held, _) = prefix.for_pool(id).read().unwrap();
+            assert_eq!(held.last_epoch, epoch.0, "pool {id}");
+            assert_eq!(held.run.map(|r| r.run), Some(run.clone()), "pool {id}");
+        }
+        let gate_of =
+            |live: &poolgate::live::Orchestrator, id: &str| live.fleet.pool(&pool(id)).unwrap();
+        assert_eq!(
+            gate_of(&live, "a").report().await.unwrap().run,
+            Some(ra.clone())
+        );
+        assert_eq!(
+            gate_of(&live, "b").report().await.unwrap().run,
+            Some(rb.clone())
+        );
+
+        // The leader goes; the other takes over both pools' runs.
+        live.shutdown();
+        let (mut next, gone) = if a_leads { (b, a) } else { (a, b) };
+        gone.resign();
+        let live = tokio::time::timeout(Duration::from_secs(10), next.lead(None))
+            .await
+            .expect("the other replica leads")
+            .unwrap();
+        assert_eq!(
+            gate_of(&live, "a").report().await.unwrap().run,
+            Some(ra.clone())
+        );
+        assert_eq!(
+            gate_of(&live, "b").report().await.unwrap().run,
+            Some(rb.clone())
+        );
+        // Each pool's requester ends its run; each pool's next epoch is
+        // above the one it stored.
+        asks_a.finish(&ra).await.unwrap();
+        asks_b.finish(&rb).await.unwrap();
+        let mut streams: Vec<_> = [("a", ea), ("b", eb)]
+            .into_iter()
+            .map(|(id, stored)| (id, stored, gate_of(&live, id).subscribe()))
+            .collect();
+        for n in ["node-1", "node-2"] {
+            poolgate_actors::testing::make_ready_in(&live.fleet, &node(n), b"key")
+                .await
+                .unwrap();
+        }
+        for (id, stored, events) in &mut streams {
+            let next_epoch = tokio::time::timeout(within, ready(events))
+                .await
+                .unwrap_or_else(|_| panic!("pool {id} not ready again"));
+            assert!(
+                next_epoch > *stored,
+                "pool {id}: epoch {next_epoch:?} after {stored:?}"
+            );
+        }
+        live.shutdown();
+        next.resign();
+    });
+}

@@ -156,7 +156,8 @@ pub struct StateConfig {
     /// last renewal.
     pub lease: Duration,
     /// `prefix`: where the state lives in etcd (default
-    /// `/poolgate/<label>/<pool>/`).
+    /// `/poolgate/<label>/<pool>/`, of the first pool with
+    /// `[pools.<id>]`, each pool's own state under `pools/<id>/` of it).
     pub prefix: Option<String>,
     /// `key`: the file of the 32-byte key (`poolgate keygen --cluster`)
     /// under which every record and request in etcd carries a MAC, shared

@@ -45,11 +45,28 @@ impl Config {
                 .ok_or_else(|| format!("no pool {id} (defined: {})", defined.join(", ")))?,
         };
         let mut narrowed = self.clone();
+        // Among replicas the pools share one prefix: the narrowed
+        // configuration keeps the whole one's.
+        #[cfg(feature = "live")]
+        {
+            narrowed.state.prefix = Some(self.etcd_prefix());
+        }
         narrowed.pool = chosen.definition.clone();
         narrowed.convergence_window = chosen.convergence_window;
         narrowed.planning = chosen.planning;
         narrowed.pools = vec![chosen.clone()];
         Ok(narrowed)
+    }
+
+    /// Where the state lives in etcd: `[state] prefix`, else
+    /// `/poolgate/<label>/<pool>/` (of the first pool with
+    /// `[pools.<id>]`; each pool's state is then under `pools/<id>/` of
+    /// it).
+    #[cfg(feature = "live")]
+    pub fn etcd_prefix(&self) -> String {
+        self.state.prefix.clone().unwrap_or_else(|| {
+            crate::state::etcd::default_prefix(&self.swim.label, self.pool.id().as_str())
+        })
     }
 
     /// Every pool's definition: `[pool]`'s one, or each of `[pools.<id>]`,

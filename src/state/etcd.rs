@@ -120,6 +120,9 @@ pub struct EtcdStore {
     mac: Option<StateKey>,
     /// How many values failed their MAC (logged at the 1st, 2nd, 4th, …).
     forged: Arc<std::sync::atomic::AtomicU64>,
+    /// The `leader` key every write is fenced by: under this prefix, or
+    /// for a pool's store ([`EtcdStore::for_pool`]) under the replicas'.
+    leader: Vec<u8>,
 }
 
 /// What one read of the prefix gave.
@@ -157,6 +160,7 @@ impl EtcdStore {
     pub fn new(etcd: Arc<Etcd>, prefix: &str, label: &str, pool: &str, fence: Arc<Fence>) -> Self {
         EtcdStore {
             etcd,
+            leader: format!("{prefix}leader").into_bytes(),
             prefix: prefix.to_string(),
             cluster: serde_json::json!({ "label": label, "pool": pool }),
             fence,
@@ -164,6 +168,34 @@ impl EtcdStore {
             bound: None,
             mac: None,
             forged: Arc::default(),
+        }
+    }
+
+    /// The store of one of several pools (design §14): its records,
+    /// requests and runs under `pools/<pool>/` of this prefix, its writes
+    /// fenced by this prefix's `leader` key (one leader gates every pool).
+    pub fn for_pool(&self, pool: &str) -> EtcdStore {
+        let label = self.cluster["label"].as_str().unwrap_or_default();
+        EtcdStore {
+            etcd: Arc::clone(&self.etcd),
+            leader: self.leader.clone(),
+            prefix: format!("{}pools/{pool}/", self.prefix),
+            cluster: serde_json::json!({ "label": label, "pool": pool }),
+            fence: Arc::clone(&self.fence),
+            written: Arc::default(),
+            bound: None,
+            mac: self.mac.clone(),
+            forged: Arc::clone(&self.forged),
+        }
+    }
+
+    /// The full key of `name`: under the prefix, but `leader`, which is
+    /// the replicas' (see [`EtcdStore::for_pool`]).
+    fn key_of(&self, name: &str) -> Vec<u8> {
+        if name == "leader" {
+            self.leader.clone()
+        } else {
+            self.key(name)
         }
     }
 
@@ -217,6 +249,7 @@ impl EtcdStore {
         let (held, revisions) = self.read_with_revisions()?;
         let store = EtcdStore {
             etcd: Arc::clone(&self.etcd),
+            leader: self.leader.clone(),
             prefix: self.prefix.clone(),
             cluster: self.cluster.clone(),
             fence: Arc::clone(&self.fence),
@@ -305,7 +338,7 @@ impl EtcdStore {
         let ranges = names
             .iter()
             .chain(extra)
-            .map(|n| etcd::range(&self.key(n)))
+            .map(|n| etcd::range(&self.key_of(n)))
             .collect();
         let (_, answer) = self
             .etcd
@@ -318,8 +351,12 @@ impl EtcdStore {
             .flatten()
             .flat_map(|r| etcd::kvs(&r["response_range"]))
             .filter_map(|kv| {
-                let key = String::from_utf8(kv.key).ok()?;
-                let name = key.strip_prefix(&self.prefix)?.to_string();
+                let name = if kv.key == self.leader {
+                    "leader".to_string()
+                } else {
+                    let key = String::from_utf8(kv.key).ok()?;
+                    key.strip_prefix(&self.prefix)?.to_string()
+                };
                 revisions.insert(name.clone(), kv.mod_revision);
                 Some((name, kv.value))
             })
@@ -508,7 +545,7 @@ impl EtcdStore {
         let (succeeded, _) = self
             .etcd
             .txn(
-                vec![etcd::created_at(&self.key("leader"), term)],
+                vec![etcd::created_at(&self.leader, term)],
                 vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
                 vec![],
             )
@@ -559,7 +596,7 @@ impl EtcdStore {
             .etcd
             .txn(
                 vec![
-                    etcd::created_at(&self.key("leader"), term),
+                    etcd::created_at(&self.leader, term),
                     etcd::modified_at(&self.key(name), revision),
                 ],
                 puts,
@@ -609,5 +646,17 @@ impl OrchestratorStore for EtcdStore {
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError> {
         let record = encode_sequences(sequences).map_err(StoreError)?;
         self.put("sequences", &record)
+    }
+
+    /// Among replicas each term serves the pools it started with (their
+    /// records, their request servers): a pool is added by restarting
+    /// the replicas, not by a reload.
+    fn pool_record(
+        self: Arc<Self>,
+        pool: &poolgate_actors::core::PoolId,
+    ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
+        Err(StoreError(format!(
+            "pool {pool}: among replicas a pool is added by restarting the replicas one by one (each term serves the pools it started with), not by a reload"
+        )))
     }
 }

@@ -252,7 +252,10 @@ impl Keeper {
         // `run` beside a `watch`) could not act if it won the leadership,
         // and would hold it for a lease with nobody leading: it does not
         // campaign, it only asks.
-        let (requests, reloading, leading) = if sockets_free(config) {
+        // With [pools.<id>], `run --pool` holds one pool's configuration:
+        // leading with it would leave the other pools' runs unguarded, so
+        // it only asks (a `watch` replica leads every pool).
+        let (requests, reloading, leading) = if sockets_free(config) && config.pools.is_empty() {
             let mut replica = crate::live::replica::Replica::start(config)?;
             replica.warm_up().await?;
             let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
@@ -260,7 +263,11 @@ impl Keeper {
             let leading = actix::spawn(campaign(replica, record.map(Path::to_path_buf)));
             (requests, Some(reloading), Some(AbortOnDrop(leading)))
         } else {
-            tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
+            if config.pools.is_empty() {
+                tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this run's sockets are held by another process on this host (a watch?): it does not campaign, it only asks the leader");
+            } else {
+                tracing::info!("several pools among replicas: run does not campaign (a watch replica leads every pool), it only asks the leader");
+            }
             (crate::live::replica::requests_of(config)?, None, None)
         };
         Ok(Keeper::Replicated(Box::new(ReplicatedKeeper {

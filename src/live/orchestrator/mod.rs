@@ -373,12 +373,6 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
             message: message.to_string(),
         })
     };
-    if config.pools.len() > 1 && !config.state.etcd.is_empty() {
-        return wrong(
-            "pools",
-            "several [pools.<id>] keep their state in a state file ([state] path) in this version; among replicas ([state] etcd) one pool",
-        );
-    }
     let agents = &config.agents;
     if !(1..=1_000_000).contains(&agents.max_connections) {
         return wrong("agents.max_connections", "must be 1 to 1,000,000");

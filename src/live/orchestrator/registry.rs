@@ -168,7 +168,7 @@ impl Orchestrator {
                     Arc::clone(store)
                         .pool_record(definition.id())
                         .map_err(|e| {
-                            LiveError::Io(std::io::Error::other(format!("the state file: {e}")))
+                            LiveError::Io(std::io::Error::other(format!("the state store: {e}")))
                         })?;
                 settings = settings.with_durable(poolgate_actors::DurableSettings {
                     store: record,

@@ -65,12 +65,10 @@ pub struct Replica {
     fence: Arc<Fence>,
     campaign: Campaign,
     me: Leader,
-    /// The highest epoch this replica has seen stored: a store holding
-    /// less was wiped or rolled back, and is refused.
-    seen_epoch: u64,
-    /// Whether this replica has seen the prefix written (a format
-    /// record): finding it empty later means etcd's data was wiped.
-    seen_written: bool,
+    /// Each pool's record in etcd and what this replica saw of it: with
+    /// `[pool]`, the prefix's own; with `[pools.<id>]`, one under
+    /// `pools/<id>/` each (design §14).
+    records: Vec<PoolRecord>,
     terms: u64,
     /// The term the running orchestrator belongs to (the leader key's
     /// create revision).
@@ -82,6 +80,49 @@ pub struct Replica {
     warm: Option<super::orchestrator::WarmSwim>,
     /// Whether starting the warm member was tried.
     warmed: bool,
+}
+
+/// One pool's durable state in etcd, and what this replica saw of it.
+#[derive(Debug)]
+struct PoolRecord {
+    pool: poolgate_actors::core::PoolDefinition,
+    store: Arc<EtcdStore>,
+    /// The highest epoch this replica has seen stored: a store holding
+    /// less was wiped or rolled back, and is refused.
+    seen_epoch: u64,
+    /// Whether this replica has seen the record written (a format
+    /// record): finding it empty later means etcd's data was wiped.
+    seen_written: bool,
+}
+
+impl PoolRecord {
+    fn new(
+        pool: poolgate_actors::core::PoolDefinition,
+        store: Arc<EtcdStore>,
+        held: Option<&crate::state::etcd::StoredRecords>,
+    ) -> PoolRecord {
+        PoolRecord {
+            pool,
+            store,
+            seen_epoch: held.map_or(0, |(d, _)| d.last_epoch),
+            seen_written: held.is_some(),
+        }
+    }
+
+    /// Notes what a look at the store found.
+    fn saw(&mut self, held: &crate::core::Durable) {
+        self.seen_written = true;
+        self.seen_epoch = self.seen_epoch.max(held.last_epoch);
+    }
+}
+
+/// One pool's store for a term, and what it restores.
+struct BoundPool {
+    pool: poolgate_actors::core::PoolDefinition,
+    store: Arc<EtcdStore>,
+    restored: crate::core::Durable,
+    /// A run the term found planning: the gate aborts it as it starts.
+    aborted_at_start: Option<poolgate_actors::core::RunId>,
 }
 
 /// How often a follower looks at what is stored.
@@ -116,6 +157,22 @@ impl Replica {
             },
             Arc::clone(&fence),
         );
+        let records = if config.pools.is_empty() {
+            vec![PoolRecord::new(
+                config.pool.clone(),
+                Arc::clone(&store),
+                held.as_ref(),
+            )]
+        } else {
+            // Each pool's record, checked as the prefix's was.
+            let mut records = Vec::new();
+            for pool in config.pool_definitions() {
+                let pool_store = Arc::new(store.for_pool(pool.id().as_str()));
+                let held = pool_store.read_records()?;
+                records.push(PoolRecord::new(pool, pool_store, held.as_ref()));
+            }
+            records
+        };
         tracing::info!(replica = %me.replica, etcd = %etcd.endpoints(), %prefix, "replica started: campaigning");
         Ok(Replica {
             config: config.clone(),
@@ -124,8 +181,7 @@ impl Replica {
             fence,
             campaign,
             me,
-            seen_epoch: held.as_ref().map_or(0, |(d, _)| d.last_epoch),
-            seen_written: held.is_some(),
+            records,
             terms: 0,
             term: None,
             warm: None,
@@ -148,9 +204,12 @@ impl Replica {
         self.fence.current().is_some()
     }
 
-    /// Runs asked of whichever replica leads, through this replica's etcd.
+    /// Runs asked of whichever replica leads, through this replica's etcd
+    /// (of its first pool: `run --pool` narrows the configuration to the
+    /// pool it asks of).
     pub fn requests(&self) -> super::requests::Requests {
-        super::requests::Requests::new(Arc::clone(&self.store))
+        let store = self.records.first().map_or(&self.store, |r| &r.store);
+        super::requests::Requests::new(Arc::clone(store))
     }
 
     /// How many terms this replica has led.
@@ -167,9 +226,11 @@ impl Replica {
     ) -> Result<Orchestrator, LiveError> {
         self.warm_up().await?;
         loop {
-            let mut following = Following(
-                follow(&self.config, self.campaign.role(), Arc::clone(&self.store)).await?,
-            );
+            // A follower's status tells what the leader published of the
+            // first pool.
+            let published = self.records.first().map_or(&self.store, |r| &r.store);
+            let mut following =
+                Following(follow(&self.config, self.campaign.role(), Arc::clone(published)).await?);
             let mut role = self.campaign.role();
             // While following, what is stored is looked at every second:
             // the epochs issued meanwhile, and whether the prefix is
@@ -181,12 +242,13 @@ impl Replica {
                         return Err(LiveError::Io(std::io::Error::other("the campaign ended")));
                     },
                     _ = look.tick() => {
-                        let store = Arc::clone(&self.store);
-                        if let Ok(Ok(Some((held, _)))) =
-                            tokio::task::spawn_blocking(move || store.read_records()).await
-                        {
-                            self.seen_written = true;
-                            self.seen_epoch = self.seen_epoch.max(held.last_epoch);
+                        for record in &mut self.records {
+                            let store = Arc::clone(&record.store);
+                            if let Ok(Ok(Some((held, _)))) =
+                                tokio::task::spawn_blocking(move || store.read_records()).await
+                            {
+                                record.saw(&held);
+                            }
                         }
                     }
                 }
@@ -195,49 +257,29 @@ impl Replica {
             let _ = (&mut following.0).await;
             self.term = self.fence.current().map(|t| t.created);
             let Some(term) = self.term else { continue };
-            // The term's store starts from what etcd holds now; its
+            // The term's stores start from what etcd holds now; their
             // writes land only in this term, on records unchanged since.
-            let base = Arc::clone(&self.store);
-            let (store, held) = tokio::task::spawn_blocking(move || base.bind(term))
-                .await
-                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
-            self.seen_epoch = self.seen_epoch.max(self.store.written_epoch());
-            if held.is_none() && (self.seen_written || self.store.written_epoch() > 0) {
-                return Err(self.wiped(format!(
-                    "{}: empty, though this replica saw it written",
-                    String::from_utf8_lossy(&self.store.key(""))
-                )));
-            }
-            let restored = held.map(|(d, _)| d).unwrap_or_default();
-            if restored.last_epoch < self.seen_epoch {
-                return Err(self.wiped(format!(
-                    "{}state: holds epoch {} but this replica saw epoch {} stored",
-                    String::from_utf8_lossy(&self.store.key("")),
-                    restored.last_epoch,
-                    self.seen_epoch
-                )));
-            }
-            self.seen_epoch = restored.last_epoch;
-            // A run found planning is aborted as the gate starts (design
-            // §9): its end is the requests' server's first write.
-            let aborted_at_start = restored
-                .run
-                .as_ref()
-                .filter(|run| !run.committed)
-                .map(|run| run.run.clone());
-            let term_store = store;
-            let store: Arc<dyn crate::state::OrchestratorStore> = term_store.clone();
-            let settings = self.config.gate_settings().and_then(|settings| {
-                settings.with_durable(poolgate_actors::DurableSettings {
-                    store: store.clone(),
-                    restored,
-                    restore_grace: self.config.state.restore_grace,
+            let (store, terms) = self.bind_all(term).await?;
+            let store: Arc<dyn crate::state::OrchestratorStore> = store;
+            let settings = self
+                .config
+                .pool_settings()
+                .map_err(LiveError::Gate)?
+                .into_iter()
+                .zip(&terms)
+                .map(|(settings, bound)| {
+                    settings.with_durable(poolgate_actors::DurableSettings {
+                        store: bound.store.clone(),
+                        restored: bound.restored.clone(),
+                        restore_grace: self.config.state.restore_grace,
+                    })
                 })
-            })?;
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(LiveError::Gate)?;
             let leader: Arc<str> = Arc::from(format!("{} (this replica)", self.me));
             match Orchestrator::start_with(
                 &self.config,
-                vec![settings],
+                settings,
                 Some(store),
                 record.clone(),
                 leader,
@@ -246,17 +288,19 @@ impl Replica {
             .await
             {
                 Ok(mut live) => {
-                    let (fence, term) = (Arc::clone(&self.fence), self.term);
-                    live.gate
-                        .fence_with(move || fence.current().map(|t| t.created) == term);
-                    let live_gate = live.gate.clone();
-                    let pool = self.config.pool.clone();
-                    live.attach(actix::spawn(super::requests::serve(
-                        live_gate,
-                        term_store,
-                        pool,
-                        aborted_at_start,
-                    )));
+                    for bound in terms {
+                        let Some(gate) = live.fleet.pool(bound.pool.id()) else {
+                            continue;
+                        };
+                        let (fence, term) = (Arc::clone(&self.fence), self.term);
+                        gate.fence_with(move || fence.current().map(|t| t.created) == term);
+                        live.attach(actix::spawn(super::requests::serve(
+                            gate,
+                            bound.store,
+                            bound.pool,
+                            bound.aborted_at_start,
+                        )));
+                    }
                     self.terms += 1;
                     tracing::info!(replica = %self.me.replica, term = self.terms, "leading: the orchestrator started");
                     return Ok(live);
@@ -269,6 +313,101 @@ impl Replica {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Binds every record to the term created at `term`: the prefix's
+    /// store (agent sequences; with `[pool]`, the pool's state too) and,
+    /// with `[pools.<id>]`, each pool's; refuses a record holding less
+    /// than this replica saw stored (etcd wiped or rolled back). Returns
+    /// the prefix's term store and, per pool, its term store and what it
+    /// restores.
+    async fn bind_all(&mut self, term: i64) -> Result<(Arc<EtcdStore>, Vec<BoundPool>), LiveError> {
+        let bind = |store: Arc<EtcdStore>| async move {
+            tokio::task::spawn_blocking(move || store.bind(term))
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))?
+                .map_err(LiveError::from)
+        };
+        let (base, base_held) = bind(Arc::clone(&self.store)).await?;
+        let fleet = !self.config.pools.is_empty();
+        let mut bound = Vec::with_capacity(self.records.len());
+        for i in 0..self.records.len() {
+            let (store, held) = if fleet {
+                bind(Arc::clone(&self.records[i].store)).await?
+            } else {
+                (Arc::clone(&base), base_held.clone())
+            };
+            let record = &mut self.records[i];
+            record.seen_epoch = record.seen_epoch.max(record.store.written_epoch());
+            let where_ = String::from_utf8_lossy(&record.store.key("")).to_string();
+            let restored = match held {
+                Some((restored, _)) => restored,
+                None if record.seen_written || record.store.written_epoch() > 0 => {
+                    return Err(self.wiped(format!(
+                        "{where_}: empty, though this replica saw it written"
+                    )));
+                }
+                // A pool with no record yet: its epochs start above what
+                // the prefix held before it kept pools apart, so no epoch
+                // is told twice.
+                None if fleet => {
+                    let floor = base_held
+                        .as_ref()
+                        .map(|(d, _)| d.clone())
+                        .unwrap_or_default();
+                    if let Some(run) = &floor.run {
+                        return Err(LiveError::State(crate::state::StateError {
+                            file: format!("etcd {}", self.etcd.endpoints()),
+                            what: format!(
+                                "{}state holds run {} of the one-pool configuration ([pool]): end it with that configuration (poolgate run --end {}) before defining [pools.<id>]",
+                                String::from_utf8_lossy(&self.store.key("")),
+                                run.run,
+                                run.run
+                            ),
+                        }));
+                    }
+                    crate::core::Durable {
+                        last_epoch: floor.last_epoch,
+                        run: None,
+                    }
+                }
+                None => crate::core::Durable::default(),
+            };
+            let record = &mut self.records[i];
+            if restored.last_epoch < record.seen_epoch {
+                let seen = record.seen_epoch;
+                return Err(self.wiped(format!(
+                    "{where_}state: holds epoch {} but this replica saw epoch {seen} stored",
+                    restored.last_epoch
+                )));
+            }
+            record.seen_epoch = restored.last_epoch;
+            // A run found planning is aborted as the gate starts (design
+            // §9): its end is the requests' server's first write.
+            let aborted_at_start = restored
+                .run
+                .as_ref()
+                .filter(|run| !run.committed)
+                .map(|run| run.run.clone());
+            bound.push(BoundPool {
+                pool: record.pool.clone(),
+                store,
+                restored,
+                aborted_at_start,
+            });
+        }
+        if fleet && base_held.is_none() {
+            // The prefix's own state record (no pool's) exists, so that the
+            // agent sequences written beside it read back whole.
+            let writer = Arc::clone(&base);
+            tokio::task::spawn_blocking(move || {
+                poolgate_actors::StateStore::save(&*writer, &crate::core::Durable::default())
+            })
+            .await
+            .map_err(|e| LiveError::Io(std::io::Error::other(e)))?
+            .map_err(|e| LiveError::Gate(poolgate_actors::GateError::NotDurable(e.to_string())))?;
+        }
+        Ok((base, bound))
     }
 
     /// The error for a prefix holding less than this replica saw stored:
@@ -337,9 +476,12 @@ impl Replica {
         self.warm.as_ref().map(super::orchestrator::WarmSwim::keys)
     }
 
-    /// The highest epoch stored that this replica knows of.
+    /// The highest epoch stored that this replica knows of (of its first
+    /// pool).
     pub fn note_epoch(&mut self, epoch: u64) {
-        self.seen_epoch = self.seen_epoch.max(epoch);
+        if let Some(record) = self.records.first_mut() {
+            record.seen_epoch = record.seen_epoch.max(epoch);
+        }
     }
 
     /// Stops campaigning and hands the leadership on at once.

@@ -68,16 +68,21 @@ pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError>
             }
         );
     }
-    let prefix = config.state.prefix.clone().unwrap_or_else(|| {
-        crate::state::etcd::default_prefix(&config.swim.label, config.pool.id().as_str())
-    });
+    let prefix = config.etcd_prefix();
     let fence = Arc::new(Fence::default());
+    // With [pools.<id>] the prefix holds no pool's state of its own (each
+    // pool's is under pools/<id>/): it names no pool.
+    let pool = if config.pools.is_empty() {
+        config.pool.id().as_str()
+    } else {
+        ""
+    };
     let store = Arc::new(
         EtcdStore::new(
             Arc::clone(&etcd),
             &prefix,
             &config.swim.label,
-            config.pool.id().as_str(),
+            pool,
             Arc::clone(&fence),
         )
         .with_key(key),
@@ -127,6 +132,12 @@ pub(super) fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<E
 #[doc(hidden)]
 pub fn requests_of(config: &crate::Config) -> Result<crate::live::requests::Requests, LiveError> {
     let (_, _, _, store, _) = open_store(config)?;
+    // With [pools.<id>], the first pool's (`run --pool` narrows the
+    // configuration to the pool it asks of).
+    let store = match config.pools.first() {
+        Some(pool) => Arc::new(store.for_pool(pool.definition.id().as_str())),
+        None => store,
+    };
     Ok(crate::live::requests::Requests::new(store))
 }
 
