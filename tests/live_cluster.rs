@@ -1585,3 +1585,66 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
             .unwrap();
     });
 }
+
+/// A process killed and reaped when dropped (the test's own).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads the next state line systemd would hear on `socket`, within 10 s.
+fn told(socket: &std::os::unix::net::UnixDatagram) -> String {
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = socket.recv(&mut buf).expect("a state line within 10 s");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn watch_and_node_tell_systemd_ready_once_serving_and_stopping_at_sigterm() {
+    // design §15: the unit files are `Type=notify`; systemd waits for
+    // READY=1 before it counts the service started.
+    live(async {
+        let mut plan = plan(1);
+        plan.external_orchestrator = true;
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let socket_path = cluster.dir.join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+        let watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&cluster.config_file)
+            .env("NOTIFY_SOCKET", &socket_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let watch = Reaped(watch);
+        assert_eq!(told(&socket), "READY=1");
+        // Serving by then: its agent listener accepts.
+        assert!(std::net::TcpStream::connect(cluster.config.agents.listen).is_ok());
+        let node = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["node", "--config"])
+            .arg(&cluster.nodes[0].config)
+            .env("NOTIFY_SOCKET", &socket_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let node = Reaped(node);
+        assert_eq!(told(&socket), "READY=1");
+        for process in [&node, &watch] {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(process.0.id() as i32),
+                Signal::SIGTERM,
+            )
+            .unwrap();
+            assert_eq!(told(&socket), "STOPPING=1");
+        }
+    });
+}

@@ -9,6 +9,7 @@
 //! - [`health`]: what `--metrics` serves (metrics, health, status).
 //! - [`demo`]: `cargo run`, the live story from forming to a fault.
 //! - [`cluster`]: a whole cluster on 127.0.0.1 (the demo's, the tests').
+//! - [`notify`]: systemd's readiness protocol (`Type=notify`).
 
 pub mod cluster;
 pub mod commands;
@@ -16,4 +17,5 @@ pub mod demo;
 pub mod guard;
 pub mod health;
 pub mod node;
+pub mod notify;
 pub mod run;

@@ -88,6 +88,7 @@ pub async fn run(
         ring,
     )?;
     tracing::info!(node = %config.name, %swim_addr, generation, "node agent started");
+    super::notify::notify(super::notify::READY);
     actix::spawn(keep_joined(swim.clone(), config.swim.seeds.clone()));
 
     let (state, updates) = watch::channel(Announcement {
@@ -163,6 +164,7 @@ pub async fn run(
             _ = interrupt.recv() => break,
         }
     }
+    super::notify::notify(super::notify::STOPPING);
     tracing::info!(node = %config.name, "leaving");
     let before = sent.load(Ordering::Relaxed);
     state.send_modify(|s| {

@@ -70,6 +70,12 @@ pub async fn watch(
         None => None,
     };
     let mut leadership = Leadership::of(config).await?;
+    // systemd (`Type=notify`): a replica is up once it campaigns (its
+    // follower answers on its sockets); alone, once its orchestrator starts.
+    let mut told_ready = leadership.can_lose();
+    if told_ready {
+        crate::cli::notify::notify(crate::cli::notify::READY);
+    }
     // SIGHUP reloads a follower's warm member's keys too: a rotation
     // missed there would leave the next term's SWIM deaf.
     let _reloading = match &leadership {
@@ -102,6 +108,10 @@ pub async fn watch(
             }
         };
         let mut live = live;
+        if !told_ready {
+            told_ready = true;
+            crate::cli::notify::notify(crate::cli::notify::READY);
+        }
         if let Some(bound) = control.take() {
             let leader: std::sync::Arc<str> =
                 std::sync::Arc::from(crate::live::orchestrator::LEADER);

@@ -72,9 +72,11 @@ pub(crate) fn stop_signal() -> Result<impl std::future::Future<Output = i32>, Li
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     Ok(async move {
-        tokio::select! {
+        let taken = tokio::select! {
             _ = terminate.recv() => nix::sys::signal::Signal::SIGTERM as i32,
             _ = interrupt.recv() => nix::sys::signal::Signal::SIGINT as i32,
-        }
+        };
+        crate::cli::notify::notify(crate::cli::notify::STOPPING);
+        taken
     })
 }
