@@ -1852,3 +1852,67 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
         next.resign();
     });
 }
+
+#[test]
+fn a_write_of_this_term_that_landed_though_its_answer_was_lost_is_its_own_not_a_change() {
+    // Found by an operator's trial: during etcd's election a write timed
+    // out on one endpoint after etcd applied it; tried on the next, its
+    // revision check failed and the leader stepped down as if someone had
+    // changed the record under it.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("landed");
+    let client = Arc::new(server.client());
+    let prefix = "/poolgate/landed/pool-a/";
+    let leader_key = format!("{prefix}leader");
+    client.put(leader_key.as_bytes(), b"{}").unwrap();
+    let term = client
+        .get(leader_key.as_bytes())
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let fence = Arc::new(Fence::default());
+    fence.set(LeaderTerm {
+        created: term,
+        until: std::time::Instant::now() + Duration::from_secs(60),
+    });
+    let base = EtcdStore::new(
+        Arc::clone(&client),
+        prefix,
+        "landed",
+        "pool-a",
+        Arc::clone(&fence),
+    );
+    let (store, _) = base.bind(term).unwrap();
+    let state = Durable {
+        last_epoch: 3,
+        run: None,
+    };
+    store.save(&state).unwrap();
+    // The same bytes land again under the record, as a lost answer's
+    // write would have: the term's next write of them is its own.
+    let key = format!("{prefix}state");
+    let written = client.get(key.as_bytes()).unwrap().unwrap().value;
+    client.put(key.as_bytes(), &written).unwrap();
+    store
+        .save(&state)
+        .expect("the term's own write is no change under it");
+    assert!(fence.current().is_some(), "the term goes on");
+    let next = Durable {
+        last_epoch: 4,
+        run: None,
+    };
+    store.save(&next).expect("and it writes on from there");
+    // Other bytes under the record are a change under the term: refused,
+    // and the term ends.
+    client
+        .put(key.as_bytes(), b"changed by someone else")
+        .unwrap();
+    assert!(store
+        .save(&Durable {
+            last_epoch: 5,
+            run: None
+        })
+        .is_err());
+    assert!(fence.current().is_none(), "the term ends");
+}

@@ -592,6 +592,10 @@ impl EtcdStore {
             let mac = key.mac(&self.key(name), record);
             puts.push(etcd::put(&self.key(&mac_key(name)), &mac, 0));
         }
+        // On a refusal, etcd also says what holds now: a try of this very
+        // write that landed though its answer was lost (an endpoint that
+        // timed out after applying it, the call then tried on the next)
+        // is this term's own write, not a change under it.
         let (succeeded, answer) = self
             .etcd
             .txn(
@@ -600,10 +604,14 @@ impl EtcdStore {
                     etcd::modified_at(&self.key(name), revision),
                 ],
                 puts,
-                vec![],
+                vec![etcd::range(&self.leader), etcd::range(&self.key(name))],
             )
             .map_err(|e| failed(e.to_string()))?;
         if !succeeded {
+            if let Some(landed) = own_write_landed(&answer, term, record) {
+                lock(&bound.revisions).insert(name.to_string(), landed);
+                return Ok(());
+            }
             self.fence.end(term);
             return Err(failed(
                 "leadership lost: etcd refused the write (the leader key is no longer this term's, or the record changed since this term read it)"
@@ -613,6 +621,25 @@ impl EtcdStore {
         lock(&bound.revisions).insert(name.to_string(), etcd::revision(&answer));
         Ok(())
     }
+}
+
+/// The revision of this term's own write of `record`, if a refused write
+/// (`answer`, its failure branch reading the leader key and the record)
+/// finds it there already: the leader key still created at `term`, the
+/// record holding exactly `record`.
+fn own_write_landed(answer: &Value, term: i64, record: &[u8]) -> Option<i64> {
+    let responses = answer["responses"].as_array()?;
+    let read = |i: usize| {
+        responses
+            .get(i)
+            .map(|r| etcd::kvs(&r["response_range"]))
+            .unwrap_or_default()
+    };
+    let leader = read(0);
+    let held = read(1);
+    let ours = leader.first().is_some_and(|kv| kv.create_revision == term);
+    let same = held.first().filter(|kv| kv.value == record)?;
+    ours.then_some(same.mod_revision)
 }
 
 /// The key of `name`'s MAC.
