@@ -1269,6 +1269,32 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
         let mut events = live.gate.subscribe();
         make_ready(&live.gate, "node-1").await;
         ready(&mut events).await;
+        // A requester's session on the default `unguarded_after` (10 s):
+        // etcd's elections must not put it at risk either (an operator's
+        // trial: renewing every third of the TTL, 4 of 15 runs stopped
+        // with exit 5 when etcd's leader was killed).
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let session = requests
+            .ask(
+                &poolgate::core::RunId::new("through-elections").unwrap(),
+                &[poolgate::core::NodeId::new("node-1").unwrap()],
+                poolgate::config::DEFAULT_UNGUARDED_AFTER,
+            )
+            .await
+            .unwrap();
+        let at_risk_within = |span: Duration| {
+            let session = &session;
+            async move {
+                let deadline = std::time::Instant::now() + span;
+                while std::time::Instant::now() < deadline {
+                    if let Some(unrenewed) = session.at_risk() {
+                        return Some(unrenewed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                None
+            }
+        };
         for round in 0..rounds {
             let killed = tokio::time::timeout(Duration::from_secs(10), async {
                 loop {
@@ -1286,7 +1312,12 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
             .expect("etcd has a raft leader");
             cluster.kill(killed);
             // Through etcd's election, then the member rejoining.
-            let kept = tokio::time::timeout(Duration::from_secs(6), leader.lost()).await;
+            let risked = at_risk_within(Duration::from_secs(3)).await;
+            assert_eq!(
+                risked, None,
+                "round {round}: the requester's session at risk"
+            );
+            let kept = tokio::time::timeout(Duration::from_secs(3), leader.lost()).await;
             assert!(
                 kept.is_err(),
                 "round {round}: killing etcd's leader moved poolgate's leadership"

@@ -86,7 +86,7 @@ pub async fn run(
     // This process frozen (SIGSTOP, a hung runtime) cannot stop the
     // command when the run ends: its keeper does, after half of
     // `unguarded_after` without a sign, before the requester's session
-    // (that long, renewed every third of it) can expire and the leader
+    // (that long, renewed every sixth of it) can expire and the leader
     // end the run (docs/failover.md §3).
     let watchdog = config.run.unguarded_after / 2;
     let spawned = super::guard::Guarded::spawn(

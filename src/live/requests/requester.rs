@@ -45,7 +45,7 @@ impl Session {
     }
 
     /// How long the lease has gone unrenewed, if it is at risk: not
-    /// renewed for half its TTL (renewals go every third of it) while
+    /// renewed for half its TTL (renewals go every sixth of it) while
     /// renewing fails or hangs. It can then expire, and the leader end
     /// the run, once the TTL has passed since the last renewal: a sixth of
     /// the TTL from now at the earliest. A process paused past half the
@@ -221,7 +221,7 @@ impl Requests {
     }
 }
 
-/// Keeps `lease` alive (every third of its TTL, again 100 ms after a
+/// Keeps `lease` alive (every sixth of its TTL, again 100 ms after a
 /// failure, each call across every endpoint) until the session drops.
 pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
     let stop = Arc::new(AtomicBool::new(false));
@@ -236,7 +236,12 @@ pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> S
     let thread = std::thread::Builder::new()
         .name("poolgate-run-session".into())
         .spawn(move || {
-            let every = ttl / 3;
+            // Every sixth: a renewal that fails through an etcd election
+            // (a second or two) leaves most of the half-TTL before the
+            // session counts as at risk (an operator's trial: renewing
+            // every third, 4 of 15 runs stopped when etcd's leader was
+            // killed).
+            let every = ttl / 6;
             let mut next = std::time::Instant::now() + every;
             while !stopping.load(Ordering::Relaxed) {
                 if std::time::Instant::now() >= next {
