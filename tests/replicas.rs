@@ -1947,3 +1947,95 @@ fn a_write_of_this_term_that_landed_though_its_answer_was_lost_is_its_own_not_a_
         .is_err());
     assert!(fence.current().is_none(), "the term ends");
 }
+
+#[test]
+fn a_one_pool_deployment_grows_pools_with_its_epochs_as_their_floor_once_its_run_is_ended() {
+    // Found by an operator's trial: the prefix of `[pool] id = "pool-a"`
+    // was refused as another cluster's once the config defined
+    // `[pools.pool-a]` and `[pools.pool-b]`, so the upgrade the design
+    // describes could not happen at all.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("grows");
+    let one = config(&server.endpoint, "");
+    let text = format!(
+        "[pools.pool-a]\nmembers = [\"node-1\"]\n[pools.pool-b]\nmembers = [\"node-2\"]\n\
+         [readiness]\nconvergence_window = \"50ms\"\n\
+         [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"replicas\"\n\
+         [agents]\nlisten = \"127.0.0.1:0\"\n\
+         [state]\netcd = [\"{}\"]\nlease = \"2s\"\ninsecure = true\n",
+        server.endpoint
+    );
+    let pools = Config::parse(&text, "config.toml").expect("config");
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        // One pool, a run committed on it.
+        let mut replica = Replica::start(&one).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let epoch = ready(&mut events).await;
+        let run = poolgate::core::RunId::new("one-pool-run").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(
+                run.clone(),
+                vec![poolgate::core::NodeId::new("node-1").unwrap()],
+                Some(epoch),
+            )
+            .await
+            .unwrap();
+        live.shutdown();
+        replica.resign();
+        // With pools, the run still held is named, with what ends it.
+        let mut replica = Replica::start(&pools).unwrap();
+        let refused = match replica.lead(None).await {
+            Ok(_) => panic!("led over a one-pool run"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            refused.contains("one-pool-run") && refused.contains("run --end"),
+            "{refused}"
+        );
+        replica.resign();
+        // Ended with the one-pool configuration ...
+        let mut replica = Replica::start(&one).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        live.gate.finish_run(run.clone()).await.unwrap();
+        let mut events = live.gate.subscribe();
+        make_ready(&live.gate, "node-1").await;
+        let last = ready(&mut events).await;
+        live.shutdown();
+        replica.resign();
+        // ... the pools start above the one pool's epochs.
+        let mut replica = Replica::start(&pools).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let mut streams: Vec<_> = ["pool-a", "pool-b"]
+            .into_iter()
+            .map(|id| (id, live.fleet.pool(&pool(id)).unwrap().subscribe()))
+            .collect();
+        for n in ["node-1", "node-2"] {
+            poolgate_actors::testing::make_ready_in(
+                &live.fleet,
+                &poolgate::core::NodeId::new(n).unwrap(),
+                b"key",
+            )
+            .await
+            .unwrap();
+        }
+        for (id, events) in &mut streams {
+            let first = tokio::time::timeout(Duration::from_secs(10), ready(events))
+                .await
+                .unwrap_or_else(|_| panic!("{id} not ready"));
+            assert!(
+                first > last,
+                "{id}: epoch {first:?}, the one pool told {last:?}"
+            );
+        }
+        live.shutdown();
+        replica.resign();
+    });
+}

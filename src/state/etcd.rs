@@ -389,7 +389,14 @@ impl EtcdStore {
         let cluster: Option<Value> = held
             .get("cluster")
             .and_then(|bytes| serde_json::from_slice(bytes).ok());
-        if cluster.as_ref() != Some(&self.cluster) {
+        // The replicas' prefix of several pools holds no pool's state of
+        // its own: any pool of the cluster's label is its (a one-pool
+        // deployment's prefix is taken over whole when it grows pools).
+        let ours = match (&cluster, self.cluster["pool"].as_str()) {
+            (Some(held), Some("")) => held["label"] == self.cluster["label"],
+            (held, _) => held.as_ref() == Some(&self.cluster),
+        };
+        if !ours {
             return Err(error(format!(
                 "{}: the prefix holds another cluster's state ({}), not {}",
                 named("cluster"),
