@@ -1121,8 +1121,10 @@ fn watch_gates_every_pool_and_status_reports_each_or_one() {
         assert_eq!(members, ["node-2", "node-3"]);
         let unknown = ask(Some("z"));
         assert_eq!(unknown.status.code(), Some(1));
+        // Named with the pools there are (an operator's trial: it said
+        // only "no pool z").
         assert!(
-            String::from_utf8_lossy(&unknown.stderr).contains("no pool z"),
+            String::from_utf8_lossy(&unknown.stderr).contains("no pool z (defined: a, b)"),
             "{}",
             String::from_utf8_lossy(&unknown.stderr)
         );

@@ -1841,6 +1841,66 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
             Some(rb.clone())
         );
 
+        // A follower answers status for every pool, from what the leader
+        // published of each (found by an operator's trial: it answered
+        // the first pool alone, whatever --pool asked).
+        let mut watcher = config.clone();
+        watcher.agents.listen = std::net::SocketAddr::from(([127, 0, 0, 1], etcd::free_port()));
+        let follower_addr = watcher.agents.listen;
+        let mut follower = Replica::start(&watcher).unwrap();
+        let following = actix::spawn(async move {
+            let _ = follower.lead(None).await;
+        });
+        let ask = |only: Option<&'static str>| async move {
+            let mut seen = None;
+            let answered = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    if let Ok(answer) = poolgate::live::status::ask_pool(follower_addr, only).await
+                    {
+                        let last = answer["pools"]
+                            .as_array()
+                            .and_then(|p| p.last())
+                            .unwrap_or(&answer);
+                        if !last["leader_said"]["run"].is_null() {
+                            return answer;
+                        }
+                        seen = Some(answer);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await;
+            answered.unwrap_or_else(|_| panic!("the follower answers: {seen:?}"))
+        };
+        let every = ask(None).await;
+        let pools: Vec<&str> = every["pools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no pools: {every}"))
+            .iter()
+            .map(|p| p["pool"].as_str().unwrap())
+            .collect();
+        assert_eq!(pools, ["a", "b"], "{every}");
+        let of_b = ask(Some("b")).await;
+        assert_eq!(
+            (
+                of_b["pool"].as_str(),
+                of_b["phase"].as_str(),
+                of_b["run"].as_str()
+            ),
+            (Some("b"), Some("following"), Some("rb")),
+            "{of_b}"
+        );
+        assert_eq!(of_b["leader_said"]["pool"], "b", "{of_b}");
+        // A pool there is not: an error naming those there are.
+        let unknown = poolgate::live::status::ask_pool(follower_addr, Some("zz"))
+            .await
+            .expect_err("no pool zz");
+        assert!(
+            unknown.contains("no pool zz") && unknown.contains("a, b"),
+            "{unknown}"
+        );
+        following.abort();
+
         // The leader goes; the other takes over both pools' runs.
         live.shutdown();
         let (mut next, gone) = if a_leads { (b, a) } else { (a, b) };

@@ -73,11 +73,10 @@ pub fn answer_all(
     if let Some(only) = only {
         return match reports.iter().find(|r| r.pool.as_str() == only) {
             Some(report) => answer(report, now, leader, writing),
-            None => json!({
-                "error": format!("no pool {only}"),
-                "pools_defined": reports.iter().map(|r| r.pool.as_str()).collect::<Vec<_>>(),
-                "leader": leader,
-            }),
+            None => {
+                let defined: Vec<&str> = reports.iter().map(|r| r.pool.as_str()).collect();
+                unknown_pool(only, &defined, Some(&leader))
+            }
         };
     }
     let Some(first) = reports.first() else {
@@ -93,6 +92,16 @@ pub fn answer_all(
         );
     }
     all
+}
+
+/// The answer to `status --pool ID` of a pool that is not defined: an
+/// error naming the pools there are.
+pub fn unknown_pool(only: &str, defined: &[&str], leader: Option<&dyn std::fmt::Display>) -> Value {
+    json!({
+        "error": format!("no pool {only} (defined: {})", defined.join(", ")),
+        "pools_defined": defined,
+        "leader": leader.map_or_else(|| "none right now".to_string(), |l| l.to_string()),
+    })
 }
 
 /// The status answer for `report`, taken at `now`; `writing`: whether the
@@ -145,12 +154,16 @@ pub fn follower_answer(
         Some(l) => l.to_string(),
         None => "none right now".to_string(),
     };
+    // The run is what the leader last published of it, if anything.
+    let run = said
+        .as_ref()
+        .map_or(Value::Null, |said| said["run"].clone());
     json!({
         "pool": pool,
         "phase": "following",
         "epoch": null,
         "deadline_ms": null,
-        "run": null,
+        "run": run,
         "leader": leader,
         "candidates": [],
         "leader_said": said,

@@ -23,12 +23,16 @@ impl Drop for Following {
 /// At most this many follower connections are served at once.
 pub(crate) const FOLLOWER_CONNECTIONS: usize = 256;
 
+/// Each pool's id and the store the leader publishes its status in.
+pub(super) type Published = Arc<Vec<(String, Arc<EtcdStore>)>>;
+
 /// A follower's agent listener: every node is refused with `not_leader`
-/// and a pointer to the leader; `poolgate status` is told who leads.
+/// and a pointer to the leader; `poolgate status` is told who leads and
+/// what the leader last published of each pool (`published`).
 pub(super) async fn follow(
     config: &crate::Config,
     role: watch::Receiver<Role>,
-    store: Arc<EtcdStore>,
+    published: Published,
 ) -> Result<tokio::task::JoinHandle<()>, LiveError> {
     let addr = config.agents.listen;
     let bound = |source| LiveError::Bind {
@@ -40,7 +44,6 @@ pub(super) async fn follow(
         crate::live::listener::listen(addr).map_err(bound)
     })
     .await?;
-    let pool = config.pool.id().to_string();
     let slots = Arc::new(tokio::sync::Semaphore::new(FOLLOWER_CONNECTIONS));
     Ok(actix::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
@@ -54,21 +57,16 @@ pub(super) async fn follow(
                 continue; // dropped: closed at once
             };
             let leader = role.borrow().clone();
-            let (pool, store) = (pool.clone(), Arc::clone(&store));
+            let published = Arc::clone(&published);
             connections.spawn(async move {
                 let _slot = slot;
-                refuse_as_follower(&mut stream, &pool, leader, store).await;
+                refuse_as_follower(&mut stream, leader, &published).await;
             });
         }
     }))
 }
 
-async fn refuse_as_follower(
-    stream: &mut tokio::net::TcpStream,
-    pool: &str,
-    role: Role,
-    store: Arc<EtcdStore>,
-) {
+async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, published: &Published) {
     use tokio::io::AsyncWriteExt;
     let leader = match role {
         Role::Following(Some(leader)) => Some(leader),
@@ -80,13 +78,9 @@ async fn refuse_as_follower(
     )
     .await;
     let Ok(Ok(Some(bytes))) = first else { return };
-    if crate::live::status::is_status_query(&bytes) {
-        let said = crate::live::requests::leader_said(store).await;
-        let answer = crate::live::status::follower_answer(
-            pool,
-            leader.as_ref().map(|l| l as &dyn std::fmt::Display),
-            said,
-        );
+    if let Some(only) = crate::live::status::status_query(&bytes) {
+        let leader = leader.as_ref().map(ToString::to_string);
+        let answer = follower_status(published, only.as_deref(), leader).await;
         let _ = tokio::time::timeout(
             crate::live::listener::FIRST_FRAME,
             crate::live::status::write_answer(stream, &answer),
@@ -104,4 +98,44 @@ async fn refuse_as_follower(
     });
     let _ =
         tokio::time::timeout(crate::live::listener::FIRST_FRAME, stream.write_all(&reply)).await;
+}
+
+/// A follower's status answer: each pool (or `only`) with what the leader
+/// last published of it; with several pools, the first's answer and
+/// `pools` listing each, as the leader answers; an unknown pool an error
+/// naming those there are.
+async fn follower_status(
+    published: &Published,
+    only: Option<&str>,
+    leader: Option<String>,
+) -> serde_json::Value {
+    let asked: Vec<&(String, Arc<EtcdStore>)> = match only {
+        Some(only) => published.iter().filter(|(pool, _)| pool == only).collect(),
+        None => published.iter().collect(),
+    };
+    let mut said = Vec::with_capacity(asked.len());
+    for (pool, store) in asked {
+        said.push((
+            pool,
+            crate::live::requests::leader_said(Arc::clone(store)).await,
+        ));
+    }
+    let shown = leader.as_ref().map(|l| l as &dyn std::fmt::Display);
+    let mut answers = said
+        .into_iter()
+        .map(|(pool, said)| crate::live::status::follower_answer(pool, shown, said));
+    let Some(mut all) = answers.next() else {
+        let defined: Vec<&str> = published.iter().map(|(pool, _)| pool.as_str()).collect();
+        return match only {
+            Some(only) => crate::live::status::unknown_pool(only, &defined, shown),
+            None => serde_json::json!({"error": "no pool is defined"}),
+        };
+    };
+    let rest: Vec<serde_json::Value> = answers.collect();
+    if !rest.is_empty() {
+        let mut every = vec![all.clone()];
+        every.extend(rest);
+        all["pools"] = serde_json::Value::Array(every);
+    }
+    all
 }

@@ -226,11 +226,16 @@ impl Replica {
     ) -> Result<Orchestrator, LiveError> {
         self.warm_up().await?;
         loop {
-            // A follower's status tells what the leader published of the
-            // first pool.
-            let published = self.records.first().map_or(&self.store, |r| &r.store);
+            // A follower's status tells what the leader published of each
+            // pool.
+            let published = Arc::new(
+                self.records
+                    .iter()
+                    .map(|r| (r.pool.id().to_string(), Arc::clone(&r.store)))
+                    .collect(),
+            );
             let mut following =
-                Following(follow(&self.config, self.campaign.role(), Arc::clone(published)).await?);
+                Following(follow(&self.config, self.campaign.role(), published).await?);
             let mut role = self.campaign.role();
             // While following, what is stored is looked at every second:
             // the epochs issued meanwhile, and whether the prefix is
