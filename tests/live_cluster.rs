@@ -1146,6 +1146,41 @@ fn run_on_pool(file: &std::path::Path, dir: &std::path::Path, pool: &str) -> tok
         .unwrap()
 }
 
+/// The two pools' runs of `run_on_pool` (A's and B's), with their output:
+/// node-3 crashes, so B's run faults (exit 3) and A's goes on; then a
+/// SIGTERM ends A's (its run finished, exit 143).
+async fn b_faults_a_ends(
+    cluster: &mut LocalCluster,
+    [run_a, run_b]: [&mut tokio::process::Child; 2],
+    [lines_a, lines_b]: [&mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>; 2],
+) {
+    while !cluster.dir.join("b.pid").exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.kill(2);
+    let faulted = until_line(lines_b, |v| v["event"] == "run_faulted").await;
+    assert_eq!(faulted["node"], "node-3");
+    let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code.code(), Some(3));
+    assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
+    // A SIGTERM ends A's run: its command stops, its run is finished.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let finished = until_line(lines_a, |v| v["event"] == "run_finished").await;
+    assert_eq!(finished["pool"], "a");
+    let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code.code(), Some(128 + 15));
+}
+
 #[test]
 fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
     live(async {
@@ -1218,32 +1253,12 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
             (Some("b"), true),
             "{answer}"
         );
-        // node-3 crashes: B's run exits 3, A's goes on.
-        while !cluster.dir.join("b.pid").exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        cluster.kill(2);
-        let faulted = until_line(&mut lines_b, |v| v["event"] == "run_faulted").await;
-        assert_eq!(faulted["node"], "node-3");
-        let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(code.code(), Some(3));
-        assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
-        // A SIGTERM ends A's run: its command stops, its run is finished.
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
-            Signal::SIGTERM,
+        b_faults_a_ends(
+            &mut cluster,
+            [&mut run_a, &mut run_b],
+            [&mut lines_a, &mut lines_b],
         )
-        .unwrap();
-        let finished = until_line(&mut lines_a, |v| v["event"] == "run_finished").await;
-        assert_eq!(finished["pool"], "a");
-        let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(code.code(), Some(128 + 15));
+        .await;
         // The watch removes its socket when it stops.
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
@@ -1551,31 +1566,12 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
                 "no outcome at {key}"
             );
         }
-        // node-3 crashes: B's run exits 3, A's goes on.
-        while !cluster.dir.join("b.pid").exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        cluster.kill(2);
-        let faulted = until_line(&mut lines_b, |v| v["event"] == "run_faulted").await;
-        assert_eq!(faulted["node"], "node-3");
-        let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(code.code(), Some(3));
-        assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
-            Signal::SIGTERM,
+        b_faults_a_ends(
+            &mut cluster,
+            [&mut run_a, &mut run_b],
+            [&mut lines_a, &mut lines_b],
         )
-        .unwrap();
-        let finished = until_line(&mut lines_a, |v| v["event"] == "run_finished").await;
-        assert_eq!(finished["pool"], "a");
-        let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(code.code(), Some(128 + 15));
+        .await;
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
             Signal::SIGTERM,

@@ -1074,6 +1074,34 @@ fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
     });
 }
 
+/// A term made by hand under `prefix` of cluster `label`, pool `pool-a`:
+/// the `leader` key put, a fence holding its create revision for ten
+/// minutes, and the prefix's store (unbound); the client, the fence, the
+/// term and the store.
+fn a_term_by_hand(
+    server: &etcd::Etcd,
+    prefix: &str,
+    label: &str,
+) -> (Arc<poolgate::etcd::Etcd>, Arc<Fence>, i64, EtcdStore) {
+    let api = Arc::new(server.client());
+    let key = format!("{prefix}leader");
+    api.put(key.as_bytes(), b"{}").unwrap();
+    let created = api.get(key.as_bytes()).unwrap().unwrap().create_revision;
+    let fence = Arc::new(Fence::default());
+    fence.set(LeaderTerm {
+        created,
+        until: std::time::Instant::now() + Duration::from_secs(600),
+    });
+    let base = EtcdStore::new(
+        Arc::clone(&api),
+        prefix,
+        label,
+        "pool-a",
+        Arc::clone(&fence),
+    );
+    (api, fence, created, base)
+}
+
 /// No write from the past (docs/failover.md §1): a term's write lands only on the
 /// record it read (or last wrote). A record changed under the term by
 /// anyone else refuses the write and ends the term, for good: renewing
@@ -1083,28 +1111,8 @@ fn a_write_against_a_record_changed_under_the_term_is_refused_and_ends_the_term(
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("changed-under");
-    let api = Arc::new(server.client());
     let prefix = "/poolgate/changed/pool-a/";
-    api.put(format!("{prefix}leader").as_bytes(), b"{}")
-        .unwrap();
-    let created = api
-        .get(format!("{prefix}leader").as_bytes())
-        .unwrap()
-        .unwrap()
-        .create_revision;
-    let fence = Arc::new(Fence::default());
-    let term = LeaderTerm {
-        created,
-        until: std::time::Instant::now() + Duration::from_secs(600),
-    };
-    fence.set(term);
-    let base = EtcdStore::new(
-        Arc::clone(&api),
-        prefix,
-        "changed",
-        "pool-a",
-        Arc::clone(&fence),
-    );
+    let (_, fence, created, base) = a_term_by_hand(&server, prefix, "changed");
     let (store, held) = base.bind(created).unwrap();
     assert!(held.is_none(), "a fresh prefix holds nothing");
     let state = |last_epoch| Durable {
@@ -1127,7 +1135,10 @@ fn a_write_against_a_record_changed_under_the_term_is_refused_and_ends_the_term(
         None,
         "the term goes on after a refused write"
     );
-    fence.set(term);
+    fence.set(LeaderTerm {
+        created,
+        until: std::time::Instant::now() + Duration::from_secs(600),
+    });
     assert_eq!(
         fence.current(),
         None,
@@ -1953,27 +1964,8 @@ fn a_write_of_this_term_that_landed_though_its_answer_was_lost_is_its_own_not_a_
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("landed");
-    let client = Arc::new(server.client());
     let prefix = "/poolgate/landed/pool-a/";
-    let leader_key = format!("{prefix}leader");
-    client.put(leader_key.as_bytes(), b"{}").unwrap();
-    let term = client
-        .get(leader_key.as_bytes())
-        .unwrap()
-        .unwrap()
-        .create_revision;
-    let fence = Arc::new(Fence::default());
-    fence.set(LeaderTerm {
-        created: term,
-        until: std::time::Instant::now() + Duration::from_secs(60),
-    });
-    let base = EtcdStore::new(
-        Arc::clone(&client),
-        prefix,
-        "landed",
-        "pool-a",
-        Arc::clone(&fence),
-    );
+    let (client, fence, term, base) = a_term_by_hand(&server, prefix, "landed");
     let (store, _) = base.bind(term).unwrap();
     let state = Durable {
         last_epoch: 3,
