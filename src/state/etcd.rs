@@ -152,7 +152,14 @@ struct Bound {
     /// Each record's last-change revision as this term knows it (absent:
     /// the record does not exist).
     revisions: Mutex<BTreeMap<String, i64>>,
+    /// What this term tried to write to each record since its last write
+    /// known to have landed (at most [`ATTEMPTS_KEPT`], the latest): a
+    /// try whose answer was lost may have landed all the same.
+    attempts: Mutex<BTreeMap<String, Vec<Vec<u8>>>>,
 }
+
+/// How many unconfirmed tries of a record a term remembers.
+const ATTEMPTS_KEPT: usize = 16;
 
 impl EtcdStore {
     /// The store under `prefix`, for the cluster `label` and `pool`,
@@ -259,6 +266,7 @@ impl EtcdStore {
             bound: Some(Bound {
                 term,
                 revisions: Mutex::new(revisions),
+                attempts: Mutex::default(),
             }),
         };
         Ok((Arc::new(store), held))
@@ -586,8 +594,58 @@ impl EtcdStore {
         let Some(bound) = &self.bound else {
             return Err(failed("not bound to a term".into()));
         };
-        let known = |revisions: &BTreeMap<String, i64>| revisions.get(name).copied().unwrap_or(0);
-        let revision = known(&lock(&bound.revisions));
+        {
+            let mut attempts = lock(&bound.attempts);
+            let tried = attempts.entry(name.to_string()).or_default();
+            if tried.len() == ATTEMPTS_KEPT {
+                tried.remove(0);
+            }
+            tried.push(record.to_vec());
+        }
+        // Once more at most: after finding a try of this term's own in
+        // place (its revision then known).
+        for _ in 0..2 {
+            let revision = lock(&bound.revisions).get(name).copied().unwrap_or(0);
+            let (succeeded, answer) = self
+                .etcd
+                .txn(
+                    vec![
+                        etcd::created_at(&self.leader, term),
+                        etcd::modified_at(&self.key(name), revision),
+                    ],
+                    self.puts(name, record),
+                    // On a refusal, etcd also says what holds now.
+                    vec![etcd::range(&self.leader), etcd::range(&self.key(name))],
+                )
+                .map_err(|e| failed(e.to_string()))?;
+            if succeeded {
+                lock(&bound.revisions).insert(name.to_string(), etcd::revision(&answer));
+                lock(&bound.attempts).remove(name);
+                return Ok(());
+            }
+            // A try of this term's own that landed though its answer was
+            // lost (an endpoint that timed out after applying it, the
+            // call then tried on the next; or an earlier write that
+            // failed so) is no change under the term: its revision is
+            // taken and the write made on it.
+            let tried = lock(&bound.attempts).get(name).cloned().unwrap_or_default();
+            match own_write_landed(&answer, term, &tried) {
+                Some(landed) => {
+                    lock(&bound.revisions).insert(name.to_string(), landed);
+                }
+                None => break,
+            }
+        }
+        self.fence.end(term);
+        Err(failed(
+            "leadership lost: etcd refused the write (the leader key is no longer this term's, or the record changed since this term read it)"
+                .into(),
+        ))
+    }
+
+    /// The puts of one write of `name`'s `record`: the format, the
+    /// cluster, the record, its checksum and (with a key) its MAC.
+    fn puts(&self, name: &str, record: &[u8]) -> Vec<Value> {
         let cluster = self.cluster.to_string();
         let mut puts = vec![
             etcd::put(&self.key("format"), FORMAT.to_string().as_bytes(), 0),
@@ -599,42 +657,15 @@ impl EtcdStore {
             let mac = key.mac(&self.key(name), record);
             puts.push(etcd::put(&self.key(&mac_key(name)), &mac, 0));
         }
-        // On a refusal, etcd also says what holds now: a try of this very
-        // write that landed though its answer was lost (an endpoint that
-        // timed out after applying it, the call then tried on the next)
-        // is this term's own write, not a change under it.
-        let (succeeded, answer) = self
-            .etcd
-            .txn(
-                vec![
-                    etcd::created_at(&self.leader, term),
-                    etcd::modified_at(&self.key(name), revision),
-                ],
-                puts,
-                vec![etcd::range(&self.leader), etcd::range(&self.key(name))],
-            )
-            .map_err(|e| failed(e.to_string()))?;
-        if !succeeded {
-            if let Some(landed) = own_write_landed(&answer, term, record) {
-                lock(&bound.revisions).insert(name.to_string(), landed);
-                return Ok(());
-            }
-            self.fence.end(term);
-            return Err(failed(
-                "leadership lost: etcd refused the write (the leader key is no longer this term's, or the record changed since this term read it)"
-                    .into(),
-            ));
-        }
-        lock(&bound.revisions).insert(name.to_string(), etcd::revision(&answer));
-        Ok(())
+        puts
     }
 }
 
-/// The revision of this term's own write of `record`, if a refused write
+/// The revision of a try of this term's own, if a refused write
 /// (`answer`, its failure branch reading the leader key and the record)
-/// finds it there already: the leader key still created at `term`, the
-/// record holding exactly `record`.
-fn own_write_landed(answer: &Value, term: i64, record: &[u8]) -> Option<i64> {
+/// finds one in place: the leader key still created at `term`, the record
+/// holding exactly one of `tried`.
+fn own_write_landed(answer: &Value, term: i64, tried: &[Vec<u8>]) -> Option<i64> {
     let responses = answer["responses"].as_array()?;
     let read = |i: usize| {
         responses
@@ -642,11 +673,10 @@ fn own_write_landed(answer: &Value, term: i64, record: &[u8]) -> Option<i64> {
             .map(|r| etcd::kvs(&r["response_range"]))
             .unwrap_or_default()
     };
-    let leader = read(0);
+    let ours = read(0).first().is_some_and(|kv| kv.create_revision == term);
     let held = read(1);
-    let ours = leader.first().is_some_and(|kv| kv.create_revision == term);
-    let same = held.first().filter(|kv| kv.value == record)?;
-    ours.then_some(same.mod_revision)
+    let landed = held.first().filter(|kv| tried.contains(&kv.value))?;
+    ours.then_some(landed.mod_revision)
 }
 
 /// The key of `name`'s MAC.
@@ -692,5 +722,46 @@ impl OrchestratorStore for EtcdStore {
         Err(StoreError(format!(
             "pool {pool}: among replicas a pool is added by restarting the replicas one by one (each term serves the pools it started with), not by a reload"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused write's answer: its failure branch read the leader key
+    /// (created at `leader`) and the record (holding `held`, changed at
+    /// revision 42).
+    fn refused(leader: i64, held: &[u8]) -> Value {
+        let kv = |key: &[u8], value: &[u8], created: i64, changed: i64| {
+            serde_json::json!({
+                "key": etcd::b64(key),
+                "value": etcd::b64(value),
+                "create_revision": created.to_string(),
+                "mod_revision": changed.to_string(),
+            })
+        };
+        serde_json::json!({
+            "succeeded": false,
+            "responses": [
+                {"response_range": {"kvs": [kv(b"/p/leader", b"{}", leader, leader)]}},
+                {"response_range": {"kvs": [kv(b"/p/state", held, 7, 42)]}},
+            ],
+        })
+    }
+
+    #[test]
+    fn a_refusal_finding_any_try_of_this_terms_own_in_place_is_no_change_under_it() {
+        let tried = vec![b"v1".to_vec(), b"v2".to_vec()];
+        // An earlier try (v1) landed though its answer was lost; the term
+        // now writes v2: the record is its own, at revision 42.
+        assert_eq!(own_write_landed(&refused(9, b"v1"), 9, &tried), Some(42));
+        assert_eq!(own_write_landed(&refused(9, b"v2"), 9, &tried), Some(42));
+        // Other bytes: someone else's change.
+        assert_eq!(own_write_landed(&refused(9, b"v3"), 9, &tried), None);
+        // The leader key another term's: whatever the record holds.
+        assert_eq!(own_write_landed(&refused(10, b"v1"), 9, &tried), None);
+        // Nothing read (an answer without the failure branch).
+        assert_eq!(own_write_landed(&serde_json::json!({}), 9, &tried), None);
     }
 }
