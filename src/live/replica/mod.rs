@@ -364,7 +364,7 @@ impl Replica {
                         return Err(LiveError::State(crate::state::StateError {
                             file: format!("etcd {}", self.etcd.endpoints()),
                             what: format!(
-                                "{}state holds run {} of the one-pool configuration ([pool]): end it with that configuration (poolgate run --end {}) before defining [pools.<id>]",
+                                "{}state holds run {} of the one-pool configuration ([pool]): end it with that configuration before defining [pools.<id>]: with a replica of it leading (poolgate watch), poolgate run --end {} --config <that configuration>",
                                 String::from_utf8_lossy(&self.store.key("")),
                                 run.run,
                                 run.run
