@@ -192,7 +192,7 @@ impl<'a> Leadership<'a> {
             }
             Leadership::Replica(replica) => {
                 let live = replica.lead(recording).await?;
-                tracing::warn!(replica = %replica.me().replica, term = replica.terms(), "this replica leads");
+                tracing::warn!(replica = %replica.me().replica, terms_led = replica.terms(), "this replica leads");
                 Ok(live)
             }
         }
