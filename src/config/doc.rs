@@ -73,6 +73,8 @@ impl<'a> Doc<'a> {
         }
     }
 
+    /// As `section`, for a section that must be there (`node.toml`'s).
+    #[cfg(feature = "live")]
     pub(super) fn required_section<'t, 'i>(
         &self,
         root: &'t Table<'i>,

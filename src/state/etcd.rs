@@ -631,6 +631,9 @@ impl EtcdStore {
             let tried = lock(&bound.attempts).get(name).cloned().unwrap_or_default();
             match own_write_landed(&answer, term, &tried) {
                 Some(landed) => {
+                    #[cfg(feature = "live")]
+                    metrics::counter!("poolgate_state_own_write_found_total").increment(1);
+                    tracing::info!(key = %format!("{}{name}", self.prefix), revision = landed, "a write of this term that landed though its answer was lost: taken as its own, written on");
                     lock(&bound.revisions).insert(name.to_string(), landed);
                 }
                 None => break,
