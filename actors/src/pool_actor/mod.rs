@@ -590,6 +590,13 @@ impl Actor for PoolActor {
         if self.shut {
             return; // stopped for good: nothing runs
         }
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Started (or restarted by its supervisor) while its System is
+            // being dropped: no timer can be set, and nothing is left to
+            // do (CI: the restarts property test panicked in actix here,
+            // "there is no reactor running").
+            return ctx.stop();
+        }
         self.keep_recording_flushed(ctx);
         // A write that failed (an epoch, a run's end) is tried again until
         // it succeeds; then what waited for it is told.
