@@ -601,10 +601,7 @@ fn a_runs_end_whose_write_failed_is_written_once_the_store_is_back() {
         let store = Arc::clone(&store);
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
-            let (run, proof) = planning_r1(&gate).await;
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, _) = committed_r1(&gate).await;
             *store.failing.lock().unwrap() = true;
             gate.finish_run(run.clone()).await.unwrap();
             *store.failing.lock().unwrap() = false;
@@ -646,10 +643,7 @@ fn state_writes_run_off_the_actors_thread() {
                 restore_grace: std::time::Duration::from_secs(5),
             });
             let gate = Gate::start(settings);
-            let (run, proof) = planning_r1(&gate).await;
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, _) = committed_r1(&gate).await;
             gate.finish_run(run).await.unwrap();
             let saves = store.saves.lock().unwrap().clone();
             // The first write, at start, comes before the actors run.
@@ -712,10 +706,7 @@ fn an_epoch_held_back_is_told_once_a_runs_end_stores_it_and_never_after_it_ended
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
-            let (run, proof) = planning_r1(&gate).await;
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, _) = committed_r1(&gate).await;
             hold_back_epoch_2(&gate, &store, &mut events, "b").await;
             gate.finish_run(run.clone()).await.unwrap();
             advance_to(&gate, now_ms(&gate) + 5000).await;
@@ -788,10 +779,7 @@ fn inputs_that_change_nothing_stored_write_nothing() {
         let store = Arc::clone(&store);
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
-            let (run, proof) = planning_r1(&gate).await;
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
+            committed_r1(&gate).await;
             let before = store.saved.lock().unwrap().len();
             for _ in 0..20 {
                 gate.agent(AgentReport::Unavailable { node: node("b") })
@@ -815,6 +803,15 @@ async fn planning_r1(gate: &Gate) -> (RunId, poolgate::ReadyProof) {
     let proof = gate.wait_ready().await.unwrap();
     let run = RunId::new("r1").unwrap();
     gate.begin_planning(run.clone(), Some(proof.epoch))
+        .await
+        .unwrap();
+    (run, proof)
+}
+
+/// As [`planning_r1`], then r1 committed on `a`.
+async fn committed_r1(gate: &Gate) -> (RunId, poolgate::ReadyProof) {
+    let (run, proof) = planning_r1(gate).await;
+    gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
         .await
         .unwrap();
     (run, proof)
@@ -857,10 +854,7 @@ fn a_runs_outcome_is_told_only_once_it_is_written() {
         async move {
             let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let mut events = gate.subscribe();
-            let (run, proof) = planning_r1(&gate).await;
-            gate.commit_plan(run.clone(), vec![node("a")], Some(proof.epoch))
-                .await
-                .unwrap();
+            let (run, _) = committed_r1(&gate).await;
             *store.failing.lock().unwrap() = true;
             swim(&gate, "a", poolgate::core::SwimState::Suspect, 1).await;
             advance_to(&gate, now_ms(&gate) + 10).await;
