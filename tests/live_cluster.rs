@@ -1181,29 +1181,43 @@ async fn b_faults_a_ends(
     assert_eq!(code.code(), Some(128 + 15));
 }
 
+/// Two pools over four node processes (not started) and a `watch` of
+/// them, a process of its own, serving `[control] socket`: the cluster,
+/// the config, its file, the socket (there once it returns) and the watch.
+async fn watch_serving_a_socket() -> (
+    LocalCluster,
+    poolgate::Config,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    tokio::process::Child,
+) {
+    let mut plan = plan(4);
+    plan.external_orchestrator = true;
+    let cluster = LocalCluster::prepare(&plan).await.unwrap();
+    let mut config = two_pools(&cluster.config);
+    let socket = cluster.dir.join("control.sock");
+    config.control = Some(socket.clone());
+    let file = cluster.dir.join("pools.toml");
+    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+    let watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["watch", "--json", "--config"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    while !socket.exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (cluster, config, file, socket, watch)
+}
+
 #[test]
 fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
     live(async {
         use std::os::unix::fs::PermissionsExt;
-        let mut plan = plan(4);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
-        let socket = cluster.dir.join("control.sock");
-        config.control = Some(socket.clone());
-        let file = cluster.dir.join("pools.toml");
-        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
-        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["watch", "--json", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        while !socket.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (mut cluster, config, file, socket, mut watch) = watch_serving_a_socket().await;
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
         assert_eq!(
             mode & 0o777,
@@ -1304,25 +1318,7 @@ fn a_recording_of_several_pools_is_refused_by_name_not_half_written() {
 #[test]
 fn a_socket_left_by_a_killed_watch_is_not_served_and_run_gates_the_pool_it_names() {
     live(async {
-        let mut plan = plan(4);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
-        let socket = cluster.dir.join("control.sock");
-        config.control = Some(socket.clone());
-        let file = cluster.dir.join("pools.toml");
-        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
-        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["watch", "--json", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        while !socket.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (mut cluster, _, file, socket, mut watch) = watch_serving_a_socket().await;
         watch.kill().await.unwrap();
         assert!(socket.exists(), "SIGKILL leaves the socket file");
         for i in 0..4 {
