@@ -179,12 +179,12 @@ pub struct StateConfig {
 
 /// `[state] lease`'s default.
 ///
-/// Long enough to ride through an election of etcd's own (etcd elects in
-/// one to two seconds at its defaults, and renews no lease meanwhile; the
-/// leader renews every sixth of the TTL and acts until two thirds of it
-/// after its last renewal began: at least 3 s here), short enough that a
-/// leader that dies is replaced within 7 s.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(6);
+/// Long enough to ride through an election of etcd's own, a split vote
+/// included (up to about 4 s at etcd's defaults, renewing no lease
+/// meanwhile; the leader renews every tenth of the TTL and acts until two
+/// thirds of it after its last renewal began: 6.7 s here), short enough
+/// that a leader that dies is replaced within 11 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 impl Default for StateConfig {
     fn default() -> Self {

@@ -25,7 +25,15 @@ pub fn plan(base: &str, nodes: u32) -> ClusterPlan {
 }
 
 /// Runs `test` in an actix system on the real clock, bounded by `limit`.
+/// With `POOLGATE_TEST_LOG` set (a `RUST_LOG`-style filter), what the
+/// in-process replicas and orchestrators log goes to the test's output.
 pub fn live_for<F: std::future::Future<Output = ()>>(limit: Duration, test: F) {
+    if let Ok(filter) = std::env::var("POOLGATE_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
     actix::System::new().block_on(async {
         tokio::time::timeout(limit, test)
             .await

@@ -163,10 +163,34 @@ struct Elector {
     failed_renewal: bool,
 }
 
-/// How many renewals a lease gets per TTL: with the renew deadline at two
-/// thirds of the TTL, a leader has at least half the TTL to ride out an
-/// etcd election that begins right after a renewal.
-pub(crate) const RENEWALS_PER_TTL: u32 = 6;
+/// How many renewals a lease gets per TTL (a leader's and a requester's
+/// session alike): a renewal is never more than a tenth of the TTL old
+/// when an etcd election begins.
+pub(crate) const RENEWALS_PER_TTL: u32 = 10;
+
+/// The longest an election of etcd's own keeps renewals from going
+/// through, at etcd's default election timeout (1 s): the followers
+/// notice the lost leader 1 to 2 s after its last heartbeat, and a split
+/// vote costs another 1 to 2 s. Measured here: renewals went through
+/// again 1.8 to 3.2 s after the last one before etcd's leader was killed
+/// (docs/failover.md §5).
+pub(crate) const ETCD_ELECTION_WORST: Duration = Duration::from_secs(4);
+
+/// The deadline of one renewal call across every endpoint: well within
+/// the renew deadline.
+pub(crate) fn renewal_call_timeout(ttl: Duration) -> Duration {
+    (ttl / RENEWALS_PER_TTL).min(Duration::from_secs(1))
+}
+
+/// What a leader of lease `ttl` has left of its renew deadline when an
+/// etcd election of [`ETCD_ELECTION_WORST`] begins just before a renewal
+/// was due and ends just after a renewal call began (zero: it steps down).
+pub(crate) fn spare_through_etcd_election(ttl: Duration) -> Duration {
+    renew_deadline(ttl)
+        .saturating_sub(ttl / RENEWALS_PER_TTL)
+        .saturating_sub(ETCD_ELECTION_WORST)
+        .saturating_sub(renewal_call_timeout(ttl))
+}
 
 /// How soon a failed renewal is tried again.
 pub(crate) const RENEW_RETRY: Duration = Duration::from_millis(100);
@@ -177,6 +201,8 @@ struct HeldLease {
     lease: i64,
     created: i64,
     ttl: Duration,
+    /// When the last renewal that went through began.
+    renewed: Instant,
     until: Instant,
 }
 
@@ -280,6 +306,7 @@ impl Elector {
                     lease,
                     created: etcd::revision(&answer),
                     ttl,
+                    renewed: began,
                     until: began + renew_deadline(ttl),
                 };
                 if Instant::now() >= term.until {
@@ -304,7 +331,7 @@ impl Elector {
 
     /// Renews a held term once, stepping down if it cannot.
     fn lead(&mut self, term: HeldLease) -> Option<HeldLease> {
-        // Renewed every sixth of the TTL; a renewal that failed is tried
+        // Renewed every tenth of the TTL; a renewal that failed is tried
         // again soon, so one slow answer does not cost the term.
         let every = if self.failed_renewal {
             RENEW_RETRY
@@ -333,6 +360,7 @@ impl Elector {
                 Ok(Some(kv)) if kv.create_revision == term.created && kv.lease == term.lease => {
                     let renewed = HeldLease {
                         ttl,
+                        renewed: began,
                         until: began + renew_deadline(ttl),
                         ..term
                     };
@@ -340,6 +368,13 @@ impl Elector {
                         created: renewed.created,
                         until: renewed.until,
                     });
+                    if self.failed_renewal {
+                        // How close the term came to its end: what an
+                        // operator sizes `[state] lease` by.
+                        let unrenewed = began.saturating_duration_since(term.renewed);
+                        let spare = term.until.saturating_duration_since(Instant::now());
+                        tracing::info!(unrenewed = ?unrenewed, spare = ?spare, "leadership: the lease renewed again");
+                    }
                     self.failed_renewal = false;
                     Some(renewed)
                 }
@@ -370,5 +405,38 @@ impl Elector {
         // that ended must see it end first.
         self.pause(POLL * 2);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default lease rides through etcd's own elections, a split vote
+    /// included (design: etcd's elections are not ours); a 6 s lease
+    /// renewed every sixth of it did not (CI: leadership moved when
+    /// etcd's leader was killed).
+    #[test]
+    fn the_default_lease_rides_through_the_longest_etcd_election() {
+        let spare = spare_through_etcd_election(crate::config::DEFAULT_LEASE);
+        assert!(spare >= Duration::from_millis(500), "{spare:?}");
+        // What failed: the election outlasts the renew deadline.
+        let old = renew_deadline(Duration::from_secs(6))
+            .saturating_sub(Duration::from_secs(1))
+            .saturating_sub(ETCD_ELECTION_WORST)
+            .saturating_sub(Duration::from_secs(1));
+        assert_eq!(old, Duration::ZERO);
+    }
+
+    /// A lease's renewal calls end well before its renew deadline, and a
+    /// renewal is never older than a tenth of the TTL.
+    #[test]
+    fn renewal_calls_fit_many_times_in_the_renew_deadline() {
+        for secs in [1, 2, 3, 6, 10, 60, 3600] {
+            let ttl = Duration::from_secs(secs);
+            let call = renewal_call_timeout(ttl);
+            assert!(call * 6 <= renew_deadline(ttl), "{secs}s: {call:?}");
+            assert!(call <= Duration::from_secs(1));
+        }
     }
 }

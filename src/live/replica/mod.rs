@@ -3,7 +3,7 @@
 //! Each replica campaigns for the `leader` key under the state prefix,
 //! created on a lease of `[state] lease` in one transaction that succeeds
 //! only if the key does not exist. The leader renews its lease every
-//! sixth of the TTL and may act only until two thirds of the TTL after
+//! tenth of the TTL and may act only until two thirds of the TTL after
 //! the start of its last successful renewal, by its own monotonic clock
 //! (the lease cannot expire on etcd before the full TTL from then): a
 //! leader that cannot reach etcd stops acting before any other replica
@@ -143,11 +143,11 @@ impl Replica {
             agents: advertised_agents(config),
         };
         let ttl = config.state.lease;
+        if campaign::spare_through_etcd_election(ttl).is_zero() {
+            tracing::warn!(lease = %crate::config::in_words(ttl), "[state] lease is too short to ride through an election of etcd's own (up to about 4 s): poolgate's leadership may move when etcd's leader changes (the default, 10s, rides through)");
+        }
         // Renewals must be answered well within the renew deadline.
-        let campaign_etcd = Arc::new(etcd_client(
-            config,
-            (ttl / RENEWALS_PER_TTL).min(Duration::from_secs(1)),
-        )?);
+        let campaign_etcd = Arc::new(etcd_client(config, campaign::renewal_call_timeout(ttl))?);
         let campaign = Campaign::start(
             campaign_etcd,
             CampaignSettings {

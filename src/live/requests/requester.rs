@@ -45,10 +45,10 @@ impl Session {
     }
 
     /// How long the lease has gone unrenewed, if it is at risk: not
-    /// renewed for half its TTL (renewals go every sixth of it) while
+    /// renewed for half its TTL (renewals go every tenth of it) while
     /// renewing fails or hangs. It can then expire, and the leader end
-    /// the run, once the TTL has passed since the last renewal: a sixth of
-    /// the TTL from now at the earliest. A process paused past half the
+    /// the run, once the TTL has passed since the last renewal: half the
+    /// TTL from now at the earliest. A process paused past half the
     /// TTL is not at risk for that alone: its first renewal on waking
     /// goes through.
     pub fn at_risk(&self) -> Option<Duration> {
@@ -221,7 +221,7 @@ impl Requests {
     }
 }
 
-/// Keeps `lease` alive (every sixth of its TTL, again 100 ms after a
+/// Keeps `lease` alive (every tenth of its TTL, again 100 ms after a
 /// failure, each call across every endpoint) until the session drops.
 pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
     let stop = Arc::new(AtomicBool::new(false));
@@ -236,12 +236,12 @@ pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> S
     let thread = std::thread::Builder::new()
         .name("poolgate-run-session".into())
         .spawn(move || {
-            // Every sixth: a renewal that fails through an etcd election
-            // (a second or two) leaves most of the half-TTL before the
-            // session counts as at risk (an operator's trial: renewing
-            // every third, 4 of 15 runs stopped when etcd's leader was
-            // killed).
-            let every = ttl / 6;
+            // Every tenth, as the leader's own lease: a renewal that
+            // fails through an etcd election (up to about 4 s) leaves
+            // most of the half-TTL before the session counts as at risk
+            // (an operator's trial: renewing every third, 4 of 15 runs
+            // stopped when etcd's leader was killed).
+            let every = ttl / crate::live::replica::RENEWALS_PER_TTL;
             let mut next = std::time::Instant::now() + every;
             while !stopping.load(Ordering::Relaxed) {
                 if std::time::Instant::now() >= next {
