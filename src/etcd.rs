@@ -242,6 +242,31 @@ impl Etcd {
         Ok((ttl > 0).then(|| Duration::from_secs(ttl.unsigned_abs())))
     }
 
+    /// As [`Etcd::keep_alive`], for a lease that `key` is on: "gone" is
+    /// taken only once a linearizable read finds `key` gone or on another
+    /// lease. A member whose lessor is behind its log (just elected, its
+    /// applies lagging) answers "not found" for a lease that lives; the
+    /// key, deleted in the same apply as its lease's end, says whether it
+    /// does. While it holds, the answer is an error: tried again.
+    pub fn keep_alive_on(&self, id: i64, key: &[u8]) -> Result<Option<Duration>, EtcdError> {
+        match self.keep_alive(id)? {
+            Some(ttl) => Ok(Some(ttl)),
+            None => match self.get(key)? {
+                Some(kv) if kv.lease == id => Err(EtcdError::Refused {
+                    endpoint: self.endpoints[self.preferred.load(Ordering::Relaxed)]
+                        .text
+                        .clone(),
+                    call: "/v3/lease/keepalive",
+                    message: format!(
+                        "lease {id} said gone while {} is still on it (a member's lessor behind its log): tried again",
+                        String::from_utf8_lossy(key)
+                    ),
+                }),
+                _ => Ok(None),
+            },
+        }
+    }
+
     /// Ends lease `id` at once (its keys go with it).
     pub fn revoke(&self, id: i64) -> Result<(), EtcdError> {
         self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }))

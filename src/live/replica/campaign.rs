@@ -78,6 +78,8 @@ impl std::fmt::Display for SteppedDown {
 pub(crate) struct Campaign {
     stop: Arc<AtomicBool>,
     abandoned: Arc<AtomicBool>,
+    /// Why this replica last stepped down, if it has.
+    stepped_down: Arc<std::sync::Mutex<Option<SteppedDown>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     role: watch::Receiver<Role>,
 }
@@ -99,19 +101,31 @@ impl Campaign {
         let (tx, role) = watch::channel(Role::Following(None));
         let stop = Arc::new(AtomicBool::new(false));
         let abandoned = Arc::new(AtomicBool::new(false));
+        let stepped_down = Arc::default();
         let thread = {
             let (stop, abandoned) = (Arc::clone(&stop), Arc::clone(&abandoned));
+            let mut elector = Elector::new(etcd, settings, fence, tx, stop);
+            elector.stepped_down = Arc::clone(&stepped_down);
             std::thread::Builder::new()
                 .name("poolgate-leadership".into())
-                .spawn(move || Elector::new(etcd, settings, fence, tx, stop).run(&abandoned))
+                .spawn(move || elector.run(&abandoned))
                 .ok()
         };
         Campaign {
             stop,
             abandoned,
+            stepped_down,
             thread,
             role,
         }
+    }
+
+    /// Why this replica last stepped down, if it has.
+    pub fn stepped_down(&self) -> Option<SteppedDown> {
+        self.stepped_down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The role, as it changes.
@@ -159,6 +173,8 @@ struct Elector {
     tx: watch::Sender<Role>,
     stop: Arc<AtomicBool>,
     said: crate::live::throttle::Throttle,
+    /// Why it last stepped down (read by [`Campaign::stepped_down`]).
+    stepped_down: Arc<std::sync::Mutex<Option<SteppedDown>>>,
     /// The last renewal failed: the next comes sooner.
     failed_renewal: bool,
 }
@@ -223,6 +239,7 @@ impl Elector {
             tx,
             stop,
             said: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
+            stepped_down: Arc::default(),
             failed_renewal: false,
         }
     }
@@ -355,7 +372,7 @@ impl Elector {
             return self.step_down(term, SteppedDown::WriteRefused);
         }
         let began = Instant::now();
-        match self.etcd.keep_alive(term.lease) {
+        match self.etcd.keep_alive_on(term.lease, &self.settings.key) {
             Ok(Some(ttl)) => match self.etcd.get(&self.settings.key) {
                 Ok(Some(kv)) if kv.create_revision == term.created && kv.lease == term.lease => {
                     let renewed = HeldLease {
@@ -399,6 +416,10 @@ impl Elector {
         self.fence.clear();
         self.failed_renewal = false;
         tracing::error!(why = %why, "stepped down: no longer the leader");
+        *self
+            .stepped_down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         self.tx.send_replace(Role::Following(None));
         let _ = self.etcd.revoke(term.lease);
         // Not at once a candidate again: the orchestrator of the term

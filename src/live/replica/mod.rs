@@ -489,6 +489,12 @@ impl Replica {
         }
     }
 
+    /// Why this replica last stepped down (its lease not renewed in time,
+    /// gone, its key taken, a write refused), if it has.
+    pub fn stepped_down(&self) -> Option<SteppedDown> {
+        self.campaign.stepped_down()
+    }
+
     /// Stops campaigning and hands the leadership on at once.
     pub fn resign(self) {
         self.fence.clear();

@@ -114,7 +114,8 @@ impl Requests {
         let etcd = Arc::clone(self.store.etcd());
         let (lease, granted) =
             blocking(move || etcd.grant(ttl).map_err(|e| StoreError(e.to_string()))).await?;
-        let session = keep(Arc::clone(self.store.etcd()), lease, granted);
+        let alive = self.store.key(&format!("alive/{run}"));
+        let session = keep(Arc::clone(self.store.etcd()), lease, granted, alive);
         let body = serde_json::to_vec(&Request {
             pool: pool.map(|p| p.to_string()),
             required: required.to_vec(),
@@ -223,7 +224,14 @@ impl Requests {
 
 /// Keeps `lease` alive (every tenth of its TTL, again 100 ms after a
 /// failure, each call across every endpoint) until the session drops.
-pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> Session {
+/// `on` is a key on the lease: a "gone" answer is believed once it is gone
+/// too ([`crate::etcd::Etcd::keep_alive_on`]).
+pub(super) fn keep(
+    etcd: Arc<crate::etcd::Etcd>,
+    lease: i64,
+    ttl: Duration,
+    on: Vec<u8>,
+) -> Session {
     let stop = Arc::new(AtomicBool::new(false));
     let lost = Arc::new(AtomicBool::new(false));
     let renewals = Arc::new(std::sync::Mutex::new(Renewals {
@@ -249,7 +257,7 @@ pub(super) fn keep(etcd: Arc<crate::etcd::Etcd>, lease: i64, ttl: Duration) -> S
                     if let Ok(mut renewals) = noting.lock() {
                         renewals.trying_since.get_or_insert(sent);
                     }
-                    let renewed = etcd.keep_alive(lease);
+                    let renewed = etcd.keep_alive_on(lease, &on);
                     next = std::time::Instant::now()
                         + match renewed {
                             Ok(Some(_)) => {
