@@ -797,9 +797,10 @@ fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
 #[test]
 fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_member() {
     // Adversary finding: term 1 unregisters node-1 on the replica's warm
-    // member; term 2 starts from [registry] (node-1 known again), but the
-    // member still dropped node-1's SWIM facts: never ready. Each term's
-    // attachment now brings its registry's names.
+    // member; term 2 knows node-1 again, but the member still dropped
+    // node-1's SWIM facts: never ready. Each term's attachment now brings
+    // its registry's names. (Term 2 starts from the registry the replicas
+    // share, where term 1 wrote node-1 off: it registers node-1 again.)
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("warm-registry");
@@ -835,8 +836,14 @@ fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_me
             b.swim_addr(),
             "term 2 on the warm member"
         );
-        assert!(next.registered().contains_key(&node1));
+        assert!(
+            !next.registered().contains_key(&node1),
+            "term 1's change is the shared registry's"
+        );
         let mut events = next.gate.subscribe();
+        next.register(node1.clone(), config.registry[&node1])
+            .await
+            .unwrap();
         let got = tokio::time::timeout(Duration::from_secs(15), ready(&mut events)).await;
         let words = next.gate.report().await.unwrap().candidates[0].blockers_in_words();
         next.stop().await;
@@ -1334,13 +1341,15 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
             let kept = tokio::time::timeout(Duration::from_secs(5), leader.lost()).await;
             assert!(
                 kept.is_err(),
-                "round {round}: killing etcd's leader moved poolgate's leadership"
+                "round {round}: killing etcd's leader moved poolgate's leadership: stepped down for {:?} (None: its renew deadline passed unrenewed)",
+                leader.stepped_down()
             );
             cluster.restart(killed);
             let kept = tokio::time::timeout(Duration::from_secs(4), leader.lost()).await;
             assert!(
                 kept.is_err(),
-                "round {round}: a member rejoining moved poolgate's leadership"
+                "round {round}: a member rejoining moved poolgate's leadership: stepped down for {:?} (None: its renew deadline passed unrenewed)",
+                leader.stepped_down()
             );
             assert!(leader.leads() && !other.leads(), "round {round}");
             let lost: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok())
@@ -2092,5 +2101,87 @@ fn a_one_pool_deployment_grows_pools_with_its_epochs_as_their_floor_once_its_run
         }
         live.shutdown();
         replica.resign();
+    });
+}
+
+/// Issue 32: among replicas the registry is the one the replicas share
+/// in etcd, not each replica's own file. Before, a node registered on the
+/// leader (by a reload or the API) was gone at the next term, on another
+/// replica or on the same one, and a replica whose file named another
+/// node led with its own registry. Now a change of the registry is
+/// written under the term before it applies, and every term starts from
+/// what is written (a replica's file counts only while nothing is).
+#[test]
+fn the_registry_among_replicas_is_the_shared_one_whatever_each_replicas_file_says() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("shared-registry");
+    let key = || poolgate::keys::NodeKey::generate().public();
+    let (key1, key2, key3) = (key(), key(), key());
+    let registry = |entries: &[(&str, &poolgate::keys::PublicKey)]| {
+        let lines: Vec<String> = entries
+            .iter()
+            .map(|(node, key)| format!("{node} = \"{key}\""))
+            .collect();
+        format!("[registry]\n{}\n", lines.join("\n"))
+    };
+    // A's file names node-1; B's names node-1 and node-3.
+    let a_config = config(&server.endpoint, &registry(&[("node-1", &key1)]));
+    let b_config = config(
+        &server.endpoint,
+        &registry(&[("node-1", &key1), ("node-3", &key3)]),
+    );
+    let (node1, node2, node3) = (
+        common::node("node-1"),
+        common::node("node-2"),
+        common::node("node-3"),
+    );
+    live_for(Duration::from_secs(90), async {
+        let mut a = Replica::start(&a_config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        assert_eq!(
+            live.registered().keys().cloned().collect::<Vec<_>>(),
+            vec![node1.clone()]
+        );
+        // B starts while A leads: the registry is A's, written at its term.
+        let mut b = Replica::start(&b_config).unwrap();
+        live.register(node2.clone(), key2).await.unwrap();
+        // A's term ends (its leader key gone): B leads, from what A wrote.
+        a.resign();
+        live.stop().await;
+        let next = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        let held = next.registered();
+        assert_eq!(
+            held.keys().cloned().collect::<Vec<_>>(),
+            vec![node1.clone(), node2.clone()],
+            "B leads with the shared registry, not its file's (node-3)"
+        );
+        assert_eq!(held.get(&node2), Some(&key2));
+        assert!(!held.contains_key(&node3));
+        // B's own change is written too: the same replica's next term
+        // keeps it.
+        next.unregister(&node1).await.unwrap();
+        server
+            .client()
+            .delete_prefix(b"/poolgate/replicas/pool-a/leader")
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), b.lost())
+            .await
+            .expect("term lost");
+        next.stop().await;
+        let again = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
+            .await
+            .expect("b leads again")
+            .unwrap();
+        assert_eq!(
+            again.registered().keys().cloned().collect::<Vec<_>>(),
+            vec![node2.clone()],
+            "the same replica's next term"
+        );
+        again.shutdown();
+        b.resign();
     });
 }

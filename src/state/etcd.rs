@@ -18,8 +18,8 @@ use serde_json::Value;
 
 use super::mac::StateKey;
 use super::records::{
-    checksum, checksum_key, decode_sequences, decode_state, encode_sequences, encode_state,
-    verified, FORMAT,
+    checksum, checksum_key, decode_registry, decode_sequences, decode_state, encode_registry,
+    encode_sequences, encode_state, verified, FORMAT,
 };
 use super::{OrchestratorStore, StateError};
 use crate::etcd::{self, Etcd};
@@ -128,6 +128,8 @@ pub struct EtcdStore {
 /// What one read of the prefix gave.
 struct Read {
     held: Option<StoredRecords>,
+    /// The registry the replicas share, if written.
+    registry: Option<BTreeMap<String, String>>,
     revisions: BTreeMap<String, i64>,
     /// The extra keys asked for that exist.
     extra: BTreeMap<String, Vec<u8>>,
@@ -156,6 +158,8 @@ struct Bound {
     /// known to have landed (at most [`ATTEMPTS_KEPT`], the latest): a
     /// try whose answer was lost may have landed all the same.
     attempts: Mutex<BTreeMap<String, Vec<Vec<u8>>>>,
+    /// The registry the replicas share, as this term read or wrote it.
+    registry: Mutex<Option<BTreeMap<String, String>>>,
 }
 
 /// How many unconfirmed tries of a record a term remembers.
@@ -253,7 +257,12 @@ impl EtcdStore {
     /// prepared in an earlier term, or against a record someone else
     /// changed, never lands; the term then ends ([`Fence::end`]).
     pub fn bind(&self, term: i64) -> Result<(Arc<EtcdStore>, Option<StoredRecords>), StateError> {
-        let (held, revisions) = self.read_with_revisions()?;
+        let Read {
+            held,
+            registry,
+            revisions,
+            ..
+        } = self.read_with(&[])?;
         let store = EtcdStore {
             etcd: Arc::clone(&self.etcd),
             leader: self.leader.clone(),
@@ -267,6 +276,7 @@ impl EtcdStore {
                 term,
                 revisions: Mutex::new(revisions),
                 attempts: Mutex::default(),
+                registry: Mutex::new(registry),
             }),
         };
         Ok((Arc::new(store), held))
@@ -317,15 +327,8 @@ impl EtcdStore {
         })
     }
 
-    fn read_with_revisions(
-        &self,
-    ) -> Result<(Option<StoredRecords>, BTreeMap<String, i64>), StateError> {
-        self.read_with(&[]).map(|read| (read.held, read.revisions))
-    }
-
-    /// As [`EtcdStore::read_records`], with the last-change revision of
-    /// each record read.
-    /// The records, and the `extra` keys, in one transaction.
+    /// The records (with the last-change revision of each) and the
+    /// `extra` keys, in one transaction.
     fn read_with(&self, extra: &[&str]) -> Result<Read, StateError> {
         let error = |what: String| StateError {
             file: self.where_(),
@@ -342,6 +345,9 @@ impl EtcdStore {
             "sequences",
             "sequences.sha256",
             "sequences.mac",
+            "registry",
+            "registry.sha256",
+            "registry.mac",
         ];
         let ranges = names
             .iter()
@@ -378,6 +384,7 @@ impl EtcdStore {
             None if !held.contains_key("state") => {
                 return Ok(Read {
                     held: None,
+                    registry: None,
                     revisions,
                     extra,
                 })
@@ -447,8 +454,16 @@ impl EtcdStore {
                 .map_err(|e| error(format!("{}: {e}", named("sequences"))))?,
             None => BTreeMap::new(),
         };
+        let registry = match record("registry")? {
+            Some(bytes) => Some(
+                decode_registry(&bytes)
+                    .map_err(|e| error(format!("{}: {e}", named("registry"))))?,
+            ),
+            None => None,
+        };
         Ok(Read {
             held: Some((state, sequences)),
+            registry,
             revisions,
             extra,
         })
@@ -713,6 +728,37 @@ impl OrchestratorStore for EtcdStore {
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError> {
         let record = encode_sequences(sequences).map_err(StoreError)?;
         self.put("sequences", &record)
+    }
+
+    fn shares_registry(&self) -> bool {
+        true
+    }
+
+    /// As this term read it at its start, or last wrote it.
+    fn shared_registry(&self) -> Result<Option<BTreeMap<String, String>>, StoreError> {
+        Ok(self
+            .bound
+            .as_ref()
+            .and_then(|bound| lock(&bound.registry).clone()))
+    }
+
+    /// Under the term, on the registry as this term last read or wrote
+    /// it; only beside a state record (a prefix holding records but no
+    /// state would read as damaged).
+    fn save_registry(&self, registry: &BTreeMap<String, String>) -> Result<(), StoreError> {
+        let Some(bound) = &self.bound else {
+            return Err(StoreError("not bound to a term: nothing written".into()));
+        };
+        if !lock(&bound.revisions).contains_key("state") {
+            return Err(StoreError(format!(
+                "{}: no state record yet: the registry is written beside one",
+                self.where_()
+            )));
+        }
+        let record = encode_registry(registry).map_err(StoreError)?;
+        self.put("registry", &record)?;
+        *lock(&bound.registry) = Some(registry.clone());
+        Ok(())
     }
 
     /// Among replicas each term serves the pools it started with (their

@@ -47,6 +47,23 @@ pub trait OrchestratorStore: StateStore {
     fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError>;
     /// Writes the sequences, durably.
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError>;
+    /// Whether this store keeps the registry the replicas share (design
+    /// §12): among replicas on etcd. Elsewhere `[registry]` is the
+    /// registry.
+    fn shares_registry(&self) -> bool {
+        false
+    }
+    /// The registry the replicas share: each node's pinned key as
+    /// `[registry]` writes it (`ed25519:…`); `None` where this store keeps
+    /// none, or none was written yet.
+    fn shared_registry(&self) -> Result<Option<BTreeMap<String, String>>, StoreError> {
+        Ok(None)
+    }
+    /// Writes the registry the replicas share (under the term, among
+    /// replicas); nothing where this store keeps none.
+    fn save_registry(&self, _registry: &BTreeMap<String, String>) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// The record of one of several pools (`[pools.<id>]`, design §14):
     /// a store of its own for that pool's state, and what it held. A
     /// pool with no record yet starts its epochs above `floor` (what the

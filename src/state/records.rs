@@ -72,6 +72,18 @@ pub(crate) fn decode_sequences(record: &[u8]) -> Result<BTreeMap<String, u64>, S
     serde_json::from_slice(record).map_err(|e| format!("damaged: sequences do not parse ({e})"))
 }
 
+/// The `registry` record (the registry replicas share): each node's
+/// pinned key as `[registry]` writes it.
+pub(crate) fn encode_registry(registry: &BTreeMap<String, String>) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(registry).map_err(|e| e.to_string())
+}
+
+/// The registry from a `registry` record.
+pub(crate) fn decode_registry(record: &[u8]) -> Result<BTreeMap<String, String>, String> {
+    serde_json::from_slice(record)
+        .map_err(|e| format!("damaged: the registry does not parse ({e})"))
+}
+
 fn encode(durable: &Durable) -> Stored {
     Stored {
         last_epoch: durable.last_epoch,

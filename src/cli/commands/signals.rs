@@ -21,6 +21,7 @@ pub(crate) fn reload_on_hangup(
     let path = path.to_path_buf();
     AbortOnDrop(actix::spawn(async move {
         while hangup.recv().await.is_some() {
+            tracing::info!("SIGHUP among replicas: the leader applies [registry] and writes it for every replica; a follower's file counts only while nothing is written (each term starts from the registry the replicas share)");
             match &keys {
                 Some(keys) => reload_keys(|swim| keys.reload(swim), &path),
                 None => tracing::warn!("SIGHUP: this replica runs no SWIM member between terms; its next term reads the keys it started with"),

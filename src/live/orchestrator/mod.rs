@@ -114,8 +114,11 @@ pub struct Orchestrator {
     /// detached only by the term that attached it).
     attachment: u64,
     /// The durable store, if any: a pool defined by a reload keeps its
-    /// state there too.
+    /// state there too; among replicas, the registry they share.
     store: Option<Arc<dyn crate::state::OrchestratorStore>>,
+    /// Registry changes go one at a time (among replicas each is written
+    /// before it applies).
+    registry_changes: tokio::sync::Mutex<()>,
 }
 
 impl Orchestrator {
@@ -171,20 +174,23 @@ impl Orchestrator {
             .ok_or(poolgate_actors::GateError::UnknownPool(
                 config.pool.id().clone(),
             ))?;
+        // After the gate's start (its state record written: the shared
+        // registry is written beside it).
+        let registered = registry::starting_registry(config, store.as_ref()).await?;
         for pool in config.pool_definitions() {
             for node in pool.members() {
-                if !config.registry.contains_key(node) {
-                    tracing::warn!(pool = %pool.id(), %node, "pool member is not in [registry]: its frames will be refused and the pool can never be ready");
+                if !registered.contains_key(node) {
+                    tracing::warn!(pool = %pool.id(), %node, "pool member is not in the registry: its frames will be refused and the pool can never be ready");
                 }
             }
         }
-        for node in config.registry.keys() {
+        for node in registered.keys() {
             fleet
                 .registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;
         }
         let nodes = Arc::new(Mutex::new(Nodes::default()));
-        let registry: Registry = Arc::new(std::sync::RwLock::new(config.registry.clone()));
+        let registry: Registry = Arc::new(std::sync::RwLock::new(registered));
         let mut tasks = Vec::new();
         let kept = store.clone();
         if let Some(store) = store {
@@ -193,7 +199,11 @@ impl Orchestrator {
             let stored = store
                 .sequences()
                 .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
-            lock(&nodes).last_seq = restore_sequences(stored, &config.registry);
+            let registered = registry
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            lock(&nodes).last_seq = restore_sequences(stored, &registered);
             tasks.push(actix::spawn(keep_sequences(
                 store,
                 Arc::clone(&nodes),
@@ -285,6 +295,7 @@ impl Orchestrator {
             nodes,
             attachment,
             store: kept,
+            registry_changes: tokio::sync::Mutex::new(()),
         })
     }
 

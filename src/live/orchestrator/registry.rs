@@ -1,7 +1,14 @@
 //! The registry and the pools as they change while the orchestrator runs:
 //! a node registered or unregistered, and a reload (SIGHUP) applying the
 //! difference of `[registry]` and the pools, said line by line.
+//!
+//! Among replicas the registry is the one the replicas share (design
+//! §12): each term starts from what is written in etcd, and a change is
+//! written under the term before it applies, so a takeover never changes
+//! the registry and replicas whose files differ cannot disagree. A
+//! replica's own `[registry]` counts only while nothing is written.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use poolgate_actors::core::NodeId;
@@ -44,10 +51,15 @@ impl Orchestrator {
     /// accepted before the change or refused after it, and the old key's
     /// sequences go with it (a thief's 2^64 − 1 does not lock a new key
     /// out).
+    ///
+    /// Among replicas the new registry is first written for the replicas
+    /// to share (under the term: a deposed leader's change never lands);
+    /// a change that cannot be written is not made. Changes go one at a
+    /// time, so what is written is what applies.
     async fn change_registry(
         &self,
         fact: poolgate_actors::core::RegistryFact,
-        change: impl FnOnce(&mut std::collections::BTreeMap<NodeId, PublicKey>) -> bool,
+        change: impl FnOnce(&mut BTreeMap<NodeId, PublicKey>) -> bool,
     ) -> Result<(), LiveError> {
         if self.gate.is_stopped() {
             return Err(poolgate_actors::GateError::Stopped.into());
@@ -56,21 +68,31 @@ impl Orchestrator {
             poolgate_actors::core::RegistryFact::Known { node }
             | poolgate_actors::core::RegistryFact::Forgotten { node } => node.clone(),
         };
+        let _one_at_a_time = self.registry_changes.lock().await;
+        let mut next = self.registered();
+        if !change(&mut next) {
+            return Ok(());
+        }
+        if let Some(store) = self.store.as_ref().filter(|s| s.shares_registry()) {
+            let (store, text) = (Arc::clone(store), as_text(&next));
+            tokio::task::spawn_blocking(move || store.save_registry(&text))
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))?
+                .map_err(|e| {
+                    LiveError::Gate(poolgate_actors::GateError::NotDurable(format!(
+                        "the registry the replicas share not written, so not changed: {e}"
+                    )))
+                })?;
+        }
         let names = {
             let mut nodes = lock(&self.nodes);
             let mut registry = self
                 .registry
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !change(&mut registry) {
-                None
-            } else {
-                nodes.last_seq.remove(&node);
-                Some(registry.keys().map(|n| n.to_string()).collect())
-            }
-        };
-        let Some(names) = names else {
-            return Ok(());
+            *registry = next;
+            nodes.last_seq.remove(&node);
+            registry.keys().map(|n| n.to_string()).collect()
         };
         self.swim
             .do_send(crate::live::swim::member::OnlyMembers(names));
@@ -231,4 +253,128 @@ pub(super) fn registry_names(registry: &Registry) -> std::collections::HashSet<S
         .keys()
         .map(|n| n.to_string())
         .collect()
+}
+
+/// The registry a term starts from: among replicas (a store that shares
+/// it), what the replicas share, or with nothing written yet this
+/// replica's `[registry]`, written for the others; alone, `[registry]`.
+/// A replica whose file differs from what is shared says how.
+pub(super) async fn starting_registry(
+    config: &Config,
+    store: Option<&Arc<dyn crate::state::OrchestratorStore>>,
+) -> Result<BTreeMap<NodeId, PublicKey>, LiveError> {
+    let Some(store) = store.filter(|s| s.shares_registry()) else {
+        return Ok(config.registry.clone());
+    };
+    let shared = store
+        .shared_registry()
+        .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+    let Some(shared) = shared else {
+        let (writer, text) = (Arc::clone(store), as_text(&config.registry));
+        let written = tokio::task::spawn_blocking(move || writer.save_registry(&text)).await;
+        match written {
+            Ok(Ok(())) => tracing::info!(
+                nodes = config.registry.len(),
+                "[registry] written for the replicas to share"
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "[registry] not written for the replicas to share: this term uses it, and its next change writes it")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "[registry] not written for the replicas to share: this term uses it, and its next change writes it")
+            }
+        }
+        return Ok(config.registry.clone());
+    };
+    let shared = from_text(&shared).map_err(|what| {
+        LiveError::State(crate::state::StateError {
+            file: "the registry the replicas share (etcd)".into(),
+            what,
+        })
+    })?;
+    let differences = differences(&config.registry, &shared);
+    if !differences.is_empty() {
+        tracing::warn!(
+            differences = %differences.join(", "),
+            "this replica's [registry] differs from the registry the replicas share: the shared one is used (a reload of the leader applies and writes its file's)"
+        );
+    }
+    Ok(shared)
+}
+
+/// `registry` as the shared record holds it: each key as `[registry]`
+/// writes it.
+fn as_text(registry: &BTreeMap<NodeId, PublicKey>) -> BTreeMap<String, String> {
+    registry
+        .iter()
+        .map(|(node, key)| (node.to_string(), key.to_string()))
+        .collect()
+}
+
+/// The shared record read back; what does not parse is named.
+fn from_text(text: &BTreeMap<String, String>) -> Result<BTreeMap<NodeId, PublicKey>, String> {
+    text.iter()
+        .map(|(node, key)| {
+            let id = NodeId::new(node).map_err(|e| format!("node {node:?}: {e}"))?;
+            let key = PublicKey::parse(key).map_err(|e| format!("node {node}: {e}"))?;
+            Ok((id, key))
+        })
+        .collect()
+}
+
+/// How `own` differs from `shared`, a phrase per node.
+fn differences(
+    own: &BTreeMap<NodeId, PublicKey>,
+    shared: &BTreeMap<NodeId, PublicKey>,
+) -> Vec<String> {
+    let mut said = Vec::new();
+    for (node, key) in own {
+        match shared.get(node) {
+            None => said.push(format!("{node}: in this file only")),
+            Some(other) if other != key => said.push(format!("{node}: another key here")),
+            Some(_) => {}
+        }
+    }
+    for node in shared.keys().filter(|n| !own.contains_key(*n)) {
+        said.push(format!("{node}: shared only"));
+    }
+    said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(name: &str) -> NodeId {
+        NodeId::new(name).unwrap()
+    }
+
+    #[test]
+    fn the_shared_record_reads_back_what_was_written_and_names_what_does_not_parse() {
+        let key = crate::keys::NodeKey::generate().public();
+        let registry = BTreeMap::from([(n("node-1"), key)]);
+        assert_eq!(from_text(&as_text(&registry)), Ok(registry));
+        let bad = BTreeMap::from([("node-2".to_string(), "ed25519:nope".to_string())]);
+        let error = from_text(&bad).unwrap_err();
+        assert!(error.contains("node-2"), "{error}");
+    }
+
+    #[test]
+    fn differences_say_each_node_once() {
+        let (k1, k2) = (
+            crate::keys::NodeKey::generate().public(),
+            crate::keys::NodeKey::generate().public(),
+        );
+        let own = BTreeMap::from([(n("a"), k1), (n("b"), k1), (n("c"), k1)]);
+        let shared = BTreeMap::from([(n("b"), k1), (n("c"), k2), (n("d"), k1)]);
+        assert_eq!(
+            differences(&own, &shared),
+            vec![
+                "a: in this file only".to_string(),
+                "c: another key here".to_string(),
+                "d: shared only".to_string()
+            ]
+        );
+        assert!(differences(&own, &own).is_empty());
+    }
 }
