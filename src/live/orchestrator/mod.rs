@@ -180,7 +180,7 @@ impl Orchestrator {
         for pool in config.pool_definitions() {
             for node in pool.members() {
                 if !registered.contains_key(node) {
-                    tracing::warn!(pool = %pool.id(), %node, "pool member is not in the registry: its frames will be refused and the pool can never be ready");
+                    tracing::warn!(pool = %pool.id(), %node, "pool member is not in [registry] (among replicas: the registry they share): its frames will be refused and the pool can never be ready");
                 }
             }
         }
