@@ -2185,3 +2185,55 @@ fn the_registry_among_replicas_is_the_shared_one_whatever_each_replicas_file_say
         b.resign();
     });
 }
+
+/// An operator's trial: a replica's terms started from its file as it
+/// was at start, so a reload was forgotten at its next term: a pool
+/// reloaded to three members led again with two, on another replica or
+/// the same one. Now a reload leaves what it read for the next term
+/// (`Replica::reloads`, what `watch` does on SIGHUP).
+#[test]
+fn a_replicas_next_term_starts_from_its_file_as_last_reloaded() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("reloaded-terms");
+    let config = config(&server.endpoint, "");
+    let mut reloaded = config.clone();
+    reloaded.pool = poolgate::core::PoolDefinition::new(
+        config.pool.id().clone(),
+        vec![common::node("node-1"), common::node("node-2")],
+    )
+    .unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut b = Replica::start(&config).unwrap();
+        let live = b.lead(None).await.unwrap();
+        let members = |report: poolgate::core::PoolReport| {
+            report
+                .candidates
+                .iter()
+                .map(|c| c.node.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(members(live.gate.report().await.unwrap()), ["node-1"]);
+        // SIGHUP: the file read again (here, as `watch` leaves it).
+        b.reloads().put(reloaded.clone());
+        server
+            .client()
+            .delete_prefix(b"/poolgate/replicas/pool-a/leader")
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), b.lost())
+            .await
+            .expect("term lost");
+        live.stop().await;
+        let next = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
+            .await
+            .expect("b leads again")
+            .unwrap();
+        assert_eq!(
+            members(next.gate.report().await.unwrap()),
+            ["node-1", "node-2"],
+            "the next term starts from the file as reloaded"
+        );
+        next.shutdown();
+        b.resign();
+    });
+}

@@ -81,6 +81,7 @@ pub async fn watch(
     let _reloading = match &leadership {
         Leadership::Replica(replica) => Some(reload_on_hangup(
             replica.swim_keys(),
+            replica.reloads(),
             path,
             signal(SignalKind::hangup())?,
         )),

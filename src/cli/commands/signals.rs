@@ -10,28 +10,40 @@ use crate::live::{LiveError, Orchestrator};
 
 use super::commit::AbortOnDrop;
 
-/// Reloads the keys of `keys`' SWIM member from `path` at each SIGHUP
-/// (`hangup`), for as long as the returned guard lives; without a member
-/// (a replica whose term starts its own) the signal is only taken.
+/// A replica's SIGHUP (`hangup`), for as long as the returned guard
+/// lives: `path` read again, the keys of `keys`' SWIM member reloaded
+/// (without a member, a replica whose term starts its own, they are
+/// read at its next term), and what was read left in `reloads` for the
+/// replica's next term. A file that does not load changes nothing.
 pub(crate) fn reload_on_hangup(
     keys: Option<crate::live::orchestrator::SwimKeys>,
+    reloads: crate::live::replica::Reloads,
     path: &Path,
     mut hangup: tokio::signal::unix::Signal,
 ) -> AbortOnDrop {
     let path = path.to_path_buf();
     AbortOnDrop(actix::spawn(async move {
         while hangup.recv().await.is_some() {
-            tracing::info!("SIGHUP among replicas: the leader applies [registry] and writes it for every replica; a follower's file counts only while nothing is written (each term starts from the registry the replicas share)");
+            let config = match Config::load(&path) {
+                Ok(config) => config,
+                Err(e) => {
+                    tracing::warn!(config = %path.display(), error = %e, "configuration not read again; keeping the running one");
+                    continue;
+                }
+            };
             match &keys {
-                Some(keys) => reload_keys(|swim| keys.reload(swim), &path),
-                None => tracing::warn!("SIGHUP: this replica runs no SWIM member between terms; its next term reads the keys it started with"),
+                Some(keys) => match keys.reload(&config.swim) {
+                    Ok(()) => tracing::info!("cluster keys read again"),
+                    Err(e) => tracing::warn!(error = %e, "cluster keys not read again; keeping the old ones"),
+                },
+                None => tracing::info!("SIGHUP: this replica runs no SWIM member between terms; its next term reads the keys again"),
             }
+            tracing::info!("SIGHUP among replicas: the leader applies [registry] and writes it for every replica, and each replica's next term starts from its file as read now (its registry only where the replicas share none)");
+            reloads.put(config);
         }
     }))
 }
 
-/// SIGHUP: the cluster keys of `[swim]`, read again from the config file
-/// (key rotation).
 /// SIGHUP on an orchestrator: `path` read again, and what changed in its
 /// registry, pool and cluster keys applied ([`Orchestrator::reload`]),
 /// each change said; a file that does not load changes nothing.
@@ -52,19 +64,6 @@ pub(crate) async fn reload(live: &Orchestrator, path: &Path) {
         Err(e) => {
             tracing::warn!(config = %path.display(), error = %e, "configuration not read again; keeping the running one")
         }
-    }
-}
-
-pub(crate) fn reload_keys(
-    reload: impl Fn(&crate::config::SwimConfig) -> Result<(), LiveError>,
-    path: &Path,
-) {
-    let reloaded = Config::load(path)
-        .map_err(LiveError::from)
-        .and_then(|config| reload(&config.swim));
-    match reloaded {
-        Ok(()) => tracing::info!("cluster keys read again"),
-        Err(e) => tracing::warn!(error = %e, "cluster keys not read again; keeping the old ones"),
     }
 }
 

@@ -258,7 +258,7 @@ impl Keeper {
         let (requests, reloading, leading) = if sockets_free(config) && config.pools.is_empty() {
             let mut replica = crate::live::replica::Replica::start(config)?;
             replica.warm_up().await?;
-            let reloading = reload_on_hangup(replica.swim_keys(), path, hangup);
+            let reloading = reload_on_hangup(replica.swim_keys(), replica.reloads(), path, hangup);
             let requests = replica.requests();
             let leading = actix::spawn(campaign(replica, record.map(Path::to_path_buf)));
             (requests, Some(reloading), Some(AbortOnDrop(leading)))

@@ -18,6 +18,10 @@ use crate::live::throttle::LOG_EVERY;
 #[doc(hidden)]
 pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long writing the sequences may fail before it is an error, not a
+/// warning: longer than an etcd election.
+const SEQUENCES_FAILING_IS_AN_ERROR: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) async fn keep_sequences(
     store: Arc<dyn crate::state::OrchestratorStore>,
     nodes: Arc<Mutex<Nodes>>,
@@ -25,6 +29,9 @@ pub(super) async fn keep_sequences(
 ) {
     let mut written = HashMap::new();
     let mut said = crate::live::throttle::Throttle::new(LOG_EVERY);
+    // Since when writing has failed: a write held up by an etcd election
+    // is a warning; one failing for longer, an error.
+    let mut failing_since: Option<std::time::Instant> = None;
     loop {
         tokio::time::sleep(SEQUENCES_EVERY).await;
         // Labelled with their keys under the nodes' lock, where a key is
@@ -48,11 +55,21 @@ pub(super) async fn keep_sequences(
         let saved = tokio::task::spawn_blocking(move || writer.save_sequences(&sequences)).await;
         let saved = saved.unwrap_or_else(|e| Err(crate::StoreError(e.to_string())));
         match saved {
-            Ok(()) => written = current,
+            Ok(()) => {
+                written = current;
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(after = %crate::config::in_words(since.elapsed()), "agent sequences written again");
+                }
+            }
             Err(e) => {
                 metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                let since = *failing_since.get_or_insert_with(std::time::Instant::now);
                 if let Some(held) = said.allow(std::time::Instant::now()) {
-                    tracing::error!(error = %e, held, "agent sequences not written (tried again every 100 ms)");
+                    if since.elapsed() < SEQUENCES_FAILING_IS_AN_ERROR {
+                        tracing::warn!(error = %e, held, "agent sequences not written (tried again every 100 ms)");
+                    } else {
+                        tracing::error!(error = %e, held, failing_for = %crate::config::in_words(since.elapsed()), "agent sequences not written (tried again every 100 ms)");
+                    }
                 }
             }
         }

@@ -80,6 +80,32 @@ pub struct Replica {
     warm: Option<super::orchestrator::WarmSwim>,
     /// Whether starting the warm member was tried.
     warmed: bool,
+    /// The configuration read again by a reload (SIGHUP), for the next
+    /// term to start from ([`Replica::reloads`]).
+    reloaded: Reloads,
+}
+
+/// Where a reload (SIGHUP) leaves the configuration it read, for a
+/// replica's next term: a term starts from its replica's file as last
+/// read, not as it was at start. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Reloads(Arc<std::sync::Mutex<Option<crate::Config>>>);
+
+impl Reloads {
+    /// `config`, read again: the next term starts from it.
+    pub fn put(&self, config: crate::Config) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(config);
+    }
+
+    fn take(&self) -> Option<crate::Config> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 /// One pool's durable state in etcd, and what this replica saw of it.
@@ -186,6 +212,7 @@ impl Replica {
             term: None,
             warm: None,
             warmed: false,
+            reloaded: Reloads::default(),
         })
     }
 
@@ -260,6 +287,9 @@ impl Replica {
             }
             following.0.abort();
             let _ = (&mut following.0).await;
+            if let Some(config) = self.reloaded.take() {
+                self.adopt(config);
+            }
             self.term = self.fence.current().map(|t| t.created);
             let Some(term) = self.term else { continue };
             // The term's stores start from what etcd holds now; their
@@ -487,6 +517,47 @@ impl Replica {
         if let Some(record) = self.records.first_mut() {
             record.seen_epoch = record.seen_epoch.max(epoch);
         }
+    }
+
+    /// Where a reload (SIGHUP) leaves the configuration it read: the next
+    /// term starts from it.
+    pub fn reloads(&self) -> Reloads {
+        self.reloaded.clone()
+    }
+
+    /// Takes what a reload read for the terms to come: `[registry]` (what
+    /// a term compares with the registry the replicas share, and writes
+    /// if none is), the cluster keys, the pools' members and settings,
+    /// `[readiness]` and `[planning]`. Pools added or removed need the replicas restarted
+    /// (each term serves the pools it started with): said, and the
+    /// running pools kept.
+    fn adopt(&mut self, new: crate::Config) {
+        let ids = |config: &crate::Config| {
+            config
+                .pool_definitions()
+                .iter()
+                .map(|p| p.id().clone())
+                .collect::<Vec<_>>()
+        };
+        self.config.registry = new.registry.clone();
+        // A term that starts its own SWIM member (no warm one) starts it
+        // with the keys as rotated.
+        self.config.swim.cluster_keys = new.swim.cluster_keys.clone();
+        self.config.swim.cluster_key_material = new.swim.cluster_key_material.clone();
+        if ids(&new) != ids(&self.config) {
+            tracing::warn!(running = ?ids(&self.config), read = ?ids(&new), "reload: pools added or removed among replicas need every replica restarted; the next term keeps the running pools (and takes the registry read)");
+            return;
+        }
+        self.config.pool = new.pool;
+        self.config.pools = new.pools;
+        self.config.convergence_window = new.convergence_window;
+        self.config.planning = new.planning;
+        for (record, definition) in self.records.iter_mut().zip(self.config.pool_definitions()) {
+            record.pool = definition;
+        }
+        tracing::info!(
+            "the configuration read again by the last reload: the next term starts from it"
+        );
     }
 
     /// Why this replica last stepped down (its lease not renewed in time,
