@@ -748,6 +748,104 @@ pub fn prefix_range(prefix: &[u8]) -> Value {
 mod tests {
     use super::*;
 
+    /// A scripted etcd on 127.0.0.1: answers each call by its path with
+    /// `answer(path)` (HTTP 200, JSON), for as long as the test runs.
+    fn scripted(answer: fn(&str) -> String) -> String {
+        use std::io::{BufRead as _, Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream);
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                        let mut length = 0;
+                        loop {
+                            let mut header = String::new();
+                            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if header.trim().is_empty() {
+                                break;
+                            }
+                            if let Some(n) =
+                                header.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = n.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let said = answer(&path);
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{said}",
+                            said.len()
+                        );
+                        if reader.get_mut().write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        endpoint
+    }
+
+    /// A member whose lessor is behind its log says "not found" (TTL 0)
+    /// of a lease that lives: while the lease's key holds on it, that is
+    /// a failed renewal, not the lease's end; once the key is gone, or on
+    /// another lease, the lease is gone.
+    #[test]
+    fn a_lease_said_gone_is_believed_once_its_key_is_gone_too() {
+        let client = |endpoint: String| Etcd::new(&[endpoint], Duration::from_secs(2)).unwrap();
+        // The key still on lease 7: tried again.
+        let lagging = client(scripted(|path| {
+            match path {
+            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
+            _ => format!(
+                "{{\"kvs\":[{{\"key\":\"{}\",\"value\":\"\",\"create_revision\":\"5\",\"mod_revision\":\"5\",\"lease\":\"7\"}}]}}",
+                b64(b"/p/leader")
+            ),
+        }
+        }));
+        let said = lagging.keep_alive_on(7, b"/p/leader").unwrap_err();
+        assert!(said.to_string().contains("tried again"), "{said}");
+        // The key gone: the lease is gone.
+        let ended = client(scripted(|path| match path {
+            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
+            _ => "{}".into(),
+        }));
+        assert_eq!(ended.keep_alive_on(7, b"/p/leader").unwrap(), None);
+        // The key on another lease (taken): gone.
+        let taken = client(scripted(|path| {
+            match path {
+            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
+            _ => format!(
+                "{{\"kvs\":[{{\"key\":\"{}\",\"value\":\"\",\"create_revision\":\"9\",\"mod_revision\":\"9\",\"lease\":\"8\"}}]}}",
+                b64(b"/p/leader")
+            ),
+        }
+        }));
+        assert_eq!(taken.keep_alive_on(7, b"/p/leader").unwrap(), None);
+        // Renewed: its TTL, the key not read.
+        let renewed = client(scripted(|path| match path {
+            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"10"}}"#.into(),
+            _ => "not json".into(),
+        }));
+        assert_eq!(
+            renewed.keep_alive_on(7, b"/p/leader").unwrap(),
+            Some(Duration::from_secs(10))
+        );
+    }
+
     #[test]
     fn endpoints_are_http_or_https_host_port() {
         assert!(!parse_endpoint("http://127.0.0.1:2379").unwrap().tls);
