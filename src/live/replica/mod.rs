@@ -528,9 +528,9 @@ impl Replica {
     /// Takes what a reload read for the terms to come: `[registry]` (what
     /// a term compares with the registry the replicas share, and writes
     /// if none is), the cluster keys, the pools' members and settings,
-    /// `[readiness]` and `[planning]`. Pools added or removed need the replicas restarted
-    /// (each term serves the pools it started with): said, and the
-    /// running pools kept.
+    /// `[readiness]` and `[planning]`. Pools added or removed need the
+    /// replicas restarted (each term serves the pools it started with):
+    /// said, and the running pools kept.
     fn adopt(&mut self, new: crate::Config) {
         let ids = |config: &crate::Config| {
             config
