@@ -1642,3 +1642,54 @@ fn watch_and_node_tell_systemd_ready_once_serving_and_stopping_at_sigterm() {
         }
     });
 }
+
+/// A node agent sends one frame on a new connection, then nothing until
+/// it has read the orchestrator's challenge: frames signed without it
+/// would be skipped, and past a few refused `bad signature` (the hosts
+/// test saw a restarting node refused so, its state changing while the
+/// challenge was on its way). Here, against a silent orchestrator, the
+/// heartbeats (every 100 ms) wait too.
+#[test]
+fn a_node_agent_sends_nothing_more_before_it_reads_the_challenge() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let config = &cluster.nodes[0].config;
+        let text = std::fs::read_to_string(config).unwrap();
+        assert!(text.contains("[node]\n"), "{text}");
+        std::fs::write(
+            config,
+            text.replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1),
+        )
+        .unwrap();
+        // An orchestrator that takes the connection and never answers.
+        let listener = tokio::net::TcpListener::bind(cluster.config.agents.listen)
+            .await
+            .unwrap();
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (mut stream, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+            .await
+            .expect("the node connects")
+            .unwrap();
+        // Until the node gives the silent connection up (four heartbeats)
+        // and closes it.
+        let mut frames = 0;
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Ok(Some(_)) = poolgate::live::wire::read_frame(&mut stream).await {
+                frames += 1;
+            }
+        })
+        .await;
+        let _ = node.kill().await;
+        assert_eq!(frames, 1, "frames sent before the challenge was read");
+    });
+}

@@ -486,11 +486,18 @@ async fn session(
     // The orchestrator's challenge for this connection: the first frame
     // asks for it, every later one is signed over it.
     let mut challenge: Option<wire::Nonce> = None;
-    // (A frame sent before the challenge is read, a state change right
-    // after connecting, is signed without it: the orchestrator skips it,
-    // and the state goes again over the challenge.)
+    let mut asked = false;
     loop {
+        if send_now && asked && challenge.is_none() {
+            // Held until the challenge is read: a frame signed without it
+            // would be skipped, and a few more refused (the hosts test saw
+            // a restarting node refused `bad signature`). The challenge's
+            // arrival sends the state as it is then.
+            next_beat = tokio::time::Instant::now() + to.heartbeat;
+            send_now = false;
+        }
         if send_now {
+            asked = true;
             let state = updates.borrow_and_update().clone();
             let seq = to.sequences.take();
             let frame = fitting_frame(to, seq, challenge.as_ref(), state);
