@@ -806,33 +806,36 @@ mod tests {
     #[test]
     fn a_lease_said_gone_is_believed_once_its_key_is_gone_too() {
         let client = |endpoint: String| Etcd::new(&[endpoint], Duration::from_secs(2)).unwrap();
-        // The key still on lease 7: tried again.
-        let lagging = client(scripted(|path| {
-            match path {
-            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
-            _ => format!(
-                "{{\"kvs\":[{{\"key\":\"{}\",\"value\":\"\",\"create_revision\":\"5\",\"mod_revision\":\"5\",\"lease\":\"7\"}}]}}",
-                b64(b"/p/leader")
-            ),
+        // etcd's answers: the lease said gone; `/p/leader` on lease
+        // `lease`, created at `created`.
+        fn gone() -> String {
+            r#"{"result":{"ID":"7","TTL":"0"}}"#.into()
         }
+        fn leader_on(lease: i64, created: i64) -> String {
+            serde_json::json!({"kvs": [{
+                "key": b64(b"/p/leader"), "value": "",
+                "create_revision": created.to_string(), "mod_revision": created.to_string(),
+                "lease": lease.to_string(),
+            }]})
+            .to_string()
+        }
+        // The key still on lease 7: tried again.
+        let lagging = client(scripted(|path| match path {
+            "/v3/lease/keepalive" => gone(),
+            _ => leader_on(7, 5),
         }));
         let said = lagging.keep_alive_on(7, b"/p/leader").unwrap_err();
         assert!(said.to_string().contains("tried again"), "{said}");
         // The key gone: the lease is gone.
         let ended = client(scripted(|path| match path {
-            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
+            "/v3/lease/keepalive" => gone(),
             _ => "{}".into(),
         }));
         assert_eq!(ended.keep_alive_on(7, b"/p/leader").unwrap(), None);
         // The key on another lease (taken): gone.
-        let taken = client(scripted(|path| {
-            match path {
-            "/v3/lease/keepalive" => r#"{"result":{"ID":"7","TTL":"0"}}"#.into(),
-            _ => format!(
-                "{{\"kvs\":[{{\"key\":\"{}\",\"value\":\"\",\"create_revision\":\"9\",\"mod_revision\":\"9\",\"lease\":\"8\"}}]}}",
-                b64(b"/p/leader")
-            ),
-        }
+        let taken = client(scripted(|path| match path {
+            "/v3/lease/keepalive" => gone(),
+            _ => leader_on(8, 9),
         }));
         assert_eq!(taken.keep_alive_on(7, b"/p/leader").unwrap(), None);
         // Renewed: its TTL, the key not read.

@@ -647,6 +647,26 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
     });
 }
 
+/// Ends `replica`'s term as a lapsed lease would (its `leader` key, the
+/// full key `leader`, deleted on `server`), stops the term's
+/// orchestrator `live`, and leads again: the next term's orchestrator.
+async fn a_next_term(
+    server: &etcd::Etcd,
+    leader: &[u8],
+    replica: &mut Replica,
+    live: poolgate::live::Orchestrator,
+) -> poolgate::live::Orchestrator {
+    server.client().delete_prefix(leader).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), replica.lost())
+        .await
+        .expect("term lost");
+    live.stop().await;
+    tokio::time::timeout(Duration::from_secs(15), replica.lead(None))
+        .await
+        .expect("the replica leads again")
+        .unwrap()
+}
+
 /// One real node process's files on 127.0.0.1 (not started yet) and a
 /// replica config for it on `server` (the 2 s lease).
 async fn one_node_cluster_on(
@@ -819,18 +839,7 @@ fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_me
         ready(&mut events).await;
         live.unregister(&node1).await.unwrap();
         // The term ends (its leader key gone, as when its lease lapses).
-        server
-            .client()
-            .delete_prefix(b"/poolgate/warm/pool-w/leader")
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), b.lost())
-            .await
-            .expect("term lost");
-        live.stop().await;
-        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
-            .await
-            .expect("b leads again")
-            .unwrap();
+        let next = a_next_term(&server, b"/poolgate/warm/pool-w/leader", &mut b, live).await;
         assert_eq!(
             Some(next.swim_addr),
             b.swim_addr(),
@@ -2164,18 +2173,7 @@ fn the_registry_among_replicas_is_the_shared_one_whatever_each_replicas_file_say
         // B's own change is written too: the same replica's next term
         // keeps it.
         next.unregister(&node1).await.unwrap();
-        server
-            .client()
-            .delete_prefix(b"/poolgate/replicas/pool-a/leader")
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), b.lost())
-            .await
-            .expect("term lost");
-        next.stop().await;
-        let again = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
-            .await
-            .expect("b leads again")
-            .unwrap();
+        let again = a_next_term(&server, b"/poolgate/replicas/pool-a/leader", &mut b, next).await;
         assert_eq!(
             again.registered().keys().cloned().collect::<Vec<_>>(),
             vec![node2.clone()],
@@ -2216,18 +2214,7 @@ fn a_replicas_next_term_starts_from_its_file_as_last_reloaded() {
         assert_eq!(members(live.gate.report().await.unwrap()), ["node-1"]);
         // SIGHUP: the file read again (here, as `watch` leaves it).
         b.reloads().put(reloaded.clone());
-        server
-            .client()
-            .delete_prefix(b"/poolgate/replicas/pool-a/leader")
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), b.lost())
-            .await
-            .expect("term lost");
-        live.stop().await;
-        let next = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
-            .await
-            .expect("b leads again")
-            .unwrap();
+        let next = a_next_term(&server, b"/poolgate/replicas/pool-a/leader", &mut b, live).await;
         assert_eq!(
             members(next.gate.report().await.unwrap()),
             ["node-1", "node-2"],
