@@ -1078,14 +1078,7 @@ fn watch_gates_every_pool_and_status_reports_each_or_one() {
         let status = watch.wait().await.unwrap();
         assert!(status.success(), "{status:?}");
         // A second watch to ask: status of every pool, then of one.
-        let _watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["watch", "--json", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let _watch = watch_of(&file, Stdio::null());
         let ask = |pool: Option<&str>| {
             let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
             command.args(["status", "--json", "--config"]).arg(&file);
@@ -1199,14 +1192,7 @@ async fn watch_serving_a_socket() -> (
     config.control = Some(socket.clone());
     let file = cluster.dir.join("pools.toml");
     std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
-    let watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["watch", "--json", "--config"])
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let watch = watch_of(&file, Stdio::null());
     while !socket.exists() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1520,14 +1506,7 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
         config.state.insecure = true;
         let file = cluster.dir.join("pools.toml");
         std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
-        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["watch", "--json", "--config"])
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut watch = watch_of(&file, Stdio::piped());
         let mut watched = BufReader::new(watch.stdout.take().unwrap()).lines();
         for i in 0..4 {
             cluster.spawn(i).unwrap();
@@ -1692,4 +1671,17 @@ fn a_node_agent_sends_nothing_more_before_it_reads_the_challenge() {
         let _ = node.kill().await;
         assert_eq!(frames, 1, "frames sent before the challenge was read");
     });
+}
+
+/// `poolgate watch --json --config file`, as the tests here start it:
+/// its stderr not kept, its stdout as `stdout`, killed when dropped.
+fn watch_of(file: &std::path::Path, stdout: Stdio) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["watch", "--json", "--config"])
+        .arg(file)
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
