@@ -1673,6 +1673,105 @@ fn a_node_agent_sends_nothing_more_before_it_reads_the_challenge() {
     });
 }
 
+/// A node agent that gave up a silent leader (four heartbeats: a stalled
+/// or frozen replica) and is told by a follower that this same replica
+/// still leads goes back to it at once, not after a round of waiting: a
+/// leader that was only stalled (and whose old connection the agent
+/// closed) must hear from the node again within its lost-connection
+/// grace, 100 ms, or it faults the node's run. An operator's trial found
+/// the old agent back about 100 ms after that grace, when a 2 s stall of
+/// the leader met a reset of the agents' connections.
+#[test]
+fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_at_once() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        // The leader: takes connections and never answers (stalled).
+        let leader = tokio::net::TcpListener::bind(cluster.config.agents.listen)
+            .await
+            .unwrap();
+        let leader_addr = leader.local_addr().unwrap();
+        // A follower: refuses every node `not_leader`, naming that leader.
+        let follower = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let follower_addr = follower.local_addr().unwrap();
+        let config = &cluster.nodes[0].config;
+        let text = std::fs::read_to_string(config).unwrap();
+        let listed = format!("agents = \"{leader_addr}\"");
+        assert!(
+            text.contains(&listed) && text.contains("[node]\n"),
+            "{text}"
+        );
+        let text = text
+            .replacen(
+                &listed,
+                &format!("agents = [\"{leader_addr}\", \"{follower_addr}\"]"),
+                1,
+            )
+            .replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
+        std::fs::write(config, text).unwrap();
+        let refusal = serde_json::to_vec(&serde_json::json!({
+            "reply": "refused",
+            "code": "not_leader",
+            "detail": format!("not the leader; the leader is r1 at {leader_addr}"),
+            "leader": leader_addr.to_string(),
+        }))
+        .unwrap();
+        let refusing = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = follower.accept().await else {
+                    return;
+                };
+                let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
+                reply.extend_from_slice(&refusal);
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = poolgate::live::wire::read_frame(&mut stream).await;
+                    let _ = stream.write_all(&reply).await;
+                });
+            }
+        });
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Each connection to the leader is held until the agent gives it
+        // up; then how long the leader went without one.
+        let mut gaps = Vec::new();
+        let mut given_up: Option<std::time::Instant> = None;
+        let watched = tokio::time::timeout(Duration::from_secs(20), async {
+            while gaps.len() < 3 {
+                let (mut stream, _) = leader.accept().await.unwrap();
+                if let Some(at) = given_up.take() {
+                    gaps.push(at.elapsed());
+                }
+                while let Ok(Some(_)) = poolgate::live::wire::read_frame(&mut stream).await {}
+                given_up = Some(std::time::Instant::now());
+            }
+        })
+        .await;
+        let _ = node.kill().await;
+        refusing.abort();
+        assert!(
+            watched.is_ok(),
+            "the agent came back to the leader {} times in 20 s",
+            gaps.len()
+        );
+        gaps.sort();
+        // The orchestrator's grace for a lost connection (design §11).
+        let grace = Duration::from_millis(100);
+        assert!(
+            gaps[1] < grace,
+            "back to the leader after {gaps:?} (the leader's grace is {grace:?})"
+        );
+    });
+}
+
 /// `poolgate watch --json --config file`, as the tests here start it:
 /// its stderr not kept, its stdout as `stdout`, killed when dropped.
 fn watch_of(file: &std::path::Path, stdout: Stdio) -> tokio::process::Child {

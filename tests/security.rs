@@ -400,7 +400,7 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             .unwrap();
         stream.write_all(&up).await.unwrap();
         match wire::read_reply(&mut stream).await {
-            Ok(Some(wire::Reply::Refused { code, detail })) => {
+            Ok(Some(wire::Reply::Refused { code, detail, .. })) => {
                 assert_eq!(code, "replayed");
                 assert!(!detail.contains('6') && !detail.contains('5'), "{detail}");
             }

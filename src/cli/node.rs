@@ -271,8 +271,13 @@ enum Session {
     /// It closed, or went silent for [`HEARTBEATS_MISSED`] heartbeats;
     /// `accepted` tells whether any frame on it was accepted.
     Lost { accepted: bool, why: &'static str },
-    /// The orchestrator refused a frame and said why.
-    Refused { code: String, detail: String },
+    /// The orchestrator refused a frame and said why; a follower replica
+    /// also says where the leader is, when it knows.
+    Refused {
+        code: String,
+        detail: String,
+        leader: Option<String>,
+    },
     /// The agent is stopping.
     Stopped,
 }
@@ -292,6 +297,7 @@ async fn announce(
     let mut said = Throttle::new(LOG_EVERY);
     let mut said_seeds = Throttle::new(LOG_EVERY);
     let mut rotation = Rotation::default();
+    let mut pointers = Pointers::default();
     loop {
         let (addrs, failed) = lookup_all(&to.agents).await;
         if !failed.is_empty() {
@@ -322,6 +328,7 @@ async fn announce(
                 tracing::warn!(node = %to.node, orchestrator = %addr, why, "orchestrator lost; trying every address, joining SWIM again");
                 join(&to.swim, &to.seeds, &mut said_seeds).await;
                 backoff = BACKOFF_MIN;
+                pointers.reset();
                 continue;
             }
             (
@@ -334,14 +341,31 @@ async fn announce(
                 if let Some(held) = said.allow(now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, why, held, "orchestrator accepted no frame");
                 }
+                if why == SILENT {
+                    // Four heartbeats of silence were the pause: the others
+                    // now (a replica only stalled hears from the node again
+                    // within its grace, §11, once a follower names it).
+                    continue;
+                }
             }
-            (addr, Session::Refused { code, .. }) if code == wire::NOT_LEADER => {
+            (addr, Session::Refused { code, leader, .. }) if code == wire::NOT_LEADER => {
                 // A follower replica (design §12): the leader is another of
-                // the listed addresses; tried next, at once while some are
-                // left to try this round (a pause once all refused).
-                tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
+                // the listed addresses. The one it names is tried next, at
+                // once, even if it went silent: a leader that was only
+                // stalled must hear from the node within its grace for a
+                // lost connection (§11). Otherwise the others, at once
+                // while some are left to try this round (a pause once all
+                // refused).
                 backoff = BACKOFF_MIN;
+                let named = leader_named(leader.as_deref(), addr, &to.agents, &addrs).await;
+                if let Some(leader) = named.filter(|_| pointers.follow()) {
+                    tracing::debug!(node = %to.node, orchestrator = %addr, %leader, "not the leader; trying the one it names");
+                    rotation.try_first(leader);
+                    continue;
+                }
+                tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
                 if !rotation.has_fresh(&addrs) {
+                    pointers.reset();
                     tokio::time::sleep(BACKOFF_MIN).await;
                 }
                 continue;
@@ -350,7 +374,7 @@ async fn announce(
                 // The address tried again first is gone: the others, now.
                 continue;
             }
-            (addr, Session::Refused { code, detail }) => {
+            (addr, Session::Refused { code, detail, .. }) => {
                 if let Some(held) = said.allow(now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, code, detail, held, "the orchestrator refused this node's frames");
                 }
@@ -362,9 +386,61 @@ async fn announce(
                 }
             }
         }
+        pointers.reset();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// How many leaders named by followers an agent goes to at once before it
+/// pauses as after any refused round: followers that name one another
+/// (each behind on a failover) cannot keep it connecting in a loop.
+const POINTERS_FOLLOWED: u32 = 3;
+
+/// The named leaders followed at once since the agent last paused or was
+/// accepted.
+#[derive(Debug, Default)]
+struct Pointers(u32);
+
+impl Pointers {
+    /// Whether one more may be followed at once (counted if so).
+    fn follow(&mut self) -> bool {
+        self.0 += 1;
+        self.0 <= POINTERS_FOLLOWED
+    }
+
+    fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
+/// The address of `[orchestrator] agents` that a follower at `from` names
+/// as the leader's (`pointer`, as the leader advertises it), if it is one
+/// of them and not `from` itself: a node goes only where its own
+/// configuration lets it, whatever a refusal says.
+async fn leader_named(
+    pointer: Option<&str>,
+    from: SocketAddr,
+    agents: &[Endpoint],
+    addrs: &[SocketAddr],
+) -> Option<SocketAddr> {
+    let pointer = pointer?;
+    let named = match pointer.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            let listed: Vec<Endpoint> = agents
+                .iter()
+                .filter(|agent| agent.as_str() == pointer)
+                .cloned()
+                .collect();
+            lookup_all(&listed)
+                .await
+                .0
+                .into_iter()
+                .find(|addr| addrs.contains(addr))
+        }
+    };
+    named.filter(|addr| *addr != from && addrs.contains(addr))
 }
 
 /// Which of the orchestrator's addresses to try: an address that took the
@@ -418,6 +494,12 @@ impl Rotation {
             Session::Unreachable(_) => self.shunned.clear(),
             Session::Stopped => {}
         }
+    }
+
+    /// `addr` is tried first, alone, next round (a leader a follower
+    /// named).
+    fn try_first(&mut self, addr: SocketAddr) {
+        self.first = Some(addr);
     }
 
     /// Whether some of `addrs` are not shunned (worth trying at once).
@@ -543,8 +625,8 @@ async fn session(
                     heard = tokio::time::Instant::now();
                     send_now = true;
                 }
-                Some(Ok(Some(Reply::Refused { code, detail }))) => {
-                    return Session::Refused { code, detail };
+                Some(Ok(Some(Reply::Refused { code, detail, leader }))) => {
+                    return Session::Refused { code, detail, leader };
                 }
                 Some(Err(wire::ReadError::Refused(_))) => {
                     return Session::Lost { accepted, why: "unreadable reply" };
@@ -699,6 +781,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_follower_is_followed_only_to_another_listed_address() {
+        let (a, b) = (
+            SocketAddr::from(([10, 0, 0, 1], 1)),
+            SocketAddr::from(([10, 0, 0, 2], 1)),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let named = |pointer: Option<&str>, from| {
+            runtime.block_on(leader_named(pointer, from, &[], &[a, b]))
+        };
+        assert_eq!(named(Some("10.0.0.1:1"), b), Some(a));
+        // Not to itself, nowhere unlisted, and not on a pointer that is
+        // no address.
+        assert_eq!(named(Some("10.0.0.1:1"), a), None);
+        assert_eq!(named(Some("10.0.0.9:1"), b), None);
+        assert_eq!(named(Some("leader"), b), None);
+        assert_eq!(named(None, b), None);
+        // Followed at once a few times, then not until reset.
+        let mut pointers = Pointers::default();
+        let followed = (0..10).filter(|_| pointers.follow()).count();
+        assert_eq!(followed, POINTERS_FOLLOWED as usize);
+        pointers.reset();
+        assert!(pointers.follow());
+    }
+
+    #[test]
     fn an_address_that_accepted_nothing_is_tried_after_the_others() {
         let (a, b) = (
             SocketAddr::from(([10, 0, 0, 1], 1)),
@@ -720,6 +829,7 @@ mod tests {
             &Session::Refused {
                 code: "x".into(),
                 detail: "y".into(),
+                leader: None,
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
@@ -780,6 +890,7 @@ mod tests {
             &Session::Refused {
                 code: wire::NOT_LEADER.into(),
                 detail: "not the leader".into(),
+                leader: None,
             },
         );
         assert!(rotation.has_fresh(&[follower, leader]));

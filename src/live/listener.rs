@@ -314,6 +314,7 @@ impl Listener {
                         let refusal = wire::encode_reply(&Reply::Refused {
                             code: "status_local_only".into(),
                             detail: "status is answered to processes on the orchestrator's own host only".into(),
+                            leader: None,
                         });
                         let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&refusal)).await;
                     }
@@ -445,6 +446,7 @@ impl Listener {
         let reply = wire::encode_reply(&Reply::Refused {
             code: refused.code().to_string(),
             detail,
+            leader: None,
         });
         let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
     }

@@ -101,6 +101,11 @@ pub enum Reply {
         code: String,
         /// In words (never key or identity bytes).
         detail: String,
+        /// With `not_leader`: where the leading replica's agent listener
+        /// is reached, as it advertises it (`host:port`), when the
+        /// refusing replica knows. Absent from other refusals.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leader: Option<String>,
     },
 }
 

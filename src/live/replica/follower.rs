@@ -95,6 +95,7 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, publ
     let reply = crate::live::wire::encode_reply(&crate::live::wire::Reply::Refused {
         code: crate::live::wire::NOT_LEADER.to_string(),
         detail,
+        leader: leader.map(|leader| leader.agents),
     });
     let _ =
         tokio::time::timeout(crate::live::listener::FIRST_FRAME, stream.write_all(&reply)).await;
