@@ -2224,3 +2224,60 @@ fn a_replicas_next_term_starts_from_its_file_as_last_reloaded() {
         b.resign();
     });
 }
+
+/// A reload among replicas whose registry write fails (etcd out of reach
+/// for a moment) is not the whole reload lost: what could not be written
+/// is said and left undone, the rest (here the pool's members) applies.
+/// Before, the failed write ended the reload there and the log said
+/// "configuration not read again; keeping the running one" though some
+/// of it could already have applied.
+#[test]
+fn a_reload_whose_registry_write_fails_says_so_and_applies_the_rest() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("reload-write-fails");
+    let proxy = etcd::Proxy::start(server.port());
+    let config = config_of(&[proxy.endpoint()], "", "10s");
+    let mut reloaded = config.clone();
+    let node2 = common::node("node-2");
+    reloaded
+        .registry
+        .insert(node2.clone(), poolgate::keys::NodeKey::generate().public());
+    reloaded.pool = poolgate::core::PoolDefinition::new(
+        config.pool.id().clone(),
+        vec![common::node("node-1"), node2.clone()],
+    )
+    .unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut b = Replica::start(&config).unwrap();
+        let live = b.lead(None).await.unwrap();
+        proxy.set_cut(true);
+        let said = live.reload(&reloaded).await;
+        proxy.set_cut(false);
+        let said = said.expect("the reload applies what it can");
+        assert!(
+            said.iter().any(|s| s.starts_with("node-2: NOT registered")),
+            "{said:?}"
+        );
+        assert!(
+            !live.registered().contains_key(&node2),
+            "not written, not applied"
+        );
+        let members: Vec<String> = live
+            .gate
+            .report()
+            .await
+            .unwrap()
+            .candidates
+            .iter()
+            .map(|c| c.node.to_string())
+            .collect();
+        assert_eq!(
+            members,
+            ["node-1", "node-2"],
+            "the pool's change applied: {said:?}"
+        );
+        live.shutdown();
+        b.resign();
+    });
+}

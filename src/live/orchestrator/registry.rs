@@ -109,7 +109,11 @@ impl Orchestrator {
     /// were checked against it): then the registry changes and the pool's
     /// does not, said in the answer, and a SIGHUP once the run has ended
     /// applies it. A pool of another id is refused (that is a new pool,
-    /// not a reload). Returns what changed, one line each.
+    /// not a reload). Each change applies or is said not to (a registry
+    /// write among replicas that fails, say): one failing does not stop
+    /// the others. Returns what changed and what did not, one line each;
+    /// an error only for a pool of another id, a file whose settings do
+    /// not hold, or a term that ended.
     pub async fn reload(&self, config: &Config) -> Result<Vec<String>, LiveError> {
         let mut said = Vec::new();
         let running = self.fleet.pools();
@@ -128,29 +132,37 @@ impl Orchestrator {
             });
         }
         let before = self.registered();
+        // Each change applies or is said not to, whatever the others do:
+        // a registry write that fails (etcd out of reach) is not made,
+        // and the rest goes on. Only a term that ended stops the reload.
         for (node, key) in &config.registry {
-            match before.get(node) {
-                Some(old) if old == key => {}
-                Some(_) => {
-                    self.register(node.clone(), *key).await?;
-                    said.push(format!("{node}: key replaced"));
-                }
-                None => {
-                    self.register(node.clone(), *key).await?;
-                    said.push(format!("{node}: registered"));
-                }
+            let (change, done) = match before.get(node) {
+                Some(old) if old == key => continue,
+                Some(_) => ("key replaced", "key NOT replaced"),
+                None => ("registered", "NOT registered"),
+            };
+            match self.register(node.clone(), *key).await {
+                Ok(()) => said.push(format!("{node}: {change}")),
+                Err(e) => said.push(self.not_done(format!("{node}: {done}"), e)?),
             }
         }
         for node in before.keys().filter(|n| !config.registry.contains_key(*n)) {
-            self.unregister(node).await?;
-            said.push(format!("{node}: forgotten (removed from [registry])"));
+            match self.unregister(node).await {
+                Ok(()) => said.push(format!("{node}: forgotten (removed from [registry])")),
+                Err(e) => said.push(self.not_done(format!("{node}: NOT forgotten"), e)?),
+            }
         }
         let settings = match config.pools.is_empty() {
             true => vec![config.gate_settings()?],
             false => config.pool_settings()?,
         };
         for pool in &settings {
-            said.extend(self.reload_pool(pool, config.state.restore_grace).await?);
+            match self.reload_pool(pool, config.state.restore_grace).await {
+                Ok(change) => said.extend(change),
+                Err(e) => said.push(
+                    self.not_done(format!("pool {}: NOT reloaded", pool.definition.id()), e)?,
+                ),
+            }
         }
         // With [pools.<id>], a pool no longer listed is removed.
         if !config.pools.is_empty() {
@@ -165,12 +177,25 @@ impl Orchestrator {
                     )) => said.push(format!(
                         "pool {id}: NOT removed while run {run} is committed (reload again once it ends)"
                     )),
-                    Err(e) => return Err(e.into()),
+                    Err(e) => said.push(self.not_done(format!("pool {id}: NOT removed"), e.into())?),
                 }
             }
         }
-        self.reload_cluster_keys(&config.swim)?;
+        if let Err(e) = self.reload_cluster_keys(&config.swim) {
+            said.push(format!(
+                "cluster keys NOT read again ({e}); the old ones kept"
+            ));
+        }
         Ok(said)
+    }
+
+    /// What a reload says of a change `what` that failed with `error`, or
+    /// the error itself once the term is over (nothing more can apply).
+    fn not_done(&self, what: String, error: LiveError) -> Result<String, LiveError> {
+        if self.gate.is_stopped() {
+            return Err(error);
+        }
+        Ok(format!("{what} ({error}); reload again to retry"))
     }
 
     /// Defines `settings`' pool if it is new, or redefines its members if
