@@ -1412,6 +1412,64 @@ fn a_run_whose_control_socket_orchestrator_falls_silent_stops_its_command_and_ex
     });
 }
 
+/// `Orchestrator::stop` returns once the state file is let go, so the
+/// same process can start an orchestrator on it at once (an embedder's
+/// restart, a test's). Before, the pool actors and a write in flight
+/// could still hold it: "Database already open" (seen once in
+/// `a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file`).
+#[test]
+fn an_orchestrator_stopped_lets_its_state_file_go_before_stop_returns() {
+    live(async {
+        let dir =
+            std::env::temp_dir().join(format!("poolgate-stop-release-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = |pools: &str| {
+            format!(
+                "[readiness]\nconvergence_window = \"1ms\"\n{pools}\
+                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n\
+                 [state]\npath = \"{}\"\n",
+                dir.join("state.db").display()
+            )
+        };
+        let one = poolgate::Config::parse(&text("[pools.a]\nmembers = [\"n1\"]\n"), "one").unwrap();
+        let two = poolgate::Config::parse(
+            &text("[pools.a]\nmembers = [\"n1\"]\n[pools.c]\nmembers = [\"n1\"]\n"),
+            "two",
+        )
+        .unwrap();
+        let n1 = node("n1");
+        for round in 0..40 {
+            let live = poolgate::live::Orchestrator::start(&one)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            // A pool defined by a reload keeps its state in the file too.
+            live.reload(&two).await.unwrap();
+            let fleet = &live.fleet;
+            fleet
+                .registry(poolgate::core::RegistryFact::Known { node: n1.clone() })
+                .await
+                .unwrap();
+            let alive = poolgate::core::MembershipUpdate {
+                node: n1.clone(),
+                state: poolgate::core::SwimState::Alive,
+                incarnation: round + 1,
+            };
+            fleet.membership(alive).await.unwrap();
+            fleet
+                .agent(poolgate::core::AgentReport::Available { node: n1.clone() })
+                .await
+                .unwrap();
+            let identity =
+                poolgate::core::AgentReport::identity(n1.clone(), b"key".to_vec()).unwrap();
+            fleet.agent(identity).await.unwrap();
+            // Stopped while the epoch's write may be in flight.
+            live.stop().await;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
 #[test]
 fn a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file() {
     live(async {

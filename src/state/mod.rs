@@ -47,6 +47,12 @@ pub trait OrchestratorStore: StateStore {
     fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError>;
     /// Writes the sequences, durably.
     fn save_sequences(&self, sequences: &BTreeMap<String, u64>) -> Result<(), StoreError>;
+    /// Whether this store holds what one handle at a time may open (a
+    /// state file): [`Orchestrator::stop`](crate::live::Orchestrator::stop)
+    /// returns once it is let go, so it can be opened again at once.
+    fn exclusive(&self) -> bool {
+        false
+    }
     /// Whether this store keeps the registry the replicas share (design
     /// §12): among replicas on etcd. Elsewhere `[registry]` is the
     /// registry.

@@ -194,6 +194,10 @@ fn checked(
 }
 
 impl OrchestratorStore for RedbStore {
+    fn exclusive(&self) -> bool {
+        true
+    }
+
     fn sequences(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let failed = |e: String| StoreError(format!("{}: {e}", self.path.display()));
         match self.record("sequences").map_err(failed)? {

@@ -335,21 +335,37 @@ impl Orchestrator {
 
     /// As [`Orchestrator::shutdown`], returning once its sockets are
     /// closed (the listener's task ended, the SWIM member stopped), so the
-    /// same addresses can be bound again at once (a replica's next term).
+    /// same addresses can be bound again at once (a replica's next term),
+    /// and once the state file is let go (the pool actors and any write
+    /// in flight done with it), so it can be opened again at once; each
+    /// wait at most 2 s.
     pub async fn stop(self) {
         self.fleet.stop();
         for task in &self.tasks {
             task.abort();
         }
         self.release_swim();
-        for task in self.tasks {
+        let Orchestrator {
+            fleet,
+            gate,
+            tasks,
+            swim,
+            owns_swim,
+            store,
+            ..
+        } = self;
+        drop((fleet, gate));
+        for task in tasks {
             let _ = task.await;
         }
-        if !self.owns_swim {
-            return;
-        }
+        // A state file is let go once the last of its handles is.
+        let store = store.filter(|s| s.exclusive()).map(|s| Arc::downgrade(&s));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-        while self.swim.connected() && tokio::time::Instant::now() < deadline {
+        let held = || {
+            let store_held = store.as_ref().is_some_and(|s| s.strong_count() > 0);
+            store_held || (owns_swim && swim.connected())
+        };
+        while held() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
