@@ -2281,3 +2281,108 @@ fn a_reload_whose_registry_write_fails_says_so_and_applies_the_rest() {
         b.resign();
     });
 }
+
+/// A follower `watch` given SIGHUP leaves what it read for its next term:
+/// once the leader stops, the follower leads with the pool as its file
+/// now says (two members), not as it was at start (one). Through real
+/// processes and a real signal (the API path is the test above).
+#[test]
+fn a_follower_watch_given_sighup_leads_its_next_term_from_the_file_as_reloaded() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("follower-sighup");
+    let dir = std::env::temp_dir().join(format!("poolgate-follower-sighup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, members: &str| {
+        let port = etcd::free_port();
+        let endpoint = server.endpoint.clone();
+        let path = dir.join(format!("{name}.toml"));
+        let text = move |members: &str| {
+            format!(
+                "[pool]\nid = \"pool-a\"\nmembers = [{members}]\n[readiness]\nconvergence_window = \"50ms\"\n\
+                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"sighup\"\n\
+                 [agents]\nlisten = \"127.0.0.1:{port}\"\n\
+                 [state]\netcd = [\"{endpoint}\"]\nlease = \"10s\"\ninsecure = true\n"
+            )
+        };
+        std::fs::write(&path, text(members)).unwrap();
+        (path, text)
+    };
+    let (a, _) = file("a", "\"node-1\"");
+    let (b, b_text) = file("b", "\"node-1\"");
+    let start = |config: &std::path::Path, log: &str| {
+        let log = std::fs::File::create(dir.join(log)).unwrap();
+        Killed(
+            std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+                .args(["watch", "--config"])
+                .arg(config)
+                .env("RUST_LOG", "poolgate=info")
+                .stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let status = |config: &std::path::Path| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["status", "--json", "--config"])
+            .arg(config)
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let members = |answer: &serde_json::Value| -> Vec<String> {
+        answer["candidates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["node"].as_str().map(String::from))
+            .collect()
+    };
+    let until = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(25);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "{what} within 25 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let leader = start(&a, "a.log");
+    until("a leads", &|| members(&status(&a)) == ["node-1"]);
+    let follower = start(&b, "b.log");
+    let b_log = dir.join("b.log");
+    let logged =
+        |needle: &str| std::fs::read_to_string(&b_log).is_ok_and(|text| text.contains(needle));
+    until("b follows", &|| logged("follow"));
+    std::fs::write(&b, b_text("\"node-1\", \"node-2\"")).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(follower.0.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    until("b reads its file again", &|| {
+        logged("SIGHUP among replicas")
+    });
+    // A clean stop gives the lease up: b leads at once, from its file as
+    // read at the SIGHUP.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(leader.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    until("b leads with node-1 and node-2", &|| {
+        members(&status(&b)) == ["node-1", "node-2"]
+    });
+    drop((leader, follower));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child process, killed and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
