@@ -2386,3 +2386,62 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// A pool added to `[pools.<id>]` and read by a reload (SIGHUP) is served
+/// from the replica's next term, with its own record and epochs above
+/// any the prefix told; a pool removed from the file while the replicas
+/// run stays served (a restart removes it), so no run it holds is left
+/// unguarded. Before, any change of the pools' ids was set aside whole.
+#[test]
+fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-reloaded");
+    let text = |pools: &str| {
+        format!(
+            "{pools}[readiness]\nconvergence_window = \"50ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"grown\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+            server.endpoint
+        )
+    };
+    let config = Config::parse(
+        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-2\"]\n"),
+        "config.toml",
+    )
+    .unwrap();
+    // b removed, c added.
+    let reloaded = Config::parse(
+        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.c]\nmembers = [\"node-1\", \"node-2\"]\n"),
+        "config.toml",
+    )
+    .unwrap();
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b")]);
+        replica.reloads().put(reloaded.clone());
+        let next = a_next_term(&server, b"/poolgate/grown/a/leader", &mut replica, live).await;
+        assert_eq!(
+            next.fleet.pools(),
+            vec![pool("a"), pool("b"), pool("c")],
+            "c served from the next term; b kept until a restart"
+        );
+        let members: Vec<String> = next
+            .fleet
+            .pool(&pool("c"))
+            .unwrap()
+            .report()
+            .await
+            .unwrap()
+            .candidates
+            .iter()
+            .map(|c| c.node.to_string())
+            .collect();
+        assert_eq!(members, ["node-1", "node-2"]);
+        next.shutdown();
+        replica.resign();
+    });
+}

@@ -762,14 +762,14 @@ impl OrchestratorStore for EtcdStore {
     }
 
     /// Among replicas each term serves the pools it started with (their
-    /// records, their request servers): a pool is added by restarting
-    /// the replicas, not by a reload.
+    /// records, their request servers): a pool a reload adds is served
+    /// from the replica's next term, not by the running one.
     fn pool_record(
         self: Arc<Self>,
         pool: &poolgate_actors::core::PoolId,
     ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
         Err(StoreError(format!(
-            "pool {pool}: among replicas a pool is added by restarting the replicas one by one (each term serves the pools it started with), not by a reload"
+            "pool {pool}: among replicas a pool a reload adds is served from the next term (each term serves the pools it started with): restart this replica, or reload every replica and restart the leader, for a follower to lead with it"
         )))
     }
 }

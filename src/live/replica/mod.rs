@@ -528,10 +528,15 @@ impl Replica {
     /// Takes what a reload read for the terms to come: `[registry]` (what
     /// a term compares with the registry the replicas share, and writes
     /// if none is), the cluster keys, the pools' members and settings,
-    /// `[readiness]` and `[planning]`. Pools added or removed need the
-    /// replicas restarted (each term serves the pools it started with):
-    /// said, and the running pools kept.
-    fn adopt(&mut self, new: crate::Config) {
+    /// `[readiness]` and `[planning]`, and pools added to
+    /// `[pools.<id>]` (each with its own record, its epochs above any the
+    /// prefix told). A pool removed from the file stays served until the
+    /// replicas restart (a run it holds is never left unguarded), and
+    /// a change between `[pool]` and `[pools.<id>]`, or one that would
+    /// move the state's prefix (the first pool's id names it unless
+    /// `[state] prefix` does), needs the replicas restarted: said, and
+    /// the running pools kept.
+    fn adopt(&mut self, mut new: crate::Config) {
         let ids = |config: &crate::Config| {
             config
                 .pool_definitions()
@@ -544,17 +549,68 @@ impl Replica {
         // with the keys as rotated.
         self.config.swim.cluster_keys = new.swim.cluster_keys.clone();
         self.config.swim.cluster_key_material = new.swim.cluster_key_material.clone();
-        if ids(&new) != ids(&self.config) {
-            tracing::warn!(running = ?ids(&self.config), read = ?ids(&new), "reload: pools added or removed among replicas need every replica restarted; the next term keeps the running pools (and takes the registry read)");
-            return;
+        let (running, read) = (ids(&self.config), ids(&new));
+        if running != read {
+            let one_pool = |c: &crate::Config| c.pools.is_empty();
+            if one_pool(&self.config)
+                || one_pool(&new)
+                || new.etcd_prefix() != self.config.etcd_prefix()
+            {
+                tracing::warn!(running = ?running, read = ?read, prefix = %self.config.etcd_prefix(), "reload: this change of the pools needs every replica restarted (between [pool] and [pools.<id>], or one that moves the state's prefix: set [state] prefix to keep it); the next term keeps the running pools (and takes the registry read)");
+                return;
+            }
+            let removed: Vec<_> = self
+                .config
+                .pools
+                .iter()
+                .filter(|p| !read.contains(p.definition.id()))
+                .cloned()
+                .collect();
+            if !removed.is_empty() {
+                let ids: Vec<String> = removed
+                    .iter()
+                    .map(|p| p.definition.id().to_string())
+                    .collect();
+                tracing::warn!(pools = ?ids, "reload: pools removed among replicas stay served until every replica restarts (a run they hold stays guarded)");
+            }
+            new.pools.extend(removed);
+            new.pools
+                .sort_by(|a, b| a.definition.id().cmp(b.definition.id()));
+            let added: Vec<String> = read
+                .iter()
+                .filter(|id| !running.contains(id))
+                .map(ToString::to_string)
+                .collect();
+            if !added.is_empty() {
+                tracing::info!(pools = ?added, "reload: pools added: served from the next term");
+            }
         }
         self.config.pool = new.pool;
         self.config.pools = new.pools;
         self.config.convergence_window = new.convergence_window;
         self.config.planning = new.planning;
-        for (record, definition) in self.records.iter_mut().zip(self.config.pool_definitions()) {
-            record.pool = definition;
-        }
+        // Each pool's record, in the pools' order: the ones held kept
+        // (what this replica saw of them), a new one's from etcd at the
+        // term's start.
+        let mut held = std::mem::take(&mut self.records);
+        self.records = self
+            .config
+            .pool_definitions()
+            .into_iter()
+            .map(
+                |definition| match held.iter().position(|r| r.pool.id() == definition.id()) {
+                    Some(at) => {
+                        let mut record = held.swap_remove(at);
+                        record.pool = definition;
+                        record
+                    }
+                    None => {
+                        let store = Arc::new(self.store.for_pool(definition.id().as_str()));
+                        PoolRecord::new(definition, store, None)
+                    }
+                },
+            )
+            .collect();
         tracing::info!(
             "the configuration read again by the last reload: the next term starts from it"
         );
