@@ -164,6 +164,15 @@ impl Etcd {
         Ok(kvs(&answer))
     }
 
+    /// Every key under `prefix`, without the values.
+    pub fn keys_under(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, EtcdError> {
+        let answer = self.call(
+            "/v3/kv/range",
+            &json!({ "key": b64(prefix), "range_end": b64(&prefix_end(prefix)), "keys_only": true }),
+        )?;
+        Ok(kvs(&answer).into_iter().map(|kv| kv.key).collect())
+    }
+
     /// Puts `value` under `key`, unconditionally.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), EtcdError> {
         self.call(

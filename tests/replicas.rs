@@ -2445,3 +2445,60 @@ fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
         replica.resign();
     });
 }
+
+/// With `[pools.<id>]` and no `[state] prefix`, the first pool's id names
+/// the state's prefix: a pool added to the file with an id that sorts
+/// first moved it, and the replicas restarted on an empty prefix, every
+/// pool's epochs starting over (epochs told twice). A replica now
+/// refuses to start on an empty prefix while etcd holds one of its
+/// pools' state under another of the cluster label's, naming the
+/// `[state] prefix` to set.
+#[test]
+fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_names_it() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("moved-prefix");
+    let text = |pools: &str| {
+        format!(
+            "{pools}[readiness]\nconvergence_window = \"20ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"moved\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+            server.endpoint
+        )
+    };
+    let first = Config::parse(&text("[pools.b]\nmembers = [\"node-1\"]\n"), "config.toml").unwrap();
+    let grown = Config::parse(
+        &text("[pools.a]\nmembers = [\"node-2\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
+        "config.toml",
+    )
+    .unwrap();
+    let b = poolgate::core::PoolId::new("b").unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&first).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let gate = live.fleet.pool(&b).unwrap();
+        let mut events = gate.subscribe();
+        make_ready(&gate, "node-1").await;
+        assert_eq!(ready(&mut events).await.0, 1);
+        live.stop().await;
+        replica.resign();
+        let refused = Replica::start(&grown).expect_err("refused: pool b's state is elsewhere");
+        let said = refused.to_string();
+        assert!(
+            said.contains("/poolgate/moved/b/") && said.contains("[state] prefix"),
+            "{said}"
+        );
+        // With the prefix set, it starts, and pool b's epochs go on.
+        let mut kept = grown.clone();
+        kept.state.prefix = Some("/poolgate/moved/b/".into());
+        let mut replica = Replica::start(&kept).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let gate = live.fleet.pool(&b).unwrap();
+        let mut events = gate.subscribe();
+        make_ready(&gate, "node-1").await;
+        assert_eq!(ready(&mut events).await.0, 2);
+        live.shutdown();
+        replica.resign();
+    });
+}

@@ -572,15 +572,18 @@ impl EtcdStore {
     /// term still leads.
     pub fn put_fenced(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
         let term = self.writing_term().map_err(StoreError)?;
-        let (succeeded, _) = self
+        let (succeeded, answer) = self
             .etcd
             .txn(
                 vec![etcd::created_at(&self.leader, term)],
                 vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
-                vec![],
+                // On a refusal, etcd also says what the leader key is now.
+                vec![etcd::range(&self.leader)],
             )
             .map_err(|e| StoreError(e.to_string()))?;
         if !succeeded {
+            let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
+            tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, "etcd refused a write of this term: the leader key is no longer this term's (created at the revision shown; none: gone)");
             self.fence.end(term);
             return Err(StoreError("leadership lost: nothing written".into()));
         }
@@ -651,7 +654,12 @@ impl EtcdStore {
                     tracing::info!(key = %format!("{}{name}", self.prefix), revision = landed, "a write of this term that landed though its answer was lost: taken as its own, written on");
                     lock(&bound.revisions).insert(name.to_string(), landed);
                 }
-                None => break,
+                None => {
+                    let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
+                    let held = refused_reads(&answer, 1).map(|kv| kv.mod_revision);
+                    tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, expected = revision, held = ?held, tries = tried.len(), "etcd refused a write of this term: the leader key is no longer this term's, or the record changed since this term last read or wrote it (and holds none of its tries)");
+                    break;
+                }
             }
         }
         self.fence.end(term);
@@ -679,21 +687,22 @@ impl EtcdStore {
     }
 }
 
+/// The first key a refused transaction's failure branch read as its
+/// `i`th request, if any.
+fn refused_reads(answer: &Value, i: usize) -> Option<etcd::KeyValue> {
+    let responses = answer["responses"].as_array()?;
+    etcd::kvs(&responses.get(i)?["response_range"])
+        .into_iter()
+        .next()
+}
+
 /// The revision of a try of this term's own, if a refused write
 /// (`answer`, its failure branch reading the leader key and the record)
 /// finds one in place: the leader key still created at `term`, the record
 /// holding exactly one of `tried`.
 fn own_write_landed(answer: &Value, term: i64, tried: &[Vec<u8>]) -> Option<i64> {
-    let responses = answer["responses"].as_array()?;
-    let read = |i: usize| {
-        responses
-            .get(i)
-            .map(|r| etcd::kvs(&r["response_range"]))
-            .unwrap_or_default()
-    };
-    let ours = read(0).first().is_some_and(|kv| kv.create_revision == term);
-    let held = read(1);
-    let landed = held.first().filter(|kv| tried.contains(&kv.value))?;
+    let ours = refused_reads(answer, 0).is_some_and(|kv| kv.create_revision == term);
+    let landed = refused_reads(answer, 1).filter(|kv| tried.contains(&kv.value))?;
     ours.then_some(landed.mod_revision)
 }
 

@@ -88,7 +88,61 @@ pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError>
         .with_key(key),
     );
     let held = store.read_records()?;
+    if held.is_none() {
+        refuse_a_moved_prefix(config, &etcd, &prefix)?;
+    }
     Ok((etcd, prefix, fence, store, held))
+}
+
+/// With `[pools.<id>]` and no `[state] prefix`, the first pool's id names
+/// the prefix, so a pool added with an id that sorts first moves it: an
+/// empty prefix while another of the label's holds one of these pools'
+/// state would start those pools' epochs over (told twice). Refused,
+/// naming the prefix to set.
+fn refuse_a_moved_prefix(
+    config: &crate::Config,
+    etcd: &Etcd,
+    prefix: &str,
+) -> Result<(), LiveError> {
+    if config.pools.is_empty() || config.state.prefix.is_some() {
+        return Ok(());
+    }
+    let label = format!("/poolgate/{}/", config.swim.label);
+    let keys = etcd.keys_under(label.as_bytes()).map_err(|e| {
+        LiveError::State(crate::state::StateError {
+            file: format!("etcd {}", etcd.endpoints()),
+            what: format!("{label}: {e}"),
+        })
+    })?;
+    let ours: Vec<String> = config
+        .pool_definitions()
+        .iter()
+        .map(|p| p.id().to_string())
+        .collect();
+    for key in keys {
+        let key = String::from_utf8_lossy(&key);
+        let Some(rest) = key.strip_prefix(&label) else {
+            continue;
+        };
+        // `<first>/pools/<id>/…` (pools apart), or `<id>/…` (a one-pool
+        // deployment's, its pool named by the prefix).
+        let mut parts = rest.split('/');
+        let (first, pool) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(first), Some("pools"), Some(pool)) => (first, pool),
+            (Some(first), Some(_), _) => (first, first),
+            _ => continue,
+        };
+        let elsewhere = format!("{label}{first}/");
+        if elsewhere != prefix && ours.iter().any(|id| id == pool) {
+            return Err(LiveError::Setting {
+                key: "state.prefix",
+                message: format!(
+                    "etcd holds pool {pool}'s state under {elsewhere}, but this configuration's prefix is {prefix} (with [pools.<id>] and no [state] prefix the first pool's id names it, so a pool whose id sorts first moved it): set [state] prefix = \"{elsewhere}\" to go on from that state, or remove it from etcd to start over"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A client of `[state] etcd`, each call bounded by `timeout`, over TLS
