@@ -2502,3 +2502,101 @@ fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_n
         replica.resign();
     });
 }
+
+/// A pool a reload adds on the leader among replicas is served at once:
+/// its own record under `pools/<id>/`, fenced by the term, and runs asked
+/// of it through etcd committed; the next term goes on from its record
+/// (its epochs above the ones it told). A pool removed stays served
+/// until a restart, said so. Before, the leader refused the new pool
+/// ("added by restarting the replicas").
+#[test]
+fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-live");
+    let text = |pools: &str| {
+        format!(
+            "{pools}[readiness]\nconvergence_window = \"20ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"live\"\n\
+             [agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+            server.endpoint
+        )
+    };
+    let config = Config::parse(
+        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
+        "config.toml",
+    )
+    .unwrap();
+    let grown = Config::parse(
+        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.c]\nmembers = [\"node-2\"]\n"),
+        "config.toml",
+    )
+    .unwrap();
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let said = live.reload(&grown).await.unwrap();
+        assert!(
+            said.iter().any(|s| s.starts_with("pool c: defined")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter().any(|s| s.starts_with("pool b: NOT removed")),
+            "{said:?}"
+        );
+        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b"), pool("c")]);
+        // A run asked of pool c through etcd, as `run --pool c` would.
+        let asks = poolgate::live::replica::requests_of(&grown.with_only_pool(Some("c")).unwrap())
+            .unwrap();
+        let rc = poolgate::core::RunId::new("rc").unwrap();
+        let _session = asks
+            .ask_of(
+                Some(&pool("c")),
+                &rc,
+                &[node("node-2")],
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-2"), b"key")
+            .await
+            .unwrap();
+        let committed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(o) = asks.outcome(&rc).await.unwrap() {
+                    if o.status == "committed" {
+                        return o;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("pool c's run committed");
+        let Some(Event::RunCommitted { epoch, pool: p, .. }) = committed.event else {
+            panic!("not a commit: {committed:?}");
+        };
+        assert_eq!(p, pool("c"));
+        // The next term (the file as reloaded): c goes on from its record,
+        // its run restored.
+        replica.reloads().put(grown.clone());
+        let next = a_next_term(&server, b"/poolgate/live/a/leader", &mut replica, live).await;
+        let report = next
+            .fleet
+            .pool(&pool("c"))
+            .expect("c in the next term")
+            .report()
+            .await
+            .unwrap();
+        assert_eq!(
+            report.run,
+            Some(rc.clone()),
+            "its run (epoch {epoch}) restored"
+        );
+        next.shutdown();
+        replica.resign();
+    });
+}

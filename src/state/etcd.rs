@@ -770,15 +770,16 @@ impl OrchestratorStore for EtcdStore {
         Ok(())
     }
 
-    /// Among replicas each term serves the pools it started with (their
-    /// records, their request servers): a pool a reload adds is served
-    /// from the replica's next term, not by the running one.
+    /// Among replicas with `[pools.<id>]` the term serves a pool a reload
+    /// adds itself (its record bound to the term); this is only reached
+    /// with `[pool]`, which gains pools by moving to `[pools.<id>]`: a
+    /// restart of every replica.
     fn pool_record(
         self: Arc<Self>,
         pool: &poolgate_actors::core::PoolId,
     ) -> Result<(Arc<dyn StateStore>, Durable), StoreError> {
         Err(StoreError(format!(
-            "pool {pool}: among replicas a pool a reload adds is served from the next term (each term serves the pools it started with): restart this replica, or reload every replica and restart the leader, for a follower to lead with it"
+            "pool {pool}: among replicas a configuration of one [pool] gains pools by moving to [pools.<id>] and restarting every replica"
         )))
     }
 }

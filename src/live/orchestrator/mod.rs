@@ -119,6 +119,24 @@ pub struct Orchestrator {
     /// Registry changes go one at a time (among replicas each is written
     /// before it applies).
     registry_changes: tokio::sync::Mutex<()>,
+    /// Among replicas: what a pool a reload adds needs of the term.
+    term_pools: std::sync::OnceLock<TermPools>,
+    /// The request servers of pools added by a reload (stopped with the
+    /// orchestrator).
+    pool_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// What a pool a reload adds among replicas needs of the term that leads:
+/// its record under `pools/<id>/` of the prefix, bound to the term, the
+/// term's fence, and a server of the runs asked of it through etcd (as
+/// the pools the term started with have).
+pub(crate) struct TermPools {
+    /// The prefix's store, bound to the term.
+    pub(crate) base: Arc<crate::state::etcd::EtcdStore>,
+    /// The term (the leader key's create revision).
+    pub(crate) term: i64,
+    /// Whether the term still leads.
+    pub(crate) fence: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Orchestrator {
@@ -296,7 +314,15 @@ impl Orchestrator {
             attachment,
             store: kept,
             registry_changes: tokio::sync::Mutex::new(()),
+            term_pools: std::sync::OnceLock::new(),
+            pool_tasks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Among replicas, the term this orchestrator serves: a pool a reload
+    /// adds is served at once under it (set once, by the replica).
+    pub(crate) fn serve_added_pools(&self, term: TermPools) {
+        let _ = self.term_pools.set(term);
     }
 
     /// Replaces the gossip keyring with `[swim]`'s keys as they are now
@@ -312,7 +338,7 @@ impl Orchestrator {
     /// gate's actors go when the `System` stops.
     pub fn shutdown(self) {
         self.fleet.stop();
-        for task in &self.tasks {
+        for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
             task.abort();
         }
         self.release_swim();
@@ -341,7 +367,7 @@ impl Orchestrator {
     /// wait at most 2 s.
     pub async fn stop(self) {
         self.fleet.stop();
-        for task in &self.tasks {
+        for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
             task.abort();
         }
         self.release_swim();
@@ -349,13 +375,17 @@ impl Orchestrator {
             fleet,
             gate,
             tasks,
+            pool_tasks,
             swim,
             owns_swim,
             store,
             ..
         } = self;
         drop((fleet, gate));
-        for task in tasks {
+        let pool_tasks = pool_tasks
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for task in tasks.into_iter().chain(pool_tasks) {
             let _ = task.await;
         }
         // A state file is let go once the last of its handles is.

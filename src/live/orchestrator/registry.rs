@@ -170,6 +170,12 @@ impl Orchestrator {
                 .iter()
                 .filter(|id| !settings.iter().any(|s| s.definition.id() == *id))
             {
+                if self.term_pools.get().is_some() {
+                    said.push(format!(
+                        "pool {id}: NOT removed: among replicas a pool stays served until every replica restarts (its run, if any, stays guarded)"
+                    ));
+                    continue;
+                }
                 match self.fleet.remove_pool(id).await {
                     Ok(()) => said.push(format!("pool {id}: removed")),
                     Err(poolgate_actors::GateError::Refused(
@@ -187,6 +193,58 @@ impl Orchestrator {
             ));
         }
         Ok(said)
+    }
+
+    /// Among replicas: defines `settings`' new pool under `term`, its
+    /// record under `pools/<id>/` of the prefix bound to the term (a pool
+    /// defined there before goes on from its record; a run it found
+    /// planning is aborted), its gate fenced by the term, and its runs
+    /// asked through etcd served, as the term's first pools are.
+    async fn serve_added_pool(
+        &self,
+        term: &super::TermPools,
+        settings: &poolgate_actors::GateSettings,
+        restore_grace: std::time::Duration,
+    ) -> Result<String, LiveError> {
+        let definition = settings.definition.clone();
+        let unbound = term.base.for_pool(definition.id().as_str());
+        let created = term.term;
+        let (store, held) = tokio::task::spawn_blocking(move || unbound.bind(created))
+            .await
+            .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+        let restored = held.map(|(durable, _)| durable).unwrap_or_default();
+        let aborted_at_start = restored
+            .run
+            .as_ref()
+            .filter(|run| !run.committed)
+            .map(|run| run.run.clone());
+        let settings = settings
+            .clone()
+            .with_durable(poolgate_actors::DurableSettings {
+                store: store.clone(),
+                restored,
+                restore_grace,
+            })?;
+        let gate = self.fleet.define_pool(settings).await?;
+        let fence = Arc::clone(&term.fence);
+        gate.fence_with(move || fence());
+        let serving = actix::spawn(crate::live::requests::serve(
+            gate,
+            store,
+            definition.clone(),
+            aborted_at_start,
+        ));
+        lock(&self.pool_tasks).push(serving);
+        Ok(format!(
+            "pool {}: defined over [{}], served under this term",
+            definition.id(),
+            definition
+                .members()
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     }
 
     /// What a reload says of a change `what` that failed with `error`, or
@@ -207,6 +265,12 @@ impl Orchestrator {
     ) -> Result<Option<String>, LiveError> {
         let definition = &settings.definition;
         let Some(gate) = self.fleet.pool(definition.id()) else {
+            if let Some(term) = self.term_pools.get() {
+                return self
+                    .serve_added_pool(term, settings, restore_grace)
+                    .await
+                    .map(Some);
+            }
             // A new pool keeps its state where the others keep theirs
             // (its own record: a pool defined again goes on from it).
             let mut settings = settings.clone();

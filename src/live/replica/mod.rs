@@ -294,8 +294,8 @@ impl Replica {
             let Some(term) = self.term else { continue };
             // The term's stores start from what etcd holds now; their
             // writes land only in this term, on records unchanged since.
-            let (store, terms) = self.bind_all(term).await?;
-            let store: Arc<dyn crate::state::OrchestratorStore> = store;
+            let (base, terms) = self.bind_all(term).await?;
+            let store: Arc<dyn crate::state::OrchestratorStore> = base.clone();
             let settings = self
                 .config
                 .pool_settings()
@@ -323,6 +323,16 @@ impl Replica {
             .await
             {
                 Ok(mut live) => {
+                    // With `[pools.<id>]`, a pool a reload adds is served
+                    // under this term too.
+                    if !self.config.pools.is_empty() {
+                        let (fence, term) = (Arc::clone(&self.fence), self.term);
+                        live.serve_added_pools(super::orchestrator::TermPools {
+                            base,
+                            term: term.unwrap_or_default(),
+                            fence: Arc::new(move || fence.current().map(|t| t.created) == term),
+                        });
+                    }
                     for bound in terms {
                         let Some(gate) = live.fleet.pool(bound.pool.id()) else {
                             continue;
