@@ -1424,20 +1424,7 @@ fn an_orchestrator_stopped_lets_its_state_file_go_before_stop_returns() {
             std::env::temp_dir().join(format!("poolgate-stop-release-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let text = |pools: &str| {
-            format!(
-                "[readiness]\nconvergence_window = \"1ms\"\n{pools}\
-                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n\
-                 [state]\npath = \"{}\"\n",
-                dir.join("state.db").display()
-            )
-        };
-        let one = poolgate::Config::parse(&text("[pools.a]\nmembers = [\"n1\"]\n"), "one").unwrap();
-        let two = poolgate::Config::parse(
-            &text("[pools.a]\nmembers = [\"n1\"]\n[pools.c]\nmembers = [\"n1\"]\n"),
-            "two",
-        )
-        .unwrap();
+        let (one, two) = pool_a_then_a_and_c(&dir, "1ms");
         let n1 = node("n1");
         for round in 0..40 {
             let live = poolgate::live::Orchestrator::start(&one)
@@ -1476,20 +1463,7 @@ fn a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file() {
         let dir = std::env::temp_dir().join(format!("poolgate-reload-pool-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let text = |pools: &str| {
-            format!(
-                "[readiness]\nconvergence_window = \"20ms\"\n{pools}\
-                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n\
-                 [state]\npath = \"{}\"\n",
-                dir.join("state.db").display()
-            )
-        };
-        let one = poolgate::Config::parse(&text("[pools.a]\nmembers = [\"n1\"]\n"), "one").unwrap();
-        let two = poolgate::Config::parse(
-            &text("[pools.a]\nmembers = [\"n1\"]\n[pools.c]\nmembers = [\"n1\"]\n"),
-            "two",
-        )
-        .unwrap();
+        let (one, two) = pool_a_then_a_and_c(&dir, "20ms");
         let make_ready = |live: &poolgate::live::Orchestrator| {
             let fleet = live.fleet.clone();
             async move {
@@ -1841,4 +1815,27 @@ fn watch_of(file: &std::path::Path, stdout: Stdio) -> tokio::process::Child {
         .kill_on_drop(true)
         .spawn()
         .unwrap()
+}
+
+/// Two configurations over a state file in `dir` (window `window`): pool
+/// `a` of `n1`, then pools `a` and `c` of `n1` (what a reload adds).
+fn pool_a_then_a_and_c(
+    dir: &std::path::Path,
+    window: &str,
+) -> (poolgate::Config, poolgate::Config) {
+    let text = |pools: &str| {
+        format!(
+            "[readiness]\nconvergence_window = \"{window}\"\n{pools}\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n\
+             [state]\npath = \"{}\"\n",
+            dir.join("state.db").display()
+        )
+    };
+    let one = poolgate::Config::parse(&text("[pools.a]\nmembers = [\"n1\"]\n"), "one").unwrap();
+    let two = poolgate::Config::parse(
+        &text("[pools.a]\nmembers = [\"n1\"]\n[pools.c]\nmembers = [\"n1\"]\n"),
+        "two",
+    )
+    .unwrap();
+    (one, two)
 }

@@ -2397,15 +2397,7 @@ fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-reloaded");
-    let text = |pools: &str| {
-        format!(
-            "{pools}[readiness]\nconvergence_window = \"50ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"grown\"\n\
-             [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
-            server.endpoint
-        )
-    };
+    let text = |pools: &str| pools_text(&server, "grown", "50ms", pools);
     let config = Config::parse(
         &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-2\"]\n"),
         "config.toml",
@@ -2458,15 +2450,7 @@ fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_n
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("moved-prefix");
-    let text = |pools: &str| {
-        format!(
-            "{pools}[readiness]\nconvergence_window = \"20ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"moved\"\n\
-             [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
-            server.endpoint
-        )
-    };
+    let text = |pools: &str| pools_text(&server, "moved", "20ms", pools);
     let first = Config::parse(&text("[pools.b]\nmembers = [\"node-1\"]\n"), "config.toml").unwrap();
     let grown = Config::parse(
         &text("[pools.a]\nmembers = [\"node-2\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
@@ -2514,15 +2498,7 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-live");
-    let text = |pools: &str| {
-        format!(
-            "{pools}[readiness]\nconvergence_window = \"20ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"live\"\n\
-             [agents]\nlisten = \"127.0.0.1:0\"\n\
-             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
-            server.endpoint
-        )
-    };
+    let text = |pools: &str| pools_text(&server, "live", "20ms", pools);
     let config = Config::parse(
         &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
         "config.toml",
@@ -2599,4 +2575,17 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
         next.shutdown();
         replica.resign();
     });
+}
+
+/// A replica configuration's text with `pools` (`[pools.<id>]` tables) on
+/// `server`: the cluster label `label`, the window `window`, the 10 s
+/// lease.
+fn pools_text(server: &etcd::Etcd, label: &str, window: &str, pools: &str) -> String {
+    format!(
+        "{pools}[readiness]\nconvergence_window = \"{window}\"\n\
+         [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
+         [agents]\nlisten = \"127.0.0.1:0\"\n\
+         [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+        server.endpoint
+    )
 }

@@ -235,16 +235,7 @@ impl Orchestrator {
             aborted_at_start,
         ));
         lock(&self.pool_tasks).push(serving);
-        Ok(format!(
-            "pool {}: defined over [{}], served under this term",
-            definition.id(),
-            definition
-                .members()
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+        Ok(format!("{}, served under this term", defined(&definition)))
     }
 
     /// What a reload says of a change `what` that failed with `error`, or
@@ -288,16 +279,7 @@ impl Orchestrator {
                 })?;
             }
             self.fleet.define_pool(settings).await?;
-            return Ok(Some(format!(
-                "pool {}: defined over [{}]",
-                definition.id(),
-                definition
-                    .members()
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+            return Ok(Some(defined(definition)));
         };
         let report = gate.report().await?;
         let now: std::collections::BTreeSet<&NodeId> =
@@ -332,6 +314,16 @@ impl Orchestrator {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
+}
+
+/// What a reload says of a pool it defined: `pool c: defined over [n1, n2]`.
+fn defined(definition: &poolgate_actors::core::PoolDefinition) -> String {
+    let members: Vec<String> = definition.members().iter().map(|n| n.to_string()).collect();
+    format!(
+        "pool {}: defined over [{}]",
+        definition.id(),
+        members.join(", ")
+    )
 }
 
 /// The names of `registry`'s nodes (what a SWIM member keeps).
