@@ -1678,15 +1678,7 @@ fn a_node_agent_sends_nothing_more_before_it_reads_the_challenge() {
         let listener = tokio::net::TcpListener::bind(cluster.config.agents.listen)
             .await
             .unwrap();
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut node = node_of(config);
         let (mut stream, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
             .await
             .expect("the node connects")
@@ -1763,15 +1755,7 @@ fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_
                 });
             }
         });
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut node = node_of(config);
         // Each connection to the leader is held until the agent gives it
         // up; then how long the leader went without one.
         let mut gaps = Vec::new();
@@ -1802,6 +1786,20 @@ fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_
             "back to the leader after {gaps:?} (the leader's grace is {grace:?})"
         );
     });
+}
+
+/// `poolgate node --config file`, its output not kept, killed when
+/// dropped.
+fn node_of(file: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("node")
+        .arg("--config")
+        .arg(file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 /// `poolgate watch --json --config file`, as the tests here start it:

@@ -2397,18 +2397,10 @@ fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-reloaded");
-    let text = |pools: &str| pools_text(&server, "grown", "50ms", pools);
-    let config = Config::parse(
-        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-2\"]\n"),
-        "config.toml",
-    )
-    .unwrap();
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "grown", "50ms", pools);
+    let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
     // b removed, c added.
-    let reloaded = Config::parse(
-        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.c]\nmembers = [\"node-1\", \"node-2\"]\n"),
-        "config.toml",
-    )
-    .unwrap();
+    let reloaded = pools(&[("a", &["node-1"]), ("c", &["node-1", "node-2"])]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&config).unwrap();
@@ -2450,13 +2442,9 @@ fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_n
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("moved-prefix");
-    let text = |pools: &str| pools_text(&server, "moved", "20ms", pools);
-    let first = Config::parse(&text("[pools.b]\nmembers = [\"node-1\"]\n"), "config.toml").unwrap();
-    let grown = Config::parse(
-        &text("[pools.a]\nmembers = [\"node-2\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
-        "config.toml",
-    )
-    .unwrap();
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "moved", "20ms", pools);
+    let first = pools(&[("b", &["node-1"])]);
+    let grown = pools(&[("a", &["node-2"]), ("b", &["node-1"])]);
     let b = poolgate::core::PoolId::new("b").unwrap();
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&first).unwrap();
@@ -2498,17 +2486,9 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-live");
-    let text = |pools: &str| pools_text(&server, "live", "20ms", pools);
-    let config = Config::parse(
-        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-1\"]\n"),
-        "config.toml",
-    )
-    .unwrap();
-    let grown = Config::parse(
-        &text("[pools.a]\nmembers = [\"node-1\"]\n[pools.c]\nmembers = [\"node-2\"]\n"),
-        "config.toml",
-    )
-    .unwrap();
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "live", "20ms", pools);
+    let config = pools(&[("a", &["node-1"]), ("b", &["node-1"])]);
+    let grown = pools(&[("a", &["node-1"]), ("c", &["node-2"])]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
@@ -2577,15 +2557,28 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     });
 }
 
-/// A replica configuration's text with `pools` (`[pools.<id>]` tables) on
-/// `server`: the cluster label `label`, the window `window`, the 10 s
-/// lease.
-fn pools_text(server: &etcd::Etcd, label: &str, window: &str, pools: &str) -> String {
-    format!(
-        "{pools}[readiness]\nconvergence_window = \"{window}\"\n\
+/// A replica configuration with `pools` (each `[pools.<id>]` and its
+/// members) on `server`: the cluster label `label`, the window `window`,
+/// the 10 s lease.
+fn pools_config(
+    server: &etcd::Etcd,
+    label: &str,
+    window: &str,
+    pools: &[(&str, &[&str])],
+) -> Config {
+    let tables: String = pools
+        .iter()
+        .map(|(id, members)| {
+            let members: Vec<String> = members.iter().map(|m| format!("\"{m}\"")).collect();
+            format!("[pools.{id}]\nmembers = [{}]\n", members.join(", "))
+        })
+        .collect();
+    let text = format!(
+        "{tables}[readiness]\nconvergence_window = \"{window}\"\n\
          [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
          [agents]\nlisten = \"127.0.0.1:0\"\n\
          [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
         server.endpoint
-    )
+    );
+    Config::parse(&text, "config.toml").expect("config")
 }
