@@ -1432,24 +1432,9 @@ fn an_orchestrator_stopped_lets_its_state_file_go_before_stop_returns() {
                 .unwrap_or_else(|e| panic!("round {round}: {e}"));
             // A pool defined by a reload keeps its state in the file too.
             live.reload(&two).await.unwrap();
-            let fleet = &live.fleet;
-            fleet
-                .registry(poolgate::core::RegistryFact::Known { node: n1.clone() })
+            poolgate_actors::testing::make_ready_in(&live.fleet, &n1, b"key")
                 .await
                 .unwrap();
-            let alive = poolgate::core::MembershipUpdate {
-                node: n1.clone(),
-                state: poolgate::core::SwimState::Alive,
-                incarnation: round + 1,
-            };
-            fleet.membership(alive).await.unwrap();
-            fleet
-                .agent(poolgate::core::AgentReport::Available { node: n1.clone() })
-                .await
-                .unwrap();
-            let identity =
-                poolgate::core::AgentReport::identity(n1.clone(), b"key".to_vec()).unwrap();
-            fleet.agent(identity).await.unwrap();
             // Stopped while the epoch's write may be in flight.
             live.stop().await;
         }
@@ -1467,21 +1452,9 @@ fn a_pool_added_by_a_reload_keeps_its_epochs_in_the_state_file() {
         let make_ready = |live: &poolgate::live::Orchestrator| {
             let fleet = live.fleet.clone();
             async move {
-                let n1 = node("n1");
-                fleet
-                    .registry(poolgate::core::RegistryFact::Known { node: n1.clone() })
+                poolgate_actors::testing::make_ready_in(&fleet, &node("n1"), b"key")
                     .await
                     .unwrap();
-                let alive = poolgate::core::MembershipUpdate {
-                    node: n1.clone(),
-                    state: poolgate::core::SwimState::Alive,
-                    incarnation: 1,
-                };
-                fleet.membership(alive).await.unwrap();
-                let available = poolgate::core::AgentReport::Available { node: n1.clone() };
-                fleet.agent(available).await.unwrap();
-                let identity = poolgate::core::AgentReport::identity(n1, b"key".to_vec()).unwrap();
-                fleet.agent(identity).await.unwrap();
             }
         };
         let c = poolgate::core::PoolId::new("c").unwrap();

@@ -1822,16 +1822,6 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
                 .await
                 .unwrap();
         }
-        let committed = |requests: poolgate::live::requests::Requests, run| async move {
-            loop {
-                if let Some(o) = requests.outcome(&run).await.unwrap() {
-                    if o.status == "committed" {
-                        return o;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
         let epoch_of = |o: poolgate::live::requests::Outcome| match o.event {
             Some(Event::RunCommitted { epoch, pool: p, .. }) => (p, epoch),
             other => panic!("not a commit: {other:?}"),
@@ -2520,18 +2510,10 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
         poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-2"), b"key")
             .await
             .unwrap();
-        let committed = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(o) = asks.outcome(&rc).await.unwrap() {
-                    if o.status == "committed" {
-                        return o;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("pool c's run committed");
+        let committed =
+            tokio::time::timeout(Duration::from_secs(10), committed(asks.clone(), rc.clone()))
+                .await
+                .expect("pool c's run committed");
         let Some(Event::RunCommitted { epoch, pool: p, .. }) = committed.event else {
             panic!("not a commit: {committed:?}");
         };
@@ -2581,4 +2563,19 @@ fn pools_config(
         server.endpoint
     );
     Config::parse(&text, "config.toml").expect("config")
+}
+
+/// `run`'s outcome once its requester sees it committed.
+async fn committed(
+    requests: poolgate::live::requests::Requests,
+    run: poolgate::core::RunId,
+) -> poolgate::live::requests::Outcome {
+    loop {
+        if let Some(o) = requests.outcome(&run).await.unwrap() {
+            if o.status == "committed" {
+                return o;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
