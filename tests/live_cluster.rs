@@ -1688,47 +1688,8 @@ fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_
         let leader = tokio::net::TcpListener::bind(cluster.config.agents.listen)
             .await
             .unwrap();
-        let leader_addr = leader.local_addr().unwrap();
-        // A follower: refuses every node `not_leader`, naming that leader.
-        let follower = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let follower_addr = follower.local_addr().unwrap();
-        let config = &cluster.nodes[0].config;
-        let text = std::fs::read_to_string(config).unwrap();
-        let listed = format!("agents = \"{leader_addr}\"");
-        assert!(
-            text.contains(&listed) && text.contains("[node]\n"),
-            "{text}"
-        );
-        let text = text
-            .replacen(
-                &listed,
-                &format!("agents = [\"{leader_addr}\", \"{follower_addr}\"]"),
-                1,
-            )
-            .replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
-        std::fs::write(config, text).unwrap();
-        let refusal = serde_json::to_vec(&serde_json::json!({
-            "reply": "refused",
-            "code": "not_leader",
-            "detail": format!("not the leader; the leader is r1 at {leader_addr}"),
-            "leader": leader_addr.to_string(),
-        }))
-        .unwrap();
-        let refusing = tokio::spawn(async move {
-            loop {
-                let Ok((mut stream, _)) = follower.accept().await else {
-                    return;
-                };
-                let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
-                reply.extend_from_slice(&refusal);
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    let _ = poolgate::live::wire::read_frame(&mut stream).await;
-                    let _ = stream.write_all(&reply).await;
-                });
-            }
-        });
-        let mut node = node_of(config);
+        let (config, refusing, _) = behind_a_follower(&cluster, leader.local_addr().unwrap()).await;
+        let mut node = node_of(&config);
         // Each connection to the leader is held until the agent gives it
         // up; then how long the leader went without one.
         let mut gaps = Vec::new();
@@ -1759,6 +1720,94 @@ fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_
             "back to the leader after {gaps:?} (the leader's grace is {grace:?})"
         );
     });
+}
+
+/// While a dead leader's lease still holds (up to its TTL), every
+/// follower names it and nobody accepts the node: the agent's pauses
+/// between rounds grow (100 ms doubling to 2 s), so a fleet of nodes does
+/// not hammer the followers. An operator's trial counted about 45
+/// refusals a second per node for the whole lease: each refusal set the
+/// pause back to 100 ms.
+#[test]
+fn a_node_agent_refused_by_followers_naming_a_dead_leader_backs_off() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        // The leader is dead: nothing listens at its address.
+        let (config, refusing, refused) =
+            behind_a_follower(&cluster, cluster.config.agents.listen).await;
+        let mut node = node_of(&config);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let _ = node.kill().await;
+        refusing.abort();
+        let refused = refused.load(std::sync::atomic::Ordering::Relaxed);
+        // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6 and 2 s fit in 4 s: a few
+        // rounds of at most four refusals each.
+        assert!(refused <= 30, "{refused} refusals in 4 s");
+        assert!(
+            refused >= 2,
+            "{refused} refusals in 4 s: the node never tried"
+        );
+    });
+}
+
+/// The cluster's one node, its `[orchestrator] agents` set to `leader`
+/// and a follower the test serves, which refuses every frame `not_leader`
+/// naming `leader` (its heartbeat 100 ms): the node's config, the
+/// follower's task, and how many refusals it sent.
+async fn behind_a_follower(
+    cluster: &LocalCluster,
+    leader: std::net::SocketAddr,
+) -> (
+    std::path::PathBuf,
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let follower = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let follower_addr = follower.local_addr().unwrap();
+    let config = cluster.nodes[0].config.clone();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
+    assert!(
+        text.contains(&listed) && text.contains("[node]\n"),
+        "{text}"
+    );
+    let text = text
+        .replacen(
+            &listed,
+            &format!("agents = [\"{leader}\", \"{follower_addr}\"]"),
+            1,
+        )
+        .replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
+    std::fs::write(&config, text).unwrap();
+    let refusal = serde_json::to_vec(&serde_json::json!({
+        "reply": "refused",
+        "code": "not_leader",
+        "detail": format!("not the leader; the leader is r1 at {leader}"),
+        "leader": leader.to_string(),
+    }))
+    .unwrap();
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&refused);
+    let refusing = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = follower.accept().await else {
+                return;
+            };
+            let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
+            reply.extend_from_slice(&refusal);
+            let counted = std::sync::Arc::clone(&counted);
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                if let Ok(Some(_)) = poolgate::live::wire::read_frame(&mut stream).await {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = stream.write_all(&reply).await;
+                }
+            });
+        }
+    });
+    (config, refusing, refused)
 }
 
 /// `poolgate node --config file`, its output not kept, killed when

@@ -356,7 +356,10 @@ async fn announce(
                 // lost connection (§11). Otherwise the others, at once
                 // while some are left to try this round (a pause once all
                 // refused).
-                backoff = BACKOFF_MIN;
+                // The pause does not start over here: while a dead
+                // leader's lease holds, every follower names it and
+                // nobody accepts, and the pauses grow as after any round
+                // in which no frame was accepted.
                 let named = leader_named(leader.as_deref(), addr, &to.agents, &addrs).await;
                 if let Some(leader) = named.filter(|_| pointers.follow()) {
                     tracing::debug!(node = %to.node, orchestrator = %addr, %leader, "not the leader; trying the one it names");
@@ -364,11 +367,9 @@ async fn announce(
                     continue;
                 }
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
-                if !rotation.has_fresh(&addrs) {
-                    pointers.reset();
-                    tokio::time::sleep(BACKOFF_MIN).await;
+                if rotation.has_fresh(&addrs) && pointers.within_round() {
+                    continue;
                 }
-                continue;
             }
             (_, Session::Unreachable(_)) if again => {
                 // The address tried again first is gone: the others, now.
@@ -387,7 +388,9 @@ async fn announce(
             }
         }
         pointers.reset();
-        tokio::time::sleep(backoff).await;
+        // A fifth either way, so a fleet refused together does not come
+        // back together.
+        tokio::time::sleep(backoff.mul_f64(0.8 + 0.4 * rand::random::<f64>())).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
@@ -406,6 +409,12 @@ impl Pointers {
     /// Whether one more may be followed at once (counted if so).
     fn follow(&mut self) -> bool {
         self.0 += 1;
+        self.0 <= POINTERS_FOLLOWED
+    }
+
+    /// Whether the others may still be tried at once this round (not once
+    /// the named leaders followed are used up: then the round pauses).
+    fn within_round(&self) -> bool {
         self.0 <= POINTERS_FOLLOWED
     }
 
