@@ -1752,6 +1752,49 @@ fn a_node_agent_refused_by_followers_naming_a_dead_leader_backs_off() {
     });
 }
 
+/// A follower naming a leader the node does not list (a node config
+/// missing a replica) is said at warn, not looped on in silence.
+#[test]
+fn a_node_agent_says_when_followers_name_a_leader_it_does_not_list() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let unlisted: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let (config, refusing, _) = behind_a_follower(&cluster, unlisted).await;
+        // The node lists the follower only.
+        let text = std::fs::read_to_string(&config).unwrap();
+        let text = text.replacen(&format!("\"{unlisted}\", "), "", 1);
+        assert!(!text.contains(&unlisted.to_string()), "{text}");
+        std::fs::write(&config, text).unwrap();
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["node", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(node.stderr.take().unwrap()).lines();
+        let said = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("not in [orchestrator] agents") {
+                    return line;
+                }
+            }
+            String::new()
+        })
+        .await;
+        let _ = node.kill().await;
+        refusing.abort();
+        let said = said.expect("said within 10 s");
+        assert!(
+            said.contains("127.0.0.1:9") && said.contains("WARN"),
+            "{said}"
+        );
+    });
+}
+
 /// The cluster's one node, its `[orchestrator] agents` set to `leader`
 /// and a follower the test serves, which refuses every frame `not_leader`
 /// naming `leader` (its heartbeat 100 ms): the node's config, the

@@ -361,6 +361,17 @@ async fn announce(
                 // nobody accepts, and the pauses grow as after any round
                 // in which no frame was accepted.
                 let named = leader_named(leader.as_deref(), addr, &to.agents, &addrs).await;
+                let unlisted = |leader: &String| {
+                    !to.agents.iter().any(|a| a.as_str() == leader)
+                        && leader
+                            .parse::<SocketAddr>()
+                            .map_or(true, |a| !addrs.contains(&a))
+                };
+                if let Some(leader) = leader.as_ref().filter(|l| unlisted(l)) {
+                    if let Some(held) = said.allow(now) {
+                        tracing::warn!(node = %to.node, orchestrator = %addr, %leader, held, "a follower names a leader that is not in [orchestrator] agents: list every replica there, or this node never reaches it");
+                    }
+                }
                 if let Some(leader) = named.filter(|_| pointers.follow()) {
                     tracing::debug!(node = %to.node, orchestrator = %addr, %leader, "not the leader; trying the one it names");
                     rotation.try_first(leader);
