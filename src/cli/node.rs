@@ -354,8 +354,8 @@ async fn announce(
                 // once, even if it went silent: a leader that was only
                 // stalled must hear from the node within its grace for a
                 // lost connection (§11). Otherwise the others, at once
-                // while some are left to try this round (a pause once all
-                // refused).
+                // while some are left to try this round, then a pause.
+                //
                 // The pause does not start over here: while a dead
                 // leader's lease holds, every follower names it and
                 // nobody accepts, and the pauses grow as after any round
