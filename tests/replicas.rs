@@ -2484,6 +2484,15 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&config).unwrap();
         let live = replica.lead(None).await.unwrap();
+        // A file whose pools move the prefix (a pool sorting before a,
+        // whose id names it) adds nothing: the next term would not find it.
+        let moved = pools(&[("0", &["node-3"]), ("a", &["node-1"]), ("b", &["node-1"])]);
+        let said = live.reload(&moved).await.unwrap();
+        assert!(
+            said.iter().any(|s| s.starts_with("pool 0: NOT defined")),
+            "{said:?}"
+        );
+        assert!(live.fleet.pool(&pool("0")).is_none());
         let said = live.reload(&grown).await.unwrap();
         assert!(
             said.iter().any(|s| s.starts_with("pool c: defined")),

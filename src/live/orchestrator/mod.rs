@@ -133,6 +133,9 @@ pub struct Orchestrator {
 pub(crate) struct TermPools {
     /// The prefix's store, bound to the term.
     pub(crate) base: Arc<crate::state::etcd::EtcdStore>,
+    /// The prefix the term serves (a file that names another cannot add
+    /// pools to it: its next term would not find them).
+    pub(crate) prefix: String,
     /// The term (the leader key's create revision).
     pub(crate) term: i64,
     /// Whether the term still leads.

@@ -156,7 +156,24 @@ impl Orchestrator {
             true => vec![config.gate_settings()?],
             false => config.pool_settings()?,
         };
+        // Among replicas, a file whose pools name another prefix (with
+        // `[pools.<id>]`, the first pool's id names it) adds no pool: the
+        // next term, on the prefix it started with, would not find it.
+        let moved = self
+            .term_pools
+            .get()
+            .map(|term| &term.prefix)
+            .filter(|prefix| **prefix != config.etcd_prefix());
         for pool in &settings {
+            if let Some(prefix) = moved.filter(|_| self.fleet.pool(pool.definition.id()).is_none())
+            {
+                said.push(format!(
+                    "pool {}: NOT defined: this file's pools would move the replicas' state from {prefix} to {} (keep the first pool first, or set [state] prefix = \"{prefix}\")",
+                    pool.definition.id(),
+                    config.etcd_prefix()
+                ));
+                continue;
+            }
             match self.reload_pool(pool, config.state.restore_grace).await {
                 Ok(change) => said.extend(change),
                 Err(e) => said.push(

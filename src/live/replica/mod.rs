@@ -329,6 +329,7 @@ impl Replica {
                         let (fence, term) = (Arc::clone(&self.fence), self.term);
                         live.serve_added_pools(super::orchestrator::TermPools {
                             base,
+                            prefix: self.config.etcd_prefix(),
                             term: term.unwrap_or_default(),
                             fence: Arc::new(move || fence.current().map(|t| t.created) == term),
                         });
