@@ -1713,6 +1713,7 @@ fn a_node_agent_told_by_a_follower_that_its_silent_leader_leads_goes_back_to_it_
             gaps.len()
         );
         gaps.sort();
+        eprintln!("back to the silent leader after: {gaps:?}");
         // The orchestrator's grace for a lost connection (design §11).
         let grace = Duration::from_millis(100);
         assert!(
@@ -1742,6 +1743,7 @@ fn a_node_agent_refused_by_followers_naming_a_dead_leader_backs_off() {
         let _ = node.kill().await;
         refusing.abort();
         let refused = refused.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!("refusals in 4 s: {refused}");
         // Pauses of 0.1, 0.2, 0.4, 0.8, 1.6 and 2 s fit in 4 s: a few
         // rounds of at most four refusals each.
         assert!(refused <= 30, "{refused} refusals in 4 s");
