@@ -30,6 +30,9 @@
 //!   UDP loss on every host (a new run after each), and with `--serf`, the
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
 //!   on the same hosts in the same minutes.
+//!
+//! `--profile NAME` sets `[swim] profile` on every member (`steady`, the
+//! default, or `fast`), so each figure can be taken per profile.
 
 #[path = "../tests/common/deploy.rs"]
 mod deploy;
@@ -54,6 +57,8 @@ struct Args {
     json: bool,
     only: Option<String>,
     indirect_probes: Option<u32>,
+    /// `[swim] profile` of every member (the default's when none).
+    profile: Option<String>,
     /// The convergence window of the failover runs (the shipped 5 s, or
     /// 1 s by default to keep the run short).
     window: Duration,
@@ -73,6 +78,7 @@ fn args() -> Result<Args, String> {
         json: false,
         only: None,
         indirect_probes: None,
+        profile: None,
         window: Duration::from_secs(1),
     };
     let mut it = std::env::args().skip(1);
@@ -107,6 +113,7 @@ fn args() -> Result<Args, String> {
                     humantime::parse_duration(&value()?).map_err(|e| format!("--window: {e}"))?
             }
             "--only" => args.only = Some(value()?),
+            "--profile" => args.profile = Some(value()?),
             "--indirect-probes" => {
                 args.indirect_probes = Some(
                     value()?
@@ -146,7 +153,13 @@ fn main() {
             swim_extra: args
                 .indirect_probes
                 .map(|k| format!("indirect_probes = {k}\n"))
-                .unwrap_or_default(),
+                .into_iter()
+                .chain(
+                    args.profile
+                        .as_ref()
+                        .map(|p| format!("profile = \"{p}\"\n")),
+                )
+                .collect(),
             ..Options::default()
         },
     );
