@@ -2588,3 +2588,53 @@ async fn committed(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A follower whose file a reload (SIGHUP) grew by a pool answers
+/// `status --pool` for it with what the leader publishes of it, before
+/// it ever leads. Before, it said "no pool c" until its next term.
+#[test]
+fn a_follower_reloaded_with_a_pool_answers_status_for_it() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("follower-pools");
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "fp", "20ms", pools);
+    let config = pools(&[("a", &["node-1"])]);
+    let grown = pools(&[("a", &["node-1"]), ("c", &["node-2"])]);
+    let mut follower_config = config.clone();
+    follower_config.agents.listen = ([127, 0, 0, 1], etcd::free_port()).into();
+    let mut follower_grown = grown.clone();
+    follower_grown.agents.listen = follower_config.agents.listen;
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut b = Replica::start(&follower_config).unwrap();
+        let b_reloads = b.reloads();
+        let following = actix::spawn(async move {
+            let _ = b.lead(None).await;
+        });
+        let said = live.reload(&grown).await.unwrap();
+        assert!(
+            said.iter().any(|s| s.starts_with("pool c: defined")),
+            "{said:?}"
+        );
+        // b's SIGHUP, as `watch` hands it over.
+        b_reloads.put(follower_grown.clone());
+        let addr = follower_config.agents.listen;
+        let answered = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                if let Ok(answer) = poolgate::live::status::ask_pool(addr, Some("c")).await {
+                    if answer["pool"] == "c" && answer["leader_said"]["pool"] == "c" {
+                        return answer;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        following.abort();
+        live.shutdown();
+        a.resign();
+        let answer = answered.expect("the follower answers for pool c");
+        assert_eq!(answer["phase"], "following", "{answer}");
+    });
+}

@@ -24,7 +24,8 @@ impl Drop for Following {
 pub(crate) const FOLLOWER_CONNECTIONS: usize = 256;
 
 /// Each pool's id and the store the leader publishes its status in.
-pub(super) type Published = Arc<Vec<(String, Arc<EtcdStore>)>>;
+/// A reload that grows the pools grows it while following.
+pub(super) type Published = Arc<std::sync::RwLock<Vec<(String, Arc<EtcdStore>)>>>;
 
 /// A follower's agent listener: every node is refused with `not_leader`
 /// and a pointer to the leader; `poolgate status` is told who leads and
@@ -110,6 +111,10 @@ async fn follower_status(
     only: Option<&str>,
     leader: Option<String>,
 ) -> serde_json::Value {
+    let published = published
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let asked: Vec<&(String, Arc<EtcdStore>)> = match only {
         Some(only) => published.iter().filter(|(pool, _)| pool == only).collect(),
         None => published.iter().collect(),

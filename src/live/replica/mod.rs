@@ -100,6 +100,15 @@ impl Reloads {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(config);
     }
 
+    /// `f` of the configuration a reload left, if any (left in place).
+    fn peek<R>(&self, f: impl FnOnce(&crate::Config) -> R) -> Option<R> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(f)
+    }
+
     fn take(&self) -> Option<crate::Config> {
         self.0
             .lock()
@@ -255,14 +264,15 @@ impl Replica {
         loop {
             // A follower's status tells what the leader published of each
             // pool.
-            let published = Arc::new(
+            let published: follower::Published = Arc::new(std::sync::RwLock::new(
                 self.records
                     .iter()
                     .map(|r| (r.pool.id().to_string(), Arc::clone(&r.store)))
                     .collect(),
+            ));
+            let mut following = Following(
+                follow(&self.config, self.campaign.role(), Arc::clone(&published)).await?,
             );
-            let mut following =
-                Following(follow(&self.config, self.campaign.role(), published).await?);
             let mut role = self.campaign.role();
             // While following, what is stored is looked at every second:
             // the epochs issued meanwhile, and whether the prefix is
@@ -282,6 +292,7 @@ impl Replica {
                                 record.saw(&held);
                             }
                         }
+                        self.publish_reloaded_pools(&published);
                     }
                 }
             }
@@ -534,6 +545,37 @@ impl Replica {
     /// term starts from it.
     pub fn reloads(&self) -> Reloads {
         self.reloaded.clone()
+    }
+
+    /// A follower's status answers for the pools a reload added as soon
+    /// as it has read them (what the leader publishes of each), not only
+    /// once this replica leads with them.
+    fn publish_reloaded_pools(&self, published: &follower::Published) {
+        let Some(added) = self.reloaded.peek(|new| {
+            // Only what the next term would take: the same prefix, pools apart.
+            if new.pools.is_empty()
+                || self.config.pools.is_empty()
+                || new.etcd_prefix() != self.config.etcd_prefix()
+            {
+                return Vec::new();
+            }
+            new.pool_definitions()
+                .iter()
+                .map(|p| p.id().to_string())
+                .collect::<Vec<_>>()
+        }) else {
+            return;
+        };
+        let mut published = published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for pool in added {
+            if !published.iter().any(|(id, _)| *id == pool) {
+                let store = Arc::new(self.store.for_pool(&pool));
+                published.push((pool, store));
+            }
+        }
+        published.sort_by(|a, b| a.0.cmp(&b.0));
     }
 
     /// Takes what a reload read for the terms to come: `[registry]` (what
