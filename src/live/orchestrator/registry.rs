@@ -113,7 +113,10 @@ impl Orchestrator {
     /// write among replicas that fails, say): one failing does not stop
     /// the others. Returns what changed and what did not, one line each;
     /// an error only for a pool of another id, a file whose settings do
-    /// not hold, or a term that ended.
+    /// not hold, or a term that ended. Among replicas, leave `config` in
+    /// [`Replica::reloads`](crate::live::replica::Replica::reloads) too
+    /// (as `watch` does on SIGHUP), so that later terms serve the pools
+    /// this one added.
     pub async fn reload(&self, config: &Config) -> Result<Vec<String>, LiveError> {
         let mut said = Vec::new();
         let running = self.fleet.pools();
