@@ -352,14 +352,32 @@ fn serf(rig: &Rig, deployment: &Deployment) -> Vec<Process> {
         let bind = format!("-bind={}:{port}", rig.hosts[host].addr);
         let rpc = format!("-rpc-addr=127.0.0.1:{}", 7890 + port - 7990);
         let node = format!("-node={name}");
-        let join = format!("-join={}:7990", rig.hosts[0].addr);
+        // `-join` exits at once when host-1's agent does not listen yet
+        // (the agents start together): each retries until it is in.
+        let join = format!("-retry-join={}:7990", rig.hosts[0].addr);
         let mut argv = vec!["serf", "agent", "-profile=lan", &node, &bind, &rpc];
         if !agents.is_empty() {
-            argv.push(&join);
+            argv.extend([join.as_str(), "-retry-interval=1s"]);
         }
         agents.push(rig.spawn(host, &name, &argv, &[]));
     }
     agents
+}
+
+/// How many members host-1's Serf agent sees alive.
+fn serf_alive(rig: &Rig) -> usize {
+    rig.exec(0, &["serf", "members", "-rpc-addr=127.0.0.1:7890"])
+        .map(|text| text.lines().filter(|l| l.contains(" alive")).count())
+        .unwrap_or(0)
+}
+
+/// How many of `agents` still run.
+fn serf_running(agents: &mut [Process]) -> usize {
+    agents
+        .iter_mut()
+        .map(|a| a.pid().is_some() && a.wait_exit(Duration::from_millis(30)).is_none())
+        .filter(|running| *running)
+        .count()
 }
 
 fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
@@ -370,9 +388,22 @@ fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
     } else {
         Vec::new()
     };
-    if args.serf {
-        std::thread::sleep(Duration::from_secs(5));
-    }
+    // Every Serf agent in before the loss starts (a cluster that is half
+    // there would make its "no member failed" mean little).
+    let serf_at_start = args.serf.then(|| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while serf_alive(rig) < serfs.len() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let alive = serf_alive(rig);
+        if alive < serfs.len() {
+            eprintln!(
+                "loss {percent}%: only {alive} of {} Serf agents joined",
+                serfs.len()
+            );
+        }
+        alive
+    });
     let mut run = guarded_run(rig, deployment, &require);
     for host in 0..rig.hosts.len() {
         rig.udp_loss(host, percent);
@@ -401,6 +432,7 @@ fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
     let serf_failed_events: Option<usize> = serfs
         .first_mut()
         .map(|orchestrators| serf_failed(orchestrators) - serf_seen_before);
+    let serf_at_end = args.serf.then(|| serf_running(&mut serfs));
     for host in 0..rig.hosts.len() {
         rig.udp_loss(host, 0);
     }
@@ -417,6 +449,9 @@ fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
             "false_faults": faults,
             "first_fault_ms": first_fault_ms,
             "serf_member_failed": serf_failed_events,
+            "serf_agents": args.serf.then_some(serfs.len()),
+            "serf_members_at_start": serf_at_start,
+            "serf_agents_running_at_end": serf_at_end,
         }),
     );
 }
