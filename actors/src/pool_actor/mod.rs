@@ -236,21 +236,30 @@ impl PoolActor {
         &mut self,
         state: Option<Durable>,
     ) -> impl ActorFuture<Self, Output = Result<(), StoreError>> {
-        let job = self.store.clone().zip(state.clone());
-        async move {
-            match job {
-                Some((store, written)) => tokio::task::spawn_blocking(move || store.save(&written))
-                    .await
-                    .unwrap_or_else(|e| Err(StoreError(e.to_string()))),
-                None => Ok(()),
+        let wanted = state.is_some();
+        actix::fut::ready(()).then(move |(), act: &mut Self, _| {
+            // The state as it is when the write starts (at least what was
+            // asked for: the core only moves on): one that waited behind
+            // another write (a commit's) never puts an older state back.
+            let state = wanted.then(|| act.core.durable());
+            let job = act.store.clone().zip(state.clone());
+            async move {
+                match job {
+                    Some((store, written)) => {
+                        tokio::task::spawn_blocking(move || store.save(&written))
+                            .await
+                            .unwrap_or_else(|e| Err(StoreError(e.to_string())))
+                    }
+                    None => Ok(()),
+                }
             }
-        }
-        .into_actor(self)
-        .map(move |result, act, _| {
-            if let (Some(state), true) = (&state, act.store.is_some()) {
-                act.saved(state, &result);
-            }
-            result
+            .into_actor(act)
+            .map(move |result, act, _| {
+                if let (Some(state), true) = (&state, act.store.is_some()) {
+                    act.saved(state, &result);
+                }
+                result
+            })
         })
     }
 
@@ -898,12 +907,20 @@ impl PoolActor {
         };
         // Durable before `run_committed` is told (design §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
-        // thread; the pool handles nothing else until it is done.
-        let state = self.core.durable_with(&admitted);
-        let written = state.clone();
-        let write = tokio::task::spawn_blocking(move || store.save(&written));
-        AtomicResponse::new(Box::pin(write.into_actor(self).map(
-            move |joined, act: &mut Self, ctx| {
+        // thread; the pool handles nothing else until it is done. The write
+        // starts when its turn comes, not here: a write the pool queued
+        // meanwhile runs first, never beside it (a store among replicas
+        // took one of two such writes and refused the other as a change
+        // under the term), and the state written is the one then.
+        let write = actix::fut::ready(()).then(move |(), act: &mut Self, _| {
+            let state = act.core.durable_with(&admitted);
+            let written = state.clone();
+            tokio::task::spawn_blocking(move || store.save(&written))
+                .into_actor(act)
+                .map(move |joined, _, _| (joined, state, admitted))
+        });
+        AtomicResponse::new(Box::pin(write.map(
+            move |(joined, state, admitted), act: &mut Self, ctx| {
                 act.contained(ctx, |act, ctx| {
                     let result = joined.unwrap_or_else(|e| Err(StoreError(e.to_string())));
                     act.saved(&state, &result);
