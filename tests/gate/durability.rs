@@ -1075,7 +1075,7 @@ impl StateStore for Overlaps {
         use std::sync::atomic::Ordering::SeqCst;
         let now = self.in_flight.fetch_add(1, SeqCst) + 1;
         self.most.fetch_max(now, SeqCst);
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let fail = {
             let mut left = self.fail_first.lock().unwrap();
             let fail = *left > 0;
@@ -1121,9 +1121,15 @@ fn the_pools_writes_never_overlap_nor_put_back_an_older_state() {
             *store.fail_first.lock().unwrap() = 1;
             // The commit asked right behind the planning (as the run
             // requests' server does), while its write is in flight.
-            let (planned, committed) = tokio::join!(
+            // The pool's retry of a failed write comes due while the
+            // planning's write is still in flight.
+            let (planned, committed, ()) = tokio::join!(
                 gate.begin_planning(run.clone(), Some(proof.epoch)),
-                gate.commit_plan(run.clone(), vec![node("a")], None)
+                gate.commit_plan(run.clone(), vec![node("a")], None),
+                async {
+                    tokio::task::yield_now().await;
+                    tokio::time::advance(std::time::Duration::from_millis(1100)).await;
+                }
             );
             planned.unwrap();
             advance_to(&gate, now_ms(&gate) + 3000).await;
