@@ -727,6 +727,65 @@ fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
     });
 }
 
+/// Found by the nemesis: a `run` frozen past its keeper's bound (its
+/// command stopped) whose run faulted meanwhile (its required node
+/// killed) printed `run_faulted` once continued, then exited 5 (not
+/// guarded) rather than 3 (the run faulted), depending on which it
+/// noticed first. The fault came first: it exits 3.
+#[test]
+fn a_frozen_run_whose_run_faulted_meanwhile_prints_the_fault_and_exits_3() {
+    need_etcd!();
+    live_for(LIMIT, async {
+        let server = etcd::Etcd::start("frozen-faulted");
+        let proxy = etcd::Proxy::start(server.port());
+        let (mut cluster, replica, live, requester) =
+            among_replicas(&server, &proxy, 2, Duration::from_secs(2)).await;
+        let mut events = live.gate.subscribe();
+        let (mut run, pid_file) = guarded_run_of(&cluster, &requester, &["--require", "node-1"]);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        until_line(&mut lines, "run_committed").await;
+        let group = group_of(&pid_file).await;
+        let pid = Pid::from_raw(run.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        // Its required node goes while it is frozen: the leader faults
+        // the run.
+        cluster.kill(0);
+        let faulted = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(event) = events.recv().await {
+                if matches!(event, poolgate::core::Event::RunFaulted { .. }) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        // Past the keeper's bound (half of unguarded_after): it stopped
+        // the command too.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        let code = exit_code(&mut run).await;
+        let mut printed = Vec::new();
+        while let Ok(Ok(Some(line))) =
+            tokio::time::timeout(Duration::from_secs(1), lines.next_line()).await
+        {
+            printed.push(line);
+        }
+        kill_group(group);
+        live.stop().await;
+        replica.resign();
+        assert_eq!(faulted, Ok(true), "the leader faulted the run");
+        assert!(
+            printed.iter().any(|l| l.contains("run_faulted")),
+            "{printed:?}"
+        );
+        assert_eq!(
+            code,
+            Some(3),
+            "printed the fault, then exited {code:?}: {printed:?}"
+        );
+    });
+}
+
 /// An operator's finding: a `run` cut off from etcd stopped its command
 /// only after `[run] unguarded_after` unconfirmed, but its session (that
 /// TTL, renewed every third of it) could expire, and the leader end its

@@ -137,22 +137,30 @@ impl ControlKeeper {
         }
     }
 
-    pub(super) async fn end(&mut self, run: &RunId) {
+    /// Asks the orchestrator to end `run` and tells what became of it:
+    /// whether it had faulted.
+    pub(super) async fn end(&mut self, run: &RunId) -> bool {
         use crate::live::control::{Reply, Request};
         if self.client.ask(&Request::Finish).await.is_err() {
-            return;
+            return false;
         }
         // Bounded: an orchestrator frozen meanwhile does not hold `run`.
         let deadline = tokio::time::Instant::now() + self.silence;
+        let mut faulted = false;
         while let Ok(Some(reply)) = tokio::time::timeout_at(deadline, self.client.next()).await {
             match reply {
-                Reply::Event { event } => self.print(event),
-                Reply::Ended { .. } => return,
+                Reply::Event { event } => {
+                    faulted |= event["event"] == "run_faulted";
+                    self.print(event);
+                }
+                Reply::Ended { .. } => return faulted,
                 Reply::Refused { detail, .. } => {
-                    return tracing::warn!(%run, %detail, "the end of the run refused")
+                    tracing::warn!(%run, %detail, "the end of the run refused");
+                    return faulted;
                 }
                 _ => {}
             }
         }
+        faulted
     }
 }

@@ -120,8 +120,12 @@ pub async fn run(
                 if let Some(signal) = killed {
                     eprintln!("poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
                 }
-                keeper.end(&run).await?;
-                return Ok(if gave_up || killed.is_some() {
+                // A run that faulted meanwhile (this process frozen while
+                // its node went) exits 3, its fault printed by the end.
+                let faulted = keeper.end(&run).await?;
+                return Ok(if faulted {
+                    3
+                } else if gave_up || killed.is_some() {
                     EXIT_UNGUARDED
                 } else {
                     super::guard::code(status)
@@ -320,18 +324,13 @@ impl Keeper {
         }
     }
 
-    /// Ends `run` (its command is gone), and tells what became of it.
-    async fn end(&mut self, run: &RunId) -> Result<(), LiveError> {
+    /// Ends `run` (its command is gone), and tells what became of it:
+    /// whether it had faulted (its fault told).
+    async fn end(&mut self, run: &RunId) -> Result<bool, LiveError> {
         match self {
-            Keeper::Alone(alone) => alone.end(run).await,
-            Keeper::Replicated(replicated) => {
-                replicated.end(run).await;
-                Ok(())
-            }
-            Keeper::Control(control) => {
-                control.end(run).await;
-                Ok(())
-            }
+            Keeper::Alone(alone) => alone.end(run).await.map(|()| false),
+            Keeper::Replicated(replicated) => Ok(replicated.end(run).await),
+            Keeper::Control(control) => Ok(control.end(run).await),
         }
     }
 }

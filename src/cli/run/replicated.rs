@@ -255,7 +255,9 @@ impl ReplicatedKeeper {
     /// guarded), then tells its end once the leader wrote it (bounded: a
     /// leaderless moment leaves the end to the next leader, which reads
     /// the same key).
-    pub(super) async fn end(&mut self, run: &RunId) {
+    /// Asks the leader to end `run` and tells what became of it: whether
+    /// it had faulted.
+    pub(super) async fn end(&mut self, run: &RunId) -> bool {
         let requests = &self.requests;
         let deadline = tokio::time::Instant::now() + END_WAIT;
         loop {
@@ -263,15 +265,20 @@ impl ReplicatedKeeper {
                 Ok(()) => break,
                 Err(e) if tokio::time::Instant::now() >= deadline => {
                     tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
-                    return;
+                    return false;
                 }
                 Err(_) => tokio::time::sleep(crate::live::requests::LOOK_EVERY).await,
             }
         }
         let deadline = tokio::time::Instant::now() + END_WAIT;
+        let mut faulted = false;
         while tokio::time::Instant::now() < deadline {
             if let Ok(Some(outcome)) = requests.outcome(run).await {
                 if outcome.status != "committed" {
+                    faulted = matches!(
+                        outcome.event,
+                        Some(poolgate_actors::core::Event::RunFaulted { .. })
+                    );
                     self.printer.print_told(outcome.event);
                     break;
                 }
@@ -279,5 +286,6 @@ impl ReplicatedKeeper {
             tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
         }
         let _ = requests.forget(run).await;
+        faulted
     }
 }
