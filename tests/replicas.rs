@@ -2030,6 +2030,16 @@ fn a_one_pool_deployment_grows_pools_with_its_epochs_as_their_floor_once_its_run
         server.endpoint
     );
     let pools = Config::parse(&text, "config.toml").expect("config");
+    // A third pool, added later by a reload of the leader.
+    let grown = Config::parse(
+        &text.replacen(
+            "[readiness]",
+            "[pools.pool-c]\nmembers = [\"node-1\"]\n[readiness]",
+            1,
+        ),
+        "config.toml",
+    )
+    .expect("config");
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
         // One pool, a run committed on it.
@@ -2098,6 +2108,23 @@ fn a_one_pool_deployment_grows_pools_with_its_epochs_as_their_floor_once_its_run
                 "{id}: epoch {first:?}, the one pool told {last:?}"
             );
         }
+        // A pool a reload adds starts above them too (an operator's
+        // trial: it started at epoch 1, told again).
+        let said = live.reload(&grown).await.unwrap();
+        assert!(
+            said.iter().any(|s| s.starts_with("pool pool-c: defined")),
+            "{said:?}"
+        );
+        let gate = live.fleet.pool(&pool("pool-c")).unwrap();
+        let mut events = gate.subscribe();
+        make_ready(&gate, "node-1").await;
+        let first = tokio::time::timeout(Duration::from_secs(10), ready(&mut events))
+            .await
+            .expect("pool-c ready");
+        assert!(
+            first > last,
+            "pool-c: epoch {first:?}, the one pool told {last:?}"
+        );
         live.shutdown();
         replica.resign();
     });

@@ -228,11 +228,26 @@ impl Orchestrator {
     ) -> Result<String, LiveError> {
         let definition = settings.definition.clone();
         let unbound = term.base.for_pool(definition.id().as_str());
-        let created = term.term;
-        let (store, held) = tokio::task::spawn_blocking(move || unbound.bind(created))
-            .await
-            .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
-        let restored = held.map(|(durable, _)| durable).unwrap_or_default();
+        let (base, created) = (Arc::clone(&term.base), term.term);
+        let (store, held, floor) = tokio::task::spawn_blocking(move || {
+            let (store, held) = unbound.bind(created)?;
+            // A pool with no record yet starts above every epoch the
+            // prefix itself told (a one-pool deployment's, before it
+            // kept pools apart), as a term's first pools do.
+            let floor = match held {
+                Some(_) => 0,
+                None => base.read_records()?.map_or(0, |(d, _)| d.last_epoch),
+            };
+            Ok::<_, crate::state::StateError>((store, held, floor))
+        })
+        .await
+        .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+        let restored = held
+            .map(|(durable, _)| durable)
+            .unwrap_or(crate::core::Durable {
+                last_epoch: floor,
+                run: None,
+            });
         let aborted_at_start = restored
             .run
             .as_ref()
