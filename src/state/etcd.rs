@@ -91,6 +91,17 @@ impl Fence {
     }
 }
 
+/// Where a pool with no record yet starts, among pools kept apart under
+/// a prefix that holds `prefix_held`: above every epoch the prefix itself
+/// told (a one-pool deployment's, before it kept pools apart), so no
+/// epoch is told twice; with no run.
+pub fn new_pool_state(prefix_held: Option<&Durable>) -> Durable {
+    Durable {
+        last_epoch: prefix_held.map_or(0, |held| held.last_epoch),
+        run: None,
+    }
+}
+
 /// The default prefix: `/poolgate/<label>/<pool>/`.
 pub fn default_prefix(label: &str, pool: &str) -> String {
     format!("/poolgate/{label}/{pool}/")

@@ -241,7 +241,7 @@ impl StateStore for Recorder {
     }
 }
 
-fn settings(store: Arc<Recorder>, restored: Durable) -> GateSettings {
+fn settings<S: StateStore + 'static>(store: Arc<S>, restored: Durable) -> GateSettings {
     let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
         .gate_settings()
         .unwrap();
@@ -634,15 +634,7 @@ fn state_writes_run_off_the_actors_thread() {
         let store = Arc::clone(&store);
         async move {
             let actors = std::thread::current().id();
-            let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
-                .gate_settings()
-                .unwrap();
-            settings.durable = Some(DurableSettings {
-                store: store.clone(),
-                restored: Durable::default(),
-                restore_grace: std::time::Duration::from_secs(5),
-            });
-            let gate = Gate::start(settings);
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             let (run, _) = committed_r1(&gate).await;
             gate.finish_run(run).await.unwrap();
             let saves = store.saves.lock().unwrap().clone();
@@ -1105,15 +1097,7 @@ fn the_pools_writes_never_overlap_nor_put_back_an_older_state() {
     on_virtual_time({
         let store = Arc::clone(&store);
         async move {
-            let mut settings = config(&["a", "b"], 1000, OnReadinessLost::Wait, None)
-                .gate_settings()
-                .unwrap();
-            settings.durable = Some(DurableSettings {
-                store: store.clone(),
-                restored: Durable::default(),
-                restore_grace: std::time::Duration::from_secs(5),
-            });
-            let gate = Gate::start(settings);
+            let gate = Gate::start(settings(Arc::clone(&store), Durable::default()));
             make_ready(&gate, "a").await;
             make_ready(&gate, "b").await;
             let proof = gate.wait_ready().await.unwrap();

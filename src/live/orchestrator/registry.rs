@@ -229,25 +229,20 @@ impl Orchestrator {
         let definition = settings.definition.clone();
         let unbound = term.base.for_pool(definition.id().as_str());
         let (base, created) = (Arc::clone(&term.base), term.term);
-        let (store, held, floor) = tokio::task::spawn_blocking(move || {
+        let (store, restored) = tokio::task::spawn_blocking(move || {
             let (store, held) = unbound.bind(created)?;
             // A pool with no record yet starts above every epoch the
-            // prefix itself told (a one-pool deployment's, before it
-            // kept pools apart), as a term's first pools do.
-            let floor = match held {
-                Some(_) => 0,
-                None => base.read_records()?.map_or(0, |(d, _)| d.last_epoch),
+            // prefix itself told, as a term's first pools do.
+            let restored = match held {
+                Some((durable, _)) => durable,
+                None => crate::state::etcd::new_pool_state(
+                    base.read_records()?.as_ref().map(|(d, _)| d),
+                ),
             };
-            Ok::<_, crate::state::StateError>((store, held, floor))
+            Ok::<_, crate::state::StateError>((store, restored))
         })
         .await
         .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
-        let restored = held
-            .map(|(durable, _)| durable)
-            .unwrap_or(crate::core::Durable {
-                last_epoch: floor,
-                run: None,
-            });
         let aborted_at_start = restored
             .run
             .as_ref()

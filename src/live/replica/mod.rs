@@ -117,6 +117,13 @@ impl Reloads {
     }
 }
 
+/// Whether a reload from `running` to `new` may change which pools the
+/// replicas serve without a restart: both keep pools apart
+/// (`[pools.<id>]`) under the same prefix.
+fn pools_may_change(running: &crate::Config, new: &crate::Config) -> bool {
+    !running.pools.is_empty() && !new.pools.is_empty() && new.etcd_prefix() == running.etcd_prefix()
+}
+
 /// One pool's durable state in etcd, and what this replica saw of it.
 #[derive(Debug)]
 struct PoolRecord {
@@ -408,11 +415,8 @@ impl Replica {
                 // the prefix held before it kept pools apart, so no epoch
                 // is told twice.
                 None if fleet => {
-                    let floor = base_held
-                        .as_ref()
-                        .map(|(d, _)| d.clone())
-                        .unwrap_or_default();
-                    if let Some(run) = &floor.run {
+                    let floor = base_held.as_ref().map(|(d, _)| d);
+                    if let Some(run) = floor.and_then(|d| d.run.as_ref()) {
                         return Err(LiveError::State(crate::state::StateError {
                             file: format!("etcd {}", self.etcd.endpoints()),
                             what: format!(
@@ -423,10 +427,7 @@ impl Replica {
                             ),
                         }));
                     }
-                    crate::core::Durable {
-                        last_epoch: floor.last_epoch,
-                        run: None,
-                    }
+                    crate::state::etcd::new_pool_state(floor)
                 }
                 None => crate::core::Durable::default(),
             };
@@ -552,11 +553,8 @@ impl Replica {
     /// once this replica leads with them.
     fn publish_reloaded_pools(&self, published: &follower::Published) {
         let Some(added) = self.reloaded.peek(|new| {
-            // Only what the next term would take: the same prefix, pools apart.
-            if new.pools.is_empty()
-                || self.config.pools.is_empty()
-                || new.etcd_prefix() != self.config.etcd_prefix()
-            {
+            // Only what the next term would take.
+            if !pools_may_change(&self.config, new) {
                 return Vec::new();
             }
             new.pool_definitions()
@@ -604,11 +602,7 @@ impl Replica {
         self.config.swim.cluster_key_material = new.swim.cluster_key_material.clone();
         let (running, read) = (ids(&self.config), ids(&new));
         if running != read {
-            let one_pool = |c: &crate::Config| c.pools.is_empty();
-            if one_pool(&self.config)
-                || one_pool(&new)
-                || new.etcd_prefix() != self.config.etcd_prefix()
-            {
+            if !pools_may_change(&self.config, &new) {
                 tracing::warn!(running = ?running, read = ?read, prefix = %self.config.etcd_prefix(), "reload: this change of the pools needs every replica restarted (between [pool] and [pools.<id>], or one that moves the state's prefix: set [state] prefix to keep it); the next term keeps the running pools (and takes the registry read)");
                 return;
             }
