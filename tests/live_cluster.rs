@@ -1274,30 +1274,94 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
 }
 
 #[test]
-fn a_recording_of_several_pools_is_refused_by_name_not_half_written() {
+fn a_watch_of_several_pools_recorded_replays_every_pools_events() {
     live(async {
-        let text = "[readiness]\nconvergence_window = \"1s\"\n[pools.a]\nmembers = [\"n1\"]\n[pools.b]\nmembers = [\"n2\"]\n\
-                    [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\n[agents]\nlisten = \"127.0.0.1:0\"\n";
-        let config = poolgate::Config::parse(text, "pools").unwrap();
-        let dir =
-            std::env::temp_dir().join(format!("poolgate-record-pools-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("record.jsonl");
-        let recording = poolgate::Recording::new(Box::new(std::fs::File::create(&file).unwrap()));
-        let refused = poolgate::live::Orchestrator::start_recording(&config, Some(recording))
+        let mut plan = plan(4);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let config = two_pools(&cluster.config);
+        let file = cluster.dir.join("pools.toml");
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let record = cluster.dir.join("record.jsonl");
+        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--json", "--config"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+        for i in 0..4 {
+            cluster.spawn(i).unwrap();
+        }
+        let mut published = Vec::new();
+        let keep = |line: &str, published: &mut Vec<String>| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            if value["pool"].is_string() {
+                published.push(line.to_string());
+            }
+            value
+        };
+        let mut ready = std::collections::BTreeSet::new();
+        while ready.len() < 2 {
+            let line = lines.next_line().await.unwrap().unwrap();
+            let value = keep(&line, &mut published);
+            if value["event"] == "pool_ready" {
+                ready.insert(value["pool"].as_str().unwrap().to_string());
+            }
+        }
+        // node-3 dies: pool b loses readiness, pool a does not.
+        cluster.kill(2);
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap();
+            let value = keep(&line, &mut published);
+            if value["event"] == "readiness_lost" {
+                assert_eq!(value["pool"], "b", "{line}");
+                break;
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            keep(&line, &mut published);
+        }
+        tokio::time::timeout(Duration::from_secs(10), watch.wait())
             .await
-            .err()
             .unwrap()
-            .to_string();
-        assert!(
-            refused.contains("pools") && refused.contains("--record"),
-            "{refused}"
+            .unwrap();
+        // One file for both pools, each named; its replay prints what the
+        // watch published, pool for pool.
+        let text = std::fs::read_to_string(&record).unwrap();
+        let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(
+            (first["type"].as_str(), first["pool"].as_str()),
+            (Some("settings"), Some("a"))
         );
-        // Without a recording, both pools start.
-        let live = poolgate::live::Orchestrator::start(&config).await.unwrap();
-        assert_eq!(live.fleet.pools().len(), 2);
-        live.shutdown();
-        let _ = std::fs::remove_dir_all(&dir);
+        assert!(text.contains(r#""type":"settings","pool":"b""#), "{text}");
+        let replay = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("replay")
+            .arg(&record)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            replay.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&replay.stderr)
+        );
+        let replayed: Vec<String> = String::from_utf8(replay.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(published, replayed, "recording:\n{text}");
     });
 }
 

@@ -61,7 +61,7 @@ fn start(members: &[&str]) -> Subsystem {
         durable: None,
         record: None,
     };
-    let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router), None);
+    let pool = PoolActor::launch(settings, clock, publisher, Arc::clone(&router), None, None);
     Subsystem {
         pool,
         router,
@@ -87,6 +87,7 @@ impl Subsystem {
         addr.send(ApplyObservation {
             at: self.clock.now(),
             observation,
+            fanout: crate::messages::Fanout::Own,
         })
         .await
         .unwrap()

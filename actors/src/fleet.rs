@@ -58,8 +58,9 @@ use poolgate_core::{
 use crate::clock::Clock;
 use crate::error::GateError;
 use crate::gate::{Accepted, Gate};
-use crate::messages::Outcome;
+use crate::messages::{Fanout, Outcome};
 use crate::publisher::{EventStream, Publisher};
+use crate::recording::Recording;
 use crate::reservations::Reservations;
 use crate::settings::GateSettings;
 
@@ -82,6 +83,11 @@ struct Shared {
     state: Mutex<State>,
     /// The window and policy of a pool defined by `define_pool` alone.
     template: (std::time::Duration, poolgate_core::PlanningPolicy),
+    /// Where every pool records (`--record`), one file for all.
+    recording: Option<Recording>,
+    /// Whether a pool defined is told what the fleet holds of its members
+    /// (not when replaying a recording: its records hold what was told).
+    tells: bool,
 }
 
 #[derive(Debug, Default)]
@@ -91,11 +97,17 @@ struct State {
     /// The facts of every node that is known to the registry or a
     /// candidate of some pool: what a pool defined later starts from.
     facts: HashMap<NodeId, NodeFacts>,
+    /// The number the next observation handed to the pools takes (a
+    /// fleet's recording writes each once).
+    next_fanout: u64,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         self.stream.close();
+        if let Some(recording) = &self.recording {
+            recording.close_all();
+        }
     }
 }
 
@@ -105,6 +117,34 @@ impl Fleet {
     /// [`Fleet::define_pool`] alone takes the first pool's window and
     /// policy (with no pool at start: a 5 s window, `wait` forever).
     pub fn try_start(pools: Vec<GateSettings>) -> Result<Fleet, GateError> {
+        Fleet::start_with(pools, None, true)
+    }
+
+    /// A fleet with no pool, to replay a fleet's recording into: a pool
+    /// it defines is told nothing of its members (the recording holds
+    /// what the live fleet told it, when it was applied).
+    pub fn try_start_replaying() -> Result<Fleet, GateError> {
+        Fleet::start_with(Vec::new(), None, false)
+    }
+
+    /// As [`Fleet::try_start`], recording every pool's inputs into
+    /// `recording` (`--record`, one file: design §14): each pool's
+    /// settings and definition when it starts, each observation once,
+    /// each command naming its pool. `poolgate replay` of it prints the
+    /// events every pool published. A recording in a pool's own settings
+    /// is not used: this one is.
+    pub fn try_start_recording(
+        pools: Vec<GateSettings>,
+        recording: Recording,
+    ) -> Result<Fleet, GateError> {
+        Fleet::start_with(pools, Some(recording), true)
+    }
+
+    fn start_with(
+        pools: Vec<GateSettings>,
+        recording: Option<Recording>,
+        tells: bool,
+    ) -> Result<Fleet, GateError> {
         for settings in &pools {
             settings.check().map_err(GateError::InvalidSettings)?;
         }
@@ -138,10 +178,12 @@ impl Fleet {
                 reservations: Reservations::default(),
                 state: Mutex::default(),
                 template,
+                recording,
+                tells,
             }),
         };
         for settings in pools {
-            fleet.start_pool(settings);
+            fleet.start_pool(settings, None);
         }
         Ok(fleet)
     }
@@ -153,13 +195,18 @@ impl Fleet {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn start_pool(&self, settings: GateSettings) -> Gate {
+    /// Starts a pool (at `started`, a replay's recorded instant, or now).
+    fn start_pool(&self, mut settings: GateSettings, started: Option<Time>) -> Gate {
         let id = settings.definition.id().clone();
         let members = settings.definition.members().to_vec();
+        if let Some(recording) = &self.shared.recording {
+            settings.record = Some(recording.for_pool(id.clone()));
+        }
         let gate = Gate::launch(
             settings,
             self.shared.clock,
             Some((&self.shared.stream, &self.shared.reservations)),
+            started,
         );
         let mut state = self.state();
         state.candidacy.define(&id, &members);
@@ -200,7 +247,17 @@ impl Fleet {
         self.define_at(at, settings).await
     }
 
+    /// As [`Fleet::define_pool`], at `at` (a replay's recorded instant).
+    pub async fn define_pool_at(
+        &self,
+        at: Time,
+        settings: GateSettings,
+    ) -> Result<Gate, GateError> {
+        self.define_at(at, settings).await
+    }
+
     async fn define_at(&self, at: Time, settings: GateSettings) -> Result<Gate, GateError> {
+        crate::gate::stamp_not_ahead(self.shared.clock, at)?;
         settings.check().map_err(GateError::InvalidSettings)?;
         let id = settings.definition.id().clone();
         let existing = self.pool(&id);
@@ -217,7 +274,7 @@ impl Fleet {
             }
             None => {
                 let members = settings.definition.members().to_vec();
-                (self.start_pool(settings), members)
+                (self.start_pool(settings, Some(at)), members)
             }
         };
         // What the fleet knows of the new members, told to the pool; told
@@ -230,12 +287,14 @@ impl Fleet {
                 .filter_map(|node| Some((node.clone(), state.facts.get(node)?.clone())))
                 .collect()
         };
+        if !self.shared.tells {
+            return Ok(gate);
+        }
         let mut told = snapshot(&self.state());
         for _ in 0..TELL_AGAIN {
             for (node, facts) in &told {
                 for observation in facts.as_statement() {
-                    let node = node.clone();
-                    gate.submit(at, Input::Observation { node, observation })
+                    gate.route(at, Fanout::Own, node.clone(), observation)
                         .await?;
                 }
             }
@@ -315,14 +374,14 @@ impl Fleet {
         node: NodeId,
         observation: Observation,
     ) -> Result<usize, GateError> {
-        let gates = self.note(&node, std::slice::from_ref(&observation));
+        crate::gate::stamp_not_ahead(self.shared.clock, at)?;
+        let (gates, fanout) = self.note(at, &node, std::slice::from_ref(&observation));
         let mut failed = None;
         for gate in &gates {
-            let input = Input::Observation {
-                node: node.clone(),
-                observation: observation.clone(),
-            };
-            Self::each(&mut failed, gate, gate.submit(at, input).await);
+            let answer = gate
+                .route(at, fanout, node.clone(), observation.clone())
+                .await;
+            Self::each(&mut failed, gate, answer);
         }
         failed.map_or(Ok(gates.len()), Err)
     }
@@ -348,10 +407,13 @@ impl Fleet {
         node: NodeId,
         observations: Vec<Observation>,
     ) -> Result<usize, GateError> {
-        let gates = self.note(&node, &observations);
+        let at = self.shared.clock.now();
+        let (gates, fanout) = self.note(at, &node, &observations);
         let mut failed = None;
         for gate in &gates {
-            let answer = gate.observe_all(node.clone(), observations.clone()).await;
+            let answer = gate
+                .observe_all_at(at, fanout, node.clone(), observations.clone())
+                .await;
             Self::each(&mut failed, gate, answer);
         }
         failed.map_or(Ok(gates.len()), Err)
@@ -360,28 +422,45 @@ impl Fleet {
     /// Feeds a SWIM fact to every pool that has the node without waiting
     /// for it to be applied (a membership feed that must not block).
     pub fn membership_nowait(&self, update: MembershipUpdate) {
-        let (node, observation) = update.clone().into_observation();
-        for gate in self.note(&node, std::slice::from_ref(&observation)) {
-            gate.membership_nowait(update.clone());
+        let at = self.shared.clock.now();
+        let (node, observation) = update.into_observation();
+        let (gates, fanout) = self.note(at, &node, std::slice::from_ref(&observation));
+        for gate in gates {
+            gate.observe_nowait(at, fanout, node.clone(), observation.clone());
         }
     }
 
-    /// Notes what was observed of `node` in the fleet's facts (kept while
-    /// the node is known or a candidate) and returns the pools to tell.
-    fn note(&self, node: &NodeId, observations: &[Observation]) -> Vec<Gate> {
+    /// Notes what was observed of `node` at `at` in the fleet's facts
+    /// (kept while the node is known or a candidate) and returns the pools
+    /// to tell, and the way the observations go to them (numbered, for a
+    /// recording). An observation no pool has that changes the facts is
+    /// recorded here: a pool defined later is told it.
+    fn note(&self, at: Time, node: &NodeId, observations: &[Observation]) -> (Vec<Gate>, Fanout) {
         let mut state = self.state();
         let State {
             candidacy,
             facts,
             gates,
+            next_fanout,
         } = &mut *state;
         let holders: Vec<Gate> = candidacy
             .pools_of(node)
             .filter_map(|pool| gates.get(pool).cloned())
             .collect();
+        let fanout = Fanout::Fleet(*next_fanout);
+        *next_fanout += observations.len() as u64;
         let held = facts.entry(node.clone()).or_default();
         for observation in observations {
-            held.observe(observation);
+            let was_known = held.is_known();
+            let applied = held.observe(observation);
+            // Of a node no pool has, what the fleet keeps (a known node's
+            // facts, and its forgetting) is what a later pool is told.
+            let kept = was_known || held.is_known();
+            if let (Some(recording), true) = (&self.shared.recording, holders.is_empty()) {
+                if matches!(applied, poolgate_core::Applied::Changed(_)) && kept {
+                    recording.observation(at, node.as_str(), observation, Fanout::Own);
+                }
+            }
         }
         if holders.is_empty() && !held.is_known() {
             facts.remove(node);
@@ -389,7 +468,7 @@ impl Fleet {
         if holders.is_empty() {
             crate::telemetry::observation("non_candidate");
         }
-        holders
+        (holders, fanout)
     }
 
     /// Applies an input stamped `at` (a replay's record): an observation
@@ -484,5 +563,8 @@ impl Fleet {
             gate.stop();
         }
         self.shared.stream.close();
+        if let Some(recording) = &self.shared.recording {
+            recording.close_all();
+        }
     }
 }

@@ -26,7 +26,7 @@ use actix::Addr;
 
 use crate::clock::Clock;
 use crate::messages::{
-    ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, FinishRun,
+    ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, Fanout, FinishRun,
     GetReport, Outcome, PendingDeadline,
 };
 use crate::node_actor::NodeActor;
@@ -65,6 +65,15 @@ pub struct ReadyProof {
 pub use crate::publisher::{EventStream, TryRecvError, EVENT_QUEUE};
 
 pub use crate::clock::SUBMIT_AHEAD;
+
+/// Refuses a stamp more than [`SUBMIT_AHEAD`] past `clock`'s now.
+pub(crate) fn stamp_not_ahead(clock: Clock, at: Time) -> Result<(), GateError> {
+    let now = clock.now();
+    if at.offset() > now.offset().saturating_add(SUBMIT_AHEAD) {
+        return Err(GateError::StampAhead { at, now });
+    }
+    Ok(())
+}
 
 /// The handle of a running gate. Cheap to clone.
 ///
@@ -178,7 +187,7 @@ impl Gate {
         {
             return Err(GateError::NoSystem);
         }
-        Ok(Gate::launch(settings, Clock::start(), None))
+        Ok(Gate::launch(settings, Clock::start(), None, None))
     }
 
     /// Starts the gate's actors on `clock`; one of a fleet's pools when
@@ -188,6 +197,7 @@ impl Gate {
         settings: GateSettings,
         clock: Clock,
         fleet: Option<(&Publisher, &crate::reservations::Reservations)>,
+        started: Option<Time>,
     ) -> Gate {
         let publisher = Publisher::default();
         let reservations = fleet.map(|(stream, reservations)| {
@@ -202,6 +212,7 @@ impl Gate {
             publisher.clone(),
             Arc::clone(&router),
             reservations,
+            started,
         );
         let last = Arc::new(StopWhenDropped {
             pool: pool.clone(),
@@ -295,13 +306,15 @@ impl Gate {
     /// which gives each change the incarnation the gate admits.
     pub async fn membership(&self, update: MembershipUpdate) -> Result<Outcome, GateError> {
         let (node, observation) = update.into_observation();
-        self.route(self.clock.now(), node, observation).await
+        self.route(self.clock.now(), Fanout::Own, node, observation)
+            .await
     }
 
     /// Feeds a node agent's report.
     pub async fn agent(&self, report: AgentReport) -> Result<Outcome, GateError> {
         let (node, observation) = report.into_observation();
-        self.route(self.clock.now(), node, observation).await
+        self.route(self.clock.now(), Fanout::Own, node, observation)
+            .await
     }
 
     /// Feeds a node agent's identity material as the agent sent it: bytes
@@ -326,10 +339,21 @@ impl Gate {
         node: NodeId,
         observations: Vec<Observation>,
     ) -> Result<Vec<Outcome>, GateError> {
+        self.observe_all_at(self.clock.now(), Fanout::Own, node, observations)
+            .await
+    }
+
+    /// As [`Gate::observe_all`], stamped `at`, come `fanout`'s way.
+    pub(crate) async fn observe_all_at(
+        &self,
+        at: Time,
+        fanout: Fanout,
+        node: NodeId,
+        observations: Vec<Observation>,
+    ) -> Result<Vec<Outcome>, GateError> {
         if self.is_stopped() {
             return Err(GateError::Stopped);
         }
-        let at = self.clock.now();
         let count = observations.len();
         if count == 0 {
             return Ok(Vec::new());
@@ -342,7 +366,15 @@ impl Gate {
             return Ok(vec![Outcome::NotCandidate; count]);
         };
         match self
-            .to_node(addr, &node, ApplyObservations { at, observations })
+            .to_node(
+                addr,
+                &node,
+                ApplyObservations {
+                    at,
+                    observations,
+                    fanout,
+                },
+            )
             .await
         {
             Some(mut outcomes) => {
@@ -362,7 +394,8 @@ impl Gate {
     /// Feeds a registry fact.
     pub async fn registry(&self, fact: RegistryFact) -> Result<Outcome, GateError> {
         let (node, observation) = fact.into_observation();
-        self.route(self.clock.now(), node, observation).await
+        self.route(self.clock.now(), Fanout::Own, node, observation)
+            .await
     }
 
     /// Feeds a SWIM fact without waiting for it to be applied: for a
@@ -370,13 +403,28 @@ impl Gate {
     /// one node keep their order; their order relative to commands sent
     /// meanwhile is not guaranteed.
     pub fn membership_nowait(&self, update: MembershipUpdate) {
-        let at = self.clock.now();
+        let (node, observation) = update.into_observation();
+        self.observe_nowait(self.clock.now(), Fanout::Own, node, observation);
+    }
+
+    /// Feeds an observation stamped `at`, come `fanout`'s way, without
+    /// waiting for it to be applied.
+    pub(crate) fn observe_nowait(
+        &self,
+        at: Time,
+        fanout: Fanout,
+        node: NodeId,
+        observation: Observation,
+    ) {
         if self.is_stopped() {
             return;
         }
-        let (node, observation) = update.into_observation();
         match self.router.route(&node) {
-            Some(addr) => addr.do_send(ApplyObservation { at, observation }),
+            Some(addr) => addr.do_send(ApplyObservation {
+                at,
+                observation,
+                fanout,
+            }),
             None => self.not_candidate(&node),
         }
     }
@@ -471,13 +519,10 @@ impl Gate {
     /// [`SUBMIT_AHEAD`] before ([`GateError::StampAhead`]: applied, it
     /// would move the gate's time on by as much).
     pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
-        let now = self.clock.now();
-        if at.offset() > now.offset().saturating_add(SUBMIT_AHEAD) {
-            return Err(GateError::StampAhead { at, now });
-        }
+        stamp_not_ahead(self.clock, at)?;
         match input {
             Input::Observation { node, observation } => self
-                .route(at, node, observation)
+                .route(at, Fanout::Own, node, observation)
                 .await
                 .map(Accepted::Observation),
             Input::Command(Command::DefinePool(definition)) => self
@@ -515,10 +560,12 @@ impl Gate {
     }
 
     /// Hands an observation to its node's actor; waiting for the answer keeps
-    /// observations and later commands in order.
-    async fn route(
+    /// observations and later commands in order. `fanout`: which way it
+    /// came.
+    pub(crate) async fn route(
         &self,
         at: Time,
+        fanout: Fanout,
         node: NodeId,
         observation: Observation,
     ) -> Result<Outcome, GateError> {
@@ -530,7 +577,15 @@ impl Gate {
             return Ok(Outcome::NotCandidate);
         };
         match self
-            .to_node(addr, &node, ApplyObservation { at, observation })
+            .to_node(
+                addr,
+                &node,
+                ApplyObservation {
+                    at,
+                    observation,
+                    fanout,
+                },
+            )
             .await
         {
             Some(outcome) => Ok(outcome),

@@ -55,6 +55,27 @@ macro_rules! answered_as_is {
 
 answered_as_is!(Outcome);
 
+/// Which way an observation came, for a fleet's recording (design §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fanout {
+    /// Through a gate's own handle, or what a fleet told a pool of its
+    /// members' facts when it defined it: recorded by the pool it changed.
+    Own,
+    /// Handed by a fleet to every pool that has its node, numbered: the
+    /// first pool it changes records it, once.
+    Fleet(u64),
+}
+
+impl Fanout {
+    /// The way of the `i`-th of several observations that came together.
+    pub fn nth(self, i: usize) -> Fanout {
+        match self {
+            Fanout::Fleet(first) => Fanout::Fleet(first + i as u64),
+            other => other,
+        }
+    }
+}
+
 /// Handle → `NodeActor`: apply one observation, stamped with the instant
 /// it entered the gate.
 #[derive(Debug, Clone)]
@@ -63,6 +84,8 @@ pub struct ApplyObservation {
     pub at: Time,
     /// What was observed about the actor's node.
     pub observation: Observation,
+    /// Which way it came (a fleet's recording).
+    pub fanout: Fanout,
 }
 
 impl Message for ApplyObservation {
@@ -77,6 +100,8 @@ pub struct ApplyObservations {
     pub at: Time,
     /// What was observed, in the order it is applied.
     pub observations: Vec<Observation>,
+    /// Which way the first of them came (the next ones follow it).
+    pub fanout: Fanout,
 }
 
 impl Message for ApplyObservations {
@@ -143,6 +168,8 @@ pub struct NodeChanged {
     /// The observation that made the change (none when the gate made it
     /// itself), for the recording.
     pub observation: Option<Observation>,
+    /// Which way that observation came (a fleet's recording).
+    pub fanout: Fanout,
 }
 
 /// A node actor stopped (it failed, or its node left the pool).

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
 use crate::messages::{
-    ApplyObservation, ApplyObservations, FromNode, NodeActorStopped, NodeChanged, Outcome, Resync,
+    ApplyObservation, ApplyObservations, Fanout, FromNode, NodeActorStopped, NodeChanged, Outcome,
+    Resync,
 };
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, SlotKey, Verdict};
@@ -134,6 +135,7 @@ impl Handler<Resync> for NodeActor {
                 },
                 detail: self.detail(),
                 observation: None,
+                fanout: Fanout::Own,
             }));
         }
     }
@@ -143,7 +145,7 @@ impl Handler<ApplyObservation> for NodeActor {
     type Result = Outcome;
 
     fn handle(&mut self, msg: ApplyObservation, ctx: &mut Context<Self>) -> Outcome {
-        self.apply(ctx, msg.at, msg.observation)
+        self.apply(ctx, msg.at, msg.observation, msg.fanout)
     }
 }
 
@@ -152,8 +154,9 @@ impl Handler<ApplyObservations> for NodeActor {
 
     fn handle(&mut self, msg: ApplyObservations, ctx: &mut Context<Self>) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(msg.observations.len());
-        for observation in msg.observations {
-            let outcome = self.apply(ctx, msg.at, observation);
+        for (i, observation) in msg.observations.into_iter().enumerate() {
+            let fanout = msg.fanout.nth(i);
+            let outcome = self.apply(ctx, msg.at, observation, fanout);
             outcomes.push(outcome);
             if outcome == Outcome::Failed {
                 // The actor is stopping; what follows is not applied.
@@ -171,6 +174,7 @@ impl NodeActor {
         ctx: &mut Context<Self>,
         at: poolgate_core::Time,
         observation: poolgate_core::Observation,
+        fanout: Fanout,
     ) -> Outcome {
         let Some(applied) = self.guarded(ctx, |facts| facts.observe(&observation)) else {
             return Outcome::Failed;
@@ -184,6 +188,7 @@ impl NodeActor {
                     change,
                     detail: self.detail(),
                     observation: Some(observation),
+                    fanout,
                 }));
                 telemetry::observation("applied");
                 Outcome::Changed

@@ -11,12 +11,28 @@
 //! the pool applied them. Identity is recorded as its fingerprint, never
 //! the bytes. Not recorded, hence not replayable: the failure of the
 //! gate's own actors (`internal`) and a restart of the pool actor.
+//!
+//! A fleet's recording (several pools, design §14) is one file for every
+//! pool: each pool starts with its own `settings`, `restored` and
+//! `define_pool` records, naming it, when it starts (a pool defined later
+//! too, at its instant); each command names its pool. An observation
+//! never names one: the fleet numbers each observation it hands to its
+//! pools, and the first pool whose view it changes writes it, once,
+//! stamped with the instant that pool applied it; replayed, it reaches
+//! every pool that has its node, as it did live. What the fleet told a
+//! pool it defined (its members' facts) is written by that pool as it
+//! applied it, and the replayed fleet tells nothing itself; to the other
+//! pools those records change nothing (they hold the same facts). The
+//! fleet writes what it keeps of a node no pool has (a known node's
+//! facts). A pool removed from the fleet is not in the format: its
+//! replay goes on gating it.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use poolgate_core::{Command, Observation, PlanningPolicy, PoolDefinition, Time};
+use poolgate_core::{Command, Observation, PlanningPolicy, PoolDefinition, PoolId, Time};
 
+use crate::messages::Fanout;
 use crate::replay_format::{write_into, Line};
 
 /// Where applied inputs are written; cheap to clone.
@@ -27,7 +43,19 @@ use crate::replay_format::{write_into, Line};
 #[derive(Clone)]
 pub struct Recording {
     out: Arc<Mutex<Sink>>,
+    /// The pool this handle records for, in a fleet's recording (one
+    /// handle per pool, one file); `None` for one gate's.
+    pool: Option<PoolId>,
+    /// The number of the latest line holding an input this pool applied
+    /// (a fleet's pool: one it wrote, or an observation another pool
+    /// wrote first).
+    last_own: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// How many of the fleet's observation numbers are remembered as written:
+/// every pool that has a node applies the same observation within a few
+/// turns of the others, far fewer than this many observations apart.
+const WRITTEN_KEPT: usize = 4096;
 
 /// How long a recorded line may wait in the buffer.
 pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
@@ -38,6 +66,16 @@ struct Sink {
     closed: bool,
     /// The line being written, kept from line to line.
     scratch: Vec<u8>,
+    /// The fleet's observation numbers written lately (a fleet's
+    /// recording): each is written by the first pool it changed, once;
+    /// with the number of its line and its `at_ms`.
+    written: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// Lines written so far.
+    lines: u64,
+    /// The latest `at_ms` written.
+    latest: u64,
+    /// What the file cannot replay as it was (see [`Recording::inexact`]).
+    inexact: u64,
 }
 
 impl std::fmt::Debug for Recording {
@@ -55,39 +93,103 @@ impl Recording {
                 flushed: std::time::Instant::now(),
                 closed: false,
                 scratch: Vec::with_capacity(256),
+                written: std::collections::BTreeMap::new(),
+                lines: 0,
+                latest: 0,
+                inexact: 0,
             })),
+            pool: None,
+            last_own: Arc::default(),
+        }
+    }
+
+    /// How many times this recording could not hold what happened as it
+    /// happened (a fleet's recording only; zero for one gate's): an
+    /// observation two pools applied at different instants, or one of
+    /// them after a command of its own that the file has after it (two
+    /// inputs raced to two pools within a millisecond), or a line whose
+    /// `at_ms` came earlier than the line before it (written at that
+    /// line's instant). Counted too as `poolgate_record_inexact_total`
+    /// and said once at `WARN`: such a recording replays, but its replay
+    /// may differ from what the pools published around those inputs.
+    pub fn inexact(&self) -> u64 {
+        self.sink().inexact
+    }
+
+    /// The handle one pool of a fleet records through: its header and its
+    /// commands name it; its closing only flushes (the fleet closes the
+    /// file).
+    pub(crate) fn for_pool(&self, pool: PoolId) -> Recording {
+        Recording {
+            out: Arc::clone(&self.out),
+            pool: Some(pool),
+            last_own: Arc::default(),
         }
     }
 
     /// The opening records: the settings, what the gate restored (if it
     /// restored anything: a `restored` record, so the recording replays
-    /// from the same state), then the first pool.
+    /// from the same state), then the first pool. One gate's at 0; a
+    /// fleet's pool's at `at`, its start, naming the pool.
     pub(crate) fn start(
         &self,
+        at: Time,
         window: std::time::Duration,
         policy: PlanningPolicy,
         pool: &PoolDefinition,
         restored: Option<(&poolgate_core::Durable, std::time::Duration)>,
     ) {
-        self.record(0, Some(&Line::settings(window, policy)), true);
+        let named = self.pool.as_ref().map(PoolId::as_str);
+        let at = if named.is_some() { at } else { Time::ZERO };
+        let at_ms = at.as_millis();
+        self.record(at_ms, Some(&Line::settings(window, policy, named)), true);
         if let Some((durable, grace)) = restored {
             if *durable != poolgate_core::Durable::default() {
-                self.record(0, Some(&Line::restored(durable, grace)), true);
+                self.record(at_ms, Some(&Line::restored(durable, grace, named)), true);
             }
         }
-        self.command(Time::ZERO, &Command::DefinePool(pool.clone()));
+        self.command(at, &Command::DefinePool(pool.clone()));
     }
 
-    /// An observation that changed `node`'s view, applied at `at`.
-    pub(crate) fn observation(&self, at: Time, node: &str, observation: &Observation) {
+    /// An observation that changed `node`'s view, applied at `at`; in a
+    /// fleet's recording, one the fleet handed to every pool that has the
+    /// node is written by the first pool it changed (`fanout`).
+    pub(crate) fn observation(
+        &self,
+        at: Time,
+        node: &str,
+        observation: &Observation,
+        fanout: Fanout,
+    ) {
+        let at_ms = at.as_millis();
+        if let (Some(_), Fanout::Fleet(number)) = (&self.pool, fanout) {
+            let mut sink = self.sink();
+            if let Some(&(line, written_at)) = sink.written.get(&number) {
+                // This pool's inputs must stand in the file in the order
+                // and at the instants it applied them.
+                let latest = self
+                    .last_own
+                    .fetch_max(line, std::sync::atomic::Ordering::Relaxed);
+                if written_at != at_ms || latest > line {
+                    inexact(&mut sink);
+                }
+                return;
+            }
+            let line = sink.lines;
+            sink.written.insert(number, (line, at_ms));
+            while sink.written.len() > WRITTEN_KEPT {
+                sink.written.pop_first();
+            }
+        }
         let line = Line::observation(node, observation);
-        self.record(at.as_millis(), Some(&line), false);
+        self.record(at_ms, Some(&line), false);
     }
 
     /// A command the pool accepted at `at`.
     pub(crate) fn command(&self, at: Time, command: &Command) {
+        let pool = self.pool.as_ref().map(PoolId::as_str);
         // Commands are rare and worth seeing at once.
-        self.record(at.as_millis(), Some(&Line::command(command, None)), true);
+        self.record(at.as_millis(), Some(&Line::command(command, pool)), true);
     }
 
     /// Flushes what is buffered (the gate published an event).
@@ -95,27 +197,49 @@ impl Recording {
         self.record(0, None, true);
     }
 
-    /// Flushes and records nothing more (the gate stopped acting).
+    /// Flushes and records nothing more (the gate stopped acting). A
+    /// fleet's pool only flushes: the others record on.
     pub(crate) fn close(&self) {
         self.record(0, None, true);
+        if self.pool.is_none() {
+            self.sink().closed = true;
+        }
+    }
+
+    /// Flushes and records nothing more, for every pool (the fleet
+    /// stopped).
+    pub(crate) fn close_all(&self) {
+        self.record(0, None, true);
+        self.sink().closed = true;
+    }
+
+    fn sink(&self) -> std::sync::MutexGuard<'_, Sink> {
         self.out
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .closed = true;
     }
 
     /// Writes `line` stamped `at_ms` (none: only flushes, if due).
     fn record(&self, at_ms: u64, line: Option<&Line<'_>>, flush_now: bool) {
-        let mut sink = self
-            .out
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut sink = self.sink();
         if sink.closed {
             return;
         }
         let sink = &mut *sink;
         let mut written = Ok(());
         if let Some(line) = line {
+            // Never a line before the one above it: the file would not
+            // replay at all.
+            if at_ms < sink.latest {
+                inexact(sink);
+            }
+            let at_ms = at_ms.max(sink.latest);
+            sink.latest = at_ms;
+            if self.pool.is_some() {
+                self.last_own
+                    .store(sink.lines, std::sync::atomic::Ordering::Relaxed);
+            }
+            sink.lines += 1;
             sink.scratch.clear();
             write_into(&mut sink.scratch, at_ms, line);
             sink.scratch.push(b'\n');
@@ -131,6 +255,16 @@ impl Recording {
             });
             crate::telemetry::said!(error, error = %e, "recording: a record could not be written");
         }
+    }
+}
+
+/// Counts (and says, the first time) what a fleet's recording could not
+/// hold as it happened.
+fn inexact(sink: &mut Sink) {
+    sink.inexact += 1;
+    crate::telemetry::guarded(|| metrics::counter!("poolgate_record_inexact_total").increment(1));
+    if sink.inexact == 1 {
+        crate::telemetry::said!(warn, "recording: two pools applied one input at different instants or in a different order (inputs raced within a millisecond); the replay of this recording may differ there (poolgate_record_inexact_total)");
     }
 }
 

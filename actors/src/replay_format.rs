@@ -36,8 +36,12 @@ pub const MAX_AT_MS: u64 = (1 << 53) - 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Line<'a> {
-    /// The gate's settings: a recording's first record.
+    /// The gate's settings: a recording's first record. In a fleet's
+    /// recording each pool's, naming it, before its first `define_pool`.
     Settings {
+        /// The pool they are for (a fleet's recording).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
         /// The convergence window.
         window_ms: u64,
         /// `wait` or `abort`.
@@ -46,8 +50,12 @@ pub enum Line<'a> {
         #[serde(default)]
         wait_timeout_ms: Option<u64>,
     },
-    /// What a recording's gate restored, right after `settings`, once.
+    /// What a recording's gate restored, right after `settings`, once
+    /// (in a fleet's recording, per pool, naming it).
     Restored {
+        /// The pool it is for (a fleet's recording).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
         /// The restored state.
         durable: Cow<'a, Durable>,
         /// The restore grace.
@@ -352,21 +360,66 @@ fn object_of_type(text: &str, kind: &str) -> Option<serde_json::Map<String, Valu
     }
 }
 
-/// The gate's settings, if `text` is a `settings` record (a recording's
-/// first line; its `at_ms` is not read); `Ok(None)` for any other line.
-pub fn read_settings(text: &str) -> Result<Option<(Duration, PlanningPolicy)>, String> {
+/// A recording's `settings` record: one gate's, or one pool's of a
+/// fleet's recording (naming it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedSettings {
+    /// The pool they are for; `None` for one gate's recording.
+    pub pool: Option<PoolId>,
+    /// The convergence window.
+    pub window: Duration,
+    /// The planning policy.
+    pub policy: PlanningPolicy,
+}
+
+/// A recording's `restored` record: what a gate (or one pool of a fleet,
+/// named) restored at its start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedRestore {
+    /// The pool it is for; `None` for one gate's recording.
+    pub pool: Option<PoolId>,
+    /// The restored state.
+    pub durable: Durable,
+    /// The restore grace.
+    pub grace: Duration,
+}
+
+/// The pool a header record names, checked.
+fn header_pool(object: &serde_json::Map<String, Value>) -> Result<Option<PoolId>, String> {
+    match object.get("pool") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(pool)) => PoolId::new(pool)
+            .map(Some)
+            .map_err(|e| format!("field `pool`: {e}")),
+        Some(other) => Err(format!("field `pool` must be a string, not {other}")),
+    }
+}
+
+/// The settings, if `text` is a `settings` record (a recording's first
+/// line, or in a fleet's recording any pool's; its `at_ms` is not read);
+/// `Ok(None)` for any other line.
+pub fn read_settings(text: &str) -> Result<Option<RecordedSettings>, String> {
     let Some(object) = object_of_type(text, "settings") else {
         return Ok(None);
     };
     check_field_types(&object)?;
+    let pool = header_pool(&object)?;
     let line = Line::deserialize(Value::Object(object)).map_err(|e| e.to_string())?;
-    line.as_settings().transpose()
+    let Some(settings) = line.as_settings() else {
+        return Ok(None);
+    };
+    let (window, policy) = settings?;
+    Ok(Some(RecordedSettings {
+        pool,
+        window,
+        policy,
+    }))
 }
 
-/// What a recording's gate restored, if `text` is a `restored` record
-/// (right after `settings`; its `at_ms` is not read): the state and the
-/// restore grace; `Ok(None)` for any other line.
-pub fn read_restored(text: &str) -> Result<Option<(Durable, Duration)>, String> {
+/// What a recording's gate (or a fleet's pool) restored, if `text` is a
+/// `restored` record (right after its `settings`; its `at_ms` is not
+/// read): the state and the restore grace; `Ok(None)` for any other line.
+pub fn read_restored(text: &str) -> Result<Option<RecordedRestore>, String> {
     let Some(object) = object_of_type(text, "restored") else {
         return Ok(None);
     };
@@ -384,7 +437,11 @@ pub fn read_restored(text: &str) -> Result<Option<(Durable, Duration)>, String> 
     if let Some(problem) = crate::duration_problem(grace) {
         return Err(format!("field `restore_grace_ms` {problem}"));
     }
-    Ok(Some((durable, grace)))
+    Ok(Some(RecordedRestore {
+        pool: header_pool(&object)?,
+        durable,
+        grace,
+    }))
 }
 
 /// Whether `text` is an object of record type `kind`, however wrong the
@@ -485,18 +542,21 @@ impl FlatLine {
 }
 
 impl<'a> Line<'a> {
-    /// The gate's settings.
-    pub fn settings(window: Duration, policy: PlanningPolicy) -> Line<'static> {
+    /// The gate's settings; `pool` names the pool in a fleet's recording.
+    pub fn settings(window: Duration, policy: PlanningPolicy, pool: Option<&'a str>) -> Line<'a> {
         Line::Settings {
+            pool: pool.map(Cow::Borrowed),
             window_ms: window.as_millis() as u64,
             on_readiness_lost: Cow::Borrowed(policy.on_readiness_lost.name()),
             wait_timeout_ms: policy.wait_timeout.map(|t| t.as_millis() as u64),
         }
     }
 
-    /// What the gate restored.
-    pub fn restored(durable: &'a Durable, grace: Duration) -> Line<'a> {
+    /// What the gate restored; `pool` names the pool in a fleet's
+    /// recording.
+    pub fn restored(durable: &'a Durable, grace: Duration, pool: Option<&'a str>) -> Line<'a> {
         Line::Restored {
+            pool: pool.map(Cow::Borrowed),
             durable: Cow::Borrowed(durable),
             restore_grace_ms: grace.as_millis() as u64,
         }
@@ -580,6 +640,7 @@ impl<'a> Line<'a> {
             window_ms,
             on_readiness_lost,
             wait_timeout_ms,
+            ..
         } = self
         else {
             return None;
@@ -713,8 +774,10 @@ mod tests {
                     on_readiness_lost: OnReadinessLost::Abort,
                     wait_timeout: None,
                 },
+                None,
             ),
             Line::Restored {
+                pool: None,
                 durable: Cow::Owned(Durable::default()),
                 restore_grace_ms: 30_000,
             },
@@ -813,7 +876,7 @@ mod tests {
         let ok =
             restored(r#","durable":{"last_epoch":1,"run":null},"restore_grace_ms":5,"node":1"#);
         assert_eq!(
-            ok.unwrap().map(|(d, g)| (d.last_epoch, g)),
+            ok.unwrap().map(|r| (r.durable.last_epoch, r.grace)),
             Some((1, Duration::from_millis(5)))
         );
         // An ordinary record's error is not hidden by a restored-only field.
@@ -824,7 +887,7 @@ mod tests {
             r#"{"type":"settings","window_ms":5000,"on_readiness_lost":"wait","wait_timeout_ms":null}"#,
         );
         assert_eq!(
-            settings.unwrap().map(|(w, _)| w),
+            settings.unwrap().map(|s| s.window),
             Some(Duration::from_secs(5))
         );
     }

@@ -19,8 +19,10 @@ use poolgate_actors::core::{Command, Event, Input, Time};
 use serde::Serialize;
 
 use poolgate_actors::core::PoolId;
+use poolgate_actors::replay_format::{RecordedRestore, RecordedSettings};
 use poolgate_actors::GateError;
-use poolgate_actors::{Accepted, Clock, EventStream, Fleet, Gate};
+use poolgate_actors::{Accepted, Clock, EventStream, Fleet, Gate, GateSettings};
+use std::collections::BTreeMap;
 
 use crate::config::Config;
 
@@ -238,20 +240,26 @@ where
     let mut reader = ScenarioReader::new(input);
     let mut first = reader.next_line();
     // A recording starts with the live gate's settings: they win over the
-    // config's.
+    // config's. A fleet's recording starts with its first pool's, naming
+    // it: each pool's settings come with the pool, as the records go.
     let mut config = config.clone();
     let mut from_recording = false;
+    let mut pools_recorded = false;
     if let Some(Ok((number, text))) = &first {
         let settings = parse_settings(text).map_err(|message| BadLine {
             line: *number,
             message,
         })?;
-        if let Some((window, policy)) = settings {
-            config.convergence_window = window;
-            config.planning = policy;
+        if let Some(settings) = settings {
             config.pools.clear();
             from_recording = true;
-            first = None;
+            if settings.pool.is_some() {
+                pools_recorded = true;
+            } else {
+                config.convergence_window = settings.window;
+                config.planning = settings.policy;
+                first = None;
+            }
         }
     }
     // Then what the live gate restored, if it restored anything.
@@ -259,10 +267,17 @@ where
     if first.is_none() {
         first = reader.next_line();
         if let Some(Ok((number, text))) = &first {
-            restored = parse_restored(text).map_err(|message| BadLine {
-                line: *number,
-                message,
-            })?;
+            restored = parse_restored(text)
+                .and_then(|r| match r {
+                    Some(r) if r.pool.is_some() => Err(
+                        "a `restored` record naming a pool follows that pool's `settings`".into(),
+                    ),
+                    r => Ok(r),
+                })
+                .map_err(|message| BadLine {
+                    line: *number,
+                    message,
+                })?;
             if restored.is_some() {
                 if options.state.is_some() {
                     return Err(BadLine {
@@ -296,26 +311,26 @@ where
     let mut config = config.clone();
     config.state.path = None;
     let mut settings = config.gate_settings_with_state(options.state.as_deref())?;
-    if let Some((durable, grace)) = restored {
+    if let Some(recorded) = restored {
         settings.durable = Some(poolgate_actors::DurableSettings {
             store: std::sync::Arc::new(crate::state::MemoryStore::default()),
-            restored: durable,
-            restore_grace: grace,
+            restored: recorded.durable,
+            restore_grace: recorded.grace,
         });
     }
     // A fleet's pools (`[pools.<id>]`), unless the records are one gate's
-    // recording (it starts with its settings).
-    let fleet = match (&config.pools[..], from_recording) {
-        ([], _) | (_, true) => None,
-        (_, false) => {
-            if options.state.is_some() || options.explain || options.timeline {
-                return Err(ReplayError::Unsupported(
-                    "--state, --explain and --timeline replay one pool ([pool]), not [pools.<id>]",
-                ));
-            }
-            Some(config.pool_settings()?)
-        }
+    // recording (it starts with its settings); a fleet's recording starts
+    // its pools as its records say.
+    let fleet = match (&config.pools[..], from_recording, pools_recorded) {
+        (_, _, true) => Some(None),
+        ([], _, _) | (_, true, _) => None,
+        (_, false, _) => Some(Some(config.pool_settings()?)),
     };
+    if fleet.is_some() && (options.state.is_some() || options.explain || options.timeline) {
+        return Err(ReplayError::Unsupported(
+            "--state, --explain and --timeline replay one pool ([pool]), not [pools.<id>] nor a recording of several pools",
+        ));
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -323,12 +338,15 @@ where
     let system = actix::System::with_tokio_rt(move || runtime);
     let result = system.block_on(async {
         let gate = match fleet {
-            Some(pools) => Target::Fleet(Fleet::try_start(pools)?),
+            Some(Some(pools)) => Target::Fleet(Fleet::try_start(pools)?),
+            // A fleet's recording: its records define its pools.
+            Some(None) => Target::Fleet(Fleet::try_start_replaying()?),
             None => Target::One(Gate::start(settings)),
         };
         let mut replay = Replay {
             events: gate.subscribe(),
             gate,
+            recorded_pools: pools_recorded.then(BTreeMap::new),
             held: Vec::new(),
             explainer: options.explain.then(Explainer::default),
             timeline: options.timeline.then(Timeline::default),
@@ -347,6 +365,9 @@ where
 
 struct Replay<S> {
     gate: Target,
+    /// A fleet's recording: each pool's recorded settings and restored
+    /// state, until its `define_pool` starts it.
+    recorded_pools: Option<BTreeMap<PoolId, RecordedPool>>,
     events: EventStream,
     held: Vec<ReplayEvent>,
     explainer: Option<Explainer>,
@@ -354,7 +375,80 @@ struct Replay<S> {
     sink: S,
 }
 
+/// A pool of a fleet's recording, from its `settings` (and `restored`)
+/// record to its `define_pool`.
+struct RecordedPool {
+    settings: RecordedSettings,
+    restored: Option<RecordedRestore>,
+}
+
 impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
+    /// In a fleet's recording, a pool's `settings` or `restored` record,
+    /// held for its `define_pool`: `Ok(true)` when `text` was one.
+    fn recorded_header(&mut self, text: &str) -> Result<bool, String> {
+        let Some(pools) = self.recorded_pools.as_mut() else {
+            return Ok(false);
+        };
+        if let Some(settings) = parse_settings(text)? {
+            let pool = settings
+                .pool
+                .clone()
+                .ok_or("a `settings` record of a recording of several pools names its pool")?;
+            pools.insert(
+                pool,
+                RecordedPool {
+                    settings,
+                    restored: None,
+                },
+            );
+            return Ok(true);
+        }
+        if let Some(restored) = parse_restored(text)? {
+            let held = restored
+                .pool
+                .as_ref()
+                .and_then(|pool| pools.get_mut(pool))
+                .filter(|held| held.restored.is_none())
+                .ok_or("a `restored` record comes right after its pool's `settings`, once")?;
+            held.restored = Some(restored);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Applies one record's input; in a fleet's recording, the
+    /// `define_pool` of a pool whose settings were recorded starts it with
+    /// them.
+    async fn apply(
+        &mut self,
+        at: Time,
+        pool: Option<&PoolId>,
+        input: Input,
+    ) -> Result<Accepted, GateError> {
+        if let (Input::Command(Command::DefinePool(definition)), Target::Fleet(fleet)) =
+            (&input, &self.gate)
+        {
+            let recorded = self
+                .recorded_pools
+                .as_mut()
+                .and_then(|pools| pools.remove(definition.id()));
+            if let Some(RecordedPool { settings, restored }) = recorded {
+                let mut gate_settings =
+                    GateSettings::new(definition.clone(), settings.window, settings.policy)?;
+                gate_settings.durable = restored.map(|r| poolgate_actors::DurableSettings {
+                    store: std::sync::Arc::new(crate::state::MemoryStore::default()),
+                    restored: r.durable,
+                    restore_grace: r.grace,
+                });
+                return fleet
+                    .define_pool_at(at, gate_settings)
+                    .await
+                    .map(|_| Accepted::Done);
+            }
+        }
+        self.gate.submit(at, pool, input).await
+    }
+
     async fn drive<R: BufRead>(
         &mut self,
         mut reader: ScenarioReader<R>,
@@ -364,6 +458,17 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         let mut records = 0usize;
         while let Some(line) = first.take().or_else(|| reader.next_line()) {
             records += 1;
+            let line = match line {
+                Ok((number, text)) => match self.recorded_header(&text) {
+                    Ok(true) => continue,
+                    Ok(false) => Ok((number, text)),
+                    Err(message) => Err(BadLine {
+                        line: number,
+                        message,
+                    }),
+                },
+                Err(bad) => Err(bad),
+            };
             let record = line.and_then(|(number, text)| {
                 let record = parse_record(&text).map_err(|message| BadLine {
                     line: number,
@@ -398,11 +503,7 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
             }
             last = Some(record.at_ms);
             let refused = match record.input {
-                Ok(input) => self
-                    .gate
-                    .submit(at, record.pool.as_ref(), input)
-                    .await
-                    .err(),
+                Ok(input) => self.apply(at, record.pool.as_ref(), input).await.err(),
                 Err(refusal) => {
                     poolgate_actors::telemetry::rejected(refusal.code());
                     Some(refusal)

@@ -8,7 +8,7 @@
 
 use std::io::BufRead;
 
-use poolgate_actors::core::{Input, PlanningPolicy};
+use poolgate_actors::core::Input;
 use poolgate_actors::replay_format;
 use poolgate_actors::GateError;
 
@@ -126,15 +126,13 @@ pub fn parse_record(text: &str) -> Result<Record, String> {
 /// The gate's settings as a recording's first record gives them
 /// (`{"at_ms":0,"type":"settings","window_ms":…,"on_readiness_lost":…,
 /// "wait_timeout_ms":…|null}`, design §9); `Ok(None)` for any other record.
-pub fn parse_settings(text: &str) -> Result<Option<(std::time::Duration, PlanningPolicy)>, String> {
+pub fn parse_settings(text: &str) -> Result<Option<replay_format::RecordedSettings>, String> {
     replay_format::read_settings(text)
 }
 
 /// What a recording's gate restored (`{"at_ms":0,"type":"restored",
 /// "durable":{…},"restore_grace_ms":…}`, right after `settings`): the
 /// state and the restore grace; `Ok(None)` for any other record.
-pub fn parse_restored(
-    text: &str,
-) -> Result<Option<(poolgate_actors::core::Durable, std::time::Duration)>, String> {
+pub fn parse_restored(text: &str) -> Result<Option<replay_format::RecordedRestore>, String> {
     replay_format::read_restored(text)
 }

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use crate::common::*;
 use poolgate::core::{AgentReport, Input, MembershipUpdate, RegistryFact, RunId, SwimState};
-use poolgate::core::{Command, OnReadinessLost};
+use poolgate::core::{
+    Command, Observation, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
+};
 use poolgate::replay::{self, render::json_line, ReplayEvent};
-use poolgate::{Gate, Recording};
+use poolgate::{Fleet, Gate, GateSettings, Recording};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -235,4 +237,204 @@ fn the_live_demo_recorded_replays_to_the_same_events() {
         "identity recorded as fingerprints only"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A gate's settings for pool `id` over `members`.
+fn pool_settings(
+    id: &str,
+    members: &[&str],
+    window_ms: u64,
+    policy: OnReadinessLost,
+    wait_timeout_ms: Option<u64>,
+) -> GateSettings {
+    let definition = PoolDefinition::new(
+        PoolId::new(id).unwrap(),
+        members.iter().map(|m| node(m)).collect(),
+    )
+    .unwrap();
+    let policy = PlanningPolicy {
+        on_readiness_lost: policy,
+        wait_timeout: wait_timeout_ms.map(Duration::from_millis),
+    };
+    GateSettings::new(definition, Duration::from_millis(window_ms), policy).unwrap()
+}
+
+/// A live fleet of overlapping pools fed random facts and commands from
+/// two tasks, with one recording; a third pool is defined part way, over
+/// a node no pool had (its facts kept by the fleet meanwhile). Returns the
+/// fleet's events (JSON lines), the recording, and what it could not hold
+/// as it happened (`Recording::inexact`).
+fn live_fleet_run(seed: u64) -> (Vec<String>, Vec<u8>, u64) {
+    let recorded = Shared::default();
+    let pools = vec![
+        pool_settings("p1", &["a", "b", "c"], 40, OnReadinessLost::Wait, Some(90)),
+        pool_settings("p2", &["b", "c", "d"], 60, OnReadinessLost::Abort, None),
+    ];
+    let recording = Recording::new(Box::new(recorded.clone()));
+    let kept = recording.clone();
+    let events = actix::System::new().block_on(async move {
+        let fleet = Fleet::try_start_recording(pools, recording).unwrap();
+        let mut events = fleet.subscribe();
+        let feeder = |fleet: Fleet, seed: u64, nodes: &'static [&'static str]| async move {
+            let mut rng = StdRng::seed_from_u64(seed);
+            for step in 0..60 {
+                let pause = if rng.random_range(0..10) < 7 {
+                    rng.random_range(0..5u64)
+                } else {
+                    rng.random_range(30..80u64)
+                };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                if seed.is_multiple_of(2) && step == 30 {
+                    let p3 = pool_settings("p3", &["a", "e"], 30, OnReadinessLost::Wait, None);
+                    let _ = fleet.define_pool(p3).await;
+                }
+                let pools: Vec<PoolId> = fleet.pools();
+                let pool = pools[rng.random_range(0..pools.len())].clone();
+                let mut inputs = random_inputs(&mut rng, nodes);
+                if step % 6 == 5 {
+                    // A run on the pool, on one of its members: some are
+                    // refused `reserved` (another pool's run holds it).
+                    let run = RunId::new(&format!("r-{pool}")).unwrap();
+                    let members: &[&str] = match pool.as_str() {
+                        "p1" => &["a", "b", "c"],
+                        "p2" => &["b", "c", "d"],
+                        _ => &["a", "e"],
+                    };
+                    let required = vec![node(members[rng.random_range(0..members.len())])];
+                    inputs = vec![
+                        Command::FinishRun { run: run.clone() }.into(),
+                        Command::BeginPlanning {
+                            run: run.clone(),
+                            epoch: None,
+                        }
+                        .into(),
+                        Command::CommitPlan {
+                            run,
+                            required,
+                            epoch: None,
+                        }
+                        .into(),
+                    ];
+                }
+                if inputs.len() > 1 && matches!(inputs[0], Input::Observation { .. }) {
+                    // What one agent frame says, at once.
+                    let mut node = None;
+                    let observations = inputs
+                        .into_iter()
+                        .filter_map(|input| match input {
+                            Input::Observation {
+                                node: n,
+                                observation,
+                            } => {
+                                node = Some(n);
+                                Some(observation)
+                            }
+                            Input::Command(_) => None,
+                        })
+                        .collect();
+                    if let Some(node) = node {
+                        let _ = fleet.observe_all(node, observations).await;
+                    }
+                    continue;
+                }
+                for input in inputs {
+                    match input {
+                        Input::Observation { node, observation } => match observation {
+                            // The SWIM feed does not wait.
+                            Observation::Swim { state, incarnation } => {
+                                fleet.membership_nowait(MembershipUpdate {
+                                    node,
+                                    state,
+                                    incarnation,
+                                })
+                            }
+                            observation => {
+                                let at = fleet.clock().now();
+                                let _ = fleet.observe(at, node, observation).await;
+                            }
+                        },
+                        // Refusals (`reserved` among them) change nothing.
+                        command => {
+                            let at = fleet.clock().now();
+                            let _ = fleet.submit(at, Some(&pool), command).await;
+                        }
+                    }
+                }
+            }
+        };
+        let one = actix::spawn(feeder(fleet.clone(), seed, &["a", "b", "c", "e"]));
+        let two = actix::spawn(feeder(fleet.clone(), seed + 1000, &["b", "c", "d"]));
+        one.await.unwrap();
+        two.await.unwrap();
+        // Let every pending timer fire.
+        while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
+            tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2))
+                .await;
+        }
+        let events = drain(&mut events)
+            .into_iter()
+            .map(|e| json_line(&ReplayEvent::Gate(e)))
+            .collect::<Vec<_>>();
+        fleet.stop();
+        events
+    });
+    let recording = recorded.0.lock().unwrap().clone();
+    (events, recording, kept.inexact())
+}
+
+#[test]
+fn random_live_fleets_replay_from_their_one_recording_event_for_event() {
+    // The config's pool is not used: the recording names its pools.
+    let config = config(&NODES, 40, OnReadinessLost::Wait, Some(90));
+    let (mut compared, mut committed, mut pools_ready) = (0, 0, std::collections::BTreeSet::new());
+    let mut exact = 0;
+    for seed in 0..10 {
+        let (live, recording, inexact) = live_fleet_run(seed);
+        let text = String::from_utf8_lossy(&recording).to_string();
+        let mut replayed = Vec::new();
+        // Whatever raced, the file replays.
+        replay::run(&config, &recording[..], |event| {
+            replayed.push(json_line(event));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}; recording:\n{text}"));
+        // Unless two inputs raced to two pools within a millisecond (and
+        // the recording said so), event for event.
+        if inexact == 0 {
+            assert_eq!(live, replayed, "seed {seed}; recording:\n{text}");
+            exact += 1;
+        } else {
+            eprintln!("seed {seed}: {inexact} inputs raced to two pools");
+        }
+        // Observations never name a pool; everything else does.
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            let kind = record["type"].as_str().unwrap();
+            let observation = [
+                "swim",
+                "known",
+                "forgotten",
+                "available",
+                "unavailable",
+                "identity",
+                "faulted",
+                "recovered",
+            ]
+            .contains(&kind);
+            assert_eq!(record.get("pool").is_none(), observation, "{line}");
+        }
+        compared += live.len();
+        committed += live
+            .iter()
+            .filter(|l| l.contains("\"run_committed\""))
+            .count();
+        for line in live.iter().filter(|l| l.contains("\"pool_ready\"")) {
+            let event: serde_json::Value = serde_json::from_str(line).unwrap();
+            pools_ready.insert(event["pool"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(
+        exact >= 7 && compared >= 30 && committed >= 2 && pools_ready.len() == 3,
+        "{exact} of 10 exact; the runs published events ({compared}, {committed} commits, ready: {pools_ready:?})"
+    );
 }

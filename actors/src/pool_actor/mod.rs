@@ -63,6 +63,8 @@ pub(crate) struct PoolActor {
     forming_since: Option<Time>,
     /// Inputs are applied at this instant or later (see `applied_at`).
     fired_through: Time,
+    /// The latest instant an input was applied at.
+    applied_through: Time,
     store: Option<Arc<dyn StateStore>>,
     /// The last epoch known to be in the store (`None` without a store).
     stored_epoch: Option<u64>,
@@ -105,12 +107,15 @@ impl PoolActor {
         publisher: Publisher,
         router: Arc<Router>,
         reservations: Option<Reservations>,
+        started: Option<Time>,
     ) -> Addr<PoolActor> {
         router
             .live
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         actix::Supervisor::start(move |ctx| {
-            let now = clock.now();
+            // A replayed pool starts at its recorded instant, the clock
+            // being just before it.
+            let now = started.map_or_else(|| clock.now(), |at| at.max(clock.now()));
             let (mut core, added) =
                 PoolMachine::new(&settings.definition, settings.window, settings.policy, now);
             let mut out = Vec::new();
@@ -132,6 +137,7 @@ impl PoolActor {
                 blocked: BlockedGauges::default(),
                 forming_since: Some(now),
                 fired_through: Time::ZERO,
+                applied_through: now,
                 stored_epoch: settings.durable.as_ref().map(|d| d.restored.last_epoch),
                 store: settings.durable.map(|d| d.store),
                 untold: Vec::new(),
@@ -147,6 +153,7 @@ impl PoolActor {
             };
             if let Some(recording) = &actor.recording {
                 recording.start(
+                    now,
                     settings.window,
                     settings.policy,
                     &settings.definition,
@@ -408,8 +415,20 @@ impl PoolActor {
     /// fired is therefore applied at `T + 1 ms` at the earliest. The clock
     /// reads whole milliseconds, so the applied instants, recorded, replay
     /// to the same events.
-    fn applied_at(&self, stamp: Time) -> Time {
-        stamp.max(self.clock.now()).max(self.fired_through)
+    fn applied_at(&mut self, stamp: Time) -> Time {
+        self.applied_through = stamp.max(self.clock.now()).max(self.fired_through);
+        self.applied_through
+    }
+
+    /// The instant an observation a fleet handed to every pool that has
+    /// its node is applied at: its stamp, whenever it arrives, unless a
+    /// timer fired or an input was applied after it here (then as
+    /// [`PoolActor::applied_at`] would). Every pool thus applies it at the
+    /// same instant, and a fleet's recording, which writes it once,
+    /// replays it to each as it was.
+    fn fleet_applied_at(&mut self, stamp: Time) -> Time {
+        self.applied_through = stamp.max(self.fired_through).max(self.applied_through);
+        self.applied_through
     }
 
     /// Publishes what the core produced and re-arms the timer for the
@@ -727,6 +746,7 @@ impl PoolActor {
             change,
             detail: NodeDetail::default(),
             observation: None,
+            fanout: crate::messages::Fanout::Own,
         };
         self.node_changed(change, ctx);
     }
@@ -738,7 +758,10 @@ impl PoolActor {
             self.armed = None;
             panic!("injected pool actor fault on a change");
         }
-        let at = self.applied_at(msg.at);
+        let at = match msg.fanout {
+            crate::messages::Fanout::Fleet(_) => self.fleet_applied_at(msg.at),
+            crate::messages::Fanout::Own => self.applied_at(msg.at),
+        };
         let pool = self.core.readiness().id();
         telemetry::said!(debug, %pool, node = %msg.node, reason = %msg.change.reason, ready = msg.change.after.is_ready(), "view change");
         let NodeChanged {
@@ -747,6 +770,7 @@ impl PoolActor {
             change,
             detail,
             observation,
+            fanout,
             ..
         } = msg;
         let before = self.core.node_changed(key, at, &change, &mut self.out);
@@ -756,7 +780,7 @@ impl PoolActor {
             return;
         };
         if let (Some(recording), Some(observation)) = (&self.recording, &observation) {
-            recording.observation(at, node.as_str(), observation);
+            recording.observation(at, node.as_str(), observation, fanout);
         }
         self.count_window_restart();
         self.blocked.changed(before, change.after);

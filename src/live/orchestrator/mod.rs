@@ -177,19 +177,18 @@ impl Orchestrator {
     ) -> Result<Orchestrator, LiveError> {
         // Checked before anything starts (the member may be warm already).
         keyring(&config.swim)?;
-        // A recording is one gate's: with several pools, said and refused
-        // rather than a file that replays one pool's half of the story.
-        if record.is_some() && pools.len() > 1 {
-            return Err(LiveError::Setting {
-                key: "pools",
-                message: "--record records one pool in this version: record a [pool] configuration, or one pool with run --pool".into(),
-            });
-        }
-        if let Some(first) = pools.first_mut() {
-            first.record = record;
+        // One pool records as one gate (the recording replays on its own);
+        // several as a fleet, in one file that names each pool.
+        let mut fleet_record = None;
+        match (record, pools.len()) {
+            (Some(record), 1) => pools[0].record = Some(record),
+            (record, _) => fleet_record = record,
         }
         check_live(config)?;
-        let fleet = Fleet::try_start(pools)?;
+        let fleet = match fleet_record {
+            Some(record) => Fleet::try_start_recording(pools, record)?,
+            None => Fleet::try_start(pools)?,
+        };
         let gate = fleet
             .pool(config.pool.id())
             .ok_or(poolgate_actors::GateError::UnknownPool(
