@@ -70,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     fault: None,
                     leaving: false,
                     heartbeat_ms: None,
+                    ask: None,
                 };
                 let seq = round as u64 + 1;
                 bytes.extend(wire::encode(

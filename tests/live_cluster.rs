@@ -1968,3 +1968,61 @@ fn pool_a_then_a_and_c(
     .unwrap();
     (one, two)
 }
+
+#[test]
+fn a_node_no_swim_datagram_reaches_is_vouched_for_by_its_agent_connection_until_it_stalls() {
+    // Design §15: a SWIM probe unanswered over UDP falls back on the
+    // probed node's agent connection, which the orchestrator holds. Node-3
+    // advertises a SWIM address nobody reads (a port this test holds):
+    // every probe of it goes unanswered, as under total UDP loss, while
+    // its agent connection is fine. Without the fallback the first probe
+    // of it made it suspect and faulted the run.
+    live(async {
+        let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut cluster = LocalCluster::prepare(&plan(3)).await.unwrap();
+        let gate = cluster.orchestrator().unwrap().gate.clone();
+        let mut events = gate.subscribe();
+        let config = &cluster.nodes[2].config;
+        let text = std::fs::read_to_string(config).unwrap().replacen(
+            "bind = \"127.0.0.1:0\"\n",
+            &format!(
+                "bind = \"127.0.0.1:0\"\nadvertise = \"{}\"\n",
+                blackhole.local_addr().unwrap()
+            ),
+            1,
+        );
+        std::fs::write(config, text).unwrap();
+        for i in 0..3 {
+            cluster.spawn(i).unwrap();
+        }
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r1").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        let all = vec![node("node-1"), node("node-2"), node("node-3")];
+        gate.commit_plan(run.clone(), all, Some(epoch))
+            .await
+            .unwrap();
+        // Fifty probe periods (200 ms each): every member probes node-3
+        // about seventeen times, every probe unanswered, none suspects it.
+        let guarded = tokio::time::timeout(
+            Duration::from_secs(10),
+            until(&mut events, |e| match e {
+                Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(guarded.is_err(), "the run faulted: {guarded:?}");
+        // Stalled, node-3 sends no frames: nobody vouches for it, and the
+        // run faults.
+        cluster.signal(2, Signal::SIGSTOP);
+        let faulted = until(&mut events, |e| match e {
+            Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+            _ => None,
+        })
+        .await;
+        cluster.signal(2, Signal::SIGCONT);
+        assert_eq!(faulted.0, node("node-3"), "{faulted:?}");
+        drop(blackhole);
+    });
+}

@@ -280,6 +280,7 @@ fn n1_state(available: bool) -> Announcement {
         fault: None,
         leaving: false,
         heartbeat_ms: None,
+        ask: None,
     }
 }
 
@@ -1144,6 +1145,7 @@ fn announcing(name: &str) -> Announcement {
         fault: None,
         leaving: false,
         heartbeat_ms: None,
+        ask: None,
     }
 }
 
@@ -1247,6 +1249,7 @@ fn a_swim_member_detached_by_a_stale_term_keeps_feeding_the_current_one() {
                 signed: Default::default(),
                 term_lasts: std::sync::Arc::new(|| true),
                 only: ["node-1".to_string()].into_iter().collect(),
+                vouching: Default::default(),
             })
             .await
             .unwrap();
@@ -1333,6 +1336,7 @@ fn a_deposed_leaders_member_does_not_decide_conflicts_by_its_terms_signatures() 
                 signed,
                 term_lasts: Arc::new(move || lasts),
                 only: ["node-1".to_string()].into_iter().collect(),
+                vouching: Default::default(),
             })
             .await
             .unwrap();

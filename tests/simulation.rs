@@ -149,3 +149,67 @@ fn a_converged_start_reports_every_member_alive_and_the_pool_is_ready_after_the_
         assert_eq!(sim.suspicions(), 0);
     });
 }
+
+/// 16 nodes on the default profile, converged and ready, a run committed
+/// over all of them, then 60 virtual seconds of 60% UDP loss (TCP, the
+/// agent connections, untouched), then, with the run still committed, one
+/// crash under that loss. Returns the suspicions the orchestrator heard
+/// during the loss, the run faults during it, the probes vouched for, and
+/// how long the crash took to fault the run (if the run was still
+/// committed).
+fn at_sixty_percent_loss(vouching: bool) -> (u64, usize, u64, Option<u64>) {
+    let runtime = Simulation::runtime().expect("runtime");
+    let system = actix::System::with_tokio_rt(move || runtime);
+    system.block_on(async move {
+        let mut settings = SimSettings::new(16, 21);
+        settings.swim = poolgate::config::SwimTimings::STEADY;
+        settings.converged = true;
+        let mut sim = Simulation::start(settings).await.expect("start");
+        sim.until_ready(LIMIT_MS)
+            .await
+            .expect("run")
+            .expect("PoolReady");
+        sim.commit_all().await.expect("commit");
+        let (from, suspected) = (sim.now_ms(), sim.suspicions());
+        sim.network().set_vouching(vouching);
+        sim.network().set_loss(0.6);
+        let mut faults = 0;
+        sim.run_until(from + 60_000, |e| {
+            faults += usize::from(matches!(e, Event::RunFaulted { .. }));
+            false
+        })
+        .await
+        .expect("run");
+        let suspicions = sim.suspicions() - suspected;
+        let vouched = sim.network().stats().vouched;
+        if faults > 0 {
+            return (suspicions, faults, vouched, None);
+        }
+        // Still under the loss: a crash is found as before (nobody
+        // vouches for a member whose connection closed).
+        let crash = sim.crash_one(sim.now_ms() + 10_000).await.expect("crash");
+        let detection = crash.faulted.map(|(_, at)| at - crash.at_ms);
+        (suspicions, faults, vouched, detection)
+    })
+}
+
+#[test]
+fn at_sixty_percent_udp_loss_no_member_whose_agent_connection_vouches_for_it_is_suspected() {
+    let (unvouched, faults, vouched, _) = at_sixty_percent_loss(false);
+    assert!(
+        vouched == 0 && unvouched >= 10 && faults >= 1,
+        "without vouching: {unvouched} suspicions, {faults} run faults"
+    );
+    let (suspicions, faults, vouched, detection) = at_sixty_percent_loss(true);
+    assert_eq!(
+        (suspicions, faults),
+        (0, 0),
+        "vouched {vouched} times; without: {unvouched} suspicions"
+    );
+    assert!(vouched >= 100, "{vouched}");
+    assert!(
+        detection.is_some_and(|ms| ms <= 4_000),
+        "a crash under the loss is found as before: {detection:?}"
+    );
+    eprintln!("60% loss, 60 s: {unvouched} suspicions without vouching, 0 with ({vouched} probes vouched for); a crash under it found in {detection:?} ms");
+}

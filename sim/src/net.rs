@@ -86,6 +86,14 @@ enum Event {
         member: usize,
         life: u32,
     },
+    /// The orchestrator's answer to a node that asked about a member it
+    /// probed in vain: that member's agent connection shows it alive.
+    Vouched {
+        member: usize,
+        life: u32,
+        probed: SwimIdentity,
+        number: foca::ProbeNumber,
+    },
 }
 
 /// Events by virtual millisecond, each instant's in the order they were
@@ -139,6 +147,8 @@ struct Member {
     /// Bumped at each restart: timers of an earlier life are ignored.
     life: u32,
     generation: u64,
+    /// The probe under way, as this member's datagrams show it.
+    probes: drive::Probes,
 }
 
 /// The simulated cluster.
@@ -156,6 +166,9 @@ pub struct Network {
     changes: Changes,
     observed: Vec<SwimFact>,
     stats: NetStats,
+    /// Whether agent connections vouch for members whose probes go
+    /// unanswered (as the live cluster does, design §15).
+    vouching: bool,
 }
 
 /// The address of member `index`: 10.0.0.0/8 plus the index, port 7946.
@@ -194,6 +207,7 @@ impl Network {
             changes,
             observed: Vec::new(),
             stats: NetStats::default(),
+            vouching: false,
         };
         let orchestrator = network.foca(0, "orchestrator".into(), 1, codec);
         network.members.push(orchestrator);
@@ -246,7 +260,38 @@ impl Network {
             up: true,
             life: 0,
             generation,
+            probes: drive::Probes::default(),
         }
+    }
+
+    /// Whether agent connections vouch for members whose probes go
+    /// unanswered over UDP (design §15): each node holds one to the
+    /// orchestrator (member 0), over TCP, which the loss model does not
+    /// touch (a partition cuts it, a crash closes it). The orchestrator
+    /// vouches for its own probes at once; a node's question and answer
+    /// take a millisecond each way.
+    pub fn set_vouching(&mut self, on: bool) {
+        self.vouching = on;
+    }
+
+    /// Whether member `index`'s agent connection to member 0 carries
+    /// frames now (both up, no partition between them).
+    fn connected(&self, index: usize) -> bool {
+        let up = |i: usize| self.members.get(i).is_some_and(|m| m.up);
+        let cut = self.partition.as_ref().is_some_and(|cut| {
+            (index < cut.split) != (0 < cut.split)
+                && (cut.from_ms..cut.until_ms).contains(&self.now)
+        });
+        up(0) && up(index) && !cut
+    }
+
+    /// Whether the orchestrator vouches for `probed` now: its agent
+    /// connection is up and it is the identity of the member's life.
+    fn vouches(&self, probed: &SwimIdentity) -> bool {
+        index_of(probed.addr)
+            .filter(|i| *i > 0)
+            .and_then(|i| Some((i, self.members.get(i)?)))
+            .is_some_and(|(i, m)| m.generation == probed.generation && self.connected(i))
     }
 
     /// The virtual instant, in milliseconds.
@@ -440,6 +485,9 @@ impl Network {
                     self.stats.undeliverable += 1;
                     return;
                 }
+                if let Some(header) = drive::header(&data) {
+                    member.probes.received(&header);
+                }
                 // foca refuses what it cannot use; the network may carry it.
                 let _ = member.foca.handle_data(&data, &mut member.runtime);
                 self.drain(to);
@@ -455,8 +503,46 @@ impl Network {
                 if !member.up || member.life != life {
                     return;
                 }
+                let unanswered = member.probes.unanswered(&timer);
+                if let Some((probed, number)) = unanswered.filter(|_| self.vouching) {
+                    if index == 0 {
+                        if self.vouches(&probed) {
+                            self.vouch(0, &probed, number);
+                        }
+                    } else if self.connected(index) {
+                        // Asked over the agent connection; answered from
+                        // the evidence the orchestrator holds then.
+                        let at = self.now + 1;
+                        if self.vouches(&probed) {
+                            self.schedule(
+                                at + 1,
+                                Event::Vouched {
+                                    member: index,
+                                    life,
+                                    probed,
+                                    number,
+                                },
+                            );
+                        }
+                    }
+                }
+                let member = &mut self.members[index];
                 let _ = member.foca.handle_timer(timer, &mut member.runtime);
                 self.drain(index);
+            }
+            Event::Vouched {
+                member: index,
+                life,
+                probed,
+                number,
+            } => {
+                let current = self.members.get(index).is_some_and(|m| {
+                    m.up && m.life == life && m.probes.is_current(&probed, number)
+                });
+                if current && self.connected(index) {
+                    self.vouch(index, &probed, number);
+                    self.drain(index);
+                }
             }
             Event::Repair {
                 member: index,
@@ -476,6 +562,14 @@ impl Network {
                 self.schedule_repair(index);
             }
         }
+    }
+
+    /// Hands member `index`'s foca the ack of `probed` for probe `number`.
+    fn vouch(&mut self, index: usize, probed: &SwimIdentity, number: foca::ProbeNumber) {
+        self.stats.vouched += 1;
+        let member = &mut self.members[index];
+        // foca refuses what it cannot use; nothing else to do then.
+        let _ = drive::vouched(&mut member.foca, probed, number, &mut member.runtime);
     }
 
     /// Member `index`'s repair: its expired suspicions declared down (and
@@ -536,6 +630,9 @@ impl Network {
             );
         }
         for (to, data) in outgoing {
+            if let Some(header) = drive::header(&data) {
+                self.members[index].probes.sent(&header);
+            }
             self.send(index, to, data);
         }
     }

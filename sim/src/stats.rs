@@ -26,4 +26,7 @@ pub struct NetStats {
     /// Suspicions a member declared down at its repair, having held them
     /// past the limit (`drive::Repair`).
     pub suspicions_expired: u64,
+    /// Probes unanswered over UDP whose member the orchestrator vouched
+    /// for by its agent connection ([`Network::set_vouching`](super::net::Network::set_vouching)).
+    pub vouched: u64,
 }

@@ -38,7 +38,10 @@ use crate::config::{NodeConfig, HEARTBEATS_MISSED};
 use crate::live::generation::{unix_ms, GenerationFile, Sequences};
 use crate::live::keys::NodeKey;
 use crate::live::swim::keyring;
-use crate::live::swim::member::{Join, Leave, MemberCount, SetKeyring};
+use crate::live::swim::member::{
+    Join, Leave, MemberCount, SetKeyring, SetVouching, Vouched, Vouching,
+};
+use crate::live::swim::SwimIdentity;
 use crate::live::swim::SwimMember;
 use crate::live::throttle::{Throttle, LOG_EVERY};
 use crate::live::wire::{self, Announcement, Reply};
@@ -99,6 +102,7 @@ pub async fn run(
         fault: None,
         leaving: false,
         heartbeat_ms: u64::try_from(config.heartbeat.as_millis()).ok(),
+        ask: None,
     });
     let state = Arc::new(state);
     // The identity the node signs follows foca's renewals (a node declared
@@ -119,6 +123,9 @@ pub async fn run(
         });
     }
     let sent = Arc::new(AtomicU64::new(0));
+    // The member asks the orchestrator about members it probes in vain.
+    let (asking, asks) = tokio::sync::mpsc::channel(ASKS_QUEUED);
+    swim.do_send(SetVouching(Vouching::Orchestrator(asking)));
     actix::spawn(announce(
         AnnounceTo {
             agents: config.agents.clone(),
@@ -130,6 +137,7 @@ pub async fn run(
             swim: swim.clone(),
             seeds: config.swim.seeds.clone(),
             link,
+            asks,
         },
         updates,
         Arc::clone(&sent),
@@ -248,7 +256,15 @@ struct AnnounceTo {
     /// Up while a frame of the current connection was accepted (the
     /// node's `/readyz`).
     link: Arc<super::health::NodeLink>,
+    /// The SWIM member's questions: a member it probed in vain, and the
+    /// probe (design §15). Asked beside the state; the orchestrator's
+    /// answer goes back to the member.
+    asks: tokio::sync::mpsc::Receiver<(SwimIdentity, foca::ProbeNumber)>,
 }
+
+/// How many of the SWIM member's questions wait for the connection (one
+/// per probe period is the most it asks; a full queue drops the newest).
+const ASKS_QUEUED: usize = 4;
 
 /// The first wait before reconnecting, doubled after each round of
 /// addresses that accepted nothing, up to [`BACKOFF_MAX`].
@@ -589,6 +605,8 @@ async fn session(
     // asks for it, every later one is signed over it.
     let mut challenge: Option<wire::Nonce> = None;
     let mut asked = false;
+    // The SWIM member's question to send with the next frame.
+    let mut question: Option<wire::Ask> = None;
     loop {
         if send_now && asked && challenge.is_none() {
             // Held until the challenge is read: a frame signed without it
@@ -600,7 +618,8 @@ async fn session(
         }
         if send_now {
             asked = true;
-            let state = updates.borrow_and_update().clone();
+            let mut state = updates.borrow_and_update().clone();
+            state.ask = question.take();
             let seq = to.sequences.take();
             let frame = fitting_frame(to, seq, challenge.as_ref(), state);
             match tokio::time::timeout(silence, writer.write_all(&frame)).await {
@@ -624,11 +643,32 @@ async fn session(
                 send_now = true;
             }
             _ = tokio::time::sleep_until(next_beat) => send_now = true,
+            Some((probed, probe)) = to.asks.recv() => {
+                // Asked once the connection is signed over its challenge
+                // (before, the question would be skipped with the frame).
+                if accepted && challenge.is_some() {
+                    question = Some(wire::Ask {
+                        node: probed.node,
+                        swim: probed.addr,
+                        generation: probed.generation,
+                        probe,
+                    });
+                    send_now = true;
+                }
+            }
             _ = tokio::time::sleep_until(heard + silence) => {
                 return Session::Lost { accepted, why: SILENT };
             }
             reply = replies.recv() => match reply {
-                Some(Ok(Some(Reply::Accepted { .. }))) => {
+                Some(Ok(Some(Reply::Accepted { vouch, .. }))) => {
+                    if let Some(wire::Vouch { ask, alive: true }) = vouch {
+                        let probed = SwimIdentity {
+                            node: ask.node,
+                            addr: ask.swim,
+                            generation: ask.generation,
+                        };
+                        to.swim.do_send(Vouched(probed, ask.probe));
+                    }
                     if !accepted {
                         tracing::info!(node = %to.node, orchestrator = %addr, "announced to the orchestrator");
                     }

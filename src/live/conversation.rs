@@ -79,6 +79,9 @@ pub enum Admitted {
         repeats: bool,
         /// The first frame accepted on this connection.
         first: bool,
+        /// The frame's question beside the state, to answer in the
+        /// acknowledgement (taken out of `announcement`).
+        ask: Option<Box<crate::live::wire::Ask>>,
     },
     /// Refused: say why and close.
     Refuse {
@@ -233,6 +236,9 @@ impl Conversation {
         }
         last_seq.insert(node.clone(), seq);
         let first = self.is_new();
+        // A question is not part of the node's state.
+        let mut announcement = announcement;
+        let ask = announcement.ask.take().map(Box::new);
         let repeats = self
             .last
             .as_ref()
@@ -244,6 +250,7 @@ impl Conversation {
             announcement,
             repeats,
             first,
+            ask,
         }
     }
 }
@@ -268,6 +275,7 @@ mod tests {
             fault: None,
             leaving: false,
             heartbeat_ms: Some(1000),
+            ask: None,
         }
     }
 

@@ -341,14 +341,15 @@ impl Listener {
                 }
             };
             let admitted = talk.admit(opened, &mut lock(&self.nodes).last_seq, keys, rand::random);
-            let (node, seq, announcement, repeats, first) = match admitted {
+            let (node, seq, announcement, repeats, first, ask) = match admitted {
                 Admitted::Accepted {
                     node,
                     seq,
                     announcement,
                     repeats,
                     first,
-                } => (node, seq, announcement, repeats, first),
+                    ask,
+                } => (node, seq, announcement, repeats, first, ask),
                 Admitted::Challenge(nonce) => {
                     let reply = wire::encode_reply(&wire::challenge(&nonce));
                     let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
@@ -368,7 +369,11 @@ impl Listener {
                 let mut nodes = lock(&self.nodes);
                 let identity = (announcement.swim, announcement.generation);
                 let now = std::time::Instant::now();
-                let twin = nodes.heard_from(&node, (id, peer), identity, now, silence);
+                let heartbeat = announcement.heartbeat_ms.map_or(
+                    std::time::Duration::from_secs(1),
+                    std::time::Duration::from_millis,
+                );
+                let twin = nodes.heard_from(&node, (id, peer), identity, heartbeat, now, silence);
                 (nodes.attached.insert(node.clone(), id), twin)
             };
             if let Some(other) = twin {
@@ -390,7 +395,20 @@ impl Listener {
                     return talk.into_last();
                 }
             }
-            let ack = wire::encode_reply(&Reply::Accepted { seq });
+            // A question beside the state: does a member this node probed
+            // in vain live, by its own agent connection (design §15)?
+            let vouch = ask.map(|ask| {
+                let ask = *ask;
+                let probed = crate::live::swim::SwimIdentity {
+                    node: ask.node.clone(),
+                    addr: ask.swim,
+                    generation: ask.generation,
+                };
+                let alive = lock(&self.nodes).vouches(&probed, std::time::Instant::now());
+                metrics::counter!("poolgate_agent_vouches_total", "alive" => if alive { "yes" } else { "no" }).increment(1);
+                wire::Vouch { ask, alive }
+            });
+            let ack = wire::encode_reply(&Reply::Accepted { seq, vouch });
             let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
             if !matches!(written, Ok(Ok(()))) {
                 tracing::debug!(%peer, %node, "agent connection does not take replies; closed");

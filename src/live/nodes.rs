@@ -52,7 +52,13 @@ pub struct Heard {
     peer: SocketAddr,
     identity: (Option<SocketAddr>, Option<u64>),
     at: std::time::Instant,
+    /// How often the node said it sends a frame when nothing changes.
+    heartbeat: std::time::Duration,
 }
+
+/// How late past its heartbeat a node's latest frame may be for the
+/// orchestrator to vouch for its SWIM member ([`Nodes::vouches`]).
+pub const VOUCH_SLACK: std::time::Duration = std::time::Duration::from_millis(150);
 
 /// The SWIM identity a node signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,11 +243,13 @@ impl Nodes {
     /// as one node: a copied config, or a stolen key). One process on two
     /// connections (several addresses of one orchestrator) names one
     /// identity on both.
+    #[allow(clippy::too_many_arguments)]
     pub fn heard_from(
         &mut self,
         node: &NodeId,
         (id, peer): (u64, SocketAddr),
         identity: (Option<SocketAddr>, Option<u64>),
+        heartbeat: std::time::Duration,
         now: std::time::Instant,
         within: std::time::Duration,
     ) -> Option<SocketAddr> {
@@ -250,6 +258,7 @@ impl Nodes {
             peer,
             identity,
             at: now,
+            heartbeat,
         };
         match self.heard.insert(node.clone(), heard) {
             Some(before)
@@ -261,6 +270,23 @@ impl Nodes {
             }
             _ => None,
         }
+    }
+
+    /// Whether the SWIM member `probed` lives by its node's own evidence
+    /// at `now` (design §15): the node's agent connection is up, its
+    /// latest frame, on that connection, signed exactly that identity
+    /// (address and generation), and came no more than a heartbeat (and
+    /// [`VOUCH_SLACK`]) ago. A member that is gone, stalled or cut off
+    /// sends no frames, so it is never vouched for; an impostor at a
+    /// node's address is not the identity the node signed.
+    pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
+        let Some(heard) = self.heard.get(probed.node.as_str()) else {
+            return false;
+        };
+        let attached = self.attached.get(probed.node.as_str()) == Some(&heard.connection);
+        let signed = heard.identity == (Some(probed.addr), Some(probed.generation));
+        let fresh = now.saturating_duration_since(heard.at) <= heard.heartbeat + VOUCH_SLACK;
+        attached && signed && fresh
     }
 
     /// The node signed `addr` (and `generation`): binds them, and returns
@@ -485,17 +511,76 @@ mod tests {
         let start = std::time::Instant::now();
         let (one, two) = ((Some(a), Some(5)), (Some(b), Some(7)));
         let mut nodes = Nodes::default();
-        assert_eq!(nodes.heard_from(&node, (1, a), one, start, within), None);
+        assert_eq!(
+            nodes.heard_from(&node, (1, a), one, within, start, within),
+            None
+        );
         let half = start + within / 2;
-        assert_eq!(nodes.heard_from(&node, (1, a), one, half, within), None);
+        assert_eq!(
+            nodes.heard_from(&node, (1, a), one, within, half, within),
+            None
+        );
         // The same process on a second connection: one identity.
-        assert_eq!(nodes.heard_from(&node, (2, a), one, half, within), None);
+        assert_eq!(
+            nodes.heard_from(&node, (2, a), one, within, half, within),
+            None
+        );
         // Another identity while the first still speaks: two signers.
         let soon = half + std::time::Duration::from_millis(10);
-        assert_eq!(nodes.heard_from(&node, (3, b), two, soon, within), Some(a));
+        assert_eq!(
+            nodes.heard_from(&node, (3, b), two, within, soon, within),
+            Some(a)
+        );
         // A restart after the first went quiet is not.
         let later = soon + within * 2;
-        assert_eq!(nodes.heard_from(&node, (4, a), one, later, within), None);
+        assert_eq!(
+            nodes.heard_from(&node, (4, a), one, within, later, within),
+            None
+        );
+    }
+
+    #[test]
+    fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection() {
+        let node = NodeId::new("node-4").unwrap();
+        let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
+        let probed = crate::live::swim::SwimIdentity {
+            node: "node-4".into(),
+            addr,
+            generation: 5,
+        };
+        let heartbeat = std::time::Duration::from_millis(500);
+        let start = std::time::Instant::now();
+        let mut nodes = Nodes::default();
+        assert!(!nodes.vouches(&probed, start), "never heard");
+        let peer = SocketAddr::from(([10, 0, 0, 4], 40000));
+        nodes.heard_from(
+            &node,
+            (1, peer),
+            (Some(addr), Some(5)),
+            heartbeat,
+            start,
+            heartbeat * 4,
+        );
+        assert!(!nodes.vouches(&probed, start), "no connection attached");
+        nodes.attached.insert(node.clone(), 1);
+        assert!(nodes.vouches(&probed, start));
+        // A heartbeat late by the slack still vouches; later, not.
+        assert!(nodes.vouches(&probed, start + heartbeat + VOUCH_SLACK));
+        let late = start + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
+        assert!(!nodes.vouches(&probed, late), "the frames stopped");
+        // Another identity at the address (an impostor, an older life).
+        for other in [6, 4] {
+            let impostor = crate::live::swim::SwimIdentity {
+                generation: other,
+                ..probed.clone()
+            };
+            assert!(!nodes.vouches(&impostor, start));
+        }
+        // The frames came on a connection since replaced, or closed.
+        nodes.attached.insert(node.clone(), 2);
+        assert!(!nodes.vouches(&probed, start));
+        nodes.attached.remove(&node);
+        assert!(!nodes.vouches(&probed, start));
     }
 
     #[test]

@@ -14,6 +14,11 @@
 //! seq (8 bytes, big-endian) body`. A frame longer than [`MAX_FRAME`] is
 //! refused before anything is allocated for it.
 //!
+//! A frame may carry a question beside the state (`"ask"`: a SWIM member
+//! the node probed without an answer, [`Ask`]); the orchestrator answers it
+//! in the frame's acknowledgement (`"vouch"`, [`Vouch`]) from that
+//! member's own agent connection (design §15).
+//!
 //! **Gossip datagrams** (SWIM, UDP): `nonce (24 bytes) ‖ ciphertext`,
 //! XChaCha20-Poly1305 under the first key of the ring with the cluster
 //! label as associated data; opening tries every key of the ring.
@@ -56,6 +61,42 @@ pub struct Announcement {
     /// silent for a few of them as gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_ms: Option<u64>,
+    /// A question beside the state: whether a SWIM member this node
+    /// probed without an answer lives, by its own agent connection (see
+    /// [`Ask`]). Not part of the state: a frame that adds only this
+    /// repeats the state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
+}
+
+/// A node's question: one of its SWIM probes of `node` (at `swim`,
+/// `generation`) went unanswered over UDP; does that member's agent
+/// connection show it alive? The orchestrator answers in the frame's
+/// acknowledgement ([`Vouch`]), from the member's own signed heartbeats
+/// only (design §15): SWIM's probes fall back on the TCP connections the
+/// orchestrator already holds, as memberlist falls back to a TCP probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ask {
+    /// The probed member's node name.
+    pub node: String,
+    /// Its SWIM address.
+    pub swim: SocketAddr,
+    /// Its SWIM generation.
+    pub generation: u64,
+    /// foca's number for the probe (given back in the answer).
+    pub probe: u8,
+}
+
+/// The orchestrator's answer to an [`Ask`]: `alive` when that member's
+/// agent connection is up, it signed exactly that SWIM identity, and its
+/// latest frame is no more than a heartbeat (and a little) old.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vouch {
+    /// The question answered.
+    #[serde(flatten)]
+    pub ask: Ask,
+    /// Whether the member's own evidence shows it alive now.
+    pub alive: bool,
 }
 
 /// Sets TCP keepalive on an agent connection, either end (a dead peer is
@@ -86,6 +127,9 @@ pub enum Reply {
     Accepted {
         /// Its sequence.
         seq: u64,
+        /// The answer to the frame's [`Ask`], if it asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vouch: Option<Vouch>,
     },
     /// The connection's challenge, in base64: the answer to its first
     /// frame (which is not applied). Every later frame on the connection
@@ -427,12 +471,16 @@ mod tests {
             fault: None,
             leaving: false,
             heartbeat_ms: Some(1000),
+            ask: None,
         }
     }
 
     #[actix_rt::test]
     async fn replies_read_back_and_an_oversized_one_is_refused() {
-        let accepted = Reply::Accepted { seq: 9 };
+        let accepted = Reply::Accepted {
+            seq: 9,
+            vouch: None,
+        };
         let bytes = encode_reply(&accepted);
         assert_eq!(read_reply(&mut &bytes[..]).await.unwrap(), Some(accepted));
         let mut huge = ((MAX_REPLY + 1) as u32).to_be_bytes().to_vec();
@@ -441,6 +489,45 @@ mod tests {
             read_reply(&mut &huge[..]).await,
             Err(ReadError::Refused(Refused::TooLong(_)))
         ));
+    }
+
+    #[actix_rt::test]
+    async fn a_question_and_its_answer_cross_and_old_peers_read_past_them() {
+        let ask = Ask {
+            node: "node-3".into(),
+            swim: SocketAddr::from(([127, 0, 0, 1], 7946)),
+            generation: 4,
+            probe: 200,
+        };
+        let answer = Reply::Accepted {
+            seq: 9,
+            vouch: Some(Vouch {
+                ask: ask.clone(),
+                alive: true,
+            }),
+        };
+        let bytes = encode_reply(&answer);
+        assert_eq!(read_reply(&mut &bytes[..]).await.unwrap(), Some(answer));
+        // An orchestrator that does not answer questions.
+        let old: Reply = serde_json::from_str(r#"{"reply":"accepted","seq":3}"#).unwrap();
+        assert_eq!(
+            old,
+            Reply::Accepted {
+                seq: 3,
+                vouch: None
+            }
+        );
+        // A state with a question reads as the state to a reader without
+        // one, and a state without one as no question.
+        let asked = Announcement {
+            ask: Some(ask),
+            ..announcement()
+        };
+        let text = serde_json::to_string(&asked).unwrap();
+        assert!(text.contains(r#""ask":{"node":"node-3""#), "{text}");
+        let plain: Announcement =
+            serde_json::from_str(&serde_json::to_string(&announcement()).unwrap()).unwrap();
+        assert_eq!(plain.ask, None);
     }
 
     #[test]

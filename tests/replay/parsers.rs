@@ -91,6 +91,7 @@ fn valid_frame() -> (Vec<u8>, poolgate::live::keys::PublicKey) {
         fault: None,
         leaving: false,
         heartbeat_ms: Some(1000),
+        ask: None,
     };
     let framed = poolgate::live::wire::encode(&key, "poolgate", "n1", 7, None, &state);
     (framed[4..].to_vec(), key.public())

@@ -256,6 +256,14 @@ impl Orchestrator {
                 Arc::new(move || !gate.is_stopped())
             },
             only: registry_names(&registry),
+            // The nodes' agent connections vouch for their SWIM members
+            // whose probes go unanswered (design §15).
+            vouching: {
+                let nodes = Arc::clone(&nodes);
+                super::swim::member::Vouching::Here(Arc::new(move |probed| {
+                    lock(&nodes).vouches(probed, std::time::Instant::now())
+                }))
+            },
         };
         let (swim, swim_addr, owns_swim) = match warm {
             // A replica's member, warm since it followed: fed to this

@@ -71,6 +71,106 @@ pub fn track(
     tracker.changed(states, replaced)
 }
 
+/// The probe a member has under way, as its own datagrams show it: the
+/// member its latest ping went to, foca's number for that probe, and
+/// whether the member's ack came back.
+///
+/// When foca turns to indirect probes (`Timer::SendIndirectProbe`), a
+/// probe still unanswered ([`Probes::unanswered`]) may be vouched for by
+/// other evidence of the member's life: its agent connection's signed
+/// heartbeats, which the orchestrator holds (design §15). [`vouched`] then
+/// hands foca the ack the member would have sent, and foca counts the
+/// probe answered: no suspicion is raised of a member that proves it
+/// lives over TCP while UDP loses its probes, as memberlist falls back on
+/// a TCP probe. A member that is gone has no fresh heartbeats: it is
+/// never vouched for, and found as before.
+#[derive(Debug, Default)]
+pub struct Probes {
+    pinged: Option<(SwimIdentity, foca::ProbeNumber)>,
+    acked: bool,
+}
+
+impl Probes {
+    /// Notes a datagram this member sends (its header).
+    pub fn sent(&mut self, header: &foca::Header<SwimIdentity>) {
+        if let foca::Message::Ping(number) = header.message {
+            self.pinged = Some((header.dst.clone(), number));
+            self.acked = false;
+        }
+    }
+
+    /// Notes a datagram this member received (its header).
+    pub fn received(&mut self, header: &foca::Header<SwimIdentity>) {
+        if let (foca::Message::Ack(number), Some((probed, pinged))) =
+            (&header.message, &self.pinged)
+        {
+            if header.src == *probed && number == pinged {
+                self.acked = true;
+            }
+        }
+    }
+
+    /// The probe `timer` turns to indirect probes for, if its ping went
+    /// unanswered.
+    pub fn unanswered(
+        &self,
+        timer: &Timer<SwimIdentity>,
+    ) -> Option<(SwimIdentity, foca::ProbeNumber)> {
+        match (timer, &self.pinged) {
+            (Timer::SendIndirectProbe { probed_id, .. }, Some((probed, number)))
+                if probed_id == probed && !self.acked =>
+            {
+                Some((probed.clone(), *number))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the probe under way is of `probed`, numbered `number` (an
+    /// answer that comes back late is for this probe only).
+    pub fn is_current(&self, probed: &SwimIdentity, number: foca::ProbeNumber) -> bool {
+        self.pinged
+            .as_ref()
+            .is_some_and(|(p, n)| p == probed && *n == number)
+    }
+}
+
+/// The header of an encoded foca datagram, if it has one.
+pub fn header(data: &[u8]) -> Option<foca::Header<SwimIdentity>> {
+    foca::Codec::<SwimIdentity>::decode_header(&mut foca::PostcardCodec, data).ok()
+}
+
+/// Hands `foca` the ack `probed` would have sent to probe `number` (its
+/// life vouched for by other evidence: see [`Probes`]), as the datagram it
+/// would have been, from `probed` at the incarnation `foca` holds for it.
+/// Nothing when `foca` does not hold `probed` as an active member.
+pub fn vouched(
+    foca: &mut super::member::SwimFoca,
+    probed: &SwimIdentity,
+    number: foca::ProbeNumber,
+    runtime: &mut AccumulatingRuntime<SwimIdentity>,
+) -> Result<(), foca::Error> {
+    use foca::Codec;
+    let Some(incarnation) = foca
+        .iter_members()
+        .find(|m| m.id() == probed)
+        .map(Member::incarnation)
+    else {
+        return Ok(());
+    };
+    let header = foca::Header {
+        src: probed.clone(),
+        src_incarnation: incarnation,
+        dst: foca.identity().clone(),
+        message: foca::Message::Ack(number),
+    };
+    let mut datagram = bytes::BytesMut::new();
+    foca::PostcardCodec
+        .encode_header(&header, &mut datagram)
+        .map_err(|e| foca::Error::Encode(Box::new(e)))?;
+    foca.handle_data(&datagram, runtime)
+}
+
 /// How often a member repairs what foca leaves undone ([`Repair`]). The
 /// whole-view walk costs about 5 µs at 100 members and 1 ms at 4,096.
 pub const REPAIR_EVERY: Duration = Duration::from_secs(1);
@@ -228,6 +328,118 @@ mod tests {
             .find(|m| m.id() == &b)
             .map(|m| m.state());
         assert_eq!(state, Some(State::Down));
+    }
+
+    /// One probe of `x` by a member that holds only `x`, its ping lost:
+    /// `vouch` says whether `x`'s life is vouched for when foca turns to
+    /// indirect probes. Returns `x`'s state once the next probe began.
+    fn one_lost_probe(vouch: bool) -> State {
+        let (codec, _changes) = WatchingCodec::watched();
+        let mut foca: SwimFoca = foca::Foca::new(
+            identity("orchestrator", 1),
+            SwimTimings::default().foca_config(4),
+            StdRng::seed_from_u64(1),
+            codec,
+        );
+        let mut runtime = AccumulatingRuntime::new();
+        let x = identity("node-4", 2);
+        foca.apply_many(
+            [Member::new(x.clone(), 0, State::Alive)].into_iter(),
+            true,
+            &mut runtime,
+        )
+        .unwrap();
+        let mut probes = Probes::default();
+        let mut timers = Vec::new();
+        let mut take = |runtime: &mut AccumulatingRuntime<SwimIdentity>, probes: &mut Probes| {
+            // Every datagram is lost; the pings are noted as sent.
+            while let Some((_, data)) = runtime.to_send() {
+                let header =
+                    foca::Codec::decode_header(&mut foca::PostcardCodec, &data[..]).unwrap();
+                probes.sent(&header);
+            }
+            while let Some((_, timer)) = runtime.to_schedule() {
+                timers.push(timer);
+            }
+            while runtime.to_notify().is_some() {}
+            std::mem::take(&mut timers)
+        };
+        let first = |timers: &[Timer<SwimIdentity>], probe: bool| {
+            timers
+                .iter()
+                .find(|t| {
+                    matches!(t, Timer::ProbeRandomMember(_)) == probe
+                        && matches!(
+                            t,
+                            Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. }
+                        )
+                })
+                .cloned()
+                .unwrap()
+        };
+        let scheduled = take(&mut runtime, &mut probes);
+        foca.handle_timer(first(&scheduled, true), &mut runtime)
+            .unwrap();
+        let scheduled = take(&mut runtime, &mut probes);
+        let indirect = first(&scheduled, false);
+        let next_probe = first(&scheduled, true);
+        let (probed, number) = probes
+            .unanswered(&indirect)
+            .expect("the ping went unanswered");
+        assert_eq!(probed, x);
+        if vouch {
+            vouched(&mut foca, &probed, number, &mut runtime).unwrap();
+            assert!(
+                probes.unanswered(&indirect).is_some(),
+                "the note is of datagrams only"
+            );
+        }
+        foca.handle_timer(indirect, &mut runtime).unwrap();
+        take(&mut runtime, &mut probes);
+        foca.handle_timer(next_probe, &mut runtime).unwrap();
+        let state = foca
+            .iter_membership_state()
+            .find(|m| m.id() == &x)
+            .map(|m| m.state())
+            .unwrap();
+        state
+    }
+
+    #[test]
+    fn a_lost_probe_of_a_member_vouched_for_raises_no_suspicion() {
+        assert_eq!(one_lost_probe(false), State::Suspect, "unanswered: suspect");
+        assert_eq!(one_lost_probe(true), State::Alive, "vouched for: alive");
+    }
+
+    #[test]
+    fn only_the_probe_under_way_unanswered_is_offered_for_vouching() {
+        let (x, y) = (identity("node-4", 2), identity("node-5", 3));
+        let header = |src: &SwimIdentity, dst: &SwimIdentity, message| foca::Header {
+            src: src.clone(),
+            src_incarnation: 0,
+            dst: dst.clone(),
+            message,
+        };
+        let own = identity("orchestrator", 1);
+        let indirect = |probed: &SwimIdentity| Timer::SendIndirectProbe {
+            probed_id: probed.clone(),
+            token: 0,
+        };
+        let mut probes = Probes::default();
+        assert_eq!(probes.unanswered(&indirect(&x)), None, "nothing pinged");
+        probes.sent(&header(&own, &x, foca::Message::Ping(7)));
+        assert_eq!(probes.unanswered(&indirect(&x)), Some((x.clone(), 7)));
+        assert_eq!(probes.unanswered(&indirect(&y)), None, "another member");
+        assert!(probes.is_current(&x, 7) && !probes.is_current(&x, 6));
+        // An ack of another probe, or from another member, answers nothing.
+        probes.received(&header(&x, &own, foca::Message::Ack(6)));
+        probes.received(&header(&y, &own, foca::Message::Ack(7)));
+        assert!(probes.unanswered(&indirect(&x)).is_some());
+        probes.received(&header(&x, &own, foca::Message::Ack(7)));
+        assert_eq!(probes.unanswered(&indirect(&x)), None, "answered");
+        // The next ping starts over.
+        probes.sent(&header(&own, &y, foca::Message::Ping(8)));
+        assert_eq!(probes.unanswered(&indirect(&y)), Some((y, 8)));
     }
 
     #[test]

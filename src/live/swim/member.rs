@@ -98,19 +98,18 @@ pub type MembershipSink = Box<dyn FnMut(SwimFact) -> bool + Send>;
 /// passed; gossip and joins are not copied (they are repeated anyway).
 pub const PROBE_COPY_AFTER: Duration = Duration::from_millis(15);
 
-/// Whether an encoded foca datagram is part of a probe (its loss can make
-/// a live member suspect).
-fn is_probe(data: &[u8]) -> bool {
-    use foca::{Codec, Message};
+/// Whether a foca message is part of a probe (its loss can make a live
+/// member suspect).
+fn is_probe(message: &foca::Message<SwimIdentity>) -> bool {
+    use foca::Message;
     matches!(
-        Codec::<SwimIdentity>::decode_header(&mut foca::PostcardCodec, data)
-            .map(|header| header.message),
-        Ok(Message::Ping(_)
+        message,
+        Message::Ping(_)
             | Message::Ack(_)
             | Message::PingReq { .. }
             | Message::IndirectPing { .. }
             | Message::IndirectAck { .. }
-            | Message::ForwardedAck { .. })
+            | Message::ForwardedAck { .. }
     )
 }
 
@@ -235,6 +234,37 @@ pub struct SwimMember {
     before_term: super::fresh::BeforeTerm,
     /// Where this member may send, by what it has heard.
     bound: super::reflect::SendBound,
+    /// The probe under way, as this member's datagrams show it.
+    probes: drive::Probes,
+    /// Who vouches for a member whose probe went unanswered.
+    vouching: Vouching,
+}
+
+/// Who vouches for a SWIM member whose probe by this member went
+/// unanswered over UDP, by the member's own agent connection (design §15;
+/// see [`drive::Probes`]).
+#[derive(Clone, Default)]
+pub enum Vouching {
+    /// Nobody: foca's probes alone (a replica that follows).
+    #[default]
+    Nobody,
+    /// This process, at once: whether the member's agent connection
+    /// shows it alive now (the leading orchestrator's member).
+    Here(Arc<dyn Fn(&SwimIdentity) -> bool + Send + Sync>),
+    /// The orchestrator, asked over this node's agent connection; its
+    /// answer comes back as [`Vouched`] (a node's member). The queue is
+    /// bounded: a question it cannot take is not asked.
+    Orchestrator(tokio::sync::mpsc::Sender<(SwimIdentity, foca::ProbeNumber)>),
+}
+
+impl std::fmt::Debug for Vouching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Vouching::Nobody => "Nobody",
+            Vouching::Here(_) => "Here",
+            Vouching::Orchestrator(_) => "Orchestrator",
+        })
+    }
 }
 
 impl SwimMember {
@@ -292,6 +322,8 @@ impl SwimMember {
             attached: None,
             before_term: super::fresh::BeforeTerm::default(),
             bound: super::reflect::SendBound::default(),
+            probes: drive::Probes::default(),
+            vouching: Vouching::Nobody,
         };
         Ok((member.start(), addr))
     }
@@ -307,6 +339,7 @@ impl SwimMember {
             own_generation: self.own_generation.as_ref(),
             bound: &mut self.bound,
             leaving: self.leaving,
+            probes: &mut self.probes,
         };
         let replaced = drive::drain(&mut self.runtime, &mut host);
         let changed = drive::track(
@@ -572,17 +605,24 @@ struct UdpHost<'a, 'c> {
     own_generation: Option<&'a tokio::sync::watch::Sender<u64>>,
     bound: &'a mut super::reflect::SendBound,
     leaving: bool,
+    probes: &'a mut drive::Probes,
 }
 
 impl drive::Host for UdpHost<'_, '_> {
     fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+        // A ping is noted as sent even when withheld: unanswered, it may
+        // be vouched for.
+        let header = drive::header(&data);
+        if let Some(header) = &header {
+            self.probes.sent(header);
+        }
         if !self.bound.may_send(to.addr, std::time::Instant::now()) {
             metrics::counter!("poolgate_swim_sends_withheld_total").increment(1);
             return;
         }
         let sealed = read(self.keyring).seal(&data);
         send(self.sender, &sealed, to.addr);
-        if is_probe(&data) {
+        if header.is_some_and(|h| is_probe(&h.message)) {
             self.ctx.run_later(PROBE_COPY_AFTER, move |member, _| {
                 if member.bound.may_send(to.addr, std::time::Instant::now()) {
                     send(&member.sender, &sealed, to.addr)
@@ -725,6 +765,9 @@ pub struct Attach {
     pub term_lasts: TermLasts,
     /// The registry's names.
     pub only: std::collections::HashSet<String>,
+    /// Who vouches for a member whose probe went unanswered while the
+    /// term lasts (its nodes' agent connections).
+    pub vouching: Vouching,
 }
 
 impl Message for Attach {
@@ -740,6 +783,7 @@ impl Handler<Attach> for SwimMember {
         self.tracker.only(msg.only);
         self.sink = Some(msg.sink);
         self.attached = Some(msg.token);
+        self.vouching = msg.vouching;
         // The new term starts from the whole view, fresh: members in
         // doubt before it began are held back until alive again.
         let view = self.whole_view();
@@ -781,6 +825,7 @@ impl Handler<Detach> for SwimMember {
             self.signed = None;
             self.term_lasts = None;
             self.before_term = super::fresh::BeforeTerm::default();
+            self.vouching = Vouching::Nobody;
         }
     }
 }
@@ -831,6 +876,9 @@ impl Handler<Datagram> for SwimMember {
         // (see `reflect`). One foca cannot use (garbage, oversized, our
         // own) is dropped: the network is not trusted to be well-formed.
         self.bound.heard(msg.from, std::time::Instant::now());
+        if let Some(header) = drive::header(&msg.data) {
+            self.probes.received(&header);
+        }
         let signed = self.signed_now();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
         let result = with_signed(signed.as_ref(), || foca.handle_data(&msg.data, runtime));
@@ -857,10 +905,79 @@ impl Handler<FocaTimer> for SwimMember {
             return;
         }
         let signed = self.signed_now();
+        // A probe unanswered over UDP when foca turns to indirect probes:
+        // the member's own agent connection may vouch for it.
+        if let Some((probed, number)) = self.probes.unanswered(&msg.timer) {
+            match &self.vouching {
+                Vouching::Nobody => {}
+                Vouching::Here(lives) => {
+                    if lives(&probed) {
+                        metrics::counter!("poolgate_swim_vouched_total").increment(1);
+                        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+                        let result = with_signed(signed.as_ref(), || {
+                            drive::vouched(foca, &probed, number, runtime)
+                        });
+                        self.report("vouch", result);
+                    }
+                }
+                Vouching::Orchestrator(ask) => {
+                    if ask.try_send((probed, number)).is_err() {
+                        metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
+                    }
+                }
+            }
+        }
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
         let result = with_signed(signed.as_ref(), || foca.handle_timer(msg.timer, runtime));
         self.report("timer", result);
         self.drain(ctx);
+    }
+}
+
+/// The orchestrator vouched for `0`'s life (its agent connection shows it
+/// alive) when asked about probe `1`: foca is handed that member's ack if
+/// the probe is still under way.
+#[derive(Debug)]
+pub struct Vouched(pub SwimIdentity, pub foca::ProbeNumber);
+
+impl Message for Vouched {
+    type Result = ();
+}
+
+impl Handler<Vouched> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Vouched, ctx: &mut Context<Self>) {
+        let Vouched(probed, number) = msg;
+        if !self.probes.is_current(&probed, number) {
+            metrics::counter!("poolgate_swim_vouched_late_total").increment(1);
+            return;
+        }
+        metrics::counter!("poolgate_swim_vouched_total").increment(1);
+        let signed = self.signed_now();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || {
+            drive::vouched(foca, &probed, number, runtime)
+        });
+        self.report("vouch", result);
+        self.drain(ctx);
+    }
+}
+
+/// From now on, `0` vouches for members whose probes go unanswered (a
+/// node's member: [`Vouching::Orchestrator`]).
+#[derive(Debug)]
+pub struct SetVouching(pub Vouching);
+
+impl Message for SetVouching {
+    type Result = ();
+}
+
+impl Handler<SetVouching> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetVouching, _ctx: &mut Context<Self>) {
+        self.vouching = msg.0;
     }
 }
 
@@ -910,6 +1027,8 @@ mod tests {
                 .unwrap();
             buf
         };
+        // What `send` decides by: the datagram's header.
+        let is_probe = |data: &[u8]| drive::header(data).is_some_and(|h| is_probe(&h.message));
         assert!(is_probe(&encoded(Message::Ping(1))));
         assert!(is_probe(&encoded(Message::Ack(1))));
         let forwarded = Message::ForwardedAck {
