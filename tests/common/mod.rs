@@ -21,6 +21,28 @@ pub fn on_virtual_time<F: Future<Output = ()>>(test: F) {
     poolgate_actors::testing::on_virtual_time(test)
 }
 
+/// `poolgate replay RECORD` (with `--config CONFIG` if given) by the
+/// binary under test, its exit checked 0: the lines it printed.
+pub fn replayed(record: &std::path::Path, config: Option<&std::path::Path>) -> Vec<String> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
+    command.arg("replay").arg(record);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    let replay = command.output().unwrap();
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    String::from_utf8(replay.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// A config over `members` with the given window and policy.
 pub fn config(
     members: &[&str],

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use poolgate::core::{AgentReport, Input, MembershipUpdate, RegistryFact, RunId, SwimState};
 use poolgate::core::{
-    Command, Observation, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
+    Command, NodeId, Observation, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
 };
 use poolgate::replay::{self, render::json_line, ReplayEvent};
 use poolgate::{Fleet, Gate, GateSettings, Recording};
@@ -93,6 +93,26 @@ fn random_inputs(rng: &mut StdRng, nodes: &[&str]) -> Vec<Input> {
     }]
 }
 
+/// The observations of one node among `inputs`, as one agent frame says
+/// them at once (the commands left out).
+fn one_frame(inputs: Vec<Input>) -> Option<(NodeId, Vec<Observation>)> {
+    let mut node = None;
+    let observations = inputs
+        .into_iter()
+        .filter_map(|input| match input {
+            Input::Observation {
+                node: n,
+                observation,
+            } => {
+                node = Some(n);
+                Some(observation)
+            }
+            Input::Command(_) => None,
+        })
+        .collect();
+    node.map(|node| (node, observations))
+}
+
 /// One live run: two feeders with random pauses; returns the published
 /// events (JSON lines) and the recording.
 /// A live run fed `random_inputs` from two tasks; with `batched`, the
@@ -118,21 +138,7 @@ fn live_run(seed: u64, batched: bool) -> (Vec<String>, Vec<u8>) {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let inputs = random_inputs(&mut rng, nodes);
                 if batched && inputs.len() > 1 {
-                    let mut node = None;
-                    let observations = inputs
-                        .into_iter()
-                        .filter_map(|input| match input {
-                            Input::Observation {
-                                node: n,
-                                observation,
-                            } => {
-                                node = Some(n);
-                                Some(observation)
-                            }
-                            Input::Command(_) => None,
-                        })
-                        .collect();
-                    if let Some(node) = node {
+                    if let Some((node, observations)) = one_frame(inputs) {
                         let _ = gate.observe_all(node, observations).await;
                     }
                     continue;
@@ -211,25 +217,8 @@ fn the_live_demo_recorded_replays_to_the_same_events() {
         .filter(|l| !l.contains("\"node_crashed\""))
         .map(str::to_string)
         .collect();
-    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .arg("replay")
-        .arg(&record)
-        .arg("--config")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"))
-        .output()
-        .unwrap();
-    assert_eq!(
-        replay.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&replay.stderr)
-    );
-    let replayed: Vec<String> = String::from_utf8(replay.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect();
-    assert_eq!(live, replayed);
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml"));
+    assert_eq!(live, replayed(&record, Some(config)));
     let text = std::fs::read_to_string(&record).unwrap();
     assert!(text.lines().next().unwrap().contains("\"settings\""));
     assert!(
@@ -317,22 +306,7 @@ fn live_fleet_run(seed: u64) -> (Vec<String>, Vec<u8>, u64) {
                     ];
                 }
                 if inputs.len() > 1 && matches!(inputs[0], Input::Observation { .. }) {
-                    // What one agent frame says, at once.
-                    let mut node = None;
-                    let observations = inputs
-                        .into_iter()
-                        .filter_map(|input| match input {
-                            Input::Observation {
-                                node: n,
-                                observation,
-                            } => {
-                                node = Some(n);
-                                Some(observation)
-                            }
-                            Input::Command(_) => None,
-                        })
-                        .collect();
-                    if let Some(node) = node {
+                    if let Some((node, observations)) = one_frame(inputs) {
                         let _ = fleet.observe_all(node, observations).await;
                     }
                     continue;

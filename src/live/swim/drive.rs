@@ -287,17 +287,22 @@ mod tests {
         SwimIdentity::local(node, port)
     }
 
-    #[test]
-    fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down() {
-        // A member that hears of B only as suspect (gossip, no probe of its
-        // own failed) arms no timer in foca: B would stay suspect for good.
+    /// The orchestrator's foca, alone.
+    fn orchestrators_foca() -> SwimFoca {
         let (codec, _changes) = WatchingCodec::watched();
-        let mut foca: SwimFoca = foca::Foca::new(
+        foca::Foca::new(
             identity("orchestrator", 1),
             SwimTimings::default().foca_config(4),
             StdRng::seed_from_u64(1),
             codec,
-        );
+        )
+    }
+
+    #[test]
+    fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down() {
+        // A member that hears of B only as suspect (gossip, no probe of its
+        // own failed) arms no timer in foca: B would stay suspect for good.
+        let mut foca = orchestrators_foca();
         let mut runtime = AccumulatingRuntime::new();
         let b = identity("node-4", 2);
         let heard = [
@@ -334,13 +339,7 @@ mod tests {
     /// `vouch` says whether `x`'s life is vouched for when foca turns to
     /// indirect probes. Returns `x`'s state once the next probe began.
     fn one_lost_probe(vouch: bool) -> State {
-        let (codec, _changes) = WatchingCodec::watched();
-        let mut foca: SwimFoca = foca::Foca::new(
-            identity("orchestrator", 1),
-            SwimTimings::default().foca_config(4),
-            StdRng::seed_from_u64(1),
-            codec,
-        );
+        let mut foca = orchestrators_foca();
         let mut runtime = AccumulatingRuntime::new();
         let x = identity("node-4", 2);
         foca.apply_many(
