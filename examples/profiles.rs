@@ -2,7 +2,7 @@
 //! side by side in one run (design §15; BENCHMARKS.md, "SWIM profiles").
 //!
 //! ```text
-//! cargo build --release && cargo run --release --example profiles -- [--nodes N] [--tries T] [--starve SECONDS] [--json]
+//! cargo build --release && cargo run --release --example profiles -- [--nodes N] [--tries T] [--starve SECONDS] [--shares 1,0.5,0.2] [--only starve] [--json]
 //! ```
 //!
 //! For each profile (`steady`, the default, and `fast`), one cluster of N
@@ -16,7 +16,9 @@
 //!   again);
 //! - starvation (with `--starve S`, as root, cgroup v1 `cpu`): one node
 //!   agent held to 1% of a core for S seconds (`cpu.cfs_quota_us` 1,000 of
-//!   100,000): the faults meanwhile;
+//!   100,000): the faults meanwhile; `--shares` gives other shares, in
+//!   percent of a core, each measured in turn (the share below which a
+//!   profile starts to fault); `--only starve` measures nothing else;
 //! - a node frozen for good (SIGSTOP, continued once measured), which no
 //!   one can tell from a lost host: the time to `run_faulted`, T times.
 
@@ -33,6 +35,10 @@ struct Args {
     nodes: u32,
     tries: usize,
     starve: u64,
+    /// Shares of a core to starve a node agent to, in percent.
+    shares: Vec<f64>,
+    /// Only the starvation.
+    only_starve: bool,
     json: bool,
 }
 
@@ -41,6 +47,8 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         nodes: 8,
         tries: 10,
         starve: 0,
+        shares: vec![1.0],
+        only_starve: false,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -49,6 +57,21 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--nodes" => args.nodes = it.next().ok_or("--nodes N")?.parse()?,
             "--tries" => args.tries = it.next().ok_or("--tries T")?.parse()?,
             "--starve" => args.starve = it.next().ok_or("--starve SECONDS")?.parse()?,
+            "--shares" => {
+                args.shares = it
+                    .next()
+                    .ok_or("--shares 1,0.5,…")?
+                    .split(',')
+                    .map(|p| p.trim().parse::<f64>())
+                    .collect::<Result<_, _>>()?;
+                if args.shares.iter().any(|p| !(0.1..=100.0).contains(p)) {
+                    return Err("--shares: each from 0.1 to 100 (percent of a core)".into());
+                }
+            }
+            "--only" => match it.next().as_deref() {
+                Some("starve") => args.only_starve = true,
+                _ => return Err("--only starve".into()),
+            },
             "--json" => args.json = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -71,8 +94,8 @@ on_readiness_lost = "wait"
 struct Figures {
     /// (stall in ms, tries, faults)
     stalls: Vec<(u64, usize, usize)>,
-    /// Faults while starved, if measured.
-    starved: Option<usize>,
+    /// (share of a core in percent, faults while starved to it).
+    starved: Vec<(f64, usize)>,
     /// Frozen node → `run_faulted`.
     found: Vec<Duration>,
 }
@@ -113,28 +136,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (stall, tries, faults) in &figures.stalls {
                 println!("{{\"metric\":\"stall_faults\",\"profile\":\"{name}\",\"stall_ms\":{stall},\"tries\":{tries},\"value\":{faults}}}");
             }
-            if let Some(faults) = figures.starved {
-                println!("{{\"metric\":\"starved_1pct_faults\",\"profile\":\"{name}\",\"seconds\":{},\"value\":{faults}}}", args.starve);
+            for (share, faults) in &figures.starved {
+                println!("{{\"metric\":\"starved_faults\",\"profile\":\"{name}\",\"share_percent\":{share},\"seconds\":{},\"value\":{faults}}}", args.starve);
             }
-            println!("{{\"metric\":\"frozen_found_ms_p50\",\"profile\":\"{name}\",\"n\":{},\"value\":{}}}", found.len(), ms(p50));
-            println!("{{\"metric\":\"frozen_found_ms_max\",\"profile\":\"{name}\",\"n\":{},\"value\":{}}}", found.len(), ms(p99));
+            if !found.is_empty() {
+                println!("{{\"metric\":\"frozen_found_ms_p50\",\"profile\":\"{name}\",\"n\":{},\"value\":{}}}", found.len(), ms(p50));
+                println!("{{\"metric\":\"frozen_found_ms_max\",\"profile\":\"{name}\",\"n\":{},\"value\":{}}}", found.len(), ms(p99));
+            }
         } else {
             println!("profile {name}:");
             for (stall, tries, faults) in &figures.stalls {
                 println!("  stall {stall} ms: {faults} faults in {tries}");
             }
-            if let Some(faults) = figures.starved {
+            for (share, faults) in &figures.starved {
                 println!(
-                    "  held to 1% of a core for {} s: {faults} faults",
+                    "  held to {share}% of a core for {} s: {faults} faults",
                     args.starve
                 );
             }
-            println!(
-                "  frozen node found: median {} ms, max {} ms (n = {})",
-                ms(p50),
-                ms(p99),
-                found.len()
-            );
+            if !found.is_empty() {
+                println!(
+                    "  frozen node found: median {} ms, max {} ms (n = {})",
+                    ms(p50),
+                    ms(p99),
+                    found.len()
+                );
+            }
         }
     }
     Ok(())
@@ -154,7 +181,12 @@ async fn measure(plan: &ClusterPlan, args: &Args) -> Result<Figures, Box<dyn std
     let mut figures = Figures::default();
     let mut round = 0;
     commit(&gate, &cluster, &mut round).await?;
-    for stall_ms in [500u64, 1000, 1500] {
+    let stalls: &[u64] = if args.only_starve {
+        &[]
+    } else {
+        &[500, 1000, 1500]
+    };
+    for &stall_ms in stalls {
         let mut faults = 0;
         for _ in 0..args.tries {
             while events.try_recv().is_ok() {}
@@ -169,13 +201,27 @@ async fn measure(plan: &ClusterPlan, args: &Args) -> Result<Figures, Box<dyn std
         }
         figures.stalls.push((stall_ms, args.tries, faults));
     }
-    if args.starve > 0 {
+    for &share in args.shares.iter().filter(|_| args.starve > 0) {
+        gate.wait_ready().await?;
+        if gate.report().await?.run.is_none() {
+            commit(&gate, &cluster, &mut round).await?;
+        }
         let victim = rand::rng().random_range(0..cluster.nodes.len());
         let pid = cluster.pid(victim).ok_or("no pid")?;
         let group = format!("/sys/fs/cgroup/cpu/poolgate-starve-{}", std::process::id());
         std::fs::create_dir_all(&group)?;
-        std::fs::write(format!("{group}/cpu.cfs_period_us"), "100000")?;
-        std::fs::write(format!("{group}/cpu.cfs_quota_us"), "1000")?;
+        // Of a 100 ms period; the kernel takes no quota under 1 ms, so a
+        // smaller share takes a longer period.
+        let (period, quota) = if share >= 1.0 {
+            (100_000u64, (share * 1_000.0) as u64)
+        } else {
+            ((100_000.0 / share) as u64, 1_000)
+        };
+        std::fs::write(
+            format!("{group}/cpu.cfs_period_us"),
+            period.min(1_000_000).to_string(),
+        )?;
+        std::fs::write(format!("{group}/cpu.cfs_quota_us"), quota.to_string())?;
         std::fs::write(format!("{group}/cgroup.procs"), pid.to_string())?;
         while events.try_recv().is_ok() {}
         let until = Instant::now() + Duration::from_secs(args.starve);
@@ -188,9 +234,10 @@ async fn measure(plan: &ClusterPlan, args: &Args) -> Result<Figures, Box<dyn std
         }
         std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", pid.to_string())?;
         let _ = std::fs::remove_dir(&group);
-        figures.starved = Some(faults);
+        figures.starved.push((share, faults));
     }
-    for _ in 0..args.tries {
+    let frozen_tries = if args.only_starve { 0 } else { args.tries };
+    for _ in 0..frozen_tries {
         gate.wait_ready().await?;
         if gate.report().await?.run.is_none() {
             commit(&gate, &cluster, &mut round).await?;
