@@ -647,6 +647,69 @@ fn a_follower_is_a_warm_swim_member_and_its_next_term_starts_from_that_view() {
     });
 }
 
+#[test]
+fn a_followers_member_accuses_no_node_and_the_leaders_vouches_for_its_own() {
+    // Design §15: a probe unanswered over UDP falls back on the probed
+    // node's agent connection, which only the leader holds; a follower's
+    // warm member accuses nobody. Node-1 advertises a SWIM address nobody
+    // reads (a port this test holds): every probe of it goes unanswered,
+    // and it can refute nothing. Before, the follower's probes made it
+    // suspect, the gossip reached the leader, and the pool lost readiness.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("vouch");
+    live_for(Duration::from_secs(60), async {
+        let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+        let bind = "bind = \"127.0.0.1:0\"\n";
+        assert!(node_toml.contains(bind), "{node_toml}");
+        let advertised = format!(
+            "{bind}advertise = \"{}\"\n",
+            blackhole.local_addr().unwrap()
+        );
+        std::fs::write(
+            &cluster.nodes[0].config,
+            node_toml.replacen(bind, &advertised, 1),
+        )
+        .unwrap();
+
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        // The follower joins through the leader's member, whose answer
+        // lists node-1 (gossip alone could spend itself on node-1's
+        // address, which nobody reads).
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        let learnt = tokio::time::timeout(Duration::from_secs(5), async {
+            while b.swim_members().await.unwrap_or(0) < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(learnt.is_ok(), "the follower's member never learnt node-1");
+        // Fifty probe periods (200 ms): each member probes node-1 many
+        // times, every probe unanswered; nobody suspects it.
+        let lost = tokio::time::timeout(
+            Duration::from_secs(10),
+            common::live::until(&mut events, |e| match e {
+                Event::ReadinessLost { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(lost.is_err(), "readiness lost: {lost:?}");
+        live.stop().await;
+        a.resign();
+        b.resign();
+        cluster.kill(0);
+        drop(blackhole);
+    });
+}
+
 /// Ends `replica`'s term as a lapsed lease would (its `leader` key, the
 /// full key `leader`, deleted on `server`), stops the term's
 /// orchestrator `live`, and leads again: the next term's orchestrator.

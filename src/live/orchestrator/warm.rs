@@ -116,8 +116,13 @@ pub(super) async fn start_member(
     member.do_send(crate::live::swim::member::OnlyMembers(
         config.registry.keys().map(|n| n.to_string()).collect(),
     ));
-    if let Some(attach) = attach {
-        member.do_send(attach);
+    match attach {
+        Some(attach) => member.do_send(attach),
+        // A replica's member while it follows accuses nobody (see
+        // `Vouching::Everyone`).
+        None => member.do_send(crate::live::swim::member::SetVouching(
+            crate::live::swim::member::Vouching::Everyone,
+        )),
     }
     if !config.swim.seeds.is_empty() {
         let (seeds, failed) = lookup_all(&config.swim.seeds).await;

@@ -245,9 +245,15 @@ pub struct SwimMember {
 /// see [`drive::Probes`]).
 #[derive(Clone, Default)]
 pub enum Vouching {
-    /// Nobody: foca's probes alone (a replica that follows).
+    /// Nobody: foca's probes alone.
     #[default]
     Nobody,
+    /// Every member: this member accuses nobody (a replica's member while
+    /// it follows: the nodes' frames go to the leader, so it has no
+    /// evidence of its own, and a suspicion it raised on UDP loss alone,
+    /// gossiped, would fault the leader's runs). It still learns every
+    /// suspicion the others raise, and times them out.
+    Everyone,
     /// This process, at once: whether the member's agent connection
     /// shows it alive now (the leading orchestrator's member).
     Here(Arc<dyn Fn(&SwimIdentity) -> bool + Send + Sync>),
@@ -261,6 +267,7 @@ impl std::fmt::Debug for Vouching {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Vouching::Nobody => "Nobody",
+            Vouching::Everyone => "Everyone",
             Vouching::Here(_) => "Here",
             Vouching::Orchestrator(_) => "Orchestrator",
         })
@@ -825,7 +832,8 @@ impl Handler<Detach> for SwimMember {
             self.signed = None;
             self.term_lasts = None;
             self.before_term = super::fresh::BeforeTerm::default();
-            self.vouching = Vouching::Nobody;
+            // Kept warm for a later term, it follows: it accuses nobody.
+            self.vouching = Vouching::Everyone;
         }
     }
 }
@@ -910,8 +918,12 @@ impl Handler<FocaTimer> for SwimMember {
         if let Some((probed, number)) = self.probes.unanswered(&msg.timer) {
             match &self.vouching {
                 Vouching::Nobody => {}
-                Vouching::Here(lives) => {
-                    if lives(&probed) {
+                Vouching::Everyone | Vouching::Here(_) => {
+                    let lives = match &self.vouching {
+                        Vouching::Here(lives) => lives(&probed),
+                        _ => true,
+                    };
+                    if lives {
                         metrics::counter!("poolgate_swim_vouched_total").increment(1);
                         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
                         let result = with_signed(signed.as_ref(), || {
