@@ -41,9 +41,11 @@ enum Command {
     /// Replay a scenario (JSON Lines, `-` for stdin) on a virtual clock and
     /// print one JSON event per line.
     Replay {
-        /// The configuration file.
-        #[arg(long, default_value = "config.toml")]
-        config: PathBuf,
+        /// The configuration file (default: `config.toml` here if there is
+        /// one, else the shipped one; a recording brings its own pools and
+        /// settings).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Print readable lines instead of JSON.
         #[arg(long)]
         human: bool,
@@ -283,7 +285,7 @@ fn main() -> ExitCode {
             state,
             scenario,
         } => replay(
-            &config,
+            config.as_deref(),
             &scenario,
             human || explain,
             explain,
@@ -297,7 +299,7 @@ fn main() -> ExitCode {
             nodes,
             seed,
             record,
-        } => demo_config(config.as_deref()).and_then(|config| {
+        } => config_or_shipped(config.as_deref()).and_then(|config| {
             let seed = seed.unwrap_or_else(rand::random);
             let record = commands::recording(record.as_deref()).map_err(|e| e.to_string())?;
             demo::print(&config, json, nodes, seed, record)
@@ -489,7 +491,7 @@ const SHIPPED_CONFIG: &str = include_str!("../config.toml");
 
 /// The demo's configuration: `path`; else `config.toml` here; else the
 /// shipped one.
-fn demo_config(path: Option<&Path>) -> Result<Config, String> {
+fn config_or_shipped(path: Option<&Path>) -> Result<Config, String> {
     match path {
         Some(path) => load(path),
         None if Path::new("config.toml").exists() => load(Path::new("config.toml")),
@@ -502,14 +504,14 @@ fn load(config: &Path) -> Result<Config, String> {
 }
 
 fn replay(
-    config: &Path,
+    config: Option<&Path>,
     scenario: &str,
     human: bool,
     explain: bool,
     timeline_file: Option<&Path>,
     state: Option<PathBuf>,
 ) -> Result<(), String> {
-    let config = load(config)?;
+    let config = config_or_shipped(config)?;
     let input: Box<dyn BufRead> = if scenario == "-" {
         Box::new(io::stdin().lock())
     } else {

@@ -710,6 +710,83 @@ fn a_followers_member_accuses_no_node_and_the_leaders_vouches_for_its_own() {
     });
 }
 
+#[test]
+fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
+    // An operator's finding: under UDP loss, a new leader's member probed
+    // the nodes before their agents had reconnected to it, found no frame
+    // to vouch by, and the restored run faulted `suspect` 2.5 s into the
+    // term. Node-1 advertises a SWIM address nobody reads (every probe of
+    // it unanswered, as under total loss); the run over it survives the
+    // takeover, and a real loss still faults it.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("takeover");
+    live_for(Duration::from_secs(60), async {
+        let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+        let bind = "bind = \"127.0.0.1:0\"\n";
+        let advertised = format!(
+            "{bind}advertise = \"{}\"\n",
+            blackhole.local_addr().unwrap()
+        );
+        std::fs::write(
+            &cluster.nodes[0].config,
+            node_toml.replacen(bind, &advertised, 1),
+        )
+        .unwrap();
+
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        let epoch = ready(&mut events).await;
+        let run = poolgate::core::RunId::new("over-a-takeover").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![common::node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        live.stop().await;
+        a.resign();
+        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        let mut events = next.gate.subscribe();
+        assert_eq!(
+            next.gate.report().await.unwrap().run,
+            Some(run.clone()),
+            "restored"
+        );
+        let faulted = tokio::time::timeout(
+            Duration::from_secs(8),
+            common::live::until(&mut events, |e| match e {
+                Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(faulted.is_err(), "the run faulted: {faulted:?}");
+        // Still guarded: node-1 killed, the run faults.
+        cluster.kill(0);
+        let faulted = common::live::until(&mut events, |e| match e {
+            Event::RunFaulted { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .await;
+        assert_eq!(faulted.as_str(), "node-1");
+        next.stop().await;
+        b.resign();
+        drop(blackhole);
+    });
+}
+
 /// Ends `replica`'s term as a lapsed lease would (its `leader` key, the
 /// full key `leader`, deleted on `server`), stops the term's
 /// orchestrator `live`, and leads again: the next term's orchestrator.

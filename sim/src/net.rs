@@ -269,7 +269,8 @@ impl Network {
     /// orchestrator (member 0), over TCP, which the loss model does not
     /// touch (a partition cuts it, a crash closes it). The orchestrator
     /// vouches for its own probes at once; a node's question and answer
-    /// take a millisecond each way.
+    /// take a millisecond each way; a node with no connection to ask over
+    /// accuses nobody.
     pub fn set_vouching(&mut self, on: bool) {
         self.vouching = on;
     }
@@ -509,9 +510,13 @@ impl Network {
                         if self.vouches(&probed) {
                             self.vouch(0, &probed, number);
                         }
-                    } else if self.connected(index) {
+                    } else if !self.connected(index) {
+                        // No orchestrator to ask: no accusation.
+                        self.vouch(index, &probed, number);
+                    } else {
                         // Asked over the agent connection; answered from
-                        // the evidence the orchestrator holds then.
+                        // the evidence the orchestrator holds then (a no
+                        // lets the suspicion stand).
                         let at = self.now + 1;
                         if self.vouches(&probed) {
                             self.schedule(

@@ -661,13 +661,13 @@ async fn session(
             }
             reply = replies.recv() => match reply {
                 Some(Ok(Some(Reply::Accepted { vouch, .. }))) => {
-                    if let Some(wire::Vouch { ask, alive: true }) = vouch {
+                    if let Some(wire::Vouch { ask, alive }) = vouch {
                         let probed = SwimIdentity {
                             node: ask.node,
                             addr: ask.swim,
                             generation: ask.generation,
                         };
-                        to.swim.do_send(Vouched(probed, ask.probe));
+                        to.swim.do_send(Vouched { probed, probe: ask.probe, alive });
                     }
                     if !accepted {
                         tracing::info!(node = %to.node, orchestrator = %addr, "announced to the orchestrator");

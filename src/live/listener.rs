@@ -206,6 +206,9 @@ pub(super) struct Listener {
     answering: Arc<tokio::sync::Semaphore>,
     /// Which replica leads, for the status answer.
     leader: Arc<str>,
+    /// This orchestrator's own SWIM address: a node that probed its
+    /// member in vain is told it lives (it is answering).
+    own_swim: std::net::SocketAddr,
 }
 
 impl Listener {
@@ -404,7 +407,10 @@ impl Listener {
                     addr: ask.swim,
                     generation: ask.generation,
                 };
-                let alive = lock(&self.nodes).vouches(&probed, std::time::Instant::now());
+                // This orchestrator's own member lives: it is answering.
+                let own = probed.node == super::swim::member::ORCHESTRATOR
+                    && probed.addr == self.own_swim;
+                let alive = own || lock(&self.nodes).vouches(&probed, std::time::Instant::now());
                 metrics::counter!("poolgate_agent_vouches_total", "alive" => if alive { "yes" } else { "no" }).increment(1);
                 wire::Vouch { ask, alive }
             });
@@ -540,10 +546,11 @@ impl Listener {
 impl Listener {
     /// The listener of an orchestrator over `gate`, `swim`, `registry`
     /// and `nodes`, with `config`'s `[agents]` limits and label; `leader`
-    /// is what `status` says of who leads.
+    /// is what `status` says of who leads; `own_swim` its SWIM member's
+    /// address.
     pub(super) fn new(
         fleet: Fleet,
-        swim: Addr<SwimMember>,
+        (swim, own_swim): (Addr<SwimMember>, std::net::SocketAddr),
         registry: Registry,
         config: &Config,
         nodes: Arc<Mutex<Nodes>>,
@@ -561,6 +568,7 @@ impl Listener {
             said_twice: Arc::new(Mutex::new(Throttles::new(LOG_EVERY, 4096))),
             answering: Arc::new(tokio::sync::Semaphore::new(1)),
             leader,
+            own_swim,
         }
     }
 }

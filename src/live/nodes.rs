@@ -43,7 +43,19 @@ pub struct Nodes {
     /// The signed identities by address, for the SWIM member to decide
     /// address conflicts by.
     pub signed_view: super::swim::identity::SignedView,
+    /// When this orchestrator's term began (set by the orchestrator; see
+    /// [`TERM_GRACE`]).
+    pub term_started: Option<std::time::Instant>,
 }
+
+/// For this long after a term begins, a node not heard from in it yet is
+/// vouched for ([`Nodes::vouches`]): its agent reconnects to the new
+/// leader within a few seconds, and meanwhile the probes of it, lost to
+/// UDP, would fault a run on nothing but the takeover. A node that never
+/// comes back is not ready in this term, and a restored run's required
+/// node not seen ready within `[state] restore_grace` faults it
+/// `unconfirmed`.
+pub const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A node's last accepted frame (see [`Nodes::heard_from`]).
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +71,12 @@ pub struct Heard {
 /// How late past its heartbeat a node's latest frame may be for the
 /// orchestrator to vouch for its SWIM member ([`Nodes::vouches`]).
 pub const VOUCH_SLACK: std::time::Duration = std::time::Duration::from_millis(150);
+
+/// The longest heartbeat vouching waits out: a node whose frames come
+/// further apart is vouched for only within this (and [`VOUCH_SLACK`]) of
+/// its latest frame, so a frozen node with a long heartbeat is still found
+/// by SWIM, not only after its connection's few silent heartbeats.
+pub const VOUCH_HEARTBEAT_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The SWIM identity a node signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,11 +278,15 @@ impl Nodes {
             at: now,
             heartbeat,
         };
+        // The earlier connection counts while it is still attached (one
+        // that closed was a process that ended, not a twin).
+        let open = |before: &Heard| self.attached.get(node) == Some(&before.connection);
         match self.heard.insert(node.clone(), heard) {
             Some(before)
                 if before.connection != id
                     && before.identity != identity
-                    && now.duration_since(before.at) < within =>
+                    && now.duration_since(before.at) < within
+                    && open(&before) =>
             {
                 Some(before.peer)
             }
@@ -273,7 +295,8 @@ impl Nodes {
     }
 
     /// Whether the SWIM member `probed` lives by its node's own evidence
-    /// at `now` (design §15): the node's agent connection is up, its
+    /// at `now` (design §15), or has not been heard from yet in a term
+    /// that began less than [`TERM_GRACE`] ago: the node's agent connection is up, its
     /// latest frame, on that connection, signed exactly that identity
     /// (address and generation), and came no more than a heartbeat (and
     /// [`VOUCH_SLACK`]) ago. A member that is gone, stalled or cut off
@@ -281,11 +304,15 @@ impl Nodes {
     /// node's address is not the identity the node signed.
     pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
         let Some(heard) = self.heard.get(probed.node.as_str()) else {
-            return false;
+            // Not heard from in this term: vouched for while it begins.
+            return self
+                .term_started
+                .is_some_and(|started| now.saturating_duration_since(started) < TERM_GRACE);
         };
         let attached = self.attached.get(probed.node.as_str()) == Some(&heard.connection);
         let signed = heard.identity == (Some(probed.addr), Some(probed.generation));
-        let fresh = now.saturating_duration_since(heard.at) <= heard.heartbeat + VOUCH_SLACK;
+        let within = heard.heartbeat.min(VOUCH_HEARTBEAT_LIMIT) + VOUCH_SLACK;
+        let fresh = now.saturating_duration_since(heard.at) <= within;
         attached && signed && fresh
     }
 
@@ -511,32 +538,28 @@ mod tests {
         let start = std::time::Instant::now();
         let (one, two) = ((Some(a), Some(5)), (Some(b), Some(7)));
         let mut nodes = Nodes::default();
-        assert_eq!(
-            nodes.heard_from(&node, (1, a), one, within, start, within),
-            None
-        );
+        // As the listener does: each accepted frame's connection attached.
+        let heard = |nodes: &mut Nodes, id: u64, peer, identity, at| {
+            let twin = nodes.heard_from(&node, (id, peer), identity, within, at, within);
+            nodes.attached.insert(node.clone(), id);
+            twin
+        };
+        assert_eq!(heard(&mut nodes, 1, a, one, start), None);
         let half = start + within / 2;
-        assert_eq!(
-            nodes.heard_from(&node, (1, a), one, within, half, within),
-            None
-        );
+        assert_eq!(heard(&mut nodes, 1, a, one, half), None);
         // The same process on a second connection: one identity.
-        assert_eq!(
-            nodes.heard_from(&node, (2, a), one, within, half, within),
-            None
-        );
+        assert_eq!(heard(&mut nodes, 2, a, one, half), None);
         // Another identity while the first still speaks: two signers.
         let soon = half + std::time::Duration::from_millis(10);
-        assert_eq!(
-            nodes.heard_from(&node, (3, b), two, within, soon, within),
-            Some(a)
-        );
+        assert_eq!(heard(&mut nodes, 3, b, two, soon), Some(a));
         // A restart after the first went quiet is not.
         let later = soon + within * 2;
-        assert_eq!(
-            nodes.heard_from(&node, (4, a), one, within, later, within),
-            None
-        );
+        assert_eq!(heard(&mut nodes, 4, a, one, later), None);
+        // Nor one at once after the earlier connection closed (a process
+        // killed and started again: its new generation on a new one).
+        nodes.attached.remove(&node);
+        let again = later + std::time::Duration::from_millis(10);
+        assert_eq!(heard(&mut nodes, 5, a, (Some(a), Some(6)), again), None);
     }
 
     #[test]
@@ -568,6 +591,40 @@ mod tests {
         assert!(nodes.vouches(&probed, start + heartbeat + VOUCH_SLACK));
         let late = start + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
         assert!(!nodes.vouches(&probed, late), "the frames stopped");
+        // Not heard from in a term that just began: vouched for a while.
+        let unheard = crate::live::swim::SwimIdentity {
+            node: "node-9".into(),
+            ..probed.clone()
+        };
+        assert!(!nodes.vouches(&unheard, start), "no term");
+        nodes.term_started = Some(start);
+        assert!(nodes.vouches(&unheard, start + TERM_GRACE / 2));
+        assert!(!nodes.vouches(&unheard, start + TERM_GRACE));
+        // A node with a long heartbeat is vouched for within the limit only.
+        let slow = std::time::Duration::from_secs(10);
+        nodes.heard_from(
+            &node,
+            (1, peer),
+            (Some(addr), Some(5)),
+            slow,
+            start,
+            slow * 4,
+        );
+        let past_limit = start + VOUCH_HEARTBEAT_LIMIT + VOUCH_SLACK;
+        assert!(nodes.vouches(&probed, past_limit));
+        let later = past_limit + std::time::Duration::from_millis(1);
+        assert!(
+            !nodes.vouches(&probed, later),
+            "a frozen node with a 10 s heartbeat"
+        );
+        nodes.heard_from(
+            &node,
+            (1, peer),
+            (Some(addr), Some(5)),
+            heartbeat,
+            start,
+            heartbeat * 4,
+        );
         // Another identity at the address (an impostor, an older life).
         for other in [6, 4] {
             let impostor = crate::live::swim::SwimIdentity {

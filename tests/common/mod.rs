@@ -21,13 +21,20 @@ pub fn on_virtual_time<F: Future<Output = ()>>(test: F) {
     poolgate_actors::testing::on_virtual_time(test)
 }
 
-/// `poolgate replay RECORD` (with `--config CONFIG` if given) by the
-/// binary under test, its exit checked 0: the lines it printed.
+/// `poolgate replay RECORD` (with `--config CONFIG` if given; without,
+/// from RECORD's folder) by the binary under test, its exit checked 0:
+/// the lines it printed.
 pub fn replayed(record: &std::path::Path, config: Option<&std::path::Path>) -> Vec<String> {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
     command.arg("replay").arg(record);
-    if let Some(config) = config {
-        command.arg("--config").arg(config);
+    match (config, record.parent()) {
+        (Some(config), _) => {
+            command.arg("--config").arg(config);
+        }
+        (None, Some(folder)) => {
+            command.current_dir(folder);
+        }
+        (None, None) => {}
     }
     let replay = command.output().unwrap();
     assert_eq!(

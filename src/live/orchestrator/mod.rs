@@ -209,7 +209,10 @@ impl Orchestrator {
                 .registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;
         }
-        let nodes = Arc::new(Mutex::new(Nodes::default()));
+        let nodes = Arc::new(Mutex::new(Nodes {
+            term_started: Some(std::time::Instant::now()),
+            ..Nodes::default()
+        }));
         let registry: Registry = Arc::new(std::sync::RwLock::new(registered));
         let mut tasks = Vec::new();
         let kept = store.clone();
@@ -301,7 +304,7 @@ impl Orchestrator {
         let agents_addr = listener.local_addr().map_err(bound)?;
         let accept = Listener::new(
             fleet.clone(),
-            swim.clone(),
+            (swim.clone(), swim_addr),
             Arc::clone(&registry),
             config,
             Arc::clone(&nodes),
@@ -351,6 +354,8 @@ impl Orchestrator {
         for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
             task.abort();
         }
+        // The gauge's own task, aborted, cannot say so.
+        metrics::gauge!("poolgate_leading").set(0.0);
         self.release_swim();
     }
 
@@ -380,6 +385,8 @@ impl Orchestrator {
         for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
             task.abort();
         }
+        // The gauge's own task, aborted, cannot say so.
+        metrics::gauge!("poolgate_leading").set(0.0);
         self.release_swim();
         let Orchestrator {
             fleet,

@@ -101,7 +101,7 @@ pub(super) async fn start_member(
     let foca_config = config.swim.timings.foca_config(cluster_size);
     let (member, addr) = until_free(|| {
         SwimMember::start(
-            "orchestrator",
+            crate::live::swim::member::ORCHESTRATOR,
             config.swim.bind,
             config.swim.advertise.as_ref(),
             generation,

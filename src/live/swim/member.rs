@@ -238,7 +238,15 @@ pub struct SwimMember {
     probes: drive::Probes,
     /// Who vouches for a member whose probe went unanswered.
     vouching: Vouching,
+    /// The probe the orchestrator was asked about, its answer awaited.
+    asked: Option<(SwimIdentity, foca::ProbeNumber)>,
+    /// How long an answer is awaited: half of what is left of the probe
+    /// period once foca turns to indirect probes.
+    answer_within: Duration,
 }
+
+/// The name every orchestrator's SWIM member goes by.
+pub const ORCHESTRATOR: &str = "orchestrator";
 
 /// Who vouches for a SWIM member whose probe by this member went
 /// unanswered over UDP, by the member's own agent connection (design §15;
@@ -258,8 +266,12 @@ pub enum Vouching {
     /// shows it alive now (the leading orchestrator's member).
     Here(Arc<dyn Fn(&SwimIdentity) -> bool + Send + Sync>),
     /// The orchestrator, asked over this node's agent connection; its
-    /// answer comes back as [`Vouched`] (a node's member). The queue is
-    /// bounded: a question it cannot take is not asked.
+    /// answer comes back as [`Vouched`] (a node's member). Only its word
+    /// that the member's own connection is silent too lets this member
+    /// accuse: a question its bounded queue cannot take, or one not
+    /// answered within half what is left of the probe period (no
+    /// connection, an orchestrator stalled or changing hands), accuses
+    /// nobody, as a follower does.
     Orchestrator(tokio::sync::mpsc::Sender<(SwimIdentity, foca::ProbeNumber)>),
 }
 
@@ -309,6 +321,7 @@ impl SwimMember {
         };
         let (codec, changes) = WatchingCodec::watched();
         let repair = drive::Repair::for_config(&config);
+        let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
@@ -331,6 +344,8 @@ impl SwimMember {
             bound: super::reflect::SendBound::default(),
             probes: drive::Probes::default(),
             vouching: Vouching::Nobody,
+            asked: None,
+            answer_within,
         };
         Ok((member.start(), addr))
     }
@@ -923,8 +938,10 @@ impl Handler<FocaTimer> for SwimMember {
                         Vouching::Here(lives) => lives(&probed),
                         _ => true,
                     };
-                    if lives {
+                    if lives && matches!(self.vouching, Vouching::Here(_)) {
                         metrics::counter!("poolgate_swim_vouched_total").increment(1);
+                    }
+                    if lives {
                         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
                         let result = with_signed(signed.as_ref(), || {
                             drive::vouched(foca, &probed, number, runtime)
@@ -933,8 +950,20 @@ impl Handler<FocaTimer> for SwimMember {
                     }
                 }
                 Vouching::Orchestrator(ask) => {
-                    if ask.try_send((probed, number)).is_err() {
+                    if ask.try_send((probed.clone(), number)).is_ok() {
+                        self.asked = Some((probed.clone(), number));
+                        ctx.run_later(self.answer_within, move |member, ctx| {
+                            member.unanswered(probed, number, ctx);
+                        });
+                    } else {
+                        // Not asked: no word from the orchestrator, so no
+                        // accusation.
                         metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
+                        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+                        let result = with_signed(signed.as_ref(), || {
+                            drive::vouched(foca, &probed, number, runtime)
+                        });
+                        self.report("vouch", result);
                     }
                 }
             }
@@ -946,11 +975,46 @@ impl Handler<FocaTimer> for SwimMember {
     }
 }
 
-/// The orchestrator vouched for `0`'s life (its agent connection shows it
-/// alive) when asked about probe `1`: foca is handed that member's ack if
-/// the probe is still under way.
+impl SwimMember {
+    /// The orchestrator did not answer about probe `number` of `probed` in
+    /// time: with no word that the member's connection is silent, it is
+    /// not accused.
+    fn unanswered(
+        &mut self,
+        probed: SwimIdentity,
+        number: foca::ProbeNumber,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.asked.as_ref() != Some(&(probed.clone(), number))
+            || !self.probes.is_current(&probed, number)
+        {
+            return;
+        }
+        self.asked = None;
+        metrics::counter!("poolgate_swim_vouch_unanswered_total").increment(1);
+        let signed = self.signed_now();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || {
+            drive::vouched(foca, &probed, number, runtime)
+        });
+        self.report("vouch", result);
+        self.drain(ctx);
+    }
+}
+
+/// The orchestrator's answer about probe `probe` of `probed`: whether the
+/// member's agent connection shows it `alive`. Alive, foca is handed that
+/// member's ack if the probe is still under way; not, the probe stands
+/// unanswered (the member may be suspected).
 #[derive(Debug)]
-pub struct Vouched(pub SwimIdentity, pub foca::ProbeNumber);
+pub struct Vouched {
+    /// The member probed.
+    pub probed: SwimIdentity,
+    /// foca's number for the probe.
+    pub probe: foca::ProbeNumber,
+    /// The answer.
+    pub alive: bool,
+}
 
 impl Message for Vouched {
     type Result = ();
@@ -960,7 +1024,17 @@ impl Handler<Vouched> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Vouched, ctx: &mut Context<Self>) {
-        let Vouched(probed, number) = msg;
+        let Vouched {
+            probed,
+            probe: number,
+            alive,
+        } = msg;
+        if self.asked.as_ref() == Some(&(probed.clone(), number)) {
+            self.asked = None;
+        }
+        if !alive {
+            return;
+        }
         if !self.probes.is_current(&probed, number) {
             metrics::counter!("poolgate_swim_vouched_late_total").increment(1);
             return;
