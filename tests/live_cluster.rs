@@ -2013,3 +2013,45 @@ fn a_node_no_swim_datagram_reaches_is_vouched_for_by_its_agent_connection_until_
         drop(blackhole);
     });
 }
+
+#[test]
+fn a_node_killed_and_restarted_at_once_faults_the_run_that_requires_it() {
+    // An operator's finding: a node agent killed (SIGKILL) and started
+    // again at once, as a supervisor would, reconnected within the lost
+    // connection's grace (design §11): the crash went unseen and the run
+    // stayed committed. A frame signing another generation is another
+    // process: the one the run ran on is gone.
+    live(async {
+        let (mut cluster, gate, mut events) = start(&plan(2)).await;
+        let epoch = ready(&mut events).await;
+        let run = RunId::new("r1").unwrap();
+        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        gate.commit_plan(
+            run.clone(),
+            vec![node("node-1"), node("node-2")],
+            Some(epoch),
+        )
+        .await
+        .unwrap();
+        cluster.kill(1);
+        cluster.spawn(1).unwrap();
+        let faulted = tokio::time::timeout(
+            Duration::from_secs(10),
+            until(&mut events, |e| match e {
+                Event::RunFaulted {
+                    run: r,
+                    node,
+                    reason,
+                    ..
+                } if *r == run => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await
+        .expect("the run faulted");
+        assert_eq!(faulted.0, node("node-2"), "{faulted:?}");
+        // The restarted node is ready again: a new epoch.
+        let again = ready(&mut events).await;
+        assert!(again > epoch);
+    });
+}

@@ -482,8 +482,15 @@ impl Listener {
         node: &NodeId,
         state: Announcement,
     ) -> Result<(), poolgate_actors::GateError> {
-        let (bound, leaving_incarnation) = {
+        let (bound, leaving_incarnation, restarted) = {
             let mut known = lock(&self.nodes);
+            // A generation other than the one the node signed before in
+            // this term: another process (restarted, or its identity
+            // renewed after it was declared down). The process it replaces
+            // is gone, however soon the new one connected (within the
+            // lost-connection grace, a crash would pass unseen).
+            let before = known.swim_addr.get(node).and_then(|s| s.generation);
+            let restarted = before.is_some_and(|g| state.generation.is_some_and(|now| now != g));
             let bound = state
                 .swim
                 .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
@@ -494,11 +501,15 @@ impl Listener {
                 known.leaving.remove(node);
                 None
             };
-            (bound, leaving)
+            (bound, leaving, restarted)
         };
         // One frame, one input: what it says is applied in this order, at
         // one instant, in one trip to the node's actor.
         let mut observations = Vec::new();
+        if restarted {
+            tracing::info!(%node, generation = ?state.generation, "the node's process was replaced: its earlier one is gone");
+            observations.push(Observation::Unavailable);
+        }
         if let Some((addr, latest)) = bound {
             // A node this member may not know (it restarted, or this
             // orchestrator did): ask it to join us.
