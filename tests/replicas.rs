@@ -659,20 +659,8 @@ fn a_followers_member_accuses_no_node_and_the_leaders_vouches_for_its_own() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("vouch");
     live_for(Duration::from_secs(60), async {
-        let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let (mut cluster, first, second) = two_replicas_one_node(&server).await;
-        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
-        let bind = "bind = \"127.0.0.1:0\"\n";
-        assert!(node_toml.contains(bind), "{node_toml}");
-        let advertised = format!(
-            "{bind}advertise = \"{}\"\n",
-            blackhole.local_addr().unwrap()
-        );
-        std::fs::write(
-            &cluster.nodes[0].config,
-            node_toml.replacen(bind, &advertised, 1),
-        )
-        .unwrap();
+        let blackhole = unreachable_swim(&cluster);
 
         let mut a = Replica::start(&first).unwrap();
         let live = a.lead(None).await.unwrap();
@@ -722,19 +710,8 @@ fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("takeover");
     live_for(Duration::from_secs(60), async {
-        let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let (mut cluster, first, second) = two_replicas_one_node(&server).await;
-        let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
-        let bind = "bind = \"127.0.0.1:0\"\n";
-        let advertised = format!(
-            "{bind}advertise = \"{}\"\n",
-            blackhole.local_addr().unwrap()
-        );
-        std::fs::write(
-            &cluster.nodes[0].config,
-            node_toml.replacen(bind, &advertised, 1),
-        )
-        .unwrap();
+        let blackhole = unreachable_swim(&cluster);
 
         let mut a = Replica::start(&first).unwrap();
         let live = a.lead(None).await.unwrap();
@@ -854,6 +831,26 @@ async fn two_replicas_one_node(
     );
     std::fs::write(&cluster.nodes[0].config, node_toml.replace(&listed, &both)).unwrap();
     (cluster, first, second)
+}
+
+/// Makes node-1 advertise a SWIM address nobody reads (a port the
+/// returned socket holds; drop it at the end): every probe of it goes
+/// unanswered, as under total UDP loss, while its agent connection works.
+fn unreachable_swim(cluster: &poolgate::cli::cluster::LocalCluster) -> std::net::UdpSocket {
+    let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let node_toml = std::fs::read_to_string(&cluster.nodes[0].config).unwrap();
+    let bind = "bind = \"127.0.0.1:0\"\n";
+    assert!(node_toml.contains(bind), "{node_toml}");
+    let advertised = format!(
+        "{bind}advertise = \"{}\"\n",
+        blackhole.local_addr().unwrap()
+    );
+    std::fs::write(
+        &cluster.nodes[0].config,
+        node_toml.replacen(bind, &advertised, 1),
+    )
+    .unwrap();
+    blackhole
 }
 
 /// The first line of the file at `path` that holds `needle`, once it is

@@ -942,11 +942,7 @@ impl Handler<FocaTimer> for SwimMember {
                         metrics::counter!("poolgate_swim_vouched_total").increment(1);
                     }
                     if lives {
-                        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-                        let result = with_signed(signed.as_ref(), || {
-                            drive::vouched(foca, &probed, number, runtime)
-                        });
-                        self.report("vouch", result);
+                        self.hand_ack(&probed, number);
                     }
                 }
                 Vouching::Orchestrator(ask) => {
@@ -959,11 +955,7 @@ impl Handler<FocaTimer> for SwimMember {
                         // Not asked: no word from the orchestrator, so no
                         // accusation.
                         metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
-                        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-                        let result = with_signed(signed.as_ref(), || {
-                            drive::vouched(foca, &probed, number, runtime)
-                        });
-                        self.report("vouch", result);
+                        self.hand_ack(&probed, number);
                     }
                 }
             }
@@ -976,6 +968,17 @@ impl Handler<FocaTimer> for SwimMember {
 }
 
 impl SwimMember {
+    /// Hands foca `probed`'s ack to probe `number` (its life vouched for,
+    /// or nobody to accuse it: see [`Vouching`]).
+    fn hand_ack(&mut self, probed: &SwimIdentity, number: foca::ProbeNumber) {
+        let signed = self.signed_now();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || {
+            drive::vouched(foca, probed, number, runtime)
+        });
+        self.report("vouch", result);
+    }
+
     /// The orchestrator did not answer about probe `number` of `probed` in
     /// time: with no word that the member's connection is silent, it is
     /// not accused.
@@ -992,12 +995,7 @@ impl SwimMember {
         }
         self.asked = None;
         metrics::counter!("poolgate_swim_vouch_unanswered_total").increment(1);
-        let signed = self.signed_now();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || {
-            drive::vouched(foca, &probed, number, runtime)
-        });
-        self.report("vouch", result);
+        self.hand_ack(&probed, number);
         self.drain(ctx);
     }
 }
@@ -1040,12 +1038,7 @@ impl Handler<Vouched> for SwimMember {
             return;
         }
         metrics::counter!("poolgate_swim_vouched_total").increment(1);
-        let signed = self.signed_now();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || {
-            drive::vouched(foca, &probed, number, runtime)
-        });
-        self.report("vouch", result);
+        self.hand_ack(&probed, number);
         self.drain(ctx);
     }
 }
