@@ -20,7 +20,12 @@ use foca::{AccumulatingRuntime, Member, OwnedNotification, State, Timer};
 
 use super::identity::SwimIdentity;
 use super::tracker::{MembershipTracker, SwimFact};
-use super::watch::Changes;
+use super::watch::{Changes, WatchingCodec};
+
+/// A foca instance as poolgate runs it: postcard on the wire, the codec
+/// noting the membership changes.
+pub type SwimFoca =
+    foca::Foca<SwimIdentity, WatchingCodec, rand::rngs::StdRng, foca::NoCustomBroadcast>;
 
 /// Where a foca instance's requests go.
 pub trait Host {
@@ -145,7 +150,7 @@ pub fn header(data: &[u8]) -> Option<foca::Header<SwimIdentity>> {
 /// would have been, from `probed` at the incarnation `foca` holds for it.
 /// Nothing when `foca` does not hold `probed` as an active member.
 pub fn vouched(
-    foca: &mut super::member::SwimFoca,
+    foca: &mut SwimFoca,
     probed: &SwimIdentity,
     number: foca::ProbeNumber,
     runtime: &mut AccumulatingRuntime<SwimIdentity>,

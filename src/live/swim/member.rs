@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
-use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Timer};
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, Timer};
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
@@ -189,9 +189,7 @@ impl SwimTimings {
     }
 }
 
-/// A foca instance as poolgate runs it: postcard on the wire, the codec
-/// noting the membership changes.
-pub type SwimFoca = Foca<SwimIdentity, WatchingCodec, StdRng, NoCustomBroadcast>;
+pub use super::drive::SwimFoca;
 
 /// One SWIM member on a UDP socket.
 pub struct SwimMember {
