@@ -486,8 +486,10 @@ impl Network {
                     self.stats.undeliverable += 1;
                     return;
                 }
-                if let Some(header) = drive::header(&data) {
-                    member.probes.received(&header);
+                if member.probes.awaits_ack() {
+                    if let Some(header) = drive::header(&data) {
+                        member.probes.received(&header);
+                    }
                 }
                 // foca refuses what it cannot use; the network may carry it.
                 let _ = member.foca.handle_data(&data, &mut member.runtime);

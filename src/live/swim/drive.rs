@@ -115,6 +115,12 @@ impl Probes {
         }
     }
 
+    /// Whether an ack is awaited (a datagram received can answer the
+    /// probe under way): only then is its header worth reading.
+    pub fn awaits_ack(&self) -> bool {
+        self.pinged.is_some() && !self.acked
+    }
+
     /// The probe `timer` turns to indirect probes for, if its ping went
     /// unanswered.
     pub fn unanswered(
@@ -435,12 +441,14 @@ mod tests {
         assert_eq!(probes.unanswered(&indirect(&x)), Some((x.clone(), 7)));
         assert_eq!(probes.unanswered(&indirect(&y)), None, "another member");
         assert!(probes.is_current(&x, 7) && !probes.is_current(&x, 6));
+        assert!(probes.awaits_ack());
         // An ack of another probe, or from another member, answers nothing.
         probes.received(&header(&x, &own, foca::Message::Ack(6)));
         probes.received(&header(&y, &own, foca::Message::Ack(7)));
         assert!(probes.unanswered(&indirect(&x)).is_some());
         probes.received(&header(&x, &own, foca::Message::Ack(7)));
         assert_eq!(probes.unanswered(&indirect(&x)), None, "answered");
+        assert!(!probes.awaits_ack());
         // The next ping starts over.
         probes.sent(&header(&own, &y, foca::Message::Ping(8)));
         assert_eq!(probes.unanswered(&indirect(&y)), Some((y, 8)));

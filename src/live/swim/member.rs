@@ -897,8 +897,12 @@ impl Handler<Datagram> for SwimMember {
         // (see `reflect`). One foca cannot use (garbage, oversized, our
         // own) is dropped: the network is not trusted to be well-formed.
         self.bound.heard(msg.from, std::time::Instant::now());
-        if let Some(header) = drive::header(&msg.data) {
-            self.probes.received(&header);
+        // Only a datagram that may answer the probe under way is read
+        // for it (the rest go to foca alone, as before).
+        if self.probes.awaits_ack() {
+            if let Some(header) = drive::header(&msg.data) {
+                self.probes.received(&header);
+            }
         }
         let signed = self.signed_now();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
