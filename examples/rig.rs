@@ -31,6 +31,16 @@
 //!   `member-failed` events of a Serf cluster (`serf agent -profile=lan`)
 //!   on the same hosts in the same minutes.
 //!
+//! - `rig_stall_false_faults` (with `--only stall`): every node agent in
+//!   turn stopped (SIGSTOP) for each of `--stalls` seconds (default 0.5,
+//!   1, 1.5), `--tries` times each, a run guarded over every node: the
+//!   runs faulted within 3 s of a stall (a new run after each), and with
+//!   `--serf` the same stalls of the Serf agent beside each node, in the
+//!   same moments, and its `member-failed` events.
+//! - With `--serf`, `--only isolate` also times Serf: the cut → the first
+//!   `member-failed` host-1's Serf agent logs for the cut host's agents
+//!   (`rig_isolation_to_serf_failed_ms`).
+//!
 //! `--profile NAME` sets `[swim] profile` on every member (`steady`, the
 //! default, or `fast`), so each figure can be taken per profile.
 
@@ -53,6 +63,10 @@ struct Args {
     failovers: usize,
     loss: Vec<u32>,
     minutes: f64,
+    /// Stall lengths in seconds (`--only stall`).
+    stalls: Vec<f64>,
+    /// Stalls of each length.
+    tries: usize,
     serf: bool,
     json: bool,
     only: Option<String>,
@@ -74,6 +88,8 @@ fn args() -> Result<Args, String> {
         failovers: 20,
         loss: vec![10],
         minutes: 10.0,
+        stalls: vec![0.5, 1.0, 1.5],
+        tries: 20,
         serf: false,
         json: false,
         only: None,
@@ -103,6 +119,13 @@ fn args() -> Result<Args, String> {
                     .map(|p| p.trim().parse().map_err(|e| format!("--loss: {e}")))
                     .collect::<Result<_, _>>()?
             }
+            "--stalls" => {
+                args.stalls = value()?
+                    .split(',')
+                    .map(|p| p.trim().parse().map_err(|e| format!("--stalls: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--tries" => args.tries = value()?.parse().map_err(|e| format!("--tries: {e}"))?,
             "--minutes" => {
                 args.minutes = value()?.parse().map_err(|e| format!("--minutes: {e}"))?
             }
@@ -170,8 +193,16 @@ fn main() {
         report(&args, "rig_crash_to_fault_ms", &times);
     }
     if wants("isolate") {
-        let times = isolations(&rig, &deployment, args.isolations, args.hosts);
+        let mut serfs = serf_joined(&rig, &deployment, &args, "isolate");
+        let (times, serf_times) =
+            isolations(&rig, &deployment, args.isolations, args.hosts, &mut serfs);
         report(&args, "rig_isolation_to_fault_ms", &times);
+        if args.serf {
+            report(&args, "rig_isolation_to_serf_failed_ms", &serf_times);
+        }
+    }
+    if args.only.as_deref() == Some("stall") {
+        stalls(&rig, &deployment, &args, &nodes);
     }
     if wants("move") {
         let times = moves(&rig, &deployment, args.moves);
@@ -284,8 +315,14 @@ fn crashes(rig: &Rig, deployment: &Deployment, nodes: &mut [Process], count: usi
     times
 }
 
-fn isolations(rig: &Rig, deployment: &Deployment, count: usize, hosts: usize) -> Vec<f64> {
-    let mut times = Vec::new();
+fn isolations(
+    rig: &Rig,
+    deployment: &Deployment,
+    count: usize,
+    hosts: usize,
+    serfs: &mut [Process],
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut times, mut serf_times) = (Vec::new(), Vec::new());
     for k in 0..count {
         let host = 2 + k % hosts;
         let target = deployment
@@ -296,18 +333,105 @@ fn isolations(rig: &Rig, deployment: &Deployment, count: usize, hosts: usize) ->
         let name = deployment.nodes[target].name.clone();
         let mut run = guarded_run(rig, deployment, &name);
         std::thread::sleep(Duration::from_millis(500));
+        let serf_before = serfs.first_mut().map(serf_failed);
         let cut = Instant::now();
         rig.isolate(host);
-        match run.wait_event(Duration::from_secs(20), "run_faulted", &[]) {
-            Some(_) => times.push(cut.elapsed().as_secs_f64() * 1000.0),
-            None => eprintln!("isolation {k}: no run_faulted within 20 s"),
+        let (mut faulted, mut serf_found) = (None, serf_before.is_none());
+        while cut.elapsed() < Duration::from_secs(30) && !(faulted.is_some() && serf_found) {
+            if faulted.is_none()
+                && run
+                    .wait_event(Duration::from_millis(20), "run_faulted", &[])
+                    .is_some()
+            {
+                faulted = Some(cut.elapsed().as_secs_f64() * 1000.0);
+            }
+            if let (Some(before), Some(agent)) = (serf_before, serfs.first_mut()) {
+                if !serf_found && serf_failed(agent) > before {
+                    serf_found = true;
+                    serf_times.push(cut.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+            if faulted.is_some() && serf_before.is_none() {
+                break;
+            }
+        }
+        match faulted {
+            Some(ms) => times.push(ms),
+            None => eprintln!("isolation {k}: no run_faulted within 30 s"),
+        }
+        if !serf_found {
+            eprintln!("isolation {k}: no Serf member-failed within 30 s");
         }
         run.wait_exit(Duration::from_secs(10));
         run.kill();
         rig.heal(host);
-        eprintln!("isolation {}/{count}: {:?} ms", k + 1, times.last());
+        if !serfs.is_empty() {
+            // The cut agents rejoin (Serf reconnects to failed members
+            // every 30 s) before the next cut.
+            serf_all_alive(rig, serfs.len(), Duration::from_secs(90));
+        }
+        eprintln!(
+            "isolation {}/{count}: {:?} ms, Serf {:?} ms",
+            k + 1,
+            times.last(),
+            serf_times.last()
+        );
     }
-    times
+    (times, serf_times)
+}
+
+/// Every node agent in turn stopped for each length of `args.stalls`,
+/// `args.tries` times each, with a run guarded over every node (and the
+/// Serf agent beside the node stopped with it).
+fn stalls(rig: &Rig, deployment: &Deployment, args: &Args, nodes: &[Process]) {
+    use nix::sys::signal::Signal;
+    let all: Vec<&str> = deployment.nodes.iter().map(|n| n.name.as_str()).collect();
+    let require = all.join(",");
+    let mut serfs = serf_joined(rig, deployment, args, "stall");
+    let mut run = guarded_run(rig, deployment, &require);
+    for &stall in &args.stalls {
+        let (mut faults, mut serf_failed_events) = (0u32, 0usize);
+        for k in 0..args.tries {
+            let target = k % nodes.len();
+            let before = serfs.first_mut().map(serf_failed);
+            nodes[target].signal(Signal::SIGSTOP);
+            if let Some(agent) = serfs.get(target + 1) {
+                agent.signal(Signal::SIGSTOP);
+            }
+            std::thread::sleep(Duration::from_secs_f64(stall));
+            nodes[target].signal(Signal::SIGCONT);
+            if let Some(agent) = serfs.get(target + 1) {
+                agent.signal(Signal::SIGCONT);
+            }
+            // What a stall sets off shows within a few probe periods.
+            if let Some(fault) = run.wait_event(Duration::from_secs(3), "run_faulted", &[]) {
+                faults += 1;
+                eprintln!("stall {stall} s of node {}: {fault}", all[target]);
+                run.wait_exit(Duration::from_secs(10));
+                run.kill();
+                run = guarded_run(rig, deployment, &require);
+            }
+            if let (Some(before), Some(agent)) = (before, serfs.first_mut()) {
+                let failed = serf_failed(agent) - before;
+                if failed > 0 {
+                    serf_failed_events += failed;
+                    eprintln!("stall {stall} s of serf-{}: {failed} member-failed", all[target]);
+                    serf_all_alive(rig, serfs.len(), Duration::from_secs(90));
+                }
+            }
+        }
+        line(
+            args,
+            "rig_stall_false_faults",
+            serde_json::json!({
+                "stall_s": stall,
+                "tries": args.tries,
+                "false_faults": faults,
+                "serf_member_failed": args.serf.then_some(serf_failed_events),
+            }),
+        );
+    }
+    run.kill();
 }
 
 fn moves(rig: &Rig, deployment: &Deployment, count: usize) -> Vec<f64> {
@@ -380,30 +504,35 @@ fn serf_running(agents: &mut [Process]) -> usize {
         .count()
 }
 
+/// With `--serf`, Serf agents beside the nodes, every one joined (or a
+/// line saying how many did); none without.
+fn serf_joined(rig: &Rig, deployment: &Deployment, args: &Args, what: &str) -> Vec<Process> {
+    if !args.serf {
+        return Vec::new();
+    }
+    let serfs = serf(rig, deployment);
+    let alive = serf_all_alive(rig, serfs.len(), Duration::from_secs(60));
+    if alive < serfs.len() {
+        eprintln!("{what}: only {alive} of {} Serf agents joined", serfs.len());
+    }
+    serfs
+}
+
+/// Waits up to `limit` for host-1's Serf agent to see `count` members
+/// alive; how many it sees.
+fn serf_all_alive(rig: &Rig, count: usize, limit: Duration) -> usize {
+    let deadline = Instant::now() + limit;
+    while serf_alive(rig) < count && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    serf_alive(rig)
+}
+
 fn loss(rig: &Rig, deployment: &Deployment, args: &Args, percent: u32) {
     let all: Vec<&str> = deployment.nodes.iter().map(|n| n.name.as_str()).collect();
     let require = all.join(",");
-    let mut serfs = if args.serf {
-        serf(rig, deployment)
-    } else {
-        Vec::new()
-    };
-    // Every Serf agent in before the loss starts (a cluster that is half
-    // there would make its "no member failed" mean little).
-    let serf_at_start = args.serf.then(|| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while serf_alive(rig) < serfs.len() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let alive = serf_alive(rig);
-        if alive < serfs.len() {
-            eprintln!(
-                "loss {percent}%: only {alive} of {} Serf agents joined",
-                serfs.len()
-            );
-        }
-        alive
-    });
+    let mut serfs = serf_joined(rig, deployment, args, &format!("loss {percent}%"));
+    let serf_at_start = args.serf.then(|| serf_alive(rig));
     let mut run = guarded_run(rig, deployment, &require);
     for host in 0..rig.hosts.len() {
         rig.udp_loss(host, percent);
