@@ -415,7 +415,10 @@ fn stalls(rig: &Rig, deployment: &Deployment, args: &Args, nodes: &[Process]) {
                 let failed = serf_failed(agent) - before;
                 if failed > 0 {
                     serf_failed_events += failed;
-                    eprintln!("stall {stall} s of serf-{}: {failed} member-failed", all[target]);
+                    eprintln!(
+                        "stall {stall} s of serf-{}: {failed} member-failed",
+                        all[target]
+                    );
                     serf_all_alive(rig, serfs.len(), Duration::from_secs(90));
                 }
             }

@@ -1615,6 +1615,129 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
     });
 }
 
+/// Pools A = node-1, node-2 and B = node-2, node-3 of `config`, written
+/// to `pools.toml` in the cluster's folder.
+fn overlapping_pools(cluster: &LocalCluster, config: &poolgate::Config) -> std::path::PathBuf {
+    let mut config = config.clone();
+    config.pools[1].definition = poolgate::core::PoolDefinition::new(
+        poolgate::core::PoolId::new("b").unwrap(),
+        vec![node("node-2"), node("node-3")],
+    )
+    .unwrap();
+    let file = cluster.dir.join("pools.toml");
+    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+    file
+}
+
+/// Issue 32 ("`run` says what blocks the pool when it gives up") with
+/// design §14: with A's run committed over node-2, `run --pool b
+/// --timeout 3s`, which needs node-2, gives up (exit 1) saying node-2 is
+/// reserved by A's run, not that its pool is ready. (An operator's
+/// trial: among replicas it said the leader's state line, "ready".)
+async fn a_run_blocked_by_a_reservation_says_so(
+    cluster: &mut LocalCluster,
+    file: &std::path::Path,
+) {
+    let (mut run_a, run) = run_a_committed(cluster, file).await;
+    run_b_gives_up(file, &run, "3s").await;
+    assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
+}
+
+/// The nodes started, and `run --pool a` with its run committed; its id.
+async fn run_a_committed(
+    cluster: &mut LocalCluster,
+    file: &std::path::Path,
+) -> (tokio::process::Child, String) {
+    for i in 0..3 {
+        cluster.spawn(i).unwrap();
+    }
+    let mut run_a = run_on_pool(file, &cluster.dir, "a");
+    let mut lines_a = BufReader::new(run_a.stdout.take().unwrap()).lines();
+    let committed = until_line(&mut lines_a, |v| v["event"] == "run_committed").await;
+    (run_a, committed["run"].as_str().unwrap().to_string())
+}
+
+/// `run --pool b --timeout TIMEOUT` gives up (exit 1) saying node-2 is
+/// reserved by `run` of pool a.
+async fn run_b_gives_up(file: &std::path::Path, run: &str, timeout: &str) {
+    let blocked = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--pool", "b", "--timeout", timeout, "--config"])
+        .arg(file)
+        .args(["--", "true"])
+        .kill_on_drop(true)
+        .output();
+    let blocked = tokio::time::timeout(Duration::from_secs(30), blocked)
+        .await
+        .expect("run --timeout 3s gives up within 30 s")
+        .unwrap();
+    let said = String::from_utf8_lossy(&blocked.stderr);
+    assert_eq!(blocked.status.code(), Some(1), "{said}");
+    let last = said.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&format!("not committed within {timeout}"))
+            && last.contains(&format!("node node-2 is reserved by run {run} of pool a")),
+        "the line it gives up with: {last}\n{said}"
+    );
+}
+
+#[test]
+fn a_run_alone_blocked_by_a_restored_run_of_another_pool_says_which_node_is_reserved() {
+    live(async {
+        let mut plan = plan(3);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        config.state.path = Some(cluster.dir.join("state.redb"));
+        let file = overlapping_pools(&cluster, &config);
+        let (mut run_a, run) = run_a_committed(&mut cluster, &file).await;
+        // A's `run` SIGKILLed: its run stays committed in the state file,
+        // restored by the next `run`, which no process guards.
+        run_a.kill().await.unwrap();
+        if let Ok(pid) = std::fs::read_to_string(cluster.dir.join("a.pid")) {
+            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        run_b_gives_up(&file, &run, "8s").await;
+    });
+}
+
+#[test]
+fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_through_a_control_socket() {
+    live(async {
+        let mut plan = plan(3);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        let socket = cluster.dir.join("control.sock");
+        config.control = Some(socket.clone());
+        let file = overlapping_pools(&cluster, &config);
+        let _watch = watch_of(&file, Stdio::null());
+        while !socket.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        a_run_blocked_by_a_reservation_says_so(&mut cluster, &file).await;
+    });
+}
+
+#[test]
+fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_among_replicas() {
+    need_etcd!();
+    let server = etcd::Etcd::start("pools-reserved");
+    live(async {
+        let mut plan = plan(3);
+        plan.external_orchestrator = true;
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut config = two_pools(&cluster.config);
+        config.state.path = None;
+        config.state.etcd = vec![server.endpoint.clone()];
+        config.state.lease = Duration::from_secs(2);
+        config.state.insecure = true;
+        let file = overlapping_pools(&cluster, &config);
+        let _watch = watch_of(&file, Stdio::null());
+        a_run_blocked_by_a_reservation_says_so(&mut cluster, &file).await;
+    });
+}
+
 /// A process killed and reaped when dropped (the test's own).
 struct Reaped(std::process::Child);
 

@@ -20,9 +20,13 @@ impl Config {
         }
     }
 
-    /// This configuration narrowed to one pool (`run --pool`): `id`, or
-    /// the only pool when `None`; an error naming the pools defined when
-    /// there is no such pool, or several and none named.
+    /// This configuration acting on one pool (`run --pool`): `id`, or the
+    /// only pool when `None`, whose definition and settings become
+    /// `[pool]`'s and which comes first; the other pools stay defined
+    /// after it, so an orchestrator started from it restores their runs
+    /// and a node one of them holds stays reserved (design §14). An error
+    /// names the pools defined when there is no such pool, or several and
+    /// none named.
     pub fn with_only_pool(&self, id: Option<&str>) -> Result<Config, String> {
         let defined: Vec<String> = self
             .pool_definitions()
@@ -54,7 +58,14 @@ impl Config {
         narrowed.pool = chosen.definition.clone();
         narrowed.convergence_window = chosen.convergence_window;
         narrowed.planning = chosen.planning;
-        narrowed.pools = vec![chosen.clone()];
+        narrowed.pools = std::iter::once(chosen.clone())
+            .chain(
+                self.pools
+                    .iter()
+                    .filter(|p| p.definition.id() != chosen.definition.id())
+                    .cloned(),
+            )
+            .collect();
         Ok(narrowed)
     }
 

@@ -199,7 +199,10 @@ pub(crate) async fn plan_and_commit(
             tokio::select! {
                 _ = tokio::time::sleep(RETRY_AFTER_REFUSAL) => {}
                 _ = &mut limit => {
-                    not_ready_within(gate, timeout).await;
+                    // The pool may be ready: what blocks the run is the
+                    // refusal (a node another pool's run holds, say).
+                    let within = crate::config::in_words(timeout.unwrap_or_default());
+                    eprintln!("poolgate: run {run} was not committed within {within}: {refused}");
                     return Ok(Err(1));
                 }
             }

@@ -47,13 +47,18 @@ impl ControlKeeper {
         self.client.ask(&asked).await?;
         let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
         tokio::pin!(limit, stop);
+        // What the orchestrator last said the run waits for.
+        let mut waits = None;
         loop {
             let reply = tokio::select! {
                 reply = self.client.next() => reply,
                 _ = &mut limit => {
                     // Closing the connection withdraws the request.
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
-                    eprintln!("poolgate: run {run} was not committed within {within} (ask poolgate status what blocks the pool)");
+                    match waits {
+                        Some(detail) => eprintln!("poolgate: run {run} was not committed within {within}: {detail}"),
+                        None => eprintln!("poolgate: run {run} was not committed within {within} (ask poolgate status what blocks the pool)"),
+                    }
                     return Ok(Err(1));
                 }
                 signal = &mut stop => return Ok(Err(128 + signal)),
@@ -62,6 +67,7 @@ impl ControlKeeper {
                 Some(Reply::Event { event }) => self.print(event),
                 Some(Reply::Waiting { detail }) => {
                     eprintln!("poolgate run: run {run} waits: {detail}");
+                    waits = Some(detail);
                 }
                 // The run committed is the one named (a run its last
                 // requester left planning may have been taken over).

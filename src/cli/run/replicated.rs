@@ -126,12 +126,17 @@ impl ReplicatedKeeper {
                     }
                 }
                 _ = &mut limit => {
+                    let waits = requests.waits(&run).await;
                     let _ = requests.withdraw(&run).await;
                     drop(session);
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
-                    match requests.active_run().await {
-                        Ok(Some(other)) if other != run => eprintln!(
+                    match (requests.active_run().await, waits) {
+                        (Ok(Some(other)), _) if other != run => eprintln!(
                             "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
+                        ),
+                        // What the leader said the run waits for.
+                        (_, Some(waits)) => eprintln!(
+                            "poolgate: run {run} was not committed within {within}: {waits}"
                         ),
                         _ => match requests.leader_said().await {
                             // What blocks the pool, as the leader said it.

@@ -14,6 +14,10 @@
 //! - `requested/<run>`: the leader committed it for a requester (fenced);
 //! - `runs/<run>`: what became of it, the event the leader published
 //!   (fenced; on no lease: it outlives the requester's session);
+//! - `waiting/<run>`: why the leader has not committed it yet (the gate's
+//!   refusal: a node another pool's run holds, say), written when it
+//!   changes, on the requester's lease; the requester says it when it
+//!   gives up;
 //! - `finish/<run>`: the requester's command ended: the leader ends it.
 //!
 //! A requester confirms that its run is still guarded by reading, in one

@@ -145,9 +145,20 @@ impl Requests {
         // request to commit.
         blocking(move || {
             store.delete_raw(&format!("requests/{run}"))?;
+            store.delete_raw(&format!("waiting/{run}"))?;
             store.put_raw(&format!("finish/{run}"), b"{}", 0)
         })
         .await
+    }
+
+    /// What the leader last said `run`, asked for and not committed yet,
+    /// waits for (`waiting/<run>`: a node another pool's run holds, say).
+    pub async fn waits(&self, run: &RunId) -> Option<String> {
+        let (store, run) = (Arc::clone(&self.store), run.clone());
+        let said = blocking(move || store.get_raw(&format!("waiting/{run}")))
+            .await
+            .ok()??;
+        Some(String::from_utf8_lossy(&said).into_owned())
     }
 
     /// Asks the leader to end `run` (its command ended).

@@ -106,6 +106,20 @@ pub struct RequestServer {
     /// The pool's state last published (`status`), to write it only when
     /// it changes.
     published: Option<serde_json::Value>,
+    /// What the first run asked for waits for, as last written
+    /// (`waiting/<run>`), to write it only when it changes.
+    told_waiting: Option<Waits>,
+}
+
+/// Why a run asked for is not committed yet: the gate's refusal (a node
+/// another pool's run holds, a stale proof, a store that did not write),
+/// written under `waiting/<run>` on its requester's lease, for the
+/// requester to say when it gives up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Waits {
+    run: RunId,
+    lease: i64,
+    detail: String,
 }
 
 impl RequestServer {
@@ -120,6 +134,7 @@ impl RequestServer {
             said_waiting: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             orphans: Default::default(),
             published: None,
+            told_waiting: None,
         }
     }
 
@@ -166,7 +181,7 @@ impl RequestServer {
             .await
             .map_err(|e| StoreError(e.to_string()))?;
         self.settle_published().await?;
-        look(
+        let waits = look(
             &self.gate,
             &self.store,
             &self.members,
@@ -174,7 +189,23 @@ impl RequestServer {
             &mut self.said_waiting,
             &mut self.orphans,
         )
-        .await
+        .await?;
+        match waits {
+            Some(waits) if self.told_waiting.as_ref() != Some(&waits) => {
+                let (store, told) = (Arc::clone(&self.store), waits.clone());
+                blocking(move || {
+                    store.put_fenced(
+                        &format!("waiting/{}", told.run),
+                        told.detail.as_bytes(),
+                        told.lease,
+                    )
+                })
+                .await?;
+                self.told_waiting = Some(waits);
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 
@@ -292,7 +323,7 @@ pub(super) async fn look(
     report: poolgate_actors::core::PoolReport,
     said_waiting: &mut crate::live::throttle::Throttle,
     orphans: &mut std::collections::BTreeSet<RunId>,
-) -> Result<(), StoreError> {
+) -> Result<Option<Waits>, StoreError> {
     let listed = Arc::clone(store);
     // One transaction: one request to etcd, and one revision's view of
     // the four (an end, a request and its requester's presence seen as
@@ -335,7 +366,7 @@ pub(super) async fn look(
         }
     }
     let PoolPhase::Ready { epoch } = report.phase else {
-        return Ok(());
+        return Ok(None);
     };
     // The active run, if requested, is committed here (planned before a
     // readiness loss, or committed by the last leader, whose outcome went
@@ -347,7 +378,7 @@ pub(super) async fn look(
         None => requests.into_iter().find(|(run, _)| present(run)),
     };
     let Some((run, body)) = pick else {
-        return Ok(());
+        return Ok(None);
     };
     let request = RunId::new(&run)
         .ok()
@@ -355,7 +386,9 @@ pub(super) async fn look(
     let Some((id, request)) = request else {
         tracing::warn!(%run, "a run request that does not parse: dropped");
         let (store, name) = (Arc::clone(store), format!("requests/{run}"));
-        return blocking(move || store.delete_raw(&name)).await;
+        return blocking(move || store.delete_raw(&name))
+            .await
+            .map(|()| None);
     };
     // A plan that can never be committed is refused at once, before it
     // holds the pool in planning.
@@ -373,7 +406,9 @@ pub(super) async fn look(
             (None, None) => "no required node".to_string(),
         };
         tracing::warn!(%run, %reason, "requested run refused");
-        return write_outcome(store, &id, "refused", None, Some(reason)).await;
+        return write_outcome(store, &id, "refused", None, Some(reason))
+            .await
+            .map(|()| None);
     }
     let planned = match &report.run {
         Some(_) => Ok(epoch),
@@ -386,16 +421,23 @@ pub(super) async fn look(
         }
         Err(e) => Err(e),
     };
+    let lease = request.lease;
     match committed {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(None),
         Err(poolgate_actors::GateError::Refused(poolgate_actors::core::Refusal::RunCommitted(
             other,
-        ))) if other == id => write_outcome(store, &id, "committed", None, None).await,
+        ))) if other == id => write_outcome(store, &id, "committed", None, None)
+            .await
+            .map(|()| None),
         Err(e) => {
             if let Some(held) = said_waiting.allow(std::time::Instant::now()) {
                 tracing::info!(%run, error = %e, held, "requested run not committed yet (tried again)");
             }
-            Ok(())
+            Ok(Some(Waits {
+                run: id,
+                lease,
+                detail: e.to_string(),
+            }))
         }
     }
 }
