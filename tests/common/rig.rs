@@ -167,6 +167,18 @@ pub struct Rig {
     pub hosts: Vec<Host>,
     /// Files of the rig (one folder per host, logs), removed on drop.
     pub dir: PathBuf,
+    /// Its share of the machine, given back once the rig is removed.
+    _share: Share,
+}
+
+/// Rigs of one test binary share the machine, but a rig that measures
+/// what timing tolerates (stalls, starvation) has it to itself: no other
+/// rig's processes compete for the cores meanwhile.
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+enum Share {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
 }
 
 /// Why the rig cannot run on this machine, if it cannot (found out once
@@ -249,6 +261,16 @@ impl Rig {
     /// A rig of `hosts` hosts, or `None` (after one line saying why) where
     /// the machine cannot make one; under CI that is a failure.
     pub fn new(hosts: usize) -> Option<Rig> {
+        Self::made(hosts, false)
+    }
+
+    /// As [`Rig::new`], once no other rig of this process runs, and none
+    /// starts until this one is removed.
+    pub fn alone(hosts: usize) -> Option<Rig> {
+        Self::made(hosts, true)
+    }
+
+    fn made(hosts: usize, alone: bool) -> Option<Rig> {
         if let Some(why) = unavailable() {
             if std::env::var_os("CI").is_some() {
                 panic!("the multi-host rig must run in CI, but cannot: {why}");
@@ -262,6 +284,10 @@ impl Rig {
             );
             return None;
         }
+        let share = match alone {
+            true => Share::Alone(MACHINE.write().unwrap_or_else(|e| e.into_inner())),
+            false => Share::Shared(MACHINE.read().unwrap_or_else(|e| e.into_inner())),
+        };
         sweep();
         let n = RIGS.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{PREFIX}-{}-{n}", std::process::id());
@@ -273,6 +299,7 @@ impl Rig {
             bridge: bridge.clone(),
             hosts: Vec::new(),
             dir,
+            _share: share,
         };
         must(&["ip", "netns", "add", &bridge]);
         must(&["ip", "-n", &bridge, "link", "set", "lo", "up"]);
