@@ -1,0 +1,450 @@
+//! What the member is told (actix messages) and how it answers each.
+
+use super::*;
+
+/// Announce this member to seeds known by address.
+#[derive(Debug)]
+pub struct Join {
+    /// The seeds' socket addresses.
+    pub seeds: Vec<SocketAddr>,
+}
+
+impl Message for Join {
+    type Result = ();
+}
+
+/// A datagram arrived.
+#[derive(Debug)]
+pub struct Datagram {
+    /// Its bytes.
+    pub data: Vec<u8>,
+    /// Where it came from.
+    pub from: SocketAddr,
+}
+
+impl Message for Datagram {
+    type Result = ();
+}
+
+/// A timer foca asked for is due.
+#[derive(Debug)]
+pub struct FocaTimer {
+    pub(super) timer: Timer<SwimIdentity>,
+    /// When it was due.
+    pub(super) due: std::time::Instant,
+    /// Put off once already (see [`LATE`]).
+    pub(super) deferred: bool,
+}
+
+/// A timer handled this late means this member itself was stalled
+/// (stopped, starved of CPU, its host paused): the datagrams that came
+/// in meanwhile (the acks of its probes among them) are read first, for
+/// [`CATCH_UP`], so that it judges nobody on time it lost itself (as
+/// Lifeguard's local health awareness has it). A timer is put off once.
+pub const LATE: Duration = Duration::from_millis(250);
+
+/// How long a late timer is put off.
+pub const CATCH_UP: Duration = Duration::from_millis(100);
+
+impl Message for FocaTimer {
+    type Result = ();
+}
+
+/// Stop answering at once, as a crashed process would (the socket closes).
+#[derive(Debug)]
+pub struct Crash;
+
+impl Message for Crash {
+    type Result = ();
+}
+
+/// Replace the gossip keyring (key rotation: add a key everywhere, then
+/// make it first everywhere, then remove the old one).
+#[derive(Debug)]
+pub struct SetKeyring {
+    /// The new ring.
+    pub keyring: Keyring,
+}
+
+impl Message for SetKeyring {
+    type Result = ();
+}
+
+impl Handler<SetKeyring> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetKeyring, _ctx: &mut Context<Self>) {
+        *self
+            .keyring
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = msg.keyring;
+    }
+}
+
+/// Tell `0` this member's generation now and whenever foca renews its
+/// identity (a node signs it in its frames, design §11).
+#[derive(Debug)]
+pub struct WatchGeneration(pub tokio::sync::watch::Sender<u64>);
+
+impl Message for WatchGeneration {
+    type Result = ();
+}
+
+impl Handler<WatchGeneration> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: WatchGeneration, _ctx: &mut Context<Self>) {
+        msg.0.send_replace(self.foca.identity().generation);
+        self.own_generation = Some(msg.0);
+    }
+}
+
+/// Decide address conflicts by the identities nodes signed (the
+/// orchestrator's member; see [`crate::live::swim::identity::with_signed`]).
+#[derive(Debug)]
+pub struct UseSigned(pub crate::live::swim::identity::SignedView);
+
+impl Message for UseSigned {
+    type Result = ();
+}
+
+impl Handler<UseSigned> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: UseSigned, _ctx: &mut Context<Self>) {
+        self.signed = Some(msg.0);
+        self.term_lasts = None;
+    }
+}
+
+/// Keep and report only members of these names (the orchestrator's
+/// registry): a made-up member costs the tracker nothing.
+#[derive(Debug)]
+pub struct OnlyMembers(pub std::collections::HashSet<String>);
+
+impl Message for OnlyMembers {
+    type Result = ();
+}
+
+impl Handler<OnlyMembers> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: OnlyMembers, _ctx: &mut Context<Self>) {
+        self.tracker.only(msg.0);
+    }
+}
+
+/// Hands the member's reports to a gate's `sink` from now on, starting
+/// with its whole current view, under `token`: a replica's member, kept
+/// warm while it follows, feeds each term's gate from what it already
+/// knows. The attachment brings what the gate wants of the member: only
+/// the names of its registry kept, address conflicts decided by the
+/// identities its nodes signed.
+pub struct Attach {
+    /// Names this attachment, for [`Detach`].
+    pub token: u64,
+    /// Where the reports go.
+    pub sink: MembershipSink,
+    /// The identities the gate's nodes signed.
+    pub signed: crate::live::swim::identity::SignedView,
+    /// Whether the term still lasts: the signed identities decide only
+    /// then.
+    pub term_lasts: TermLasts,
+    /// The registry's names.
+    pub only: std::collections::HashSet<String>,
+    /// Who vouches for a member whose probe went unanswered while the
+    /// term lasts (its nodes' agent connections).
+    pub vouching: Vouching,
+}
+
+impl Message for Attach {
+    type Result = ();
+}
+
+impl Handler<Attach> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Attach, _ctx: &mut Context<Self>) {
+        self.signed = Some(msg.signed);
+        self.term_lasts = Some(msg.term_lasts);
+        self.tracker.only(msg.only);
+        self.sink = Some(msg.sink);
+        self.attached = Some(msg.token);
+        self.vouching = msg.vouching;
+        // The new term starts from the whole view, fresh: members in
+        // doubt before it began are held back until alive again.
+        let view = self.whole_view();
+        let (before_term, told) = crate::live::swim::fresh::BeforeTerm::attach(view);
+        self.before_term = before_term;
+        let held = self.before_term.held();
+        if held > 0 {
+            metrics::counter!("poolgate_swim_held_before_term_total").increment(held as u64);
+            tracing::info!(
+                held,
+                "a fresh view: members suspect or down before this term began are not told to it until they are alive again"
+            );
+        }
+        self.emit(told);
+    }
+}
+
+/// Stops reporting to the gate of attachment `0`; a later attachment's
+/// gate is not touched (a term stopped late does not deafen the next).
+#[derive(Debug)]
+pub struct Detach(pub u64);
+
+impl Message for Detach {
+    type Result = ();
+}
+
+impl Handler<Detach> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Detach, _ctx: &mut Context<Self>) {
+        if self.attached == Some(msg.0) {
+            self.sink = None;
+            self.attached = None;
+            // The term's signed identities stop being kept when the term
+            // ends: held on, they would decide address conflicts by a
+            // node's last life (a node restarted under the next leader
+            // would lose every conflict here, and renew, and lose again).
+            // A follower decides them as every other member does.
+            self.signed = None;
+            self.term_lasts = None;
+            self.before_term = crate::live::swim::fresh::BeforeTerm::default();
+            // Kept warm for a later term, it follows: it accuses nobody.
+            self.vouching = Vouching::Everyone;
+        }
+    }
+}
+
+/// How many other members this member knows.
+#[derive(Debug)]
+pub struct MemberCount;
+
+impl Message for MemberCount {
+    type Result = usize;
+}
+
+impl Handler<MemberCount> for SwimMember {
+    type Result = usize;
+
+    fn handle(&mut self, _msg: MemberCount, _ctx: &mut Context<Self>) -> usize {
+        self.foca.num_members()
+    }
+}
+
+/// Leave the cluster gracefully, then stop.
+#[derive(Debug)]
+pub struct Leave;
+
+impl Message for Leave {
+    type Result = ();
+}
+
+impl Handler<Join> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) {
+        for seed in msg.seeds {
+            let result = self
+                .foca
+                .announce(SwimIdentity::seed(seed), &mut self.runtime);
+            self.report("announce", result);
+        }
+        self.drain(ctx);
+    }
+}
+
+impl Handler<Datagram> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Datagram, ctx: &mut Context<Self>) {
+        // A datagram that opened under the keyring makes its source heard
+        // (see `reflect`). One foca cannot use (garbage, oversized, our
+        // own) is dropped: the network is not trusted to be well-formed.
+        self.bound.heard(msg.from, std::time::Instant::now());
+        // Only a datagram that may answer the probe under way is read
+        // for it (the rest go to foca alone, as before).
+        if self.probes.awaits_ack() {
+            if let Some(header) = drive::header(&msg.data) {
+                self.probes.received(&header);
+            }
+        }
+        let signed = self.signed_now();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || foca.handle_data(&msg.data, runtime));
+        self.report("datagram", result);
+        self.drain(ctx);
+    }
+}
+
+impl Handler<FocaTimer> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
+        let now = std::time::Instant::now();
+        if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
+            metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+            ctx.notify_later(
+                FocaTimer {
+                    timer: msg.timer,
+                    due: now + CATCH_UP,
+                    deferred: true,
+                },
+                CATCH_UP,
+            );
+            return;
+        }
+        let signed = self.signed_now();
+        // A probe unanswered over UDP when foca turns to indirect probes:
+        // the member's own agent connection may vouch for it.
+        if let Some((probed, number)) = self.probes.unanswered(&msg.timer) {
+            match &self.vouching {
+                Vouching::Nobody => {}
+                Vouching::Everyone | Vouching::Here(_) => {
+                    let lives = match &self.vouching {
+                        Vouching::Here(lives) => lives(&probed),
+                        _ => true,
+                    };
+                    if lives && matches!(self.vouching, Vouching::Here(_)) {
+                        metrics::counter!("poolgate_swim_vouched_total").increment(1);
+                    }
+                    if lives {
+                        self.hand_ack(&probed, number);
+                    }
+                }
+                Vouching::Orchestrator(ask) => {
+                    if ask.try_send((probed.clone(), number)).is_ok() {
+                        self.asked = Some((probed.clone(), number));
+                        ctx.run_later(self.answer_within, move |member, ctx| {
+                            member.unanswered(probed, number, ctx);
+                        });
+                    } else {
+                        // Not asked: no word from the orchestrator, so no
+                        // accusation.
+                        metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
+                        self.hand_ack(&probed, number);
+                    }
+                }
+            }
+        }
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || foca.handle_timer(msg.timer, runtime));
+        self.report("timer", result);
+        self.drain(ctx);
+    }
+}
+
+impl SwimMember {
+    /// Hands foca `probed`'s ack to probe `number` (its life vouched for,
+    /// or nobody to accuse it: see [`Vouching`]).
+    fn hand_ack(&mut self, probed: &SwimIdentity, number: foca::ProbeNumber) {
+        let signed = self.signed_now();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let result = with_signed(signed.as_ref(), || {
+            drive::vouched(foca, probed, number, runtime)
+        });
+        self.report("vouch", result);
+    }
+
+    /// The orchestrator did not answer about probe `number` of `probed` in
+    /// time: with no word that the member's connection is silent, it is
+    /// not accused.
+    fn unanswered(
+        &mut self,
+        probed: SwimIdentity,
+        number: foca::ProbeNumber,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.asked.as_ref() != Some(&(probed.clone(), number))
+            || !self.probes.is_current(&probed, number)
+        {
+            return;
+        }
+        self.asked = None;
+        metrics::counter!("poolgate_swim_vouch_unanswered_total").increment(1);
+        self.hand_ack(&probed, number);
+        self.drain(ctx);
+    }
+}
+
+/// The orchestrator's answer about probe `probe` of `probed`: whether the
+/// member's agent connection shows it `alive`. Alive, foca is handed that
+/// member's ack if the probe is still under way; not, the probe stands
+/// unanswered (the member may be suspected).
+#[derive(Debug)]
+pub struct Vouched {
+    /// The member probed.
+    pub probed: SwimIdentity,
+    /// foca's number for the probe.
+    pub probe: foca::ProbeNumber,
+    /// The answer.
+    pub alive: bool,
+}
+
+impl Message for Vouched {
+    type Result = ();
+}
+
+impl Handler<Vouched> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Vouched, ctx: &mut Context<Self>) {
+        let Vouched {
+            probed,
+            probe: number,
+            alive,
+        } = msg;
+        if self.asked.as_ref() == Some(&(probed.clone(), number)) {
+            self.asked = None;
+        }
+        if !alive {
+            return;
+        }
+        if !self.probes.is_current(&probed, number) {
+            metrics::counter!("poolgate_swim_vouched_late_total").increment(1);
+            return;
+        }
+        metrics::counter!("poolgate_swim_vouched_total").increment(1);
+        self.hand_ack(&probed, number);
+        self.drain(ctx);
+    }
+}
+
+/// From now on, `0` vouches for members whose probes go unanswered (a
+/// node's member: [`Vouching::Orchestrator`]).
+#[derive(Debug)]
+pub struct SetVouching(pub Vouching);
+
+impl Message for SetVouching {
+    type Result = ();
+}
+
+impl Handler<SetVouching> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetVouching, _ctx: &mut Context<Self>) {
+        self.vouching = msg.0;
+    }
+}
+
+impl Handler<Crash> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Crash, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Leave> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Leave, ctx: &mut Context<Self>) {
+        self.leaving = true;
+        let result = self.foca.leave_cluster(&mut self.runtime);
+        self.report("leave", result);
+        self.drain(ctx);
+        ctx.stop();
+    }
+}
