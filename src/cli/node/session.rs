@@ -1,270 +1,32 @@
-//! `poolgate node`: the agent daemon on every candidate node (design §7).
-//!
-//! It joins SWIM through the seeds (and joins again whenever it knows no
-//! other member, like `serf agent -retry-join`), then keeps the
-//! orchestrator's agent listener told of its whole state: `NodeAvailable`,
-//! its identity material, its SWIM address, its fault. It sends the state
-//! on connecting and on every change, each frame signed, with a sequence
-//! that starts from its boot time so it exceeds everything an earlier life
-//! sent; it reconnects with backoff (100 ms doubling to 5 s) and sends its
-//! whole state again.
-//!
-//! - `health_check` (argv) runs every `health_interval`: exit 0 keeps the
-//!   node available (and clears a fault); otherwise the node is faulted
-//!   with the check's last stderr line as reason.
-//! - SIGHUP re-reads the identity file (a new fingerprint is an identity
-//!   change at the orchestrator) and the cluster keys named in `node.toml`
-//!   (key rotation).
-//! - SIGTERM (or SIGINT) announces that the node is unavailable and
-//!   leaving, leaves SWIM and returns, so the orchestrator reports `left`.
+//! The node's agent connection: which orchestrator address to try (a
+//! rotation that tries a reset connection first, shuns a silent one and
+//! follows a follower's pointer to the leader), and one session on it:
+//! the whole state sent signed on connecting and on every change, a
+//! heartbeat meanwhile, the replies read.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use super::*;
 
-use actix::Addr;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
-
-use super::guard;
-use crate::config::endpoint::{lookup_all, Endpoint};
-use crate::config::{NodeConfig, HEARTBEATS_MISSED};
-use crate::live::generation::{unix_ms, GenerationFile, Sequences};
-use crate::live::keys::NodeKey;
-use crate::live::swim::keyring;
-use crate::live::swim::member::{
-    Join, Leave, MemberCount, SetKeyring, SetVouching, Vouched, Vouching,
-};
-use crate::live::swim::SwimIdentity;
-use crate::live::swim::SwimMember;
-use crate::live::throttle::{Throttle, LOG_EVERY};
-use crate::live::wire::{self, Announcement, Reply};
-use crate::live::LiveError;
-use poolgate_actors::core::MAX_IDENTITY_BYTES;
-
-/// How long a leaving node waits for its last frame and its SWIM leave to
-/// go out before it exits.
-const LEAVE_GRACE: Duration = Duration::from_millis(500);
-
-/// Runs the agent until SIGTERM or SIGINT; `path` is its `node.toml`,
-/// read again on SIGHUP; with `metrics`, serves its metrics, health and
-/// status there (`--metrics`, [`super::health`]). Must be called inside
-/// a running actix `System`.
-pub async fn run(
-    config: NodeConfig,
-    path: &Path,
-    metrics: Option<SocketAddr>,
-) -> Result<(), LiveError> {
-    // First: a SIGTERM from the moment the agent runs is a graceful stop,
-    // never the signal's default action.
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let link = super::health::NodeLink::new(config.name.as_str());
-    if let Some(addr) = metrics {
-        super::health::serve(addr, super::health::Face::Node(Arc::clone(&link)))?;
-    }
-    let key = NodeKey::load(&config.signing_key)?;
-    let identity = read_identity(&config.identity)?;
-    let ring = keyring(&config.swim)?;
-    // One life for this process, above every earlier one whatever the
-    // clock says: the SWIM generation and the sequences' high bits.
-    let generations = match &config.generation_file {
-        Some(path) => GenerationFile::new(path.clone()),
-        None => GenerationFile::beside(&config.signing_key),
-    };
-    let generation = generations.next(unix_ms())?;
-    let (swim, swim_addr) = SwimMember::start(
-        config.name.as_str(),
-        config.swim.bind,
-        config.swim.advertise.as_ref(),
-        generation,
-        config.swim.timings.foca_config(16),
-        StdRng::seed_from_u64(rand::random()),
-        None,
-        ring,
-    )?;
-    tracing::info!(node = %config.name, %swim_addr, generation, "node agent started");
-    super::notify::notify(super::notify::READY);
-    actix::spawn(keep_joined(swim.clone(), config.swim.seeds.clone()));
-
-    let (state, updates) = watch::channel(Announcement {
-        available: config.health_check.is_none(),
-        identity: Some(wire::identity_text(&identity)),
-        swim: Some(swim_addr),
-        generation: Some(generation),
-        fault: None,
-        leaving: false,
-        heartbeat_ms: u64::try_from(config.heartbeat.as_millis()).ok(),
-        ask: None,
-    });
-    let state = Arc::new(state);
-    // The identity the node signs follows foca's renewals (a node declared
-    // down rejoins under generation + 1).
-    let (own, mut renewed) = watch::channel(generation);
-    swim.do_send(crate::live::swim::member::WatchGeneration(own));
-    {
-        let state = Arc::clone(&state);
-        actix::spawn(async move {
-            while renewed.changed().await.is_ok() {
-                let generation = *renewed.borrow_and_update();
-                state.send_if_modified(|s| {
-                    let changed = s.generation != Some(generation);
-                    s.generation = Some(generation);
-                    changed
-                });
-            }
-        });
-    }
-    let sent = Arc::new(AtomicU64::new(0));
-    // The member asks the orchestrator about members it probes in vain.
-    let (asking, asks) = tokio::sync::mpsc::channel(ASKS_QUEUED);
-    swim.do_send(SetVouching(Vouching::Orchestrator(asking)));
-    actix::spawn(announce(
-        AnnounceTo {
-            agents: config.agents.clone(),
-            key,
-            label: config.swim.label.clone(),
-            node: config.name.to_string(),
-            sequences: Sequences::new(generations, generation),
-            heartbeat: config.heartbeat,
-            swim: swim.clone(),
-            seeds: config.swim.seeds.clone(),
-            link,
-            asks,
-        },
-        updates,
-        Arc::clone(&sent),
-    ));
-    if let Some(argv) = config.health_check.clone() {
-        actix::spawn(health(
-            config.name.to_string(),
-            argv,
-            config.health_interval,
-            Arc::clone(&state),
-        ));
-    }
-
-    loop {
-        tokio::select! {
-            _ = hangup.recv() => {
-                match read_identity(&config.identity) {
-                    Ok(bytes) => {
-                        let text = wire::identity_text(&bytes);
-                        state.send_if_modified(|s| replace(&mut s.identity, Some(text)));
-                        tracing::info!(node = %config.name, "identity file read again");
-                    }
-                    Err(e) => tracing::warn!(node = %config.name, error = %e, "identity file not read again; keeping the old one"),
-                }
-                // The gossip keyring too, from node.toml (key rotation).
-                match NodeConfig::load(path).map_err(LiveError::from).and_then(|c| keyring(&c.swim)) {
-                    Ok(ring) => swim.do_send(SetKeyring { keyring: ring }),
-                    Err(e) => tracing::warn!(node = %config.name, error = %e, "cluster keys not read again; keeping the old ones"),
-                }
-            }
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
-        }
-    }
-    super::notify::notify(super::notify::STOPPING);
-    tracing::info!(node = %config.name, "leaving");
-    let before = sent.load(Ordering::Relaxed);
-    state.send_modify(|s| {
-        s.available = false;
-        s.leaving = true;
-    });
-    let deadline = tokio::time::Instant::now() + LEAVE_GRACE;
-    while sent.load(Ordering::Relaxed) == before && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The Leave handler gossips the leave, then stops the member.
-    let _ = swim.send(Leave).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    Ok(())
-}
-
-fn replace<T: PartialEq>(slot: &mut T, value: T) -> bool {
-    if *slot == value {
-        return false;
-    }
-    *slot = value;
-    true
-}
-
-/// Reads the identity material file: 1 byte to 16 KiB.
-pub fn read_identity(path: &Path) -> Result<Vec<u8>, LiveError> {
-    let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| LiveError::Identity {
-        file: file.clone(),
-        message: e.to_string(),
-    })?;
-    if bytes.is_empty() || bytes.len() > MAX_IDENTITY_BYTES {
-        return Err(LiveError::Identity {
-            file,
-            message: format!(
-                "identity material is {} bytes; it must be 1 to {MAX_IDENTITY_BYTES}",
-                bytes.len()
-            ),
-        });
-    }
-    Ok(bytes)
-}
-
-/// Announces to the seeds whenever this member knows no other.
-async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<Endpoint>) {
-    if seeds.is_empty() {
-        return;
-    }
-    let mut said = Throttle::new(LOG_EVERY);
-    loop {
-        match swim.send(MemberCount).await {
-            Ok(0) => join(&swim, &seeds, &mut said).await,
-            Ok(_) => {}
-            Err(_) => return,
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// Announces to the seeds, resolved now (a name that does not resolve is
-/// said at most once per interval).
-async fn join(swim: &Addr<SwimMember>, seeds: &[Endpoint], said: &mut Throttle) {
-    let (addrs, failed) = lookup_all(seeds).await;
-    if !failed.is_empty() {
-        if let Some(held) = said.allow(std::time::Instant::now()) {
-            tracing::warn!(?failed, held, "swim.seeds: not resolved");
-        }
-    }
-    swim.do_send(Join { seeds: addrs });
-}
-
-struct AnnounceTo {
-    agents: Vec<Endpoint>,
-    key: NodeKey,
-    label: String,
-    node: String,
-    sequences: Sequences,
-    heartbeat: Duration,
-    swim: Addr<SwimMember>,
-    seeds: Vec<Endpoint>,
+pub(super) struct AnnounceTo {
+    pub(super) agents: Vec<Endpoint>,
+    pub(super) key: NodeKey,
+    pub(super) label: String,
+    pub(super) node: String,
+    pub(super) sequences: Sequences,
+    pub(super) heartbeat: Duration,
+    pub(super) swim: Addr<SwimMember>,
+    pub(super) seeds: Vec<Endpoint>,
     /// Up while a frame of the current connection was accepted (the
     /// node's `/readyz`).
-    link: Arc<super::health::NodeLink>,
+    pub(super) link: Arc<crate::cli::health::NodeLink>,
     /// The SWIM member's questions: a member it probed in vain, and the
     /// probe (design §15). Asked beside the state; the orchestrator's
     /// answer goes back to the member.
-    asks: tokio::sync::mpsc::Receiver<(SwimIdentity, foca::ProbeNumber)>,
+    pub(super) asks: tokio::sync::mpsc::Receiver<(SwimIdentity, foca::ProbeNumber)>,
 }
 
 /// How many of the SWIM member's questions wait for the connection (one
 /// per probe period is the most it asks; a full queue drops the newest).
-const ASKS_QUEUED: usize = 4;
+pub(super) const ASKS_QUEUED: usize = 4;
 
 /// The first wait before reconnecting, doubled after each round of
 /// addresses that accepted nothing, up to [`BACKOFF_MAX`].
@@ -304,7 +66,7 @@ enum Session {
 /// answers; after a round in which no frame was accepted it waits (100 ms
 /// doubling to 2 s); a lost orchestrator also makes the node join SWIM
 /// again through its seeds.
-async fn announce(
+pub(super) async fn announce(
     mut to: AnnounceTo,
     mut updates: watch::Receiver<Announcement>,
     sent: Arc<AtomicU64>,
@@ -698,50 +460,11 @@ async fn session(
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Runs the health check every `interval`; a new verdict is logged (a
-/// failing check at warn, so a missing program is seen).
-async fn health(
-    node: String,
-    argv: Vec<String>,
-    interval: Duration,
-    state: Arc<watch::Sender<Announcement>>,
-) {
-    let mut last: Option<Result<(), String>> = None;
-    loop {
-        let verdict = check(&argv, interval).await;
-        metrics::gauge!("poolgate_health_check_passing").set(if verdict.is_ok() {
-            1.0
-        } else {
-            0.0
-        });
-        if last.as_ref() != Some(&verdict) {
-            match &verdict {
-                Ok(()) => tracing::info!(%node, "health check passes"),
-                Err(reason) => {
-                    tracing::warn!(%node, %reason, "health check fails: the node is faulted")
-                }
-            }
-            last = Some(verdict.clone());
-        }
-        state.send_if_modified(|s| {
-            let (available, fault) = match &verdict {
-                Ok(()) => (!s.leaving, None),
-                Err(reason) => (false, Some(reason.clone())),
-            };
-            let changed = s.available != available || s.fault != fault;
-            s.available = available;
-            s.fault = fault;
-            changed
-        });
-        tokio::time::sleep(interval).await;
     }
 }
 
@@ -766,74 +489,6 @@ fn fitting_frame(
         state.fault = Some("fault reason too long to send".into());
     }
     wire::encode(&to.key, &to.label, &to.node, seq, challenge, &state)
-}
-
-/// How much of a health check's stderr is kept: its end, where the last
-/// line is (the reason is cut to 1 KiB anyway, design §5).
-pub const STDERR_TAIL: usize = 4 * 1024;
-
-/// How long a hung health check has between SIGTERM and SIGKILL.
-const CHECK_GRACE: Duration = Duration::from_millis(500);
-
-/// One run of the health check: `Err` with the reason on failure. The
-/// check runs in a process group of its own, stopped whole if it does not
-/// finish within `limit`; its stderr is read through a bounded tail.
-async fn check(argv: &[String], limit: Duration) -> Result<(), String> {
-    let Some(program) = argv.first() else {
-        return Err("empty health check".into());
-    };
-    let mut child = match guard::Guarded::spawn(argv, guard::Streams::StderrOnly, CHECK_GRACE, None)
-    {
-        Ok(child) => child,
-        Err(e) => return Err(format!("health check `{program}` cannot run: {e}")),
-    };
-    let stderr = child.stderr();
-    let run = async {
-        let (tail, status) = tokio::join!(tail(stderr, STDERR_TAIL), child.wait());
-        (tail, status)
-    };
-    let outcome = tokio::time::timeout(limit, run).await;
-    let (tail, status) = match outcome {
-        Err(_) => {
-            if let Err(left) = child.stop().await {
-                tracing::warn!(error = %left, "a health check was not stopped");
-            }
-            return Err(format!("health check did not finish within {limit:?}"));
-        }
-        Ok(done) => done,
-    };
-    match status {
-        Err(e) => Err(format!("health check `{program}` cannot run: {e}")),
-        Ok(status) if status.success() => Ok(()),
-        // The keeper's own words when it could not start the program.
-        Ok(status) => {
-            let text = String::from_utf8_lossy(&tail);
-            let last = text.lines().rev().find(|l| !l.trim().is_empty());
-            Err(match last {
-                Some(line) => poolgate_actors::core::FaultReason::new(line.trim()).into_string(),
-                None => format!("health check failed ({status})"),
-            })
-        }
-    }
-}
-
-/// Reads `from` to its end, keeping only the last `keep` bytes.
-async fn tail(from: Option<tokio::process::ChildStderr>, keep: usize) -> Vec<u8> {
-    use tokio::io::AsyncReadExt;
-    let Some(mut from) = from else {
-        return Vec::new();
-    };
-    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::with_capacity(keep);
-    let mut buffer = [0u8; 4096];
-    while let Ok(n) = from.read(&mut buffer).await {
-        if n == 0 {
-            break;
-        }
-        kept.extend(&buffer[..n]);
-        let over = kept.len().saturating_sub(keep);
-        kept.drain(..over);
-    }
-    kept.into()
 }
 
 #[cfg(test)]
