@@ -979,6 +979,25 @@ fn two_pools(config: &poolgate::Config) -> poolgate::Config {
     config
 }
 
+/// `n` node processes (not started) with an orchestrator of their own
+/// to come, and a configuration of two pools over them ([`two_pools`]).
+async fn two_pools_of(n: u32) -> (LocalCluster, poolgate::Config) {
+    let mut plan = plan(n);
+    plan.external_orchestrator = true;
+    let cluster = LocalCluster::prepare(&plan).await.unwrap();
+    let config = two_pools(&cluster.config);
+    (cluster, config)
+}
+
+/// `config` among replicas on the etcd at `endpoint` (a 2 s lease, plain
+/// http) instead of a state file.
+fn on_etcd(config: &mut poolgate::Config, endpoint: &str) {
+    config.state.path = None;
+    config.state.etcd = vec![endpoint.to_string()];
+    config.state.lease = Duration::from_secs(2);
+    config.state.insecure = true;
+}
+
 /// The next `run_faulted`: its pool, run and node.
 async fn next_fault(events: &mut EventStream) -> (String, String, String) {
     until(events, |e| match e {
@@ -993,10 +1012,7 @@ async fn next_fault(events: &mut EventStream) -> (String, String, String) {
 #[test]
 fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node() {
     live(async {
-        let mut plan = plan(4);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let config = two_pools(&cluster.config);
+        let (mut cluster, config) = two_pools_of(4).await;
         let live = poolgate::live::Orchestrator::start(&config).await.unwrap();
         let mut events = live.fleet.subscribe();
         for i in 0..4 {
@@ -1038,10 +1054,7 @@ fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node(
 #[test]
 fn watch_gates_every_pool_and_status_reports_each_or_one() {
     live(async {
-        let mut plan = plan(3);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
+        let (mut cluster, mut config) = two_pools_of(3).await;
         // Overlapping: A = node-1, node-2; B = node-2, node-3.
         config.pools[1].definition = poolgate::core::PoolDefinition::new(
             poolgate::core::PoolId::new("b").unwrap(),
@@ -1184,10 +1197,7 @@ async fn watch_serving_a_socket() -> (
     std::path::PathBuf,
     tokio::process::Child,
 ) {
-    let mut plan = plan(4);
-    plan.external_orchestrator = true;
-    let cluster = LocalCluster::prepare(&plan).await.unwrap();
-    let mut config = two_pools(&cluster.config);
+    let (cluster, mut config) = two_pools_of(4).await;
     let socket = cluster.dir.join("control.sock");
     config.control = Some(socket.clone());
     let file = cluster.dir.join("pools.toml");
@@ -1276,10 +1286,7 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
 #[test]
 fn a_watch_of_several_pools_recorded_replays_every_pools_events() {
     live(async {
-        let mut plan = plan(4);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let config = two_pools(&cluster.config);
+        let (mut cluster, config) = two_pools_of(4).await;
         let file = cluster.dir.join("pools.toml");
         std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
         let record = cluster.dir.join("record.jsonl");
@@ -1552,14 +1559,8 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
     need_etcd!();
     let server = etcd::Etcd::start("pools-cli");
     live(async {
-        let mut plan = plan(4);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
-        config.state.path = None;
-        config.state.etcd = vec![server.endpoint.clone()];
-        config.state.lease = Duration::from_secs(2);
-        config.state.insecure = true;
+        let (mut cluster, mut config) = two_pools_of(4).await;
+        on_etcd(&mut config, &server.endpoint);
         let file = cluster.dir.join("pools.toml");
         std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
         let mut watch = watch_of(&file, Stdio::piped());
@@ -1683,10 +1684,7 @@ async fn run_b_gives_up(file: &std::path::Path, run: &str, timeout: &str) {
 #[test]
 fn a_run_alone_blocked_by_a_restored_run_of_another_pool_says_which_node_is_reserved() {
     live(async {
-        let mut plan = plan(3);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
+        let (mut cluster, mut config) = two_pools_of(3).await;
         config.state.path = Some(cluster.dir.join("state.redb"));
         let file = overlapping_pools(&cluster, &config);
         let (mut run_a, run) = run_a_committed(&mut cluster, &file).await;
@@ -1704,10 +1702,7 @@ fn a_run_alone_blocked_by_a_restored_run_of_another_pool_says_which_node_is_rese
 #[test]
 fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_through_a_control_socket() {
     live(async {
-        let mut plan = plan(3);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
+        let (mut cluster, mut config) = two_pools_of(3).await;
         let socket = cluster.dir.join("control.sock");
         config.control = Some(socket.clone());
         let file = overlapping_pools(&cluster, &config);
@@ -1724,14 +1719,8 @@ fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_among_replicas
     need_etcd!();
     let server = etcd::Etcd::start("pools-reserved");
     live(async {
-        let mut plan = plan(3);
-        plan.external_orchestrator = true;
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut config = two_pools(&cluster.config);
-        config.state.path = None;
-        config.state.etcd = vec![server.endpoint.clone()];
-        config.state.lease = Duration::from_secs(2);
-        config.state.insecure = true;
+        let (mut cluster, mut config) = two_pools_of(3).await;
+        on_etcd(&mut config, &server.endpoint);
         let file = overlapping_pools(&cluster, &config);
         let _watch = watch_of(&file, Stdio::null());
         a_run_blocked_by_a_reservation_says_so(&mut cluster, &file).await;
