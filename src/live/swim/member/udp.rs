@@ -150,7 +150,7 @@ impl drive::Host for UdpHost<'_, '_> {
             OwnedNotification::Rejoin(renewed) => {
                 metrics::counter!("poolgate_swim_rejoins_total").increment(1);
                 if let Some(held) = self.rejoins.allow(std::time::Instant::now()) {
-                    tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down: rejoined under a renewed identity (many in a row mean another member claims this address: a second process with this node's config, or an insider)");
+                    tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down by the others: rejoined under a renewed identity (its probes went unanswered: heavy packet loss, this process stalled, or, when it repeats every few seconds on a sound network, another member claiming this address: a second process with this node's config, or an insider)");
                 }
                 if let Some(own) = self.own_generation {
                     own.send_replace(renewed.generation);
