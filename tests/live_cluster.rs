@@ -1724,6 +1724,16 @@ fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_among_replicas
         let file = overlapping_pools(&cluster, &config);
         let _watch = watch_of(&file, Stdio::null());
         a_run_blocked_by_a_reservation_says_so(&mut cluster, &file).await;
+        // Why it waited went with its request.
+        let left: Vec<String> = server
+            .client()
+            .get_prefix(b"/poolgate/")
+            .unwrap()
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .filter(|key| key.contains("/waiting/"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     });
 }
 

@@ -193,15 +193,23 @@ impl RequestServer {
         match waits {
             Some(waits) if self.told_waiting.as_ref() != Some(&waits) => {
                 let (store, told) = (Arc::clone(&self.store), waits.clone());
-                blocking(move || {
+                let written = blocking(move || {
                     store.put_fenced(
                         &format!("waiting/{}", told.run),
                         told.detail.as_bytes(),
                         told.lease,
                     )
                 })
-                .await?;
-                self.told_waiting = Some(waits);
+                .await;
+                // Only what the requester says if it gives up: a write
+                // that failed (its lease just expired, etcd away) is tried
+                // at the next look, and holds up nothing.
+                match written {
+                    Ok(()) => self.told_waiting = Some(waits),
+                    Err(e) => {
+                        tracing::debug!(run = %waits.run, error = %e, "why the run waits: not written")
+                    }
+                }
             }
             _ => {}
         }
@@ -280,6 +288,7 @@ pub(super) async fn write_outcome(
         // as the record of why its run ended).
         store.put_fenced(&format!("runs/{run}"), &body, 0)?;
         store.delete_raw(&format!("requests/{run}"))?;
+        store.delete_raw(&format!("waiting/{run}"))?;
         if status == "committed" {
             // An end asked for by a requester that just read `committed`
             // may already be there: it is the next look's to take.
