@@ -37,6 +37,12 @@
 //!   runs faulted within 3 s of a stall (a new run after each), and with
 //!   `--serf` the same stalls of the Serf agent beside each node, in the
 //!   same moments, and its `member-failed` events.
+//! - `rig_starve_false_faults` (with `--only starve`): a node agent held
+//!   to each of `--shares` percent of a core (default 5, 2, 1; a cgroup's
+//!   `cpu` quota of that many ms per 100 ms) for `--starve` seconds
+//!   (default 60), a run guarded over every node: the runs faulted
+//!   meanwhile, and with `--serf` the Serf agent beside it held alike,
+//!   and its `member-failed` events.
 //! - With `--serf`, `--only isolate` also times Serf: the cut → the first
 //!   `member-failed` host-1's Serf agent logs for the cut host's agents
 //!   (`rig_isolation_to_serf_failed_ms`).
@@ -52,7 +58,7 @@ mod rig;
 use std::time::{Duration, Instant};
 
 use deploy::{Deployment, Options};
-use rig::{Process, Rig};
+use rig::{Process, Rig, Starved};
 
 struct Args {
     hosts: usize,
@@ -67,6 +73,11 @@ struct Args {
     stalls: Vec<f64>,
     /// Stalls of each length.
     tries: usize,
+    /// Shares of a core to starve a node agent to, in percent (`--only
+    /// starve`).
+    shares: Vec<f64>,
+    /// How long each share is held.
+    starve: Duration,
     serf: bool,
     json: bool,
     only: Option<String>,
@@ -90,6 +101,8 @@ fn args() -> Result<Args, String> {
         minutes: 10.0,
         stalls: vec![0.5, 1.0, 1.5],
         tries: 20,
+        shares: vec![5.0, 2.0, 1.0],
+        starve: Duration::from_secs(60),
         serf: false,
         json: false,
         only: None,
@@ -126,6 +139,16 @@ fn args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--tries" => args.tries = value()?.parse().map_err(|e| format!("--tries: {e}"))?,
+            "--shares" => {
+                args.shares = value()?
+                    .split(',')
+                    .map(|p| p.trim().parse().map_err(|e| format!("--shares: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--starve" => {
+                args.starve =
+                    Duration::from_secs(value()?.parse().map_err(|e| format!("--starve: {e}"))?)
+            }
             "--minutes" => {
                 args.minutes = value()?.parse().map_err(|e| format!("--minutes: {e}"))?
             }
@@ -203,6 +226,9 @@ fn main() {
     }
     if args.only.as_deref() == Some("stall") {
         stalls(&rig, &deployment, &args, &nodes);
+    }
+    if args.only.as_deref() == Some("starve") {
+        starvation(&rig, &deployment, &args, &nodes);
     }
     if wants("move") {
         let times = moves(&rig, &deployment, args.moves);
@@ -505,6 +531,67 @@ fn serf_running(agents: &mut [Process]) -> usize {
         .map(|a| a.pid().is_some() && a.wait_exit(Duration::from_millis(30)).is_none())
         .filter(|running| *running)
         .count()
+}
+
+/// A node agent in turn held to each share of `args.shares` for
+/// `args.starve`, with a run guarded over every node (and the Serf agent
+/// beside it held alike).
+fn starvation(rig: &Rig, deployment: &Deployment, args: &Args, nodes: &[Process]) {
+    let all: Vec<&str> = deployment.nodes.iter().map(|n| n.name.as_str()).collect();
+    let require = all.join(",");
+    let mut serfs = serf_joined(rig, deployment, args, "starve");
+    let mut run = guarded_run(rig, deployment, &require);
+    for (k, &share) in args.shares.iter().enumerate() {
+        let target = k % nodes.len();
+        let quota = (share * 1_000.0).round() as u64;
+        let before = serfs.first_mut().map(serf_failed);
+        let held: Result<Vec<Starved>, String> = std::iter::once(nodes[target].pid())
+            .chain(std::iter::once(
+                serfs.get(target + 1).and_then(Process::pid),
+            ))
+            .flatten()
+            .map(|pid| Starved::hold(pid, quota))
+            .collect();
+        let held = match held {
+            Ok(held) => held,
+            Err(why) => {
+                eprintln!("starve: cannot hold a process to a share of a core: {why}");
+                return;
+            }
+        };
+        let started = Instant::now();
+        let mut faults = 0u32;
+        while started.elapsed() < args.starve {
+            let left = args.starve.saturating_sub(started.elapsed());
+            if let Some(fault) = run.wait_event(left, "run_faulted", &[]) {
+                faults += 1;
+                eprintln!("{share}% of a core for {}: {fault}", all[target]);
+                run.wait_exit(Duration::from_secs(10));
+                run.kill();
+                run = guarded_run(rig, deployment, &require);
+            }
+        }
+        drop(held);
+        let failed = match (before, serfs.first_mut()) {
+            (Some(before), Some(agent)) => Some(serf_failed(agent) - before),
+            _ => None,
+        };
+        if failed.is_some_and(|f| f > 0) {
+            serf_all_alive(rig, serfs.len(), Duration::from_secs(90));
+        }
+        line(
+            args,
+            "rig_starve_false_faults",
+            serde_json::json!({
+                "share_percent": share,
+                "seconds": args.starve.as_secs(),
+                "node": all[target],
+                "false_faults": faults,
+                "serf_member_failed": failed,
+            }),
+        );
+    }
+    run.kill();
 }
 
 /// With `--serf`, Serf agents beside the nodes, every one joined (or a

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use deploy::{logged_at, stderr_line, Deployment, Options};
 use procs::until_sleeping;
-use rig::{Process, Rig};
+use rig::{Process, Rig, Starved};
 
 /// Long enough for a cold start (SWIM join, announcements, the window).
 const READY: Duration = Duration::from_secs(30);
@@ -47,56 +47,6 @@ fn settled_ready(orchestrator: &mut Process, settle: Duration) -> u64 {
         {
             return epoch;
         }
-    }
-}
-
-/// A process held to a share of a core by a cgroup of its own (the
-/// `cpu` controller: cgroup v1's quota, or v2's `cpu.max`), let go when
-/// dropped.
-struct Starved {
-    group: std::path::PathBuf,
-    /// Where the process goes back to.
-    root: std::path::PathBuf,
-    pid: u32,
-}
-
-impl Starved {
-    /// `pid` held to `quota_us` of every 100 ms; why it cannot be, if not.
-    fn hold(pid: u32, quota_us: u64) -> Result<Starved, String> {
-        let v1 = std::path::Path::new("/sys/fs/cgroup/cpu");
-        let v2 = std::path::Path::new("/sys/fs/cgroup");
-        let name = format!("poolgate-starve-{}-{pid}", std::process::id());
-        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
-        let (root, group) = if v1.join("cpu.cfs_quota_us").exists() {
-            let group = v1.join(&name);
-            std::fs::create_dir_all(&group).map_err(|e| io("cgroup", e))?;
-            std::fs::write(group.join("cpu.cfs_period_us"), "100000")
-                .map_err(|e| io("cpu.cfs_period_us", e))?;
-            std::fs::write(group.join("cpu.cfs_quota_us"), quota_us.to_string())
-                .map_err(|e| io("cpu.cfs_quota_us", e))?;
-            (v1.to_path_buf(), group)
-        } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
-            .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpu"))
-        {
-            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
-            let group = v2.join(&name);
-            std::fs::create_dir_all(&group).map_err(|e| io("cgroup", e))?;
-            std::fs::write(group.join("cpu.max"), format!("{quota_us} 100000"))
-                .map_err(|e| io("cpu.max", e))?;
-            (v2.to_path_buf(), group)
-        } else {
-            return Err("no cgroup cpu controller (v1 or v2)".into());
-        };
-        std::fs::write(group.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| io("cgroup.procs", e))?;
-        Ok(Starved { group, root, pid })
-    }
-}
-
-impl Drop for Starved {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.root.join("cgroup.procs"), self.pid.to_string());
-        let _ = std::fs::remove_dir(&self.group);
     }
 }
 
