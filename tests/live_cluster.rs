@@ -261,10 +261,7 @@ fn poolgate_run_commits_guards_its_command_and_exits_3_when_a_required_node_is_k
         cluster.kill(1);
         let faulted = until_line(&mut lines, |v| v["event"] == "run_faulted").await;
         assert_eq!(faulted["node"], "node-2");
-        let status = tokio::time::timeout(Duration::from_secs(10), run.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        let status = exited(&mut run).await;
         assert_eq!(status.code(), Some(3));
         let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(command_pid), None).is_ok();
         assert!(!alive, "the guarded command is gone");
@@ -1137,6 +1134,20 @@ fn watch_gates_every_pool_and_status_reports_each_or_one() {
     });
 }
 
+/// Sends SIGTERM to `child`.
+fn sigterm(child: &tokio::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+}
+
+/// `child`'s exit, within 10 s.
+async fn exited(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exited within 10 s")
+        .unwrap()
+}
+
 /// `poolgate run --pool ID` of `config` (a file), its command writing its
 /// pid to `<dir>/<pool>.pid` and sleeping.
 fn run_on_pool(file: &std::path::Path, dir: &std::path::Path, pool: &str) -> tokio::process::Child {
@@ -1166,24 +1177,14 @@ async fn b_faults_a_ends(
     cluster.kill(2);
     let faulted = until_line(lines_b, |v| v["event"] == "run_faulted").await;
     assert_eq!(faulted["node"], "node-3");
-    let code = tokio::time::timeout(Duration::from_secs(10), run_b.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let code = exited(run_b).await;
     assert_eq!(code.code(), Some(3));
     assert!(run_a.try_wait().unwrap().is_none(), "A's run goes on");
     // A SIGTERM ends A's run: its command stops, its run is finished.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(run_a.id().unwrap() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(run_a);
     let finished = until_line(lines_a, |v| v["event"] == "run_finished").await;
     assert_eq!(finished["pool"], "a");
-    let code = tokio::time::timeout(Duration::from_secs(10), run_a.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let code = exited(run_a).await;
     assert_eq!(code.code(), Some(128 + 15));
 }
 
@@ -1270,15 +1271,8 @@ fn two_runs_on_two_pools_share_one_watch_through_its_control_socket() {
         )
         .await;
         // The watch removes its socket when it stops.
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
-            Signal::SIGTERM,
-        )
-        .unwrap();
-        tokio::time::timeout(Duration::from_secs(10), watch.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        sigterm(&watch);
+        exited(&mut watch).await;
         assert!(!socket.exists(), "the socket is removed at exit");
     });
 }
@@ -1330,18 +1324,11 @@ fn a_watch_of_several_pools_recorded_replays_every_pools_events() {
                 break;
             }
         }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
-            Signal::SIGTERM,
-        )
-        .unwrap();
+        sigterm(&watch);
         while let Some(line) = lines.next_line().await.unwrap() {
             keep(&line, &mut published);
         }
-        tokio::time::timeout(Duration::from_secs(10), watch.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        exited(&mut watch).await;
         // One file for both pools, each named; its replay prints what the
         // watch published, pool for pool.
         let text = std::fs::read_to_string(&record).unwrap();
@@ -1604,15 +1591,8 @@ fn two_runs_on_two_pools_among_replicas_on_etcd() {
             [&mut lines_a, &mut lines_b],
         )
         .await;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(watch.id().unwrap() as i32),
-            Signal::SIGTERM,
-        )
-        .unwrap();
-        tokio::time::timeout(Duration::from_secs(10), watch.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        sigterm(&watch);
+        exited(&mut watch).await;
     });
 }
 
