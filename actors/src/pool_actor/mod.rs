@@ -25,7 +25,7 @@ use crate::messages::{
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;
-use crate::recording::Recording;
+use crate::recording::{Held, Recording};
 use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::run_actor::RunActor;
@@ -926,9 +926,11 @@ impl PoolActor {
             }
         }
         let Some(store) = self.store.clone() else {
-            let committed = self.commit_admitted(admitted, at, ctx);
+            let committed = self.commit_admitted(admitted, at, None, ctx);
             return answered(committed.map_err(Into::into));
         };
+        // A fleet's recording keeps the commit's place meanwhile.
+        let held = self.recording.as_ref().map(|r| r.hold(at));
         // Durable before `run_committed` is told (design §9); a failed write
         // refuses the commit, and nothing changes. Written off the actors'
         // thread; the pool handles nothing else until it is done. The write
@@ -954,7 +956,7 @@ impl PoolActor {
                         act.flush(ctx);
                         return Err(GateError::NotDurable(e.to_string()));
                     }
-                    Ok(act.commit_admitted(admitted, at, ctx)?)
+                    Ok(act.commit_admitted(admitted, at, held, ctx)?)
                 })
                 .unwrap_or(Err(GateError::Internal))
             },
@@ -962,11 +964,13 @@ impl PoolActor {
     }
 
     /// Commits a plan the core admitted (and, with a store, whose commit
-    /// is stored), and starts the run's actor.
+    /// is stored: `held`, its place in a recording), and starts the run's
+    /// actor.
     fn commit_admitted(
         &mut self,
         admitted: AdmittedCommit,
         at: Time,
+        held: Option<Held>,
         ctx: &mut Context<Self>,
     ) -> Result<(), Refusal> {
         let recorded = self.recording.as_ref().map(|_| admitted.command());
@@ -974,8 +978,10 @@ impl PoolActor {
         let result = self.core.commit_admitted(admitted, at, &mut self.out);
         if let Ok(guard) = result {
             self.run = Some(RunActor::new(guard, Arc::clone(&self.router.live)).start());
-            if let (Some(recording), Some(command)) = (&self.recording, &recorded) {
-                recording.command(at, command);
+            match (held, &self.recording, &recorded) {
+                (Some(held), _, Some(command)) => held.command(command),
+                (None, Some(recording), Some(command)) => recording.command(at, command),
+                _ => {}
             }
             self.flush(ctx);
             return Ok(());
@@ -1023,6 +1029,8 @@ impl PoolActor {
             return answered(refused.map_err(Into::into));
         };
         let run = msg.run;
+        // A fleet's recording keeps the end's place until it is stored.
+        let held = self.recording.as_ref().map(|r| r.hold(at));
         let answer = addr.send(FinishCommitted { at });
         // The caller is answered once the run's end is stored and told (or
         // held back, its write having failed).
@@ -1038,8 +1046,8 @@ impl PoolActor {
                     });
                     let ended = !matches!(status, Err(Refusal::NotCommitted { .. }));
                     act.run_answered(&run, ended, events);
-                    if let (Ok(()), Some(recording)) = (&status, &act.recording) {
-                        recording.command(at, &Command::FinishRun { run: run.clone() });
+                    if let (Ok(()), Some(held)) = (&status, held) {
+                        held.command(&Command::FinishRun { run: run.clone() });
                     }
                     let change = act
                         .store
