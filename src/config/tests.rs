@@ -249,6 +249,25 @@ fn pools_take_their_own_settings_or_the_defaults_and_come_by_id() {
 }
 
 #[test]
+fn run_pool_acts_on_the_pool_named_and_keeps_the_others_defined_after_it() {
+    // `run --pool b` alone gates every pool (a run of another restored
+    // from the state file keeps its nodes reserved), pool b first: its
+    // gate is the one `run` acts on, with its own window and policy.
+    let config = Config::parse(FLEET, "config.toml").unwrap();
+    let b = config.with_only_pool(Some("b")).unwrap();
+    let ids: Vec<&str> = b.pools.iter().map(|p| p.definition.id().as_str()).collect();
+    assert_eq!(ids, ["b", "a"]);
+    assert_eq!(b.pool.id().as_str(), "b");
+    assert_eq!(b.convergence_window, Duration::from_secs(2));
+    assert_eq!(b.planning.on_readiness_lost, OnReadinessLost::Abort);
+    assert_eq!(b.gate_settings().unwrap().definition.id().as_str(), "b");
+    let refused = config.with_only_pool(Some("z")).unwrap_err();
+    assert!(refused.contains("no pool z (defined: a, b)"), "{refused}");
+    let unnamed = config.with_only_pool(None).unwrap_err();
+    assert!(unnamed.contains("name one with --pool"), "{unnamed}");
+}
+
+#[test]
 fn a_wrong_pool_of_a_fleet_is_named_by_key_and_line() {
     let cases = [
         (
