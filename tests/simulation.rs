@@ -213,3 +213,182 @@ fn at_sixty_percent_udp_loss_no_member_whose_agent_connection_vouches_for_it_is_
     );
     eprintln!("60% loss, 60 s: {unvouched} suspicions without vouching, 0 with ({vouched} probes vouched for); a crash under it found in {detection:?} ms");
 }
+
+/// The orchestrator's tracker over the one simulator (`poolgate-sim`):
+/// member 0's facts, fed through the table the gate is fed from
+/// (`live::nodes::Nodes`), checked after every instant against member
+/// 0's whole view: every identity foca lists is held in its state, and
+/// one foca no longer lists was last held dead.
+mod tracker {
+    use std::collections::HashMap;
+
+    use poolgate::live::nodes::Nodes;
+    use poolgate_actors::core::{MembershipUpdate, SwimState};
+    use poolgate_sim::{NetworkModel, Partition};
+
+    /// `nodes` members joined through member 0, on a lossless LAN with
+    /// the default profile's timings.
+    struct Cluster {
+        net: poolgate_sim::Network,
+        table: Nodes,
+        /// What the table took as new, in order.
+        seen: Vec<MembershipUpdate>,
+    }
+
+    impl Cluster {
+        fn new(nodes: usize) -> Self {
+            let config = poolgate::config::SwimTimings::STEADY.foca_config(nodes as u32 + 1);
+            let mut net = poolgate_sim::Network::new(nodes, config, NetworkModel::default(), 7);
+            for index in 1..=nodes {
+                net.join(index);
+            }
+            Cluster {
+                net,
+                table: Nodes::default(),
+                seen: Vec::new(),
+            }
+        }
+
+        fn run_until(&mut self, until: u64) {
+            while self.net.step(until).is_some() {
+                for fact in self.net.take_observed() {
+                    let update = fact.update.clone();
+                    if self.table.observe(fact).is_new() {
+                        self.seen.push(update);
+                    }
+                }
+                self.check_against_the_whole_view();
+            }
+            self.net.advance_to(until);
+        }
+
+        /// A member renewed at its address (a new generation of the same
+        /// node, as foca renews one declared down) outranks its older
+        /// generations, which need not be held dead.
+        fn check_against_the_whole_view(&self) {
+            let listed = self.net.whole_view();
+            let mut view: HashMap<_, _> = listed
+                .iter()
+                .map(|(id, state, incarnation)| {
+                    (
+                        (id.node.clone(), id.addr, id.generation),
+                        (*state, *incarnation),
+                    )
+                })
+                .collect();
+            for (addr, latest) in self.table.held() {
+                let node = latest.node.to_string();
+                let generation = latest.incarnation >> 16;
+                let key = (node.clone(), addr, generation);
+                let now = (latest.state, latest.incarnation);
+                let renewed = listed.iter().any(|(id, _, _)| {
+                    id.node == node && id.addr == addr && id.generation > generation
+                });
+                match view.remove(&key) {
+                    Some(listed) => assert_eq!(listed, now, "{node}@{addr}"),
+                    None => assert!(
+                        now.0 == SwimState::Dead || renewed,
+                        "{node}@{addr} vanished at {} ms, last held {now:?}; foca's view: {listed:?}",
+                        self.net.now(),
+                    ),
+                }
+            }
+            assert!(view.is_empty(), "never reported: {view:?}");
+        }
+
+        /// Runs until `node` is reported in `state` (counting from the
+        /// `since`-th report, within `limit` ms of the virtual clock).
+        fn until_reported(
+            &mut self,
+            since: usize,
+            node: &str,
+            state: SwimState,
+            limit: u64,
+        ) -> MembershipUpdate {
+            while self.net.now() < limit {
+                if let Some(found) = self.seen[since..]
+                    .iter()
+                    .find(|u| u.node.as_str() == node && u.state == state)
+                {
+                    return found.clone();
+                }
+                let step = self.net.now() + 10;
+                self.run_until(step);
+            }
+            panic!(
+                "{node} never reported {state} by {limit} ms: {:?}",
+                self.seen
+            );
+        }
+    }
+
+    /// The incarnation of a member's first life (generation 1).
+    const FIRST: u64 = 1 << 16;
+
+    #[test]
+    fn members_that_join_are_reported_alive() {
+        let mut cluster = Cluster::new(2);
+        let update = cluster.until_reported(0, "n2", SwimState::Alive, 2_000);
+        assert_eq!(update.incarnation, FIRST);
+    }
+
+    #[test]
+    fn a_crashed_member_is_reported_suspect_at_its_incarnation_then_dead() {
+        let mut cluster = Cluster::new(3);
+        cluster.run_until(3_000);
+        cluster.net.crash(2);
+        let since = cluster.seen.len();
+        let suspect = cluster.until_reported(since, "n2", SwimState::Suspect, 10_000);
+        assert_eq!(suspect.incarnation, FIRST);
+        let dead = cluster.until_reported(since, "n2", SwimState::Dead, 20_000);
+        assert_eq!(dead.incarnation, FIRST);
+    }
+
+    #[test]
+    fn a_member_suspected_and_back_is_reported_alive_at_a_higher_incarnation() {
+        let mut cluster = Cluster::new(3);
+        cluster.run_until(3_000);
+        // n3 cut off from the others until it is suspected, then back.
+        cluster.net.partition(Some(Partition {
+            split: 3,
+            from_ms: 3_000,
+            until_ms: 60_000,
+        }));
+        let since = cluster.seen.len();
+        cluster.until_reported(since, "n3", SwimState::Suspect, 10_000);
+        cluster.net.partition(None);
+        let since = cluster.seen.len();
+        let alive = cluster.until_reported(since, "n3", SwimState::Alive, 20_000);
+        // Refuted, or (its suspicion's gossip spent while it was cut
+        // off, it was declared down) renewed: either way above all its
+        // earlier states.
+        assert!(alive.incarnation > FIRST, "{alive:?}: {:?}", cluster.seen);
+    }
+
+    #[test]
+    fn a_restarted_member_with_a_new_generation_is_alive_again() {
+        let mut cluster = Cluster::new(3);
+        cluster.run_until(3_000);
+        cluster.net.crash(2);
+        let since = cluster.seen.len();
+        let dead = cluster.until_reported(since, "n2", SwimState::Dead, 30_000);
+        let since = cluster.seen.len();
+        cluster.net.restart(2);
+        let limit = cluster.net.now() + 10_000;
+        let alive = cluster.until_reported(since, "n2", SwimState::Alive, limit);
+        assert!(alive.incarnation >= 2 << 16, "{alive:?}");
+        assert!(alive.incarnation > dead.incarnation);
+    }
+
+    #[test]
+    fn only_changes_are_reported() {
+        let mut cluster = Cluster::new(2);
+        cluster.run_until(5_000);
+        let n1: Vec<_> = cluster
+            .seen
+            .iter()
+            .filter(|u| u.node.as_str() == "n1")
+            .collect();
+        assert_eq!(n1.len(), 1, "{:?}", cluster.seen);
+    }
+}

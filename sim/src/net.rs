@@ -471,6 +471,30 @@ impl Network {
         self.now = self.now.max(at);
     }
 
+    /// Member 0's whole view, as foca lists it: each member's identity,
+    /// its state and incarnation as the tracker reports them (the
+    /// generation folded in: `generation << 16 | incarnation`).
+    pub fn whole_view(&self) -> Vec<(SwimIdentity, poolgate_actors::core::SwimState, u64)> {
+        use poolgate_actors::core::SwimState;
+        let Some(orchestrator) = self.members.first() else {
+            return Vec::new();
+        };
+        orchestrator
+            .foca
+            .iter_membership_state()
+            .map(|member| {
+                let id = member.id().clone();
+                let state = match member.state() {
+                    foca::State::Alive => SwimState::Alive,
+                    foca::State::Suspect => SwimState::Suspect,
+                    foca::State::Down => SwimState::Dead,
+                };
+                let incarnation = (id.generation << 16) | u64::from(member.incarnation());
+                (id, state, incarnation)
+            })
+            .collect()
+    }
+
     /// The facts member 0's tracker reported since the last call.
     pub fn take_observed(&mut self) -> Vec<SwimFact> {
         std::mem::take(&mut self.observed)

@@ -355,9 +355,9 @@ impl Nodes {
     }
 
     /// Every identity's latest fact held, with its address (the tracker's
-    /// tests check them against foca's view).
-    #[cfg(test)]
-    pub(crate) fn held(&self) -> impl Iterator<Item = (SocketAddr, &MembershipUpdate)> {
+    /// tests check them against foca's whole view).
+    #[doc(hidden)]
+    pub fn held(&self) -> impl Iterator<Item = (SocketAddr, &MembershipUpdate)> {
         self.latest.values().flat_map(|record| {
             record
                 .identities
