@@ -318,6 +318,9 @@ impl Fleet {
             return Err(GateError::Refused(Refusal::RunCommitted(run)));
         }
         gate.stop();
+        if let Some(recording) = &self.shared.recording {
+            recording.pool_removed(self.shared.clock.now(), pool);
+        }
         let mut state = self.state();
         state.gates.remove(pool);
         state.candidacy.remove(pool);

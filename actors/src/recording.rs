@@ -25,8 +25,8 @@
 //! pools those records change nothing (they hold the same facts). The
 //! fleet writes what it keeps of a node no pool has (a known node's
 //! facts). A command that takes only once a write is done holds its
-//! place meanwhile ([`Held`]). A pool removed from the fleet is not in
-//! the format: its replay goes on gating it.
+//! place meanwhile ([`Held`]). A pool removed from the fleet is written
+//! as a `remove_pool` record, at the instant it was removed.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -228,6 +228,14 @@ impl Recording {
         let pool = self.pool.as_ref().map(PoolId::as_str);
         // Commands are rare and worth seeing at once.
         self.record(at.as_millis(), Some(&Line::command(command, pool)), true);
+    }
+
+    /// A pool removed from the fleet at `at` (a fleet's recording).
+    pub(crate) fn pool_removed(&self, at: Time, pool: &PoolId) {
+        let line = Line::RemovePool {
+            pool: std::borrow::Cow::Borrowed(pool.as_str()),
+        };
+        self.record(at.as_millis(), Some(&line), true);
     }
 
     /// Holds the place of a command applied at `at` whose line is known

@@ -68,6 +68,12 @@ pub enum Line<'a> {
         /// Its members.
         members: Vec<Cow<'a, str>>,
     },
+    /// A pool of a fleet removed (its run ended first): it gates nothing
+    /// more.
+    RemovePool {
+        /// The pool's id.
+        pool: Cow<'a, str>,
+    },
     /// The registry knows the node.
     Known {
         /// The node.
@@ -163,6 +169,7 @@ pub const TYPES: &[&str] = &[
     "settings",
     "restored",
     "define_pool",
+    "remove_pool",
     "known",
     "forgotten",
     "swim",
@@ -444,6 +451,20 @@ pub fn read_restored(text: &str) -> Result<Option<RecordedRestore>, String> {
     }))
 }
 
+/// The pool a `remove_pool` record removes, and its instant; `Ok(None)`
+/// for any other record.
+pub fn read_removal(text: &str) -> Result<Option<(u64, PoolId)>, String> {
+    if !is_of_type(text, "remove_pool") {
+        return Ok(None);
+    }
+    match read(text)? {
+        (at_ms, Line::RemovePool { pool }) => PoolId::new(&pool)
+            .map(|pool| Some((at_ms, pool)))
+            .map_err(|e| format!("field `pool`: {e}")),
+        _ => Ok(None),
+    }
+}
+
 /// Whether `text` is an object of record type `kind`, however wrong the
 /// rest of it.
 pub fn is_of_type(text: &str, kind: &str) -> bool {
@@ -501,6 +522,9 @@ impl FlatLine {
             "define_pool" => Line::DefinePool {
                 pool: Cow::Owned(pool?),
                 members: owned(members?),
+            },
+            "remove_pool" => Line::RemovePool {
+                pool: Cow::Owned(pool?),
             },
             "known" => Line::Known { node: node? },
             "forgotten" => Line::Forgotten { node: node? },
@@ -686,6 +710,9 @@ impl<'a> Line<'a> {
                     .map(|definition| Command::DefinePool(definition).into())
                     .map_err(GateError::from));
             }
+            Line::RemovePool { .. } => {
+                return Err("a `remove_pool` record removes a pool of several: it stands in a recording of several pools, not in one pool's".into())
+            }
             Line::Known { node: n } => RegistryFact::Known { node: node(&n)? }.into(),
             Line::Forgotten { node: n } => RegistryFact::Forgotten { node: node(&n)? }.into(),
             Line::Swim {
@@ -785,6 +812,7 @@ mod tests {
                 pool: o("pool-a"),
                 members: vec![o("node-1"), o("node-2")],
             },
+            Line::RemovePool { pool: o("pool-a") },
             Line::Known { node: o("node-1") },
             Line::Forgotten { node: o("node-1") },
             Line::Swim {

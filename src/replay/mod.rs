@@ -449,6 +449,36 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         self.gate.submit(at, pool, input).await
     }
 
+    /// A `remove_pool` record at `at` (line `number`): the fleet's pool
+    /// removed, or `rejected` as the live fleet refused it; a bad line
+    /// where one pool is replayed.
+    async fn remove_pool(
+        &mut self,
+        at: Time,
+        number: usize,
+        pool: &PoolId,
+    ) -> Result<(), ReplayError> {
+        let Target::Fleet(fleet) = &self.gate else {
+            self.settle_through(at).await?;
+            return Err(BadLine {
+                line: number,
+                message: "a `remove_pool` record removes a pool of several: it stands in a recording of several pools, not in one pool's".into(),
+            }
+            .into());
+        };
+        if let Err(error) = fleet.remove_pool(pool).await {
+            poolgate_actors::telemetry::rejected(error.code());
+            self.held.push(ReplayEvent::Rejected(Rejection {
+                at,
+                event: "rejected",
+                line: number,
+                error: error.code(),
+                detail: error.to_string(),
+            }));
+        }
+        Ok(())
+    }
+
     async fn drive<R: BufRead>(
         &mut self,
         mut reader: ScenarioReader<R>,
@@ -462,6 +492,39 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
                 Ok((number, text)) => match self.recorded_header(&text) {
                     Ok(true) => continue,
                     Ok(false) => Ok((number, text)),
+                    Err(message) => Err(BadLine {
+                        line: number,
+                        message,
+                    }),
+                },
+                Err(bad) => Err(bad),
+            };
+            // A pool of a fleet's recording removed at its instant.
+            let line = match line {
+                Ok((number, text)) => match poolgate_actors::replay_format::read_removal(&text) {
+                    Ok(Some((at_ms, pool))) => {
+                        if let Some(previous) = last.filter(|previous| at_ms < *previous) {
+                            self.settle_through(Time::from_millis(previous)).await?;
+                            return Err(BadLine {
+                                line: number,
+                                message: format!(
+                                    "at_ms {at_ms} is before the previous record's {previous}"
+                                ),
+                            }
+                            .into());
+                        }
+                        let at = Time::from_millis(at_ms);
+                        if last != Some(at_ms) {
+                            if let Some(previous) = last {
+                                self.explain(Time::from_millis(previous)).await?;
+                            }
+                            self.advance_before(at).await?;
+                        }
+                        last = Some(at_ms);
+                        self.remove_pool(at, number, &pool).await?;
+                        continue;
+                    }
+                    Ok(None) => Ok((number, text)),
                     Err(message) => Err(BadLine {
                         line: number,
                         message,

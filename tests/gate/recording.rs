@@ -525,3 +525,91 @@ fn a_commit_stored_while_another_pool_moves_is_recorded_at_the_instant_it_was_ap
     );
     assert_eq!(by_pool(&live), by_pool(&replayed), "recording:\n{text}");
 }
+
+/// Design §14: a pool removed from a fleet is in its recording (a
+/// `remove_pool` record at the instant it went), and the replay gates it
+/// no more from there: a fact of its node then reaches no pool, as live.
+/// Before, the replay went on gating it (`readiness_lost` of a pool that
+/// was gone).
+#[test]
+fn a_pool_removed_from_a_fleet_is_recorded_and_replayed_removed() {
+    let recorded = Shared::default();
+    let recording = Recording::new(Box::new(recorded.clone()));
+    let pools = vec![
+        pool_settings("p1", &["a"], 30, OnReadinessLost::Wait, None),
+        pool_settings("p2", &["b"], 30, OnReadinessLost::Wait, None),
+    ];
+    let live = actix::System::new().block_on(async move {
+        let fleet = Fleet::try_start_recording(pools, recording).unwrap();
+        let mut events = fleet.subscribe();
+        for name in ["a", "b"] {
+            poolgate_actors::testing::make_ready_in(&fleet, &node(name), name.as_bytes())
+                .await
+                .unwrap();
+        }
+        for pool in ["p1", "p2"] {
+            let gate = fleet.pool(&PoolId::new(pool).unwrap()).unwrap();
+            gate.wait_ready().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        fleet
+            .remove_pool(&PoolId::new("p2").unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for name in ["b", "a"] {
+            let at = fleet.clock().now();
+            fleet
+                .observe(at, node(name), Observation::Unavailable)
+                .await
+                .unwrap();
+        }
+        while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
+            tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2))
+                .await;
+        }
+        let events = drain(&mut events)
+            .into_iter()
+            .map(|e| json_line(&ReplayEvent::Gate(e)))
+            .collect::<Vec<_>>();
+        fleet.stop();
+        events
+    });
+    let recording = recorded.0.lock().unwrap().clone();
+    let text = String::from_utf8_lossy(&recording).to_string();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(r#""type":"remove_pool","pool":"p2""#)),
+        "{text}"
+    );
+    let mut replayed = Vec::new();
+    let config = config(&NODES, 30, OnReadinessLost::Wait, None);
+    replay::run(&config, &recording[..], |event| {
+        replayed.push(json_line(event));
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}; recording:\n{text}"));
+    let lost: Vec<&String> = live
+        .iter()
+        .filter(|e| e.contains("readiness_lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "only p1's: {live:#?}");
+    assert_eq!(by_pool(&live), by_pool(&replayed), "recording:\n{text}");
+}
+
+#[test]
+fn a_remove_pool_record_where_one_pool_is_replayed_is_a_bad_line_saying_why() {
+    let config = config(&NODES, 30, OnReadinessLost::Wait, None);
+    let scenario = concat!(
+        r#"{"at_ms":0,"type":"known","node":"a"}"#,
+        "\n",
+        r#"{"at_ms":5,"type":"remove_pool","pool":"p1"}"#,
+        "\n"
+    );
+    let error = replay::run(&config, scenario.as_bytes(), |_| Ok(())).unwrap_err();
+    let said = error.to_string();
+    assert!(
+        said.contains('2') && said.contains("a recording of several pools"),
+        "{said}"
+    );
+}
