@@ -2572,8 +2572,8 @@ fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
         let next = a_next_term(&server, b"/poolgate/grown/a/leader", &mut replica, live).await;
         assert_eq!(
             next.fleet.pools(),
-            vec![pool("a"), pool("b"), pool("c")],
-            "c served from the next term; b kept until a restart"
+            vec![pool("a"), pool("c")],
+            "c served from the next term; b, with no run, no longer"
         );
         let members: Vec<String> = next
             .fleet
@@ -2640,9 +2640,10 @@ fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_n
 /// A pool a reload adds on the leader among replicas is served at once:
 /// its own record under `pools/<id>/`, fenced by the term, and runs asked
 /// of it through etcd committed; the next term goes on from its record
-/// (its epochs above the ones it told). A pool removed stays served
-/// until a restart, said so. Before, the leader refused the new pool
-/// ("added by restarting the replicas").
+/// (its epochs above the ones it told). A pool removed goes at once (no
+/// run of it is committed). Before, the leader refused the new pool
+/// ("added by restarting the replicas"), and kept a removed one until
+/// every replica restarted.
 #[test]
 fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     need_etcd!();
@@ -2670,11 +2671,8 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
             said.iter().any(|s| s.starts_with("pool c: defined")),
             "{said:?}"
         );
-        assert!(
-            said.iter().any(|s| s.starts_with("pool b: NOT removed")),
-            "{said:?}"
-        );
-        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b"), pool("c")]);
+        assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
+        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("c")]);
         // A run asked of pool c through etcd, as `run --pool c` would.
         let asks = poolgate::live::replica::requests_of(&grown.with_only_pool(Some("c")).unwrap())
             .unwrap();
@@ -2716,6 +2714,61 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
             "its run (epoch {epoch}) restored"
         );
         next.shutdown();
+        replica.resign();
+    });
+}
+
+/// A pool a reload removes among replicas while its run is committed:
+/// the leader keeps it ("NOT removed while run … is committed"), and the
+/// next term, whose file no longer has it, still serves it from its
+/// record in etcd (the run restored, still guarded); once the run ended,
+/// the term after that serves it no more. Before, a removed pool stayed
+/// served until every replica restarted.
+#[test]
+fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-removed");
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "gone", "20ms", pools);
+    let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
+    let shrunk = pools(&[("a", &["node-1"])]);
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-2"), b"key")
+            .await
+            .unwrap();
+        let b = live.fleet.pool(&pool("b")).unwrap();
+        let epoch = b.wait_ready().await.unwrap().epoch;
+        let run = poolgate::core::RunId::new("rb").unwrap();
+        b.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        b.commit_plan(run.clone(), vec![node("node-2")], Some(epoch))
+            .await
+            .unwrap();
+        let said = live.reload(&shrunk).await.unwrap();
+        assert!(
+            said.iter()
+                .any(|s| s.starts_with("pool b: NOT removed while run rb is committed")),
+            "{said:?}"
+        );
+        assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b")]);
+        // The next term, from the file as reloaded: b served still, its
+        // run restored and guarded.
+        replica.reloads().put(shrunk.clone());
+        let next = a_next_term(&server, b"/poolgate/gone/a/leader", &mut replica, live).await;
+        let kept = next
+            .fleet
+            .pool(&pool("b"))
+            .expect("b served while its run is");
+        assert_eq!(kept.report().await.unwrap().run, Some(run.clone()));
+        kept.finish_run(run).await.unwrap();
+        // The term after: b's record holds no run, and b is no longer
+        // served.
+        let after = a_next_term(&server, b"/poolgate/gone/a/leader", &mut replica, next).await;
+        assert_eq!(after.fleet.pools(), vec![pool("a")]);
+        after.shutdown();
         replica.resign();
     });
 }

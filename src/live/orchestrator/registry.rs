@@ -190,12 +190,6 @@ impl Orchestrator {
                 .iter()
                 .filter(|id| !settings.iter().any(|s| s.definition.id() == *id))
             {
-                if self.term_pools.get().is_some() {
-                    said.push(format!(
-                        "pool {id}: NOT removed: among replicas a pool stays served until every replica restarts (its run, if any, stays guarded)"
-                    ));
-                    continue;
-                }
                 match self.fleet.remove_pool(id).await {
                     Ok(()) => said.push(format!("pool {id}: removed")),
                     Err(poolgate_actors::GateError::Refused(

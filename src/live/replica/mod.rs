@@ -83,6 +83,10 @@ pub struct Replica {
     /// The configuration read again by a reload (SIGHUP), for the next
     /// term to start from ([`Replica::reloads`]).
     reloaded: Reloads,
+    /// Pools a reload removed from the file: the next term serves one
+    /// still if its record in etcd holds a committed run (its run stays
+    /// guarded until it ends), and forgets the others.
+    removed: Vec<crate::config::PoolConfig>,
 }
 
 /// Where a reload (SIGHUP) leaves the configuration it read, for a
@@ -229,6 +233,7 @@ impl Replica {
             warm: None,
             warmed: false,
             reloaded: Reloads::default(),
+            removed: Vec::new(),
         })
     }
 
@@ -310,6 +315,7 @@ impl Replica {
             }
             self.term = self.fence.current().map(|t| t.created);
             let Some(term) = self.term else { continue };
+            self.keep_removed_pools_with_runs().await?;
             // The term's stores start from what etcd holds now; their
             // writes land only in this term, on records unchanged since.
             let (base, terms) = self.bind_all(term).await?;
@@ -581,13 +587,14 @@ impl Replica {
     /// if none is), the cluster keys, the pools' members and settings,
     /// `[readiness]` and `[planning]`, and pools added to
     /// `[pools.<id>]` (each with its own record, its epochs above any the
-    /// prefix told). A pool removed from the file stays served until the
-    /// replicas restart (a run it holds is never left unguarded), and
+    /// prefix told). A pool removed from the file is served by the next
+    /// term only while etcd holds a committed run of it (a run is never
+    /// left unguarded: [`Replica::keep_removed_pools_with_runs`]), and
     /// a change between `[pool]` and `[pools.<id>]`, or one that would
     /// move the state's prefix (the first pool's id names it unless
     /// `[state] prefix` does), needs the replicas restarted: said, and
     /// the running pools kept.
-    fn adopt(&mut self, mut new: crate::Config) {
+    fn adopt(&mut self, new: crate::Config) {
         let ids = |config: &crate::Config| {
             config
                 .pool_definitions()
@@ -618,11 +625,18 @@ impl Replica {
                     .iter()
                     .map(|p| p.definition.id().to_string())
                     .collect();
-                tracing::warn!(pools = ?ids, "reload: pools removed among replicas stay served until every replica restarts (a run they hold stays guarded)");
+                tracing::info!(pools = ?ids, "reload: pools removed: the next term serves one only while its run is committed");
             }
-            new.pools.extend(removed);
-            new.pools
-                .sort_by(|a, b| a.definition.id().cmp(b.definition.id()));
+            self.removed.retain(|p| !read.contains(p.definition.id()));
+            for pool in removed {
+                if !self
+                    .removed
+                    .iter()
+                    .any(|p| p.definition.id() == pool.definition.id())
+                {
+                    self.removed.push(pool);
+                }
+            }
             let added: Vec<String> = read
                 .iter()
                 .filter(|id| !running.contains(id))
@@ -661,6 +675,47 @@ impl Replica {
         tracing::info!(
             "the configuration read again by the last reload: the next term starts from it"
         );
+    }
+
+    /// At a term's start: a pool a reload removed whose record in etcd
+    /// holds a committed run (made by a leader whose file still had it)
+    /// is served this term still, said so, so that its run stays guarded;
+    /// the others are forgotten. Their records stay in etcd (a pool
+    /// defined again goes on from its own).
+    async fn keep_removed_pools_with_runs(&mut self) -> Result<(), LiveError> {
+        // Served last term for its run, maybe: looked at again.
+        let removed = std::mem::take(&mut self.removed);
+        let gone =
+            |id: &poolgate_actors::core::PoolId| removed.iter().any(|p| p.definition.id() == id);
+        self.config.pools.retain(|p| !gone(p.definition.id()));
+        self.records.retain(|r| !gone(r.pool.id()));
+        for pool in removed.clone() {
+            let id = pool.definition.id().clone();
+            let store = Arc::new(self.store.for_pool(id.as_str()));
+            let reading = Arc::clone(&store);
+            let held = tokio::task::spawn_blocking(move || reading.read_records())
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+            let committed = held
+                .as_ref()
+                .and_then(|(durable, _)| durable.run.as_ref())
+                .filter(|run| run.committed)
+                .map(|run| run.run.clone());
+            let Some(run) = committed else {
+                tracing::info!(pool = %id, "a pool a reload removed is no longer served");
+                continue;
+            };
+            tracing::warn!(pool = %id, %run, "a pool a reload removed is served this term still: its run is committed (reload again once it ends)");
+            self.records
+                .push(PoolRecord::new(pool.definition.clone(), store, None));
+            self.config.pools.push(pool.clone());
+            self.removed.push(pool);
+        }
+        self.config
+            .pools
+            .sort_by(|a, b| a.definition.id().cmp(b.definition.id()));
+        self.records.sort_by(|a, b| a.pool.id().cmp(b.pool.id()));
+        Ok(())
     }
 
     /// Why this replica last stepped down (its lease not renewed in time,
