@@ -468,15 +468,20 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
         };
         if let Err(error) = fleet.remove_pool(pool).await {
             poolgate_actors::telemetry::rejected(error.code());
-            self.held.push(ReplayEvent::Rejected(Rejection {
-                at,
-                event: "rejected",
-                line: number,
-                error: error.code(),
-                detail: error.to_string(),
-            }));
+            self.rejected(at, number, &error);
         }
         Ok(())
+    }
+
+    /// A `rejected` event for line `number`, refused at `at` with `error`.
+    fn rejected(&mut self, at: Time, number: usize, error: &GateError) {
+        self.held.push(ReplayEvent::Rejected(Rejection {
+            at,
+            event: "rejected",
+            line: number,
+            error: error.code(),
+            detail: error.to_string(),
+        }));
     }
 
     async fn drive<R: BufRead>(
@@ -584,13 +589,7 @@ impl<S: FnMut(&ReplayEvent) -> io::Result<()>> Replay<S> {
                     }
                     .into());
                 }
-                self.held.push(ReplayEvent::Rejected(Rejection {
-                    at,
-                    event: "rejected",
-                    line: number,
-                    error: error.code(),
-                    detail: error.to_string(),
-                }));
+                self.rejected(at, number, &error);
             }
         }
         if records == 0 {

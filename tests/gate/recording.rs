@@ -341,19 +341,38 @@ fn live_fleet_run(seed: u64) -> (Vec<String>, Vec<u8>, u64) {
         one.await.unwrap();
         two.await.unwrap();
         // Let every pending timer fire.
-        while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
-            tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2))
-                .await;
-        }
-        let events = drain(&mut events)
-            .into_iter()
-            .map(|e| json_line(&ReplayEvent::Gate(e)))
-            .collect::<Vec<_>>();
-        fleet.stop();
-        events
+        settled(&fleet, &mut events).await
     });
     let recording = recorded.0.lock().unwrap().clone();
     (events, recording, kept.inexact())
+}
+
+/// Every timer of `fleet` let fire, its events as JSON lines; the fleet
+/// stopped.
+async fn settled(fleet: &Fleet, events: &mut poolgate::EventStream) -> Vec<String> {
+    while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
+        tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2)).await;
+    }
+    let events = drain(events)
+        .into_iter()
+        .map(|e| json_line(&ReplayEvent::Gate(e)))
+        .collect::<Vec<_>>();
+    fleet.stop();
+    events
+}
+
+/// `recording` replayed (the configuration's pools unused), its events
+/// as JSON lines.
+fn replayed_lines(recording: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(recording).to_string();
+    let config = config(&NODES, 30, OnReadinessLost::Wait, None);
+    let mut replayed = Vec::new();
+    replay::run(&config, recording, |event| {
+        replayed.push(json_line(event));
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}; recording:\n{text}"));
+    replayed
 }
 
 #[test]
@@ -491,27 +510,12 @@ fn a_commit_stored_while_another_pool_moves_is_recorded_at_the_instant_it_was_ap
         committed.unwrap();
         let (finished, ()) = tokio::join!(p1.finish_run(run), other_pool_moves(fleet.clone(), 5));
         finished.unwrap();
-        while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
-            tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2))
-                .await;
-        }
-        let events = drain(&mut events)
-            .into_iter()
-            .map(|e| json_line(&ReplayEvent::Gate(e)))
-            .collect::<Vec<_>>();
-        fleet.stop();
-        events
+        settled(&fleet, &mut events).await
     });
     let recording = recorded.0.lock().unwrap().clone();
     let text = String::from_utf8_lossy(&recording).to_string();
     assert_eq!(kept.inexact(), 0, "recording:\n{text}");
-    let mut replayed = Vec::new();
-    let config = config(&NODES, 30, OnReadinessLost::Wait, None);
-    replay::run(&config, &recording[..], |event| {
-        replayed.push(json_line(event));
-        Ok(())
-    })
-    .unwrap_or_else(|e| panic!("{e}; recording:\n{text}"));
+    let replayed = replayed_lines(&recording);
     let names = |events: &[String]| -> Vec<String> {
         events
             .iter()
@@ -564,16 +568,7 @@ fn a_pool_removed_from_a_fleet_is_recorded_and_replayed_removed() {
                 .await
                 .unwrap();
         }
-        while let Some(deadline) = fleet.pending_deadline().await.unwrap() {
-            tokio::time::sleep_until(fleet.clock().instant(deadline) + Duration::from_millis(2))
-                .await;
-        }
-        let events = drain(&mut events)
-            .into_iter()
-            .map(|e| json_line(&ReplayEvent::Gate(e)))
-            .collect::<Vec<_>>();
-        fleet.stop();
-        events
+        settled(&fleet, &mut events).await
     });
     let recording = recorded.0.lock().unwrap().clone();
     let text = String::from_utf8_lossy(&recording).to_string();
@@ -582,13 +577,7 @@ fn a_pool_removed_from_a_fleet_is_recorded_and_replayed_removed() {
             .any(|l| l.contains(r#""type":"remove_pool","pool":"p2""#)),
         "{text}"
     );
-    let mut replayed = Vec::new();
-    let config = config(&NODES, 30, OnReadinessLost::Wait, None);
-    replay::run(&config, &recording[..], |event| {
-        replayed.push(json_line(event));
-        Ok(())
-    })
-    .unwrap_or_else(|e| panic!("{e}; recording:\n{text}"));
+    let replayed = replayed_lines(&recording);
     let lost: Vec<&String> = live
         .iter()
         .filter(|e| e.contains("readiness_lost"))
