@@ -1051,15 +1051,8 @@ fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node(
 #[test]
 fn watch_gates_every_pool_and_status_reports_each_or_one() {
     live(async {
-        let (mut cluster, mut config) = two_pools_of(3).await;
-        // Overlapping: A = node-1, node-2; B = node-2, node-3.
-        config.pools[1].definition = poolgate::core::PoolDefinition::new(
-            poolgate::core::PoolId::new("b").unwrap(),
-            vec![node("node-2"), node("node-3")],
-        )
-        .unwrap();
-        let file = cluster.dir.join("pools.toml");
-        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(&config)).unwrap();
+        let (mut cluster, config) = two_pools_of(3).await;
+        let file = overlapping_pools(&cluster, &config);
         let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
             .args(["watch", "--json", "--until-ready", "--config"])
             .arg(&file)
