@@ -683,25 +683,31 @@ impl Replica {
     /// the others are forgotten. Their records stay in etcd (a pool
     /// defined again goes on from its own).
     async fn keep_removed_pools_with_runs(&mut self) -> Result<(), LiveError> {
-        // Served last term for its run, maybe: looked at again.
+        // Every record read first: a read that fails changes nothing (the
+        // term does not start, and the next try looks again).
+        let mut committed = Vec::with_capacity(self.removed.len());
+        for pool in &self.removed {
+            let store = Arc::new(self.store.for_pool(pool.definition.id().as_str()));
+            let reading = Arc::clone(&store);
+            let held = tokio::task::spawn_blocking(move || reading.read_records())
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+            let run = held
+                .as_ref()
+                .and_then(|(durable, _)| durable.run.as_ref())
+                .filter(|run| run.committed)
+                .map(|run| run.run.clone());
+            committed.push((store, run));
+        }
+        // Served last term for its run, maybe: decided again.
         let removed = std::mem::take(&mut self.removed);
         let gone =
             |id: &poolgate_actors::core::PoolId| removed.iter().any(|p| p.definition.id() == id);
         self.config.pools.retain(|p| !gone(p.definition.id()));
         self.records.retain(|r| !gone(r.pool.id()));
-        for pool in removed.clone() {
-            let id = pool.definition.id().clone();
-            let store = Arc::new(self.store.for_pool(id.as_str()));
-            let reading = Arc::clone(&store);
-            let held = tokio::task::spawn_blocking(move || reading.read_records())
-                .await
-                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
-            let committed = held
-                .as_ref()
-                .and_then(|(durable, _)| durable.run.as_ref())
-                .filter(|run| run.committed)
-                .map(|run| run.run.clone());
-            let Some(run) = committed else {
+        for (pool, (store, run)) in removed.iter().zip(committed) {
+            let id = pool.definition.id();
+            let Some(run) = run else {
                 tracing::info!(pool = %id, "a pool a reload removed is no longer served");
                 continue;
             };
@@ -709,7 +715,7 @@ impl Replica {
             self.records
                 .push(PoolRecord::new(pool.definition.clone(), store, None));
             self.config.pools.push(pool.clone());
-            self.removed.push(pool);
+            self.removed.push(pool.clone());
         }
         self.config
             .pools
