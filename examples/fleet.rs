@@ -334,11 +334,43 @@ fn median(mut samples: Vec<f64>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
+/// `--layouts 100x10,10x100` (pools × members, the default), and
+/// `--only orchestrators` for the live orchestrators' heap alone.
+fn layouts(args: &[String]) -> Result<Vec<(usize, usize)>, String> {
+    let Some(at) = args.iter().position(|a| a == "--layouts") else {
+        return Ok(vec![(100, 10), (10, 100)]);
+    };
+    let text = args.get(at + 1).ok_or("--layouts POOLSxSIZE,…")?;
+    text.split(',')
+        .map(|layout| {
+            let (pools, size) = layout
+                .split_once('x')
+                .ok_or(format!("--layouts: {layout} is not POOLSxSIZE"))?;
+            let number = |n: &str| {
+                n.parse::<usize>()
+                    .map_err(|e| format!("--layouts: {n}: {e}"))
+            };
+            Ok((number(pools)?, number(size)?))
+        })
+        .collect()
+}
+
 fn main() {
-    let json = std::env::args().any(|a| a == "--json");
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--json");
+    let only_orchestrators = args
+        .windows(2)
+        .any(|w| w[0] == "--only" && w[1] == "orchestrators");
+    let layouts = match layouts(&args) {
+        Ok(layouts) => layouts,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
     actix::System::new().block_on(async move {
         let mut lines = Vec::new();
-        for (pools, size) in [(100, 10), (10, 100)] {
+        for &(pools, size) in layouts.iter().filter(|_| !only_orchestrators) {
             // Warm the runtime's tables first, so neither side pays for them.
             let _ = repeated(fleet_footprint, pools, size, 2).await;
             let _ = repeated(gates_footprint, pools, size, 2).await;
@@ -349,7 +381,7 @@ fn main() {
                 fleet.heap, gates.heap, fleet.cpu_ms, gates.cpu_ms, fleet.wall_ms, gates.wall_ms
             ));
         }
-        for (pools, size) in [(100, 10), (10, 100)] {
+        for &(pools, size) in &layouts {
             let _ = orchestrators_heap(pools, size, true).await;
             let separate = orchestrators_heap(pools, size, false).await;
             let one = orchestrators_heap(pools, size, true).await;
@@ -357,14 +389,19 @@ fn main() {
                 r#"{{"measure":"orchestrators","pools":{pools},"size":{size},"one_fleet_orchestrator_heap_bytes":{one},"orchestrator_per_pool_heap_bytes":{separate}}}"#
             ));
         }
-        for (pools, holders) in [(100, 1), (100, 10), (100, 100), (10, 1), (1000, 1)] {
+        let observations: &[(usize, usize)] = match only_orchestrators {
+            true => &[],
+            false => &[(100, 1), (100, 10), (100, 100), (10, 1), (1000, 1)],
+        };
+        for &(pools, holders) in observations {
             let cost = observation_cost(pools, holders, 2_000).await;
             lines.push(format!(
                 r#"{{"measure":"observation","fleet_nodes":{},"pools":{pools},"pools_holding_the_node":{holders},"us_per_observation":{cost:.2}}}"#,
                 pools * 9 + 1
             ));
         }
-        for fleet_of in [1, 100] {
+        let latencies: &[usize] = if only_orchestrators { &[] } else { &[1, 100] };
+        for &fleet_of in latencies {
             let (p50, p99) = median(fault_latency(fleet_of, 100).await);
             lines.push(format!(
                 r#"{{"measure":"fault_latency","pools":{fleet_of},"p50_us":{p50:.1},"p99_us":{p99:.1}}}"#
