@@ -1696,7 +1696,27 @@ fn a_run_blocked_by_another_pools_run_says_which_node_is_reserved_among_replicas
         on_etcd(&mut config, &server.endpoint);
         let file = overlapping_pools(&cluster, &config);
         let _watch = watch_of(&file, Stdio::null());
-        a_run_blocked_by_a_reservation_says_so(&mut cluster, &file).await;
+        let (mut run_a, run) = run_a_committed(&mut cluster, &file).await;
+        run_b_gives_up(&file, &run, "3s").await;
+        // A's run ends: B's next run commits. (An operator's trial: the
+        // run that gave up was left planning, and every later run of B
+        // said "run … is active" until another replica took over.)
+        sigterm(&run_a);
+        exited(&mut run_a).await;
+        let next = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--pool", "b", "--timeout", "20s", "--config"])
+            .arg(&file)
+            .args(["--", "true"])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            next.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&next.stderr)
+        );
         // Why it waited went with its request.
         let left: Vec<String> = server
             .client()

@@ -252,7 +252,8 @@ impl Orchestrator {
         let gate = self.fleet.define_pool(settings).await?;
         let fence = Arc::clone(&term.fence);
         gate.fence_with(move || fence());
-        let serving = actix::spawn(crate::live::requests::serve(
+        let serving = actix::spawn(crate::live::requests::serve_in(
+            Some(self.fleet.clone()),
             gate,
             store,
             definition.clone(),

@@ -364,7 +364,8 @@ impl Replica {
                         };
                         let (fence, term) = (Arc::clone(&self.fence), self.term);
                         gate.fence_with(move || fence.current().map(|t| t.created) == term);
-                        live.attach(actix::spawn(super::requests::serve(
+                        live.attach(actix::spawn(super::requests::serve_in(
+                            Some(live.fleet.clone()),
                             gate,
                             bound.store,
                             bound.pool,

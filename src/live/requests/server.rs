@@ -22,8 +22,23 @@ pub async fn serve(
     pool: poolgate_actors::core::PoolDefinition,
     aborted_at_start: Option<RunId>,
 ) {
+    serve_in(None, gate, store, pool, aborted_at_start).await;
+}
+
+/// As [`serve`], for a pool of `fleet`: a run asked of it whose nodes
+/// another pool's committed run holds waits for them before its planning
+/// begins (a planning begun then refused `reserved`, and left by a
+/// requester that gave up, would hold the pool until a takeover).
+pub async fn serve_in(
+    fleet: Option<poolgate_actors::Fleet>,
+    gate: Gate,
+    store: Arc<EtcdStore>,
+    pool: poolgate_actors::core::PoolDefinition,
+    aborted_at_start: Option<RunId>,
+) {
     let mut changed = watch_requests(Arc::clone(&store));
     let mut serving = RequestServer::new(gate, store, pool.members().to_vec());
+    serving.fleet = fleet;
     if let Some(run) = aborted_at_start {
         serving.unsettled.push_back(Event::PlanningAborted {
             at: poolgate_actors::core::Time::ZERO,
@@ -109,6 +124,9 @@ pub struct RequestServer {
     /// What the first run asked for waits for, as last written
     /// (`waiting/<run>`), to write it only when it changes.
     told_waiting: Option<Waits>,
+    /// The fleet the pool is one of, whose reservations a run waits for
+    /// before its planning begins ([`serve_in`]).
+    fleet: Option<poolgate_actors::Fleet>,
 }
 
 /// Why a run asked for is not committed yet: the gate's refusal (a node
@@ -135,6 +153,7 @@ impl RequestServer {
             orphans: Default::default(),
             published: None,
             told_waiting: None,
+            fleet: None,
         }
     }
 
@@ -183,6 +202,7 @@ impl RequestServer {
         self.settle_published().await?;
         let waits = look(
             &self.gate,
+            self.fleet.as_ref(),
             &self.store,
             &self.members,
             report,
@@ -327,6 +347,7 @@ pub(super) async fn end_orphan(
 /// pool is ready and no run is active.
 pub(super) async fn look(
     gate: &Gate,
+    fleet: Option<&poolgate_actors::Fleet>,
     store: &Arc<EtcdStore>,
     members: &[NodeId],
     report: poolgate_actors::core::PoolReport,
@@ -418,6 +439,27 @@ pub(super) async fn look(
         return write_outcome(store, &id, "refused", None, Some(reason))
             .await
             .map(|()| None);
+    }
+    // A node another pool's committed run holds: no planning begun until
+    // it is free (said as the gate would refuse the commit).
+    let held = fleet.filter(|_| report.run.is_none()).and_then(|fleet| {
+        request.required.iter().find_map(|node| {
+            let (pool, run) = fleet
+                .reserved_by(node)
+                .filter(|(pool, _)| *pool != report.pool)?;
+            Some(poolgate_actors::core::Refusal::Reserved {
+                node: node.clone(),
+                run,
+                pool,
+            })
+        })
+    });
+    if let Some(refused) = held {
+        return Ok(Some(Waits {
+            run: id,
+            lease: request.lease,
+            detail: poolgate_actors::GateError::Refused(refused).to_string(),
+        }));
     }
     let planned = match &report.run {
         Some(_) => Ok(epoch),
