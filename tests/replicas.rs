@@ -2773,6 +2773,59 @@ fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
     });
 }
 
+/// An operator's trial: a pool removed from the files while its run is
+/// committed, and a replica started afresh on its file (not reloaded)
+/// leads: it served only the pools its file named, and the run was left
+/// unguarded (a SIGKILL of its node faulted nothing). It now serves a
+/// pool etcd holds a committed run of, over the run's required nodes.
+#[test]
+fn a_replica_started_without_a_pool_whose_run_is_committed_still_guards_the_run() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-restarted");
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "fresh", "20ms", pools);
+    let config = pools(&[("a", &["node-1"]), ("b", &["node-2", "node-3"])]);
+    let shrunk = pools(&[("a", &["node-1"])]);
+    let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        let first = Replica::start(&config).unwrap();
+        let mut first = first;
+        let live = first.lead(None).await.unwrap();
+        for n in ["node-2", "node-3"] {
+            poolgate_actors::testing::make_ready_in(&live.fleet, &node(n), b"key")
+                .await
+                .unwrap();
+        }
+        let b = live.fleet.pool(&pool("b")).unwrap();
+        let epoch = b.wait_ready().await.unwrap().epoch;
+        let run = poolgate::core::RunId::new("rb").unwrap();
+        b.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+        b.commit_plan(run.clone(), vec![node("node-2")], Some(epoch))
+            .await
+            .unwrap();
+        live.stop().await;
+        first.resign();
+        let mut fresh = Replica::start(&shrunk).unwrap();
+        let next = fresh.lead(None).await.unwrap();
+        let kept = next
+            .fleet
+            .pool(&pool("b"))
+            .expect("b served while its run is committed");
+        let report = kept.report().await.unwrap();
+        assert_eq!(report.run, Some(run.clone()));
+        let members: Vec<String> = report
+            .candidates
+            .iter()
+            .map(|c| c.node.to_string())
+            .collect();
+        assert_eq!(members, ["node-2"], "over the run's required nodes");
+        kept.finish_run(run).await.unwrap();
+        next.shutdown();
+        fresh.resign();
+    });
+}
+
 /// A replica configuration with `pools` (each `[pools.<id>]` and its
 /// members) on `server`: the cluster label `label`, the window `window`,
 /// the 10 s lease.

@@ -684,6 +684,7 @@ impl Replica {
     /// the others are forgotten. Their records stay in etcd (a pool
     /// defined again goes on from its own).
     async fn keep_removed_pools_with_runs(&mut self) -> Result<(), LiveError> {
+        self.note_pools_only_etcd_holds().await?;
         // Every record read first: a read that fails changes nothing (the
         // term does not start, and the next try looks again).
         let mut committed = Vec::with_capacity(self.removed.len());
@@ -722,6 +723,61 @@ impl Replica {
             .pools
             .sort_by(|a, b| a.definition.id().cmp(b.definition.id()));
         self.records.sort_by(|a, b| a.pool.id().cmp(b.pool.id()));
+        Ok(())
+    }
+
+    /// With `[pools.<id>]`: a pool whose state etcd holds under this
+    /// prefix but that this replica's file does not name (it was removed
+    /// and this replica restarted, not reloaded) is looked at as a
+    /// removed one: served while its record holds a committed run, over
+    /// that run's required nodes, with `[readiness]` and `[planning]`.
+    async fn note_pools_only_etcd_holds(&mut self) -> Result<(), LiveError> {
+        if self.config.pools.is_empty() {
+            return Ok(());
+        }
+        let (etcd, under) = (Arc::clone(&self.etcd), self.store.key("pools/"));
+        let keys = tokio::task::spawn_blocking(move || etcd.keys_under(&under))
+            .await
+            .map_err(|e| LiveError::Io(std::io::Error::other(e)))?
+            .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+        let under = String::from_utf8_lossy(&self.store.key("pools/")).into_owned();
+        let mut ids: Vec<String> = keys
+            .iter()
+            .filter_map(|key| {
+                let key = String::from_utf8_lossy(key);
+                Some(key.strip_prefix(&under)?.split('/').next()?.to_string())
+            })
+            .collect();
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            let Ok(pool) = poolgate_actors::core::PoolId::new(&id) else {
+                continue;
+            };
+            let known = self.config.pools.iter().chain(&self.removed);
+            if known.into_iter().any(|p| *p.definition.id() == pool) {
+                continue;
+            }
+            let store = Arc::new(self.store.for_pool(&id));
+            let held = tokio::task::spawn_blocking(move || store.read_records())
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))??;
+            let Some(run) = held
+                .and_then(|(durable, _)| durable.run)
+                .filter(|run| run.committed)
+            else {
+                continue;
+            };
+            let members = run.required.iter().map(|(node, _)| node.clone()).collect();
+            let Ok(definition) = poolgate_actors::core::PoolDefinition::new(pool, members) else {
+                continue;
+            };
+            self.removed.push(crate::config::PoolConfig {
+                definition,
+                convergence_window: self.config.convergence_window,
+                planning: self.config.planning,
+            });
+        }
         Ok(())
     }
 
