@@ -507,7 +507,7 @@ impl Listener {
         // one instant, in one trip to the node's actor.
         let mut observations = Vec::new();
         if restarted {
-            tracing::info!(%node, generation = ?state.generation, "the node's process was replaced: its earlier one is gone");
+            tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity (a new process, or the same one renewed after SWIM declared it down): unavailable until the new identity is seen alive");
             observations.push(Observation::Unavailable);
         }
         if let Some((addr, latest)) = bound {
