@@ -25,7 +25,7 @@
 //! pools those records change nothing (they hold the same facts). The
 //! fleet writes what it keeps of a node no pool has (a known node's
 //! facts). A command that takes only once a write is done holds its
-//! place meanwhile ([`Held`]). A pool removed from the fleet is written
+//! place meanwhile (`Held`). A pool removed from the fleet is written
 //! as a `remove_pool` record, at the instant it was removed.
 
 use std::io::Write;
