@@ -55,20 +55,23 @@ async fn start(plan: &ClusterPlan) -> (LocalCluster, Gate, EventStream) {
     (cluster, gate, events)
 }
 
+/// Run `run` planned and committed on `gate` at `epoch` over `required`.
+async fn committed(gate: &Gate, run: &str, epoch: Epoch, required: &[&str]) -> RunId {
+    let run = RunId::new(run).unwrap();
+    gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
+    let required = required.iter().map(|n| node(n)).collect();
+    gate.commit_plan(run.clone(), required, Some(epoch))
+        .await
+        .unwrap();
+    run
+}
+
 #[test]
 fn node_processes_form_the_pool_a_sigterm_is_left_and_a_sigkill_faults_the_run() {
     live(async {
         let (mut cluster, gate, mut events) = start(&plan(4)).await;
         let epoch = ready(&mut events).await;
-        let run = RunId::new("r1").unwrap();
-        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-        gate.commit_plan(
-            run.clone(),
-            vec![node("node-1"), node("node-2")],
-            Some(epoch),
-        )
-        .await
-        .unwrap();
+        let run = committed(&gate, "r1", epoch, &["node-1", "node-2"]).await;
 
         // A graceful stop of a node the run does not require: `left`.
         cluster.signal(3, Signal::SIGTERM);
@@ -768,12 +771,7 @@ on_readiness_lost = "wait"
         );
         let (mut cluster, gate, mut events) = start(&plan).await;
         let epoch = ready(&mut events).await;
-        let run = RunId::new("stalls").unwrap();
-        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-        let all = vec![node("node-1"), node("node-2"), node("node-3")];
-        gate.commit_plan(run.clone(), all, Some(epoch))
-            .await
-            .unwrap();
+        let run = committed(&gate, "stalls", epoch, &["node-1", "node-2", "node-3"]).await;
         for stall in 0..5 {
             let i = stall % 3;
             cluster.signal(i, Signal::SIGSTOP);
@@ -821,11 +819,7 @@ fn a_reload_applies_the_registry_now_and_the_pool_once_no_run_is_committed() {
         let (cluster, gate, mut events) = start(&plan(3)).await;
         let live = cluster.orchestrator().unwrap();
         let epoch = ready(&mut events).await;
-        let run = RunId::new("kept").unwrap();
-        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-        gate.commit_plan(run.clone(), vec![node("node-1")], Some(epoch))
-            .await
-            .unwrap();
+        let run = committed(&gate, "kept", epoch, &["node-1"]).await;
         let mut edited = cluster.config.clone();
         edited.registry.remove(&node("node-3"));
         edited.pool = poolgate::core::PoolDefinition::new(
@@ -1030,11 +1024,7 @@ fn two_pools_in_one_orchestrator_fault_only_the_run_that_requires_the_lost_node(
                 .pool(&poolgate::core::PoolId::new(pool).unwrap())
                 .unwrap();
             let epoch = gate.wait_ready().await.unwrap().epoch;
-            let run = RunId::new(&format!("run-{pool}")).unwrap();
-            gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-            gate.commit_plan(run, required.iter().map(|n| node(n)).collect(), Some(epoch))
-                .await
-                .unwrap();
+            committed(&gate, &format!("run-{pool}"), epoch, &required).await;
         }
         // node-3 crashes: B's run faults, A's does not.
         cluster.kill(2);
@@ -2098,12 +2088,7 @@ fn a_node_no_swim_datagram_reaches_is_vouched_for_by_its_agent_connection_until_
             cluster.spawn(i).unwrap();
         }
         let epoch = ready(&mut events).await;
-        let run = RunId::new("r1").unwrap();
-        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-        let all = vec![node("node-1"), node("node-2"), node("node-3")];
-        gate.commit_plan(run.clone(), all, Some(epoch))
-            .await
-            .unwrap();
+        committed(&gate, "r1", epoch, &["node-1", "node-2", "node-3"]).await;
         // Fifty probe periods (200 ms each): every member probes node-3
         // about seventeen times, every probe unanswered, none suspects it.
         let guarded = tokio::time::timeout(
@@ -2139,15 +2124,7 @@ fn a_node_killed_and_restarted_at_once_faults_the_run_that_requires_it() {
     live(async {
         let (mut cluster, gate, mut events) = start(&plan(2)).await;
         let epoch = ready(&mut events).await;
-        let run = RunId::new("r1").unwrap();
-        gate.begin_planning(run.clone(), Some(epoch)).await.unwrap();
-        gate.commit_plan(
-            run.clone(),
-            vec![node("node-1"), node("node-2")],
-            Some(epoch),
-        )
-        .await
-        .unwrap();
+        let run = committed(&gate, "r1", epoch, &["node-1", "node-2"]).await;
         cluster.kill(1);
         cluster.spawn(1).unwrap();
         let faulted = tokio::time::timeout(

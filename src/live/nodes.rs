@@ -576,14 +576,18 @@ mod tests {
         let mut nodes = Nodes::default();
         assert!(!nodes.vouches(&probed, start), "never heard");
         let peer = SocketAddr::from(([10, 0, 0, 4], 40000));
-        nodes.heard_from(
-            &node,
-            (1, peer),
-            (Some(addr), Some(5)),
-            heartbeat,
-            start,
-            heartbeat * 4,
-        );
+        // A frame of node-4 signing `probed` on connection 1, at `start`.
+        let hear = |nodes: &mut Nodes, heartbeat: std::time::Duration| {
+            nodes.heard_from(
+                &node,
+                (1, peer),
+                (Some(addr), Some(5)),
+                heartbeat,
+                start,
+                heartbeat * 4,
+            );
+        };
+        hear(&mut nodes, heartbeat);
         assert!(!nodes.vouches(&probed, start), "no connection attached");
         nodes.attached.insert(node.clone(), 1);
         assert!(nodes.vouches(&probed, start));
@@ -602,14 +606,7 @@ mod tests {
         assert!(!nodes.vouches(&unheard, start + TERM_GRACE));
         // A node with a long heartbeat is vouched for within the limit only.
         let slow = std::time::Duration::from_secs(10);
-        nodes.heard_from(
-            &node,
-            (1, peer),
-            (Some(addr), Some(5)),
-            slow,
-            start,
-            slow * 4,
-        );
+        hear(&mut nodes, slow);
         let past_limit = start + VOUCH_HEARTBEAT_LIMIT + VOUCH_SLACK;
         assert!(nodes.vouches(&probed, past_limit));
         let later = past_limit + std::time::Duration::from_millis(1);
@@ -617,14 +614,7 @@ mod tests {
             !nodes.vouches(&probed, later),
             "a frozen node with a 10 s heartbeat"
         );
-        nodes.heard_from(
-            &node,
-            (1, peer),
-            (Some(addr), Some(5)),
-            heartbeat,
-            start,
-            heartbeat * 4,
-        );
+        hear(&mut nodes, heartbeat);
         // Another identity at the address (an impostor, an older life).
         for other in [6, 4] {
             let impostor = crate::live::swim::SwimIdentity {
