@@ -947,3 +947,69 @@ fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() 
         "the command outlived its run"
     );
 }
+
+#[test]
+fn replicas_on_etcd_a_leader_cut_off_longer_than_suspicion_and_healed_faults_no_run() {
+    // Found by an operator's trial: the leading replica's host cut off for
+    // 20 s (longer than SWIM's suspicion, and than the restore grace),
+    // then healed. The other replica takes the run over, as it should;
+    // but the cut-off member, hearing no node, had declared them all
+    // down, and once healed that news made every node renew its SWIM
+    // identity, which the new leader took for a new process and faulted
+    // runs on nodes nothing had harmed (and, that rule mended alone, the
+    // news of their old identities' death, gossiped by the healed member,
+    // faulted them `dead`). A node lost afterwards still faults the run
+    // (the test can see a fault).
+    let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
+        return;
+    };
+    let mut watch = deployment.replica(&rig, 1, &["watch", "--json"]);
+    stderr_line(&watch, "this replica leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));
+    let nodes = deployment.start_nodes(&rig);
+    watch
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready: {}", watch.stderr()));
+    let mut run = deployment.replica(
+        &rig,
+        2,
+        &["run", "--json", "--timeout", "30s", "--", "sleep", "614"],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("run was not committed: {}", run.stderr()));
+    let id = committed["run"].as_str().expect("a run").to_string();
+    until_sleeping("614", 1, Duration::from_secs(5));
+
+    rig.isolate(1);
+    stderr_line(&run, "this replica leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("run's replica did not take over: {}", run.stderr()));
+    run.wait_for(Duration::from_secs(18), |_| None::<()>);
+    rig.heal(1);
+    if let Some(harm) = harmed_within(&mut run, Duration::from_secs(15)) {
+        panic!(
+            "a healed cut of the old leader harmed a run on untouched nodes: {harm}\nrun:\n{}\nold leader:\n{}",
+            run.stderr(),
+            watch.stderr()
+        );
+    }
+    assert!(until_sleeping("614", 1, Duration::from_secs(1)) == 1);
+    // Deeper: the cut-off member, hearing no connection at all, doubted
+    // itself and accused nobody, so no node had to renew.
+    for node in &nodes {
+        let log = node.stderr();
+        assert!(
+            !log.contains("declared down by the others"),
+            "a node was declared down by the cut-off leader's member:\n{log}"
+        );
+    }
+
+    kill_first_node(&rig, &deployment);
+    run.wait_event(
+        Duration::from_secs(10),
+        "run_faulted",
+        &[("run", &format!("\"{id}\""))],
+    )
+    .unwrap_or_else(|| panic!("no run_faulted: {:?}\n{}", run.seen(), run.stderr()));
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+}

@@ -133,6 +133,53 @@ fn a_partitioned_node_faults_the_run_and_the_healed_pool_is_ready_again() {
 }
 
 #[test]
+fn an_orchestrator_cut_off_from_every_node_accuses_none_and_no_node_renews() {
+    // Design §15: the orchestrator alone on one side of a partition for
+    // 10 s (longer than the suspicion), vouching on. Hearing no agent
+    // connection at all, it doubts itself: it raises no suspicion, so
+    // once healed it has declared nobody down for the nodes to refute
+    // under a renewed identity (which, live, made a new leader fault runs
+    // on nodes nothing had harmed). Without vouching it accuses them all.
+    let cut_off = |vouching: bool| {
+        let runtime = Simulation::runtime().expect("runtime");
+        let system = actix::System::with_tokio_rt(move || runtime);
+        system.block_on(async move {
+            let mut settings = SimSettings::new(16, 5);
+            settings.swim = poolgate::config::SwimTimings::STEADY;
+            settings.converged = true;
+            let mut sim = Simulation::start(settings).await.expect("start");
+            sim.until_ready(LIMIT_MS)
+                .await
+                .expect("run")
+                .expect("PoolReady");
+            sim.network().set_vouching(vouching);
+            let (from_ms, suspected) = (sim.now_ms() + 500, sim.suspicions());
+            let generations: Vec<_> = (1..=16)
+                .map(|i| sim.network().identity_generation(i))
+                .collect();
+            sim.network().partition(Some(Partition {
+                from_ms,
+                until_ms: from_ms + 10_000,
+                split: 1,
+            }));
+            sim.run_until(from_ms + 20_000, |_| false)
+                .await
+                .expect("run");
+            let renewed = (1..=16)
+                .filter(|i| sim.network().identity_generation(*i) != generations[i - 1])
+                .count();
+            (sim.suspicions() - suspected, renewed)
+        })
+    };
+    let (suspicions, renewed) = cut_off(false);
+    assert!(
+        suspicions >= 3 && renewed >= 1,
+        "without vouching: {suspicions} suspicions, {renewed} renewed"
+    );
+    assert_eq!(cut_off(true), (0, 0), "with vouching: suspicions, renewed");
+}
+
+#[test]
 fn a_converged_start_reports_every_member_alive_and_the_pool_is_ready_after_the_window() {
     let runtime = Simulation::runtime().expect("runtime");
     let system = actix::System::with_tokio_rt(move || runtime);

@@ -287,12 +287,38 @@ impl Network {
     }
 
     /// Whether the orchestrator vouches for `probed` now: its agent
-    /// connection is up and it is the identity of the member's life.
+    /// connection is up and it is the identity of the member's life; or
+    /// the orchestrator doubts itself (design §15): every node's
+    /// connection, two or more, is silent at once (cut by a partition; a
+    /// crashed node's is closed, not silent).
     fn vouches(&self, probed: &SwimIdentity) -> bool {
         index_of(probed.addr)
             .filter(|i| *i > 0)
             .and_then(|i| Some((i, self.members.get(i)?)))
             .is_some_and(|(i, m)| m.generation == probed.generation && self.connected(i))
+            || self.doubts_itself()
+    }
+
+    /// Whether every connection to the orchestrator that is not closed,
+    /// two or more, is silent now.
+    fn doubts_itself(&self) -> bool {
+        let mut silent = 0;
+        for index in 1..self.members.len() {
+            if !self.members[index].up || !self.members[0].up {
+                continue;
+            }
+            if self.connected(index) {
+                return false;
+            }
+            silent += 1;
+        }
+        silent >= 2
+    }
+
+    /// The generation of member `index`'s SWIM identity now: its life's,
+    /// or higher once it renewed it after being declared down.
+    pub fn identity_generation(&self, index: usize) -> Option<u64> {
+        Some(self.members.get(index)?.foca.identity().generation)
     }
 
     /// The virtual instant, in milliseconds.

@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::conversation::{Admitted, Conversation, Verdict};
 use super::keys::PublicKey;
-use super::nodes::Nodes;
+use super::nodes::{FrameHeard, Nodes};
 use super::status;
 use super::swim::member::Join;
 use super::swim::SwimMember;
@@ -368,16 +368,21 @@ impl Listener {
             };
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
-            let (previous, twin) = {
+            let (previous, twin, new_process) = {
                 let mut nodes = lock(&self.nodes);
-                let identity = (announcement.swim, announcement.generation);
-                let now = std::time::Instant::now();
-                let heartbeat = announcement.heartbeat_ms.map_or(
-                    std::time::Duration::from_secs(1),
-                    std::time::Duration::from_millis,
-                );
-                let twin = nodes.heard_from(&node, (id, peer), identity, heartbeat, now, silence);
-                (nodes.attached.insert(node.clone(), id), twin)
+                let frame = FrameHeard {
+                    connection: id,
+                    peer,
+                    life: seq >> wire::COUNTER_BITS,
+                    identity: (announcement.swim, announcement.generation),
+                    heartbeat: announcement.heartbeat_ms.map_or(
+                        std::time::Duration::from_secs(1),
+                        std::time::Duration::from_millis,
+                    ),
+                };
+                let new_process = nodes.new_process(&node, &frame);
+                let twin = nodes.heard_from(&node, frame, std::time::Instant::now(), silence);
+                (nodes.attached.insert(node.clone(), id), twin, new_process)
             };
             if let Some(other) = twin {
                 metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
@@ -393,7 +398,7 @@ impl Listener {
             }
             // A heartbeat repeats the state: nothing to apply.
             if !repeats {
-                if let Err(e) = self.apply(&node, announcement).await {
+                if let Err(e) = self.apply(&node, announcement, new_process).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
                     return talk.into_last();
                 }
@@ -476,21 +481,19 @@ impl Listener {
     }
 
     /// Turns a node's announced state into the gate's agent input; the gate
-    /// ignores what repeats the view.
+    /// ignores what repeats the view. `new_process`: it comes from another
+    /// process than the one that signed the node's identity before in this
+    /// term ([`Nodes::new_process`]); the one it replaces is gone, however
+    /// soon the new one connected (within the lost-connection grace, a
+    /// crash would pass unseen).
     async fn apply(
         &self,
         node: &NodeId,
         state: Announcement,
+        new_process: bool,
     ) -> Result<(), poolgate_actors::GateError> {
-        let (bound, leaving_incarnation, restarted) = {
+        let (bound, leaving_incarnation) = {
             let mut known = lock(&self.nodes);
-            // A generation other than the one the node signed before in
-            // this term: another process (restarted, or its identity
-            // renewed after it was declared down). The process it replaces
-            // is gone, however soon the new one connected (within the
-            // lost-connection grace, a crash would pass unseen).
-            let before = known.swim_addr.get(node).and_then(|s| s.generation);
-            let restarted = before.is_some_and(|g| state.generation.is_some_and(|now| now != g));
             let bound = state
                 .swim
                 .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
@@ -501,13 +504,13 @@ impl Listener {
                 known.leaving.remove(node);
                 None
             };
-            (bound, leaving, restarted)
+            (bound, leaving)
         };
         // One frame, one input: what it says is applied in this order, at
         // one instant, in one trip to the node's actor.
         let mut observations = Vec::new();
-        if restarted {
-            tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity (a new process, or the same one renewed after SWIM declared it down): unavailable until the new identity is seen alive");
+        if new_process {
+            tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity from a new process (another connection, another life of its sequences): unavailable until the new identity is seen alive");
             observations.push(Observation::Unavailable);
         }
         if let Some((addr, latest)) = bound {

@@ -57,15 +57,37 @@ pub struct Nodes {
 /// `unconfirmed`.
 pub const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A node's last accepted frame (see [`Nodes::heard_from`]).
+/// One accepted agent frame, as [`Nodes::heard_from`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameHeard {
+    /// The listener's id of the connection it came on.
+    pub connection: u64,
+    /// Where it came from.
+    pub peer: SocketAddr,
+    /// The life of its sequence (`seq >> COUNTER_BITS`): a process's
+    /// frames share it (until its counter wraps); a restarted process
+    /// takes a new one from its generation file.
+    pub life: u64,
+    /// The SWIM identity it signs (address, generation).
+    pub identity: (Option<SocketAddr>, Option<u64>),
+    /// How often the node said it sends a frame when nothing changes.
+    pub heartbeat: std::time::Duration,
+}
+
+/// A node's last accepted frame, and when (see [`Nodes::heard_from`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Heard {
-    connection: u64,
-    peer: SocketAddr,
-    identity: (Option<SocketAddr>, Option<u64>),
+    frame: FrameHeard,
     at: std::time::Instant,
-    /// How often the node said it sends a frame when nothing changes.
-    heartbeat: std::time::Duration,
+}
+
+impl Heard {
+    /// Whether the frame came no more than a heartbeat (at most
+    /// [`VOUCH_HEARTBEAT_LIMIT`]) and [`VOUCH_SLACK`] before `now`.
+    fn fresh(&self, now: std::time::Instant) -> bool {
+        let within = self.frame.heartbeat.min(VOUCH_HEARTBEAT_LIMIT) + VOUCH_SLACK;
+        now.saturating_duration_since(self.at) <= within
+    }
 }
 
 /// How late past its heartbeat a node's latest frame may be for the
@@ -254,41 +276,51 @@ impl Nodes {
         }
     }
 
-    /// A frame of `node` naming SWIM `identity` (address, generation)
-    /// accepted on connection `id` from `peer` at `now`: the other
-    /// connection's address if a frame naming another identity was
-    /// accepted on another connection within `within` (two processes sign
-    /// as one node: a copied config, or a stolen key). One process on two
-    /// connections (several addresses of one orchestrator) names one
-    /// identity on both.
-    #[allow(clippy::too_many_arguments)]
+    /// Whether `frame` of `node` comes from another process than the one
+    /// that signed the node's SWIM identity before it (design §11): it
+    /// signs another generation, and neither on the connection nor in the
+    /// life of sequences of the node's last frame. The same process
+    /// renewing its identity after SWIM declared it down (foca's renewal:
+    /// its generation + 1) keeps both; a restarted one has neither, however
+    /// soon it connected. To be asked before [`Nodes::heard_from`] records
+    /// the frame.
+    pub fn new_process(&self, node: &NodeId, frame: &FrameHeard) -> bool {
+        let Some(before) = self.swim_addr.get(node).and_then(|s| s.generation) else {
+            return false;
+        };
+        if frame.identity.1.is_none_or(|now| now == before) {
+            return false;
+        }
+        self.heard.get(node).is_none_or(|last| {
+            last.frame.connection != frame.connection && last.frame.life != frame.life
+        })
+    }
+
+    /// `frame` of `node` accepted at `now`: the other connection's address
+    /// if a frame naming another identity was accepted on another
+    /// connection within `within` (two processes sign as one node: a
+    /// copied config, or a stolen key). One process on two connections
+    /// (several addresses of one orchestrator) names one identity on both.
     pub fn heard_from(
         &mut self,
         node: &NodeId,
-        (id, peer): (u64, SocketAddr),
-        identity: (Option<SocketAddr>, Option<u64>),
-        heartbeat: std::time::Duration,
+        frame: FrameHeard,
         now: std::time::Instant,
         within: std::time::Duration,
     ) -> Option<SocketAddr> {
-        let heard = Heard {
-            connection: id,
-            peer,
-            identity,
-            at: now,
-            heartbeat,
-        };
+        let (id, identity) = (frame.connection, frame.identity);
+        let heard = Heard { frame, at: now };
         // The earlier connection counts while it is still attached (one
         // that closed was a process that ended, not a twin).
-        let open = |before: &Heard| self.attached.get(node) == Some(&before.connection);
+        let open = |before: &Heard| self.attached.get(node) == Some(&before.frame.connection);
         match self.heard.insert(node.clone(), heard) {
             Some(before)
-                if before.connection != id
-                    && before.identity != identity
+                if before.frame.connection != id
+                    && before.frame.identity != identity
                     && now.duration_since(before.at) < within
                     && open(&before) =>
             {
-                Some(before.peer)
+                Some(before.frame.peer)
             }
             _ => None,
         }
@@ -302,18 +334,48 @@ impl Nodes {
     /// [`VOUCH_SLACK`]) ago. A member that is gone, stalled or cut off
     /// sends no frames, so it is never vouched for; an impostor at a
     /// node's address is not the identity the node signed.
+    ///
+    /// Unless this orchestrator doubts itself: when every one of two or
+    /// more attached connections went silent at once, the likelier cause
+    /// is here (this host cut off, this process stalled), and accusing
+    /// every node would outlive the cause: once healed, the news would
+    /// make every node renew its identity. Then every member is vouched
+    /// for, as a follower does (counted: `poolgate_swim_self_doubt_total`);
+    /// a node that is really gone still ends as its connection does.
     pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
         let Some(heard) = self.heard.get(probed.node.as_str()) else {
             // Not heard from in this term: vouched for while it begins.
             return self
                 .term_started
-                .is_some_and(|started| now.saturating_duration_since(started) < TERM_GRACE);
+                .is_some_and(|started| now.saturating_duration_since(started) < TERM_GRACE)
+                || self.doubts_itself(now);
         };
-        let attached = self.attached.get(probed.node.as_str()) == Some(&heard.connection);
-        let signed = heard.identity == (Some(probed.addr), Some(probed.generation));
-        let within = heard.heartbeat.min(VOUCH_HEARTBEAT_LIMIT) + VOUCH_SLACK;
-        let fresh = now.saturating_duration_since(heard.at) <= within;
-        attached && signed && fresh
+        let attached = self.attached.get(probed.node.as_str()) == Some(&heard.frame.connection);
+        let signed = heard.frame.identity == (Some(probed.addr), Some(probed.generation));
+        (attached && signed && heard.fresh(now)) || self.doubts_itself(now)
+    }
+
+    /// Whether every attached agent connection, two or more, went silent
+    /// at `now` (see [`Nodes::vouches`]). A connection that closed is not
+    /// counted: its node's process or host said it is gone.
+    fn doubts_itself(&self, now: std::time::Instant) -> bool {
+        let mut silent = 0;
+        for (node, connection) in &self.attached {
+            match self.heard.get(node) {
+                Some(heard) if heard.frame.connection == *connection => {
+                    if heard.fresh(now) {
+                        return false;
+                    }
+                    silent += 1;
+                }
+                _ => {}
+            }
+        }
+        let doubts = silent >= 2;
+        if doubts {
+            metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
+        }
+        doubts
     }
 
     /// The node signed `addr` (and `generation`): binds them, and returns
@@ -527,6 +589,127 @@ mod tests {
             .is_some());
     }
 
+    /// A frame on connection `connection` from `peer`, in life 1.
+    fn frame(
+        connection: u64,
+        peer: SocketAddr,
+        identity: (Option<SocketAddr>, Option<u64>),
+        heartbeat: std::time::Duration,
+    ) -> FrameHeard {
+        FrameHeard {
+            connection,
+            peer,
+            life: 1,
+            identity,
+            heartbeat,
+        }
+    }
+
+    #[test]
+    fn a_renewed_identity_is_the_same_process_and_a_restarted_one_is_not() {
+        // Design §11: a node's new generation counts as a new process
+        // (unavailable until seen alive) only when it comes neither on the
+        // connection nor in the life of sequences of the node's last frame.
+        let node = NodeId::new("node-2").unwrap();
+        let (addr, peer) = (
+            SocketAddr::from(([10, 0, 0, 2], 7946)),
+            SocketAddr::from(([10, 0, 0, 2], 40000)),
+        );
+        let second = std::time::Duration::from_secs(1);
+        let start = std::time::Instant::now();
+        let mut nodes = Nodes::default();
+        let signing = |generation, connection, life| FrameHeard {
+            life,
+            ..frame(connection, peer, (Some(addr), Some(generation)), second)
+        };
+        // As the listener does: asked first, then heard and bound.
+        let accept = |nodes: &mut Nodes, frame: FrameHeard| {
+            let new = nodes.new_process(&node, &frame);
+            nodes.heard_from(&node, frame, start, second);
+            nodes.attached.insert(node.clone(), frame.connection);
+            let _ = nodes.bind(&node, addr, frame.identity.1);
+            new
+        };
+        assert!(
+            !accept(&mut nodes, signing(100, 1, 7)),
+            "the first signature"
+        );
+        assert!(!accept(&mut nodes, signing(100, 1, 7)), "a heartbeat");
+        // Renewed after SWIM declared it down: the same connection and life.
+        assert!(!accept(&mut nodes, signing(101, 1, 7)));
+        // Renewed, and reconnected (a takeover): the same life.
+        assert!(!accept(&mut nodes, signing(102, 2, 7)));
+        // Its counter wrapped into the next life, on the same connection.
+        assert!(!accept(&mut nodes, signing(103, 2, 8)));
+        // Restarted: a new connection, a new life, however soon.
+        assert!(accept(&mut nodes, signing(200, 3, 9)));
+        // Its frames after that are that process's.
+        assert!(!accept(&mut nodes, signing(200, 3, 9)));
+        // An agent that signs no generation never names a new process.
+        assert!(!accept(
+            &mut nodes,
+            FrameHeard {
+                identity: (Some(addr), None),
+                ..signing(0, 4, 10)
+            }
+        ));
+    }
+
+    #[test]
+    fn an_orchestrator_whose_every_connection_went_silent_doubts_itself() {
+        // Cut off, it would accuse every node, and the news, once healed,
+        // would make every node renew. With two or more attached
+        // connections all silent, it vouches for every member; one node
+        // silent among live ones is still not vouched for, nor one whose
+        // connection closed.
+        let heartbeat = std::time::Duration::from_millis(500);
+        let start = std::time::Instant::now();
+        let mut nodes = Nodes::default();
+        let member = |i: u8| crate::live::swim::SwimIdentity {
+            node: format!("node-{i}"),
+            addr: SocketAddr::from(([10, 0, 0, i], 7946)),
+            generation: 5,
+        };
+        let hear = |nodes: &mut Nodes, i: u8, at| {
+            let node = NodeId::new(&format!("node-{i}")).unwrap();
+            let peer = SocketAddr::from(([10, 0, 0, i], 40000));
+            let identity = (Some(member(i).addr), Some(5));
+            nodes.heard_from(
+                &node,
+                frame(u64::from(i), peer, identity, heartbeat),
+                at,
+                heartbeat * 4,
+            );
+            nodes.attached.insert(node, u64::from(i));
+        };
+        for i in 1..=3 {
+            hear(&mut nodes, i, start);
+        }
+        let silent = start + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
+        // node-2 and node-3 still speak: node-1 alone went silent.
+        hear(&mut nodes, 2, silent);
+        hear(&mut nodes, 3, silent);
+        assert!(!nodes.vouches(&member(1), silent));
+        assert!(nodes.vouches(&member(2), silent));
+        // Then every connection went silent at once: the fault is likelier here.
+        let later = silent + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
+        for i in 1..=3 {
+            assert!(nodes.vouches(&member(i), later), "node-{i}");
+        }
+        // One live connection among them is evidence that this side hears.
+        hear(&mut nodes, 3, later);
+        assert!(!nodes.vouches(&member(1), later));
+        // Connections that closed are not silence: node-2's and node-3's
+        // processes are gone, and node-1 alone proves nothing.
+        for i in [2u8, 3] {
+            nodes
+                .attached
+                .remove(&NodeId::new(&format!("node-{i}")).unwrap());
+        }
+        let last = later + heartbeat * 4;
+        assert!(!nodes.vouches(&member(1), last));
+    }
+
     #[test]
     fn frames_of_one_node_on_two_live_connections_are_told_apart_from_a_reconnect() {
         let node = NodeId::new("node-4").unwrap();
@@ -540,7 +723,7 @@ mod tests {
         let mut nodes = Nodes::default();
         // As the listener does: each accepted frame's connection attached.
         let heard = |nodes: &mut Nodes, id: u64, peer, identity, at| {
-            let twin = nodes.heard_from(&node, (id, peer), identity, within, at, within);
+            let twin = nodes.heard_from(&node, frame(id, peer, identity, within), at, within);
             nodes.attached.insert(node.clone(), id);
             twin
         };
@@ -578,14 +761,8 @@ mod tests {
         let peer = SocketAddr::from(([10, 0, 0, 4], 40000));
         // A frame of node-4 signing `probed` on connection 1, at `start`.
         let hear = |nodes: &mut Nodes, heartbeat: std::time::Duration| {
-            nodes.heard_from(
-                &node,
-                (1, peer),
-                (Some(addr), Some(5)),
-                heartbeat,
-                start,
-                heartbeat * 4,
-            );
+            let signed = frame(1, peer, (Some(addr), Some(5)), heartbeat);
+            nodes.heard_from(&node, signed, start, heartbeat * 4);
         };
         hear(&mut nodes, heartbeat);
         assert!(!nodes.vouches(&probed, start), "no connection attached");
