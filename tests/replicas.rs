@@ -2773,6 +2773,65 @@ fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
     });
 }
 
+/// An operator's trial: `run --pool c` asked of a pool a reload had
+/// removed from the leader waited out its timeout and said "c ready, epoch
+/// 4 (the leader said so 24 s ago)", the last status the leader had
+/// published of it. The leader now publishes that it no longer serves it.
+#[test]
+fn a_pool_removed_among_replicas_is_published_as_no_longer_served() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-unserved");
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "unserved", "20ms", pools);
+    let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
+    let shrunk = pools(&[("a", &["node-1"])]);
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    // What the leader published of pool b, waited for until `wanted`.
+    let published_of_b = |wanted: &'static str| {
+        let client = server.client();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let said: Vec<String> = client
+                    .get_prefix(b"/poolgate/unserved/")
+                    .unwrap()
+                    .into_iter()
+                    .filter(|kv| {
+                        let key = String::from_utf8_lossy(&kv.key);
+                        key.contains("/b/") && key.ends_with("/status")
+                    })
+                    .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+                    .collect();
+                if said.iter().any(|s| s.contains(wanted)) {
+                    return said;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "b's status never said {wanted}: {said:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-2"), b"key")
+            .await
+            .unwrap();
+        published_of_b("\"ready\"").await;
+        let said = live.reload(&shrunk).await.unwrap();
+        assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
+        let status = published_of_b("removed").await;
+        assert!(
+            status.iter().all(|s| !s.contains("\"ready\"")),
+            "{status:?}"
+        );
+        live.shutdown();
+        replica.resign();
+    });
+}
+
 /// An operator's trial: a pool removed from the files while its run is
 /// committed, and a replica started afresh on its file (not reloaded)
 /// leads: it served only the pools its file named, and the run was left

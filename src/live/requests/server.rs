@@ -57,7 +57,21 @@ pub async fn serve_in(
                     serving.unsettled.push_back(event);
                     serving.settle_published().await
                 }
-                None => return,
+                None => {
+                    // The gate stopped. A pool a reload removed while
+                    // the term lasts says so, or its last status would
+                    // tell requesters it is ready still.
+                    let removed = serving
+                        .fleet
+                        .as_ref()
+                        .is_some_and(|f| !f.is_stopped() && f.pool(pool.id()).is_none());
+                    if removed {
+                        if let Err(e) = serving.publish_removed(&pool).await {
+                            tracing::warn!(pool = %pool.id(), error = %e, "that the pool is no longer served was not published");
+                        }
+                    }
+                    return;
+                }
             },
             Some(()) = changed.recv() => serving.look().await,
             _ = tick.tick() => {
@@ -177,6 +191,26 @@ impl RequestServer {
         blocking(move || store.put_fenced(STATUS, &bytes, 0)).await?;
         self.published = Some(said);
         Ok(())
+    }
+
+    /// Publishes under `status`, fenced by the term, that `pool` is no
+    /// longer served (a reload removed it): what `status` and a requester
+    /// that gives up tell, instead of its last state.
+    async fn publish_removed(
+        &mut self,
+        pool: &poolgate_actors::core::PoolDefinition,
+    ) -> Result<(), StoreError> {
+        let record = serde_json::json!({
+            "pool": pool.id().as_str(),
+            "phase": "removed",
+            "epoch": null,
+            "run": null,
+            "state": format!("pool {} is not served: a reload removed it from the leader's configuration", pool.id()),
+            "written_unix_ms": crate::live::generation::unix_ms(),
+        });
+        let bytes = serde_json::to_vec(&record).map_err(|e| StoreError(e.to_string()))?;
+        let store = Arc::clone(&self.store);
+        blocking(move || store.put_fenced(STATUS, &bytes, 0)).await
     }
 
     /// Writes the outcomes of the events published so far, oldest first;
