@@ -755,6 +755,50 @@ fn replicas_on_the_rig() -> Option<(Rig, Process, Deployment)> {
     Some((rig, etcd, deployment))
 }
 
+/// A `watch` replica leads on host 1 and sees the pool ready; the nodes
+/// run; a `run` replica on host 2 has it commit a run of `sleep SECONDS`,
+/// its command sleeping: the watch, the nodes, the run and its id.
+fn watch_leads_and_run_commits(
+    rig: &Rig,
+    deployment: &Deployment,
+    seconds: &str,
+) -> (Process, Vec<Process>, Process, String) {
+    let mut watch = deployment.replica(rig, 1, &["watch", "--json"]);
+    stderr_line(&watch, "this replica leads", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));
+    let nodes = deployment.start_nodes(rig);
+    watch
+        .wait_event(READY, "pool_ready", &[])
+        .unwrap_or_else(|| panic!("no pool_ready: {}", watch.stderr()));
+    let mut run = deployment.replica(
+        rig,
+        2,
+        &["run", "--json", "--timeout", "30s", "--", "sleep", seconds],
+    );
+    let committed = run
+        .wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("run was not committed: {}", run.stderr()));
+    let id = committed["run"].as_str().expect("a run").to_string();
+    (watch, nodes, run, id)
+}
+
+/// The first node SIGKILLed: `run` tells its run `id` faulted and exits 3.
+fn faults_once_the_first_node_is_killed(
+    rig: &Rig,
+    deployment: &Deployment,
+    run: &mut Process,
+    id: &str,
+) {
+    kill_first_node(rig, deployment);
+    run.wait_event(
+        Duration::from_secs(10),
+        "run_faulted",
+        &[("run", &format!("\"{id}\""))],
+    )
+    .unwrap_or_else(|| panic!("no run_faulted: {:?}\n{}", run.seen(), run.stderr()));
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+}
+
 /// SIGKILLs every `poolgate node` process of the deployment's first node.
 fn kill_first_node(rig: &Rig, deployment: &Deployment) {
     let pattern = deployment.nodes[0].config.display().to_string();
@@ -892,22 +936,7 @@ fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() 
     let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
         return;
     };
-    let mut watch = deployment.replica(&rig, 1, &["watch", "--json"]);
-    stderr_line(&watch, "this replica leads", Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));
-    let _nodes = deployment.start_nodes(&rig);
-    watch
-        .wait_event(READY, "pool_ready", &[])
-        .unwrap_or_else(|| panic!("no pool_ready: {}", watch.stderr()));
-    let mut run = deployment.replica(
-        &rig,
-        2,
-        &["run", "--json", "--timeout", "30s", "--", "sleep", "613"],
-    );
-    let committed = run
-        .wait_event(READY, "run_committed", &[])
-        .unwrap_or_else(|| panic!("run was not committed: {}", run.stderr()));
-    let id = committed["run"].as_str().expect("a run").to_string();
+    let (mut watch, _nodes, mut run, id) = watch_leads_and_run_commits(&rig, &deployment, "613");
     // The leader committed it: the same event on the leader's stdout.
     watch
         .wait_event(
@@ -933,14 +962,7 @@ fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() 
         run.seen()
     );
     assert!(run.pid().is_some() && until_sleeping("613", 1, Duration::from_secs(1)) == 1);
-    kill_first_node(&rig, &deployment);
-    run.wait_event(
-        Duration::from_secs(10),
-        "run_faulted",
-        &[("run", &format!("\"{id}\""))],
-    )
-    .unwrap_or_else(|| panic!("no run_faulted: {:?}\n{}", run.seen(), run.stderr()));
-    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+    faults_once_the_first_node_is_killed(&rig, &deployment, &mut run, &id);
     assert_eq!(
         until_sleeping("613", 0, Duration::from_secs(5)),
         0,
@@ -963,22 +985,7 @@ fn replicas_on_etcd_a_leader_cut_off_longer_than_suspicion_and_healed_faults_no_
     let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
         return;
     };
-    let mut watch = deployment.replica(&rig, 1, &["watch", "--json"]);
-    stderr_line(&watch, "this replica leads", Duration::from_secs(10))
-        .unwrap_or_else(|| panic!("watch did not lead: {}", watch.stderr()));
-    let nodes = deployment.start_nodes(&rig);
-    watch
-        .wait_event(READY, "pool_ready", &[])
-        .unwrap_or_else(|| panic!("no pool_ready: {}", watch.stderr()));
-    let mut run = deployment.replica(
-        &rig,
-        2,
-        &["run", "--json", "--timeout", "30s", "--", "sleep", "614"],
-    );
-    let committed = run
-        .wait_event(READY, "run_committed", &[])
-        .unwrap_or_else(|| panic!("run was not committed: {}", run.stderr()));
-    let id = committed["run"].as_str().expect("a run").to_string();
+    let (watch, nodes, mut run, id) = watch_leads_and_run_commits(&rig, &deployment, "614");
     until_sleeping("614", 1, Duration::from_secs(5));
 
     rig.isolate(1);
@@ -1004,12 +1011,5 @@ fn replicas_on_etcd_a_leader_cut_off_longer_than_suspicion_and_healed_faults_no_
         );
     }
 
-    kill_first_node(&rig, &deployment);
-    run.wait_event(
-        Duration::from_secs(10),
-        "run_faulted",
-        &[("run", &format!("\"{id}\""))],
-    )
-    .unwrap_or_else(|| panic!("no run_faulted: {:?}\n{}", run.seen(), run.stderr()));
-    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+    faults_once_the_first_node_is_killed(&rig, &deployment, &mut run, &id);
 }

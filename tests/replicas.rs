@@ -2729,9 +2729,7 @@ fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-removed");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "gone", "20ms", pools);
-    let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
-    let shrunk = pools(&[("a", &["node-1"])]);
+    let (config, shrunk) = a_and_b_then_a(&server, "gone", &["node-2"]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
@@ -2782,9 +2780,7 @@ fn a_pool_removed_among_replicas_is_published_as_no_longer_served() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-unserved");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "unserved", "20ms", pools);
-    let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
-    let shrunk = pools(&[("a", &["node-1"])]);
+    let (config, shrunk) = a_and_b_then_a(&server, "unserved", &["node-2"]);
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     // What the leader published of pool b, waited for until `wanted`.
     let published_of_b = |wanted: &'static str| {
@@ -2842,9 +2838,7 @@ fn a_replica_started_without_a_pool_whose_run_is_committed_still_guards_the_run(
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-restarted");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "fresh", "20ms", pools);
-    let config = pools(&[("a", &["node-1"]), ("b", &["node-2", "node-3"])]);
-    let shrunk = pools(&[("a", &["node-1"])]);
+    let (config, shrunk) = a_and_b_then_a(&server, "fresh", &["node-2", "node-3"]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
@@ -2888,6 +2882,15 @@ fn a_replica_started_without_a_pool_whose_run_is_committed_still_guards_the_run(
 /// A replica configuration with `pools` (each `[pools.<id>]` and its
 /// members) on `server`: the cluster label `label`, the window `window`,
 /// the 10 s lease.
+/// The config of pools a (node-1) and b (`b`), in `label`'s 20 ms window,
+/// and the same file with b removed.
+fn a_and_b_then_a(server: &etcd::Etcd, label: &str, b: &[&str]) -> (Config, Config) {
+    (
+        pools_config(server, label, "20ms", &[("a", &["node-1"]), ("b", b)]),
+        pools_config(server, label, "20ms", &[("a", &["node-1"])]),
+    )
+}
+
 fn pools_config(
     server: &etcd::Etcd,
     label: &str,

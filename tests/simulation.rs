@@ -132,6 +132,20 @@ fn a_partitioned_node_faults_the_run_and_the_healed_pool_is_ready_again() {
     });
 }
 
+/// 16 nodes on the default profile, converged, the pool ready (seed
+/// `seed`).
+async fn steady_and_ready(seed: u64) -> Simulation {
+    let mut settings = SimSettings::new(16, seed);
+    settings.swim = poolgate::config::SwimTimings::STEADY;
+    settings.converged = true;
+    let mut sim = Simulation::start(settings).await.expect("start");
+    sim.until_ready(LIMIT_MS)
+        .await
+        .expect("run")
+        .expect("PoolReady");
+    sim
+}
+
 #[test]
 fn an_orchestrator_cut_off_from_every_node_accuses_none_and_no_node_renews() {
     // Design §15: the orchestrator alone on one side of a partition for
@@ -144,14 +158,7 @@ fn an_orchestrator_cut_off_from_every_node_accuses_none_and_no_node_renews() {
         let runtime = Simulation::runtime().expect("runtime");
         let system = actix::System::with_tokio_rt(move || runtime);
         system.block_on(async move {
-            let mut settings = SimSettings::new(16, 5);
-            settings.swim = poolgate::config::SwimTimings::STEADY;
-            settings.converged = true;
-            let mut sim = Simulation::start(settings).await.expect("start");
-            sim.until_ready(LIMIT_MS)
-                .await
-                .expect("run")
-                .expect("PoolReady");
+            let mut sim = steady_and_ready(5).await;
             sim.network().set_vouching(vouching);
             let (from_ms, suspected) = (sim.now_ms() + 500, sim.suspicions());
             let generations: Vec<_> = (1..=16)
@@ -208,14 +215,7 @@ fn at_sixty_percent_loss(vouching: bool) -> (u64, usize, u64, Option<u64>) {
     let runtime = Simulation::runtime().expect("runtime");
     let system = actix::System::with_tokio_rt(move || runtime);
     system.block_on(async move {
-        let mut settings = SimSettings::new(16, 21);
-        settings.swim = poolgate::config::SwimTimings::STEADY;
-        settings.converged = true;
-        let mut sim = Simulation::start(settings).await.expect("start");
-        sim.until_ready(LIMIT_MS)
-            .await
-            .expect("run")
-            .expect("PoolReady");
+        let mut sim = steady_and_ready(21).await;
         sim.commit_all().await.expect("commit");
         let (from, suspected) = (sim.now_ms(), sim.suspicions());
         sim.network().set_vouching(vouching);
