@@ -357,6 +357,39 @@ fn a_killed_node_and_an_isolated_host_fault_runs_and_the_healed_pool_is_ready_ag
 }
 
 #[test]
+fn the_one_host_of_every_node_cut_off_still_faults_the_run() {
+    // Design §15: an orchestrator whose every agent connection went
+    // silent at once doubts itself and accuses no member by SWIM. When
+    // every node sits on one host and that host is cut off, it cannot tell
+    // that from being cut off itself: the run still faults, by the
+    // connections' missed heartbeats (four of the default 0.5 s: 2.1 s
+    // here) rather than by SWIM's suspicion (1.9 s). The figure is
+    // printed.
+    let Some(rig) = Rig::new(2) else { return };
+    let deployment = Deployment::write(&rig, &[0], &[1, 1], Options::default());
+    let _nodes = deployment.start_nodes(&rig);
+    let mut run = deployment.orchestrator(&rig, 0, &["run", "--json", "--", "sleep", "60"]);
+    run.wait_event(READY, "run_committed", &[])
+        .unwrap_or_else(|| panic!("no commit; stderr:\n{}", run.stderr()));
+    let cut = Instant::now();
+    rig.isolate(1);
+    let faulted = run
+        .wait_event(Duration::from_secs(15), "run_faulted", &[])
+        .unwrap_or_else(|| panic!("no fault on the cut; stderr:\n{}", run.stderr()));
+    let took = cut.elapsed();
+    eprintln!(
+        "the one host of every node cut off: run_faulted ({}) after {took:?}",
+        faulted["reason"]
+    );
+    assert!(
+        faulted["reason"] == "unavailable" || faulted["reason"] == "suspect",
+        "{faulted}"
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert_eq!(run.wait_exit(Duration::from_secs(10)), Some(3));
+}
+
+#[test]
 fn nodes_follow_the_orchestrator_to_another_host() {
     let Some(rig) = Rig::new(5) else { return };
     let window = Duration::from_secs(2);
