@@ -951,6 +951,130 @@ fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
     });
 }
 
+/// Leads on `config`'s pool (node-1), with run `planning` begun and then
+/// suspended (node-1 unavailable: readiness lost under `wait`), and asked
+/// for through etcd as a requester does (its session of 2 s): the leader,
+/// its requests client, the session, and the fleet's events from before
+/// the request.
+async fn a_suspended_run_asked_for(
+    leader: &mut Replica,
+    config: &Config,
+    planning: &poolgate::core::RunId,
+) -> (
+    poolgate::live::Orchestrator,
+    poolgate::live::requests::Requests,
+    poolgate::live::requests::Session,
+    poolgate_actors::EventStream,
+) {
+    let live = leader.lead(None).await.unwrap();
+    let requests = poolgate::live::replica::requests_of(config).unwrap();
+    let node = poolgate::core::NodeId::new("node-1").unwrap();
+    make_ready(&live.gate, "node-1").await;
+    let epoch = live.gate.wait_ready().await.unwrap().epoch;
+    live.gate
+        .begin_planning(planning.clone(), Some(epoch))
+        .await
+        .unwrap();
+    live.gate
+        .agent(poolgate::core::AgentReport::Unavailable { node: node.clone() })
+        .await
+        .unwrap();
+    let events = live.fleet.subscribe();
+    let session = requests
+        .ask(
+            planning,
+            std::slice::from_ref(&node),
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    (live, requests, session, events)
+}
+
+/// Waits up to 10 s for `planning_aborted` of `run`; its reason.
+async fn aborted(events: &mut poolgate_actors::EventStream, run: &poolgate::core::RunId) -> String {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let event = events.recv().await.expect("the fleet's events");
+            let line = serde_json::to_value(&event).unwrap();
+            if line["event"] == "planning_aborted" && line["run"] == run.as_str() {
+                return line["reason"].as_str().unwrap_or_default().to_string();
+            }
+        }
+    })
+    .await
+    .expect("planning_aborted within 10 s")
+}
+
+#[test]
+fn a_run_planning_whose_requester_gave_up_is_withdrawn_and_the_pool_serves_the_next() {
+    // An operator's trial: a requester that gave up while its run planned
+    // (suspended by a readiness lost under `wait`) asked its end; the
+    // leader refused it ("run … is planning, not committed") and every
+    // later run of the pool said "run … is active" until a takeover. A run
+    // planning whose requester withdrew is now withdrawn
+    // (`planning_aborted`, `withdrawn`), and the next run is committed.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("withdrawn");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let gave_up = poolgate::core::RunId::new("gave-up").unwrap();
+        let (live, requests, session, mut events) =
+            a_suspended_run_asked_for(&mut leader, &config, &gave_up).await;
+        requests.withdraw(&gave_up).await.unwrap();
+        drop(session);
+        assert_eq!(aborted(&mut events, &gave_up).await, "withdrawn");
+        assert_eq!(live.gate.report().await.unwrap().run, None);
+        // The pool serves the next run.
+        make_ready(&live.gate, "node-1").await;
+        let next = poolgate::core::RunId::new("next").unwrap();
+        let node = poolgate::core::NodeId::new("node-1").unwrap();
+        let _session = requests
+            .ask(&next, std::slice::from_ref(&node), Duration::from_secs(5))
+            .await
+            .unwrap();
+        committed(requests.clone(), next).await;
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+#[test]
+fn a_run_planning_whose_requester_died_is_withdrawn_once_its_session_expires() {
+    // As above, the requester SIGKILLed: no end asked, its request gone
+    // with its session. The leader, which saw the run asked for, withdraws
+    // it once neither the request nor its requester is there.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("withdrawn-dead");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let died = poolgate::core::RunId::new("died").unwrap();
+        let (live, requests, session, mut events) =
+            a_suspended_run_asked_for(&mut leader, &config, &died).await;
+        // Seen asked for while it waits: the leader says why it waits.
+        let waits = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(waits) = requests.waits(&died).await {
+                    return waits;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the leader says why the run waits");
+        assert!(waits.contains("the pool is not ready"), "{waits}");
+        drop(session);
+        assert_eq!(aborted(&mut events, &died).await, "withdrawn");
+        assert_eq!(live.gate.report().await.unwrap().run, None);
+        live.shutdown();
+        leader.resign();
+    });
+}
+
 #[test]
 fn a_node_unregistered_in_one_term_is_live_again_in_the_next_term_on_the_warm_member() {
     // Adversary finding: term 1 unregisters node-1 on the replica's warm

@@ -26,8 +26,8 @@ use actix::Addr;
 
 use crate::clock::Clock;
 use crate::messages::{
-    ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool, Fanout, FinishRun,
-    GetReport, Outcome, PendingDeadline,
+    AbortPlanning, ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool,
+    Fanout, FinishRun, GetReport, Outcome, PendingDeadline,
 };
 use crate::node_actor::NodeActor;
 use crate::pool_actor::PoolActor;
@@ -470,6 +470,16 @@ impl Gate {
         self.ask(FinishRun { at, run }).await
     }
 
+    /// Withdraws `run` while it is planning or suspended (its requester is
+    /// gone, or asked to end it before its commit): `planning_aborted` with
+    /// reason `withdrawn`, and the pool is free for the next run. A
+    /// committed run is refused `not_planning` (end it with
+    /// [`Gate::finish_run`]).
+    pub async fn abort_planning(&self, run: RunId) -> Result<(), GateError> {
+        let at = self.clock.now();
+        self.ask(AbortPlanning { at, run }).await
+    }
+
     /// Where the pool stands, per candidate: ready or what blocks it.
     pub async fn report(&self) -> Result<PoolReport, GateError> {
         if self.is_stopped() {
@@ -548,6 +558,10 @@ impl Gate {
                 .map(|()| Accepted::Done),
             Input::Command(Command::FinishRun { run }) => self
                 .ask(FinishRun { at, run })
+                .await
+                .map(|()| Accepted::Done),
+            Input::Command(Command::AbortPlanning { run }) => self
+                .ask(AbortPlanning { at, run })
                 .await
                 .map(|()| Accepted::Done),
         }

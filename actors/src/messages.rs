@@ -251,6 +251,20 @@ impl Message for FinishRun {
     type Result = Result<(), GateError>;
 }
 
+/// Handle → `PoolActor`: withdraw a run that is planning or suspended
+/// (its requester is gone).
+#[derive(Debug)]
+pub struct AbortPlanning {
+    /// The instant the command entered the gate.
+    pub at: Time,
+    /// The planning run.
+    pub run: RunId,
+}
+
+impl Message for AbortPlanning {
+    type Result = Result<(), GateError>;
+}
+
 /// `PoolActor` → `RunActor`: the committed run is finished (a
 /// [`FinishRun`] the pool admitted).
 #[derive(Debug)]

@@ -159,6 +159,14 @@ pub enum Line<'a> {
         /// The run.
         run: Cow<'a, str>,
     },
+    /// The planning run was withdrawn (its requester is gone).
+    AbortPlanning {
+        /// The pool it is about (required when several are defined).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<Cow<'a, str>>,
+        /// The run.
+        run: Cow<'a, str>,
+    },
 }
 
 /// What a `restored` record anywhere but right after `settings` is told.
@@ -181,6 +189,7 @@ pub const TYPES: &[&str] = &[
     "begin_planning",
     "commit_plan",
     "finish_run",
+    "abort_planning",
 ];
 
 /// A SWIM state as the format spells it (`alive`, `suspect`, `dead`,
@@ -560,6 +569,10 @@ impl FlatLine {
                 pool: pool.map(Cow::Owned),
                 run: run?,
             },
+            "abort_planning" => Line::AbortPlanning {
+                pool: pool.map(Cow::Owned),
+                run: run?,
+            },
             _ => return None,
         })
     }
@@ -641,6 +654,10 @@ impl<'a> Line<'a> {
                 pool,
                 run: Cow::Borrowed(run.as_str()),
             },
+            Command::AbortPlanning { run } => Line::AbortPlanning {
+                pool,
+                run: Cow::Borrowed(run.as_str()),
+            },
         }
     }
 
@@ -650,7 +667,8 @@ impl<'a> Line<'a> {
         match self {
             Line::BeginPlanning { pool, .. }
             | Line::CommitPlan { pool, .. }
-            | Line::FinishRun { pool, .. } => pool
+            | Line::FinishRun { pool, .. }
+            | Line::AbortPlanning { pool, .. } => pool
                 .as_deref()
                 .map(|p| PoolId::new(p).map_err(|e| format!("field `pool`: {e}")))
                 .transpose(),
@@ -782,6 +800,7 @@ impl<'a> Line<'a> {
             }
             .into(),
             Line::FinishRun { run: r, .. } => Command::FinishRun { run: run(&r)? }.into(),
+            Line::AbortPlanning { run: r, .. } => Command::AbortPlanning { run: run(&r)? }.into(),
         };
         Ok(Ok(input))
     }
@@ -846,6 +865,10 @@ mod tests {
             Line::FinishRun {
                 pool: Some(o("pool-a")),
                 run: o("run-1"),
+            },
+            Line::AbortPlanning {
+                pool: None,
+                run: o("run-2"),
             },
         ]
     }

@@ -20,6 +20,9 @@ pub enum AbortReason {
     WaitTimeout,
     /// The gate restarted while the run was planning (design §9).
     Restarted,
+    /// The orchestrator withdrew it: the run's requester is gone, or asked
+    /// to end it before it was committed (design §3).
+    Withdrawn,
 }
 
 /// One event of the gate. Each carries the instant it happened at; as JSON

@@ -51,6 +51,12 @@ pub enum Command {
         /// The committed run.
         run: RunId,
     },
+    /// Withdraw a run that is planning (or suspended): its requester is
+    /// gone, so nobody will commit it, and it would hold the pool.
+    AbortPlanning {
+        /// The planning run.
+        run: RunId,
+    },
 }
 
 /// Membership input: a SWIM fact about one member.

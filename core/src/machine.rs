@@ -537,6 +537,34 @@ impl PoolMachine {
         }
     }
 
+    /// Withdraws `run` while it plans or is suspended (design §3: its
+    /// requester is gone): `planning_aborted` with reason `withdrawn`, and
+    /// the pool is free for the next run. A committed run is refused
+    /// (`not_planning`: it is finished, not withdrawn), any other run
+    /// `unknown_run`.
+    pub fn abort_planning(
+        &mut self,
+        run: &RunId,
+        at: Time,
+        out: &mut Vec<Event>,
+    ) -> Result<(), Refusal> {
+        let at = self.settle_before(at, out);
+        match &mut self.run {
+            ActiveRun::Planning(guard) if guard.run() == run => {
+                guard.withdraw(at, out)?;
+                self.run = ActiveRun::None;
+                Ok(())
+            }
+            ActiveRun::Committed { stored, .. } if &stored.run == run => {
+                Err(Refusal::NotPlanning {
+                    run: run.clone(),
+                    state: "committed",
+                })
+            }
+            _ => Err(Refusal::UnknownRun(run.clone())),
+        }
+    }
+
     /// The committed run `run` ended (faulted or finished): the pool is
     /// free for the next run.
     pub fn run_ended(&mut self, run: &RunId) {
@@ -788,6 +816,48 @@ mod tests {
             h.gate.begin(run("s"), None, t(102), &mut h.out),
             Err(Refusal::RunInProgress(run("r")))
         );
+    }
+
+    #[test]
+    fn a_planning_or_suspended_run_is_withdrawn_and_frees_the_pool_and_a_committed_one_is_not() {
+        // Design §3: nobody will commit a run whose requester is gone; it
+        // is withdrawn (`planning_aborted`, `withdrawn`), stored, and the
+        // next run may plan.
+        let mut h = Harness::ready_at_100(None);
+        h.gate.begin(run("r"), None, t(101), &mut h.out).unwrap();
+        let _ = h.gate.take_durable_change();
+        assert_eq!(
+            h.gate.abort_planning(&run("other"), t(102), &mut h.out),
+            Err(Refusal::UnknownRun(run("other")))
+        );
+        assert_eq!(h.gate.abort_planning(&run("r"), t(102), &mut h.out), Ok(()));
+        assert!(matches!(
+            h.out.last(),
+            Some(Event::PlanningAborted { run: r, reason: crate::event::AbortReason::Withdrawn, .. })
+                if r == &run("r")
+        ));
+        let stored = h.gate.take_durable_change().expect("the withdrawal stored");
+        assert_eq!(stored.run, None);
+        assert_eq!(h.gate.active_run(), None);
+        // Suspended (readiness lost under `wait`): withdrawn alike.
+        h.gate.begin(run("s"), None, t(103), &mut h.out).unwrap();
+        h.observe(104, "b", Observation::Unavailable);
+        assert_eq!(h.gate.abort_planning(&run("s"), t(105), &mut h.out), Ok(()));
+        assert_eq!(h.gate.active_run(), None);
+        // Committed: finished, not withdrawn.
+        h.observe(106, "b", Observation::Available);
+        h.gate.on_deadline(t(206), &mut h.out);
+        h.gate.begin(run("c"), None, t(207), &mut h.out).unwrap();
+        h.gate
+            .commit(&run("c"), vec![node("a")], None, t(208), &mut h.out)
+            .unwrap();
+        assert!(matches!(
+            h.gate.abort_planning(&run("c"), t(209), &mut h.out),
+            Err(Refusal::NotPlanning {
+                state: "committed",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -493,6 +493,23 @@ impl RunGuard {
         self.required.as_slice().iter()
     }
 
+    /// The orchestrator withdraws the run while it plans (or is
+    /// suspended): `planning_aborted` with reason `withdrawn`. A run past
+    /// planning is refused (`not_planning`).
+    pub fn withdraw(&mut self, at: Time, out: &mut Vec<Event>) -> Result<(), Refusal> {
+        self.settle_before(at, out);
+        match self.phase {
+            RunPhase::Planning { .. } | RunPhase::Suspended { .. } => {
+                self.abort(at, AbortReason::Withdrawn, out);
+                Ok(())
+            }
+            ref other => Err(Refusal::NotPlanning {
+                run: self.run.clone(),
+                state: other.name(),
+            }),
+        }
+    }
+
     fn abort(&mut self, at: Time, reason: AbortReason, out: &mut Vec<Event>) {
         self.phase = RunPhase::Ended(RunEnd::Aborted(reason));
         out.push(Event::PlanningAborted {

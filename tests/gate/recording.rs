@@ -50,7 +50,7 @@ fn random_inputs(rng: &mut StdRng, nodes: &[&str]) -> Vec<Input> {
             AgentReport::identity(n, vec![1; 4]).unwrap().into(),
         ];
     }
-    vec![match rng.random_range(0..20) {
+    vec![match rng.random_range(0..21) {
         0..6 => MembershipUpdate {
             node: n,
             state: [
@@ -86,7 +86,11 @@ fn random_inputs(rng: &mut StdRng, nodes: &[&str]) -> Vec<Input> {
             epoch: None,
         }
         .into(),
-        _ => Command::FinishRun {
+        19 => Command::FinishRun {
+            run: RunId::new("r").unwrap(),
+        }
+        .into(),
+        _ => Command::AbortPlanning {
             run: RunId::new("r").unwrap(),
         }
         .into(),
@@ -170,8 +174,7 @@ fn live_run(seed: u64, batched: bool) -> (Vec<String>, Vec<u8>) {
 #[test]
 fn random_live_runs_replay_from_their_recordings_event_for_event() {
     let config = config(&NODES, 40, OnReadinessLost::Wait, Some(90));
-    let mut compared = 0;
-    let mut ready = 0;
+    let (mut compared, mut ready, mut withdrawn) = (0, 0, 0);
     // Half the runs send the facts that come together as one input, as an
     // agent frame does (`Gate::observe_all`).
     for (seed, batched) in (0..12).map(|seed| (seed, seed % 2 == 1)) {
@@ -190,10 +193,11 @@ fn random_live_runs_replay_from_their_recordings_event_for_event() {
         );
         compared += live.len();
         ready += live.iter().filter(|l| l.contains("\"pool_ready\"")).count();
+        withdrawn += live.iter().filter(|l| l.contains("\"withdrawn\"")).count();
     }
     assert!(
-        compared >= 10 && ready >= 2,
-        "the runs published events ({compared}, {ready} PoolReady)"
+        compared >= 10 && ready >= 2 && withdrawn >= 1,
+        "the runs published events ({compared}, {ready} PoolReady, {withdrawn} withdrawn)"
     );
 }
 

@@ -39,6 +39,29 @@ impl PoolActor {
     }
 }
 
+impl Handler<AbortPlanning> for PoolActor {
+    type Result = Result<(), GateError>;
+
+    fn handle(&mut self, msg: AbortPlanning, ctx: &mut Context<Self>) -> Result<(), GateError> {
+        self.contained(ctx, |act, ctx| act.withdraw(msg, ctx))
+            .unwrap_or(Err(GateError::Internal))
+    }
+}
+
+impl PoolActor {
+    /// Withdraws a planning run; its abort is stored before it is told,
+    /// as the policy's aborts are.
+    fn withdraw(&mut self, msg: AbortPlanning, ctx: &mut Context<Self>) -> Result<(), GateError> {
+        let at = self.applied_at(msg.at);
+        let result = self.core.abort_planning(&msg.run, at, &mut self.out);
+        if let (Ok(()), Some(recording)) = (&result, &self.recording) {
+            recording.command(at, &Command::AbortPlanning { run: msg.run });
+        }
+        self.flush(ctx);
+        Ok(result?)
+    }
+}
+
 /// An answer that is ready now.
 fn answered<T: 'static>(
     result: Result<T, GateError>,

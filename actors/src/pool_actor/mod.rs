@@ -19,9 +19,9 @@ use actix::{Actor, ActorContext, Addr, AsyncContext, AtomicResponse, Context, Ha
 use crate::clock::{Clock, TimerSlot};
 use crate::error::GateError;
 use crate::messages::{
-    BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun, FromNode,
-    GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged, RunAnswer,
-    RunStatus, TimerDue,
+    AbortPlanning, BeginPlanning, CommitPlan, ConfirmDue, DefinePool, FinishCommitted, FinishRun,
+    FromNode, GetReport, NodeActorStopped, NodeChanged, PendingDeadline, RequiredNodeChanged,
+    RunAnswer, RunStatus, TimerDue,
 };
 use crate::node_actor::NodeActor;
 use crate::publisher::Publisher;

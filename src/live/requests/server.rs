@@ -129,9 +129,8 @@ pub struct RequestServer {
     /// Outcomes not written yet (etcd slow, or unreachable for a moment):
     /// written at the next chance, in order, never dropped.
     unsettled: std::collections::VecDeque<Event>,
-    said_waiting: crate::live::throttle::Throttle,
-    /// Committed runs whose requester is gone, said once each.
-    orphans: std::collections::BTreeSet<RunId>,
+    /// What the looks remember between them.
+    looked: Looked,
     /// The pool's state last published (`status`), to write it only when
     /// it changes.
     published: Option<serde_json::Value>,
@@ -141,6 +140,17 @@ pub struct RequestServer {
     /// The fleet the pool is one of, whose reservations a run waits for
     /// before its planning begins ([`serve_in`]).
     fleet: Option<poolgate_actors::Fleet>,
+}
+
+/// What the looks at the requests remember between them.
+#[derive(Debug)]
+pub(super) struct Looked {
+    said_waiting: crate::live::throttle::Throttle,
+    /// Committed runs whose requester is gone, said once each.
+    orphans: std::collections::BTreeSet<RunId>,
+    /// The active run, last seen asked for (its request or its requester
+    /// there): withdrawn if both go before its commit.
+    asked: Option<RunId>,
 }
 
 /// Why a run asked for is not committed yet: the gate's refusal (a node
@@ -163,8 +173,13 @@ impl RequestServer {
             store,
             members,
             unsettled: Default::default(),
-            said_waiting: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
-            orphans: Default::default(),
+            looked: Looked {
+                said_waiting: crate::live::throttle::Throttle::new(
+                    crate::live::throttle::LOG_EVERY,
+                ),
+                orphans: Default::default(),
+                asked: None,
+            },
             published: None,
             told_waiting: None,
             fleet: None,
@@ -240,8 +255,7 @@ impl RequestServer {
             &self.store,
             &self.members,
             report,
-            &mut self.said_waiting,
-            &mut self.orphans,
+            &mut self.looked,
         )
         .await?;
         match waits {
@@ -385,8 +399,7 @@ pub(super) async fn look(
     store: &Arc<EtcdStore>,
     members: &[NodeId],
     report: poolgate_actors::core::PoolReport,
-    said_waiting: &mut crate::live::throttle::Throttle,
-    orphans: &mut std::collections::BTreeSet<RunId>,
+    looked: &mut Looked,
 ) -> Result<Option<Waits>, StoreError> {
     let listed = Arc::clone(store);
     // One transaction: one request to etcd, and one revision's view of
@@ -404,9 +417,23 @@ pub(super) async fn look(
     for (run, _) in finishes {
         let Ok(id) = RunId::new(&run) else { continue };
         if report.run.as_ref() == Some(&id) {
-            match gate.finish_run(id).await {
+            match gate.finish_run(id.clone()).await {
                 // `settle` writes `run_finished` and takes the request.
                 Ok(()) => continue,
+                // Still planning (its requester gave up, or `run --end`):
+                // nobody will commit it, and it would hold the pool.
+                Err(poolgate_actors::GateError::Refused(
+                    poolgate_actors::core::Refusal::NotCommitted { .. },
+                )) => match gate.abort_planning(id).await {
+                    // `settle` writes `planning_aborted`.
+                    Ok(()) => {
+                        tracing::info!(%run, "a run asked to end while it planned: withdrawn");
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%run, error = %e, "requested end of a planning run refused")
+                    }
+                },
                 Err(e) => tracing::warn!(%run, error = %e, "requested end of run refused"),
             }
         }
@@ -422,15 +449,50 @@ pub(super) async fn look(
         let Ok(id) = RunId::new(run) else { continue };
         if report.run.as_ref() == Some(&id) {
             if !present(run) {
-                end_orphan(gate, &id, orphans).await?;
+                end_orphan(gate, &id, &mut looked.orphans).await?;
             }
         } else {
             let (store, name) = (Arc::clone(store), format!("requested/{run}"));
             blocking(move || store.delete_raw(&name)).await?;
         }
     }
+    // The active run, asked for while it planned, whose request and
+    // requester are both gone before its commit (the requester killed,
+    // its session expired): nobody will commit it, and it would hold the
+    // pool. It is withdrawn.
+    if let Some(active) = report.run.as_ref() {
+        let asked = requests.iter().any(|(run, _)| run == active.as_str());
+        let committed = requested.iter().any(|(run, _)| run == active.as_str());
+        if asked || present(active.as_str()) {
+            looked.asked = Some(active.clone());
+        } else if looked.asked.as_ref() == Some(active) && !committed {
+            looked.asked = None;
+            match gate.abort_planning(active.clone()).await {
+                Ok(()) => {
+                    tracing::info!(run = %active, "a run planning whose requester is gone: withdrawn")
+                }
+                // Committed meanwhile: its requester's absence ends it.
+                Err(e) => tracing::debug!(run = %active, error = %e, "not withdrawn"),
+            }
+            return Ok(None);
+        }
+    }
     let PoolPhase::Ready { epoch } = report.phase else {
-        return Ok(None);
+        // A run asked for that waits for the pool (suspended): why, for
+        // its requester to say if it gives up.
+        let waits = report.run.as_ref().and_then(|active| {
+            let (_, body) = requests.iter().find(|(run, _)| run == active.as_str())?;
+            let request = serde_json::from_slice::<Request>(body).ok()?;
+            Some(Waits {
+                run: active.clone(),
+                lease: request.lease,
+                detail: format!(
+                    "the pool is not ready: {}",
+                    crate::report::state_line(&report)
+                ),
+            })
+        });
+        return Ok(waits);
     };
     // The active run, if requested, is committed here (planned before a
     // readiness loss, or committed by the last leader, whose outcome went
@@ -515,7 +577,7 @@ pub(super) async fn look(
             .await
             .map(|()| None),
         Err(e) => {
-            if let Some(held) = said_waiting.allow(std::time::Instant::now()) {
+            if let Some(held) = looked.said_waiting.allow(std::time::Instant::now()) {
                 tracing::info!(%run, error = %e, held, "requested run not committed yet (tried again)");
             }
             Ok(Some(Waits {
