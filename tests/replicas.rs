@@ -1210,11 +1210,7 @@ struct LeaderAsked {
 async fn leader_asked(config: &Config, store: &Arc<EtcdStore>, ttl: Duration) -> LeaderAsked {
     let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
     let node = poolgate::core::NodeId::new("node-1").unwrap();
-    let serving = poolgate::live::requests::RequestServer::new(
-        gate.clone(),
-        Arc::clone(store),
-        vec![node.clone()],
-    );
+    let serving = poolgate::live::requests::RequestServer::new(gate.clone(), Arc::clone(store));
     let requests = poolgate::live::requests::Requests::new(Arc::clone(store));
     let run = poolgate::core::RunId::new("r1").unwrap();
     let session = requests
@@ -2891,6 +2887,58 @@ fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
         let after = a_next_term(&server, b"/poolgate/gone/a/leader", &mut replica, next).await;
         assert_eq!(after.fleet.pools(), vec![pool("a")]);
         after.shutdown();
+        replica.resign();
+    });
+}
+
+/// A run asked of the leader's pool over a node a reload took out of it
+/// is refused at once, naming the node. (Before, the leader checked the
+/// pool's members as they were when its term began: it began planning
+/// such a run, and could never commit it.)
+#[test]
+fn a_run_over_a_node_a_reload_took_out_of_the_pool_is_refused_at_once() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-shrunk");
+    let config = pools_config(&server, "shrunk", "20ms", &[("a", &["node-1", "node-2"])]);
+    let shrunk = pools_config(&server, "shrunk", "20ms", &[("a", &["node-1"])]);
+    let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        let said = live.reload(&shrunk).await.unwrap();
+        assert!(said.iter().any(|s| s.contains("node-2")), "{said:?}");
+        poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-1"), b"key")
+            .await
+            .unwrap();
+        let a = live
+            .fleet
+            .pool(&poolgate::core::PoolId::new("a").unwrap())
+            .unwrap();
+        a.wait_ready().await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let run = poolgate::core::RunId::new("over-node-2").unwrap();
+        let _session = requests
+            .ask(&run, &[node("node-2")], Duration::from_secs(5))
+            .await
+            .unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            outcome_of(&requests, &run, "refused"),
+        )
+        .await;
+        let planning = a.report().await.unwrap().run;
+        let refused =
+            refused.unwrap_or_else(|_| panic!("not refused; the pool's run: {planning:?}"));
+        assert!(
+            refused
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("node-2")),
+            "{refused:?}"
+        );
+        assert_eq!(a.report().await.unwrap().run, None, "no planning begun");
+        live.shutdown();
         replica.resign();
     });
 }

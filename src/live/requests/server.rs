@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use poolgate_actors::core::{Event, NodeId, PoolPhase, RunId};
+use poolgate_actors::core::{Event, PoolPhase, RunId};
 use poolgate_actors::{Gate, StoreError};
 
 use crate::state::etcd::EtcdStore;
@@ -37,7 +37,7 @@ pub async fn serve_in(
     aborted_at_start: Option<RunId>,
 ) {
     let mut changed = watch_requests(Arc::clone(&store));
-    let mut serving = RequestServer::new(gate, store, pool.members().to_vec());
+    let mut serving = RequestServer::new(gate, store);
     serving.fleet = fleet;
     if let Some(run) = aborted_at_start {
         serving.unsettled.push_back(Event::PlanningAborted {
@@ -124,7 +124,6 @@ pub(super) fn watch_requests(store: Arc<EtcdStore>) -> tokio::sync::mpsc::Receiv
 pub struct RequestServer {
     gate: Gate,
     store: Arc<EtcdStore>,
-    members: Vec<NodeId>,
     events: poolgate_actors::EventStream,
     /// Outcomes not written yet (etcd slow, or unreachable for a moment):
     /// written at the next chance, in order, never dropped.
@@ -165,13 +164,14 @@ pub(super) struct Waits {
 }
 
 impl RequestServer {
-    /// RequestServer the requests on `gate`, from the events published from now.
-    pub fn new(gate: Gate, store: Arc<EtcdStore>, members: Vec<NodeId>) -> Self {
+    /// Serves the requests on `gate` (a run over a node that is not one of
+    /// its candidates at the time is refused), from the events published
+    /// from now.
+    pub fn new(gate: Gate, store: Arc<EtcdStore>) -> Self {
         RequestServer {
             events: gate.subscribe_from_now(),
             gate,
             store,
-            members,
             unsettled: Default::default(),
             looked: Looked {
                 said_waiting: crate::live::throttle::Throttle::new(
@@ -253,7 +253,6 @@ impl RequestServer {
             &self.gate,
             self.fleet.as_ref(),
             &self.store,
-            &self.members,
             report,
             &mut self.looked,
         )
@@ -397,7 +396,6 @@ pub(super) async fn look(
     gate: &Gate,
     fleet: Option<&poolgate_actors::Fleet>,
     store: &Arc<EtcdStore>,
-    members: &[NodeId],
     report: poolgate_actors::core::PoolReport,
     looked: &mut Looked,
 ) -> Result<Option<Waits>, StoreError> {
@@ -518,7 +516,12 @@ pub(super) async fn look(
     };
     // A plan that can never be committed is refused at once, before it
     // holds the pool in planning.
-    let stranger = request.required.iter().find(|n| !members.contains(n));
+    // Against the candidates now: a reload may have changed them since
+    // the term began.
+    let stranger = request
+        .required
+        .iter()
+        .find(|n| !report.candidates.iter().any(|c| c.node == **n));
     let elsewhere = request
         .pool
         .as_ref()
