@@ -406,9 +406,11 @@ fn main() -> ExitCode {
             command,
         } => load(&config).and_then(|loaded| {
             let pool_asked = pool.clone();
-            let loaded = match &loaded.control {
+            let loaded = match (&loaded.control, &end, &pool) {
                 // A running watch serving it knows every pool.
-                Some(path) if poolgate::live::control::is_served(path) => loaded,
+                (Some(path), ..) if poolgate::live::control::is_served(path) => loaded,
+                // `--end RUN` alone finds the pool whose run it is.
+                (_, Some(_), None) => loaded,
                 _ => loaded.with_only_pool(pool.as_deref())?,
             };
             let run_id = |flag: &str, name: Option<String>| {

@@ -1612,13 +1612,98 @@ async fn run_a_committed(
     cluster: &mut LocalCluster,
     file: &std::path::Path,
 ) -> (tokio::process::Child, String) {
+    run_committed_on(cluster, file, "a").await
+}
+
+/// Starts the cluster's three nodes and a `run --pool POOL` whose run is
+/// committed; the `run` and its run id.
+async fn run_committed_on(
+    cluster: &mut LocalCluster,
+    file: &std::path::Path,
+    pool: &str,
+) -> (tokio::process::Child, String) {
     for i in 0..3 {
         cluster.spawn(i).unwrap();
     }
-    let mut run_a = run_on_pool(file, &cluster.dir, "a");
-    let mut lines_a = BufReader::new(run_a.stdout.take().unwrap()).lines();
-    let committed = until_line(&mut lines_a, |v| v["event"] == "run_committed").await;
-    (run_a, committed["run"].as_str().unwrap().to_string())
+    let mut run = run_on_pool(file, &cluster.dir, pool);
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
+    (run, committed["run"].as_str().unwrap().to_string())
+}
+
+/// SIGKILLs `run` and the command it guarded (pid file `<pool>.pid`):
+/// its run stays committed, guarded by no `run`.
+async fn killed_with_its_command(
+    run: &mut tokio::process::Child,
+    dir: &std::path::Path,
+    pool: &str,
+) {
+    run.kill().await.unwrap();
+    if let Ok(pid) = std::fs::read_to_string(dir.join(format!("{pool}.pid"))) {
+        let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+}
+
+/// `run --end RUN` with no `--pool`, over a file of several pools: it
+/// ends RUN, whichever pool it is of (exit 0). (An operator's trial: it
+/// wanted `--pool`.)
+async fn ended_without_naming_its_pool(file: &std::path::Path, run: &str) {
+    let ended = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--end", run, "--config"])
+        .arg(file)
+        .kill_on_drop(true)
+        .output();
+    let ended = tokio::time::timeout(Duration::from_secs(30), ended)
+        .await
+        .expect("run --end answers within 30 s")
+        .unwrap();
+    let said = String::from_utf8_lossy(&ended.stderr);
+    assert_eq!(ended.status.code(), Some(0), "{said}");
+    assert!(said.contains(&format!("run {run} ended")), "{said}");
+    // A run no pool has is refused, naming the pools (exit 4).
+    let unknown = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--end", "no-such-run", "--config"])
+        .arg(file)
+        .kill_on_drop(true)
+        .output();
+    let unknown = tokio::time::timeout(Duration::from_secs(30), unknown)
+        .await
+        .expect("run --end answers within 30 s")
+        .unwrap();
+    let said = String::from_utf8_lossy(&unknown.stderr);
+    assert_eq!(unknown.status.code(), Some(4), "{said}");
+    assert!(
+        said.contains("not the active run of any pool (a, b)"),
+        "{said}"
+    );
+}
+
+#[test]
+fn run_end_alone_without_pool_ends_a_run_of_the_second_pool() {
+    live(async {
+        let (mut cluster, mut config) = two_pools_of(3).await;
+        config.state.path = Some(cluster.dir.join("state.redb"));
+        let file = overlapping_pools(&cluster, &config);
+        let (mut run_b, run) = run_committed_on(&mut cluster, &file, "b").await;
+        killed_with_its_command(&mut run_b, &cluster.dir, "b").await;
+        ended_without_naming_its_pool(&file, &run).await;
+    });
+}
+
+#[test]
+fn run_end_among_replicas_without_pool_ends_a_run_of_the_second_pool() {
+    need_etcd!();
+    let server = etcd::Etcd::start("pools-end");
+    live(async {
+        let (mut cluster, mut config) = two_pools_of(3).await;
+        on_etcd(&mut config, &server.endpoint);
+        let file = overlapping_pools(&cluster, &config);
+        let _watch = watch_of(&file, Stdio::null());
+        let (mut run_b, run) = run_committed_on(&mut cluster, &file, "b").await;
+        killed_with_its_command(&mut run_b, &cluster.dir, "b").await;
+        ended_without_naming_its_pool(&file, &run).await;
+    });
 }
 
 /// `run --pool b --timeout TIMEOUT` gives up (exit 1) saying node-2 is
@@ -1653,11 +1738,7 @@ fn a_run_alone_blocked_by_a_restored_run_of_another_pool_says_which_node_is_rese
         let (mut run_a, run) = run_a_committed(&mut cluster, &file).await;
         // A's `run` SIGKILLed: its run stays committed in the state file,
         // restored by the next `run`, which no process guards.
-        run_a.kill().await.unwrap();
-        if let Ok(pid) = std::fs::read_to_string(cluster.dir.join("a.pid")) {
-            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
-            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-        }
+        killed_with_its_command(&mut run_a, &cluster.dir, "a").await;
         run_b_gives_up(&file, &run, "8s").await;
     });
 }

@@ -247,11 +247,53 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
             Err(e) => Err(LiveError::Io(std::io::Error::other(e))),
         };
     }
+    // Several pools and none named: the pool whose run it is.
+    let several = pool.is_none() && config.pools.len() > 1;
+    let pools = || {
+        config
+            .pool_definitions()
+            .iter()
+            .map(|p| p.id().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let not_any = || {
+        eprintln!(
+            "poolgate run: --end {run}: not the active run of any pool ({})",
+            pools()
+        );
+        Ok(EXIT_OTHER_RUN)
+    };
     if !config.state.etcd.is_empty() {
-        return end_replicated_run(config, run).await;
+        if !several {
+            return end_replicated_run(config, run).await;
+        }
+        for definition in config.pool_definitions() {
+            let narrowed = config
+                .with_only_pool(Some(definition.id().as_str()))
+                .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
+            let active = crate::live::replica::requests_of(&narrowed)?
+                .active_run()
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
+            if active.as_ref() == Some(run) {
+                return end_replicated_run(&narrowed, run).await;
+            }
+        }
+        return not_any();
     }
     let live = Orchestrator::start_recording(config, None).await?;
-    match live.gate.finish_run(run.clone()).await {
+    let gate = match several {
+        false => live.gate.clone(),
+        true => {
+            let reports = live.fleet.reports().await?;
+            match reports.iter().find(|r| r.run.as_ref() == Some(run)) {
+                Some(report) => live.fleet.pool(&report.pool).unwrap_or(live.gate.clone()),
+                None => return not_any(),
+            }
+        }
+    };
+    match gate.finish_run(run.clone()).await {
         Ok(()) => {
             eprintln!("poolgate run: run {run} ended");
             Ok(0)
