@@ -767,10 +767,15 @@ fn replicas_on_etcd_the_leader_killed_during_a_run_hands_it_to_a_follower() {
     );
 }
 
-/// Four hosts: etcd on host-0, two replicas (host-1, host-2, the shipped
-/// 2 s lease, a 15 s restore grace, a 1 s window) and two nodes on host-3;
-/// none skipped without etcd or the rig (one line says why).
+/// Four hosts: etcd on host-0, two replicas (host-1, host-2, a 2 s lease,
+/// a 15 s restore grace, a 1 s window) and two nodes on host-3; none
+/// skipped without etcd or the rig (one line says why).
 fn replicas_on_the_rig() -> Option<(Rig, Process, Deployment)> {
+    replicas_on_the_rig_with("2s")
+}
+
+/// As [`replicas_on_the_rig`], on a `lease` of the replicas' own.
+fn replicas_on_the_rig_with(lease: &str) -> Option<(Rig, Process, Deployment)> {
     if let Some(why) = etcd::missing() {
         eprintln!("skipped: {why}");
         return None;
@@ -780,12 +785,47 @@ fn replicas_on_the_rig() -> Option<(Rig, Process, Deployment)> {
     let options = Options {
         window: Some(Duration::from_millis(1000)),
         orchestrator_extra: format!(
-            "[state]\netcd = [\"{endpoint}\"]\nlease = \"2s\"\nrestore_grace = \"15s\"\ninsecure = true\n"
+            "[state]\netcd = [\"{endpoint}\"]\nlease = \"{lease}\"\nrestore_grace = \"15s\"\ninsecure = true\n"
         ),
         ..Options::default()
     };
     let deployment = Deployment::write(&rig, &[1, 2], &[3, 3], options);
     Some((rig, etcd, deployment))
+}
+
+#[test]
+fn replicas_on_etcd_a_leader_cut_off_for_seconds_and_healed_faults_no_run() {
+    // An operator's trial: the leading replica's host cut off for 2.5 to
+    // 4.2 s (less than the default lease's renew deadline), then healed.
+    // The leader had closed every silent agent connection, made every
+    // node unavailable, and, its lease renewed on the heal, faulted every
+    // run it guards. Every connection silent while its own lease is not
+    // renewed: it is the one cut off, and holds the silence back.
+    let Some((rig, _etcd, deployment)) = replicas_on_the_rig_with("10s") else {
+        return;
+    };
+    let (watch, _nodes, mut run, _id) = watch_leads_and_run_commits(&rig, &deployment, "615");
+    until_sleeping("615", 1, Duration::from_secs(5));
+    rig.isolate(1);
+    std::thread::sleep(Duration::from_secs(4));
+    rig.heal(1);
+    if let Some(harm) = harmed_within(&mut run, Duration::from_secs(10)) {
+        panic!(
+            "a 4 s cut of the leader harmed a run on untouched nodes: {harm}\nleader:\n{}",
+            watch.stderr()
+        );
+    }
+    assert!(
+        !run.stderr().contains("this replica leads"),
+        "the leader lost its term to a 4 s cut: {}",
+        run.stderr()
+    );
+    assert!(
+        watch.stderr().contains("this replica is the one cut off"),
+        "the silence was not held back: {}",
+        watch.stderr()
+    );
+    assert!(until_sleeping("615", 1, Duration::from_secs(1)) == 1);
 }
 
 /// A `watch` replica leads on host 1 and sees the pool ready; the nodes
@@ -1006,25 +1046,31 @@ fn replicas_on_etcd_run_is_planned_by_the_leader_and_guarded_across_its_death() 
 #[test]
 fn replicas_on_etcd_a_leader_cut_off_longer_than_suspicion_and_healed_faults_no_run() {
     // Found by an operator's trial: the leading replica's host cut off for
-    // 20 s (longer than SWIM's suspicion, and than the restore grace),
-    // then healed. The other replica takes the run over, as it should;
+    // 25 s (longer than SWIM's suspicion, than the default 10 s lease, and
+    // than the restore grace), then healed. The other replica takes the run over, as it should;
     // but the cut-off member, hearing no node, had declared them all
     // down, and once healed that news made every node renew its SWIM
     // identity, which the new leader took for a new process and faulted
     // runs on nodes nothing had harmed (and, that rule mended alone, the
     // news of their old identities' death, gossiped by the healed member,
-    // faulted them `dead`). A node lost afterwards still faults the run
+    // faulted them `dead`; and on a 10 s lease, once the cut-off leader
+    // had closed the silent connections, it accused every node again
+    // until it stepped down). A node lost afterwards still faults the run
     // (the test can see a fault).
-    let Some((rig, _etcd, deployment)) = replicas_on_the_rig() else {
+    let Some((rig, _etcd, deployment)) = replicas_on_the_rig_with("10s") else {
         return;
     };
     let (watch, nodes, mut run, id) = watch_leads_and_run_commits(&rig, &deployment, "614");
     until_sleeping("614", 1, Duration::from_secs(5));
 
+    let cut = Instant::now();
     rig.isolate(1);
-    stderr_line(&run, "this replica leads", Duration::from_secs(10))
+    stderr_line(&run, "this replica leads", Duration::from_secs(20))
         .unwrap_or_else(|| panic!("run's replica did not take over: {}", run.stderr()));
-    run.wait_for(Duration::from_secs(18), |_| None::<()>);
+    run.wait_for(
+        Duration::from_secs(25).saturating_sub(cut.elapsed()),
+        |_| None::<()>,
+    );
     rig.heal(1);
     if let Some(harm) = harmed_within(&mut run, Duration::from_secs(15)) {
         panic!(

@@ -64,6 +64,10 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// available: a reconnect within it changes nothing (design §11).
 pub(crate) const LOST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How often a silent connection held back (see
+/// [`Nodes::holds_back_silence`]) is looked at again.
+const HELD_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How long a new agent connection has to send its first frame.
 pub(crate) const FIRST_FRAME: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -262,7 +266,8 @@ impl Listener {
     /// [`LOST_GRACE`] (design §11): a node the orchestrator cannot hear
     /// cannot stay ready on the state it last announced.
     async fn connection(&self, stream: TcpStream, peer: SocketAddr, id: u64) {
-        let Some((node, last)) = self.serve_connection(stream, peer, id).await else {
+        let mut silent = None;
+        let Some((node, last)) = self.serve_connection(stream, peer, id, &mut silent).await else {
             return;
         };
         if last.leaving {
@@ -271,11 +276,48 @@ impl Listener {
         let (fleet, nodes) = (self.fleet.clone(), Arc::clone(&self.nodes));
         actix::spawn(async move {
             tokio::time::sleep(LOST_GRACE).await;
+            // Silent while every connection is, and this replica's term in
+            // doubt: the leader is the one cut off; held back until either
+            // is over (a new connection of the node ends it too).
+            let mut held = false;
+            while silent.is_some() && !fleet.is_stopped() {
+                let holds = {
+                    let known = lock(&nodes);
+                    known.attached.get(&node) == Some(&id)
+                        && known.holds_back_silence(std::time::Instant::now())
+                };
+                if !holds {
+                    break;
+                }
+                if !held {
+                    held = true;
+                    metrics::counter!("poolgate_agent_silence_held_total").increment(1);
+                    tracing::info!(%node, %peer, "agent connection silent while every connection is and this replica's term is in doubt: this replica is the one cut off; the node is not made unavailable for it");
+                }
+                tokio::time::sleep(HELD_LOOK_EVERY).await;
+            }
+            // Healed (or its term over): the node, whose own side gave the
+            // connection up meanwhile, is given as long to come back as
+            // its connection was given to speak.
+            if let (true, Some(silence)) = (held, silent) {
+                let until = tokio::time::Instant::now() + silence;
+                while tokio::time::Instant::now() < until
+                    && lock(&nodes).attached.get(&node) == Some(&id)
+                {
+                    tokio::time::sleep(HELD_LOOK_EVERY).await;
+                }
+            }
             let still_this = lock(&nodes).attached.get(&node) == Some(&id);
             if !still_this {
                 return;
             }
-            lock(&nodes).attached.remove(&node);
+            {
+                let mut known = lock(&nodes);
+                known.attached.remove(&node);
+                if silent.is_some() {
+                    known.silenced.insert(node.clone());
+                }
+            }
             tracing::warn!(%node, %peer, "agent connection lost and not reopened: the node is not available until it announces again");
             if let Err(e) = fleet
                 .agent(AgentReport::Unavailable { node: node.clone() })
@@ -286,11 +328,16 @@ impl Listener {
         });
     }
 
+    /// Serves one agent connection until it ends; the node's last
+    /// announcement on it, and in `silent`, if it ended for its silence
+    /// (not closed by its peer, nor failed), how long it was let be
+    /// silent.
     async fn serve_connection(
         &self,
         mut stream: TcpStream,
         peer: SocketAddr,
         id: u64,
+        silent: &mut Option<std::time::Duration>,
     ) -> Option<(NodeId, Announcement)> {
         wire::keep_alive(&stream, std::time::Duration::from_secs(5));
         // What its frames come to: the I/O, counting and telling are here.
@@ -305,6 +352,7 @@ impl Listener {
             let bytes = match read.await {
                 Err(_) => {
                     tracing::debug!(%peer, "agent connection silent; closed");
+                    *silent = Some(silence);
                     return talk.into_last();
                 }
                 Ok(Ok(Some(bytes))) if talk.is_new() && status::is_status_query(&bytes) => {

@@ -46,6 +46,28 @@ pub struct Nodes {
     /// When this orchestrator's term began (set by the orchestrator; see
     /// [`TERM_GRACE`]).
     pub term_started: Option<std::time::Instant>,
+    /// Nodes whose agent connection was closed for its silence and that
+    /// have not been heard from since: silent, not gone ([`Nodes::vouches`]).
+    pub silenced: HashSet<NodeId>,
+    /// Among replicas, whether the leader's own term is in doubt (its
+    /// lease not renewed lately: etcd out of its reach); see
+    /// [`Nodes::holds_back_silence`].
+    pub term_in_doubt: TermInDoubt,
+}
+
+/// Whether the term is in doubt (see [`Nodes::term_in_doubt`]); never, for
+/// an orchestrator alone.
+#[derive(Clone, Default)]
+pub struct TermInDoubt(pub Option<std::sync::Arc<dyn Fn() -> bool + Send + Sync>>);
+
+impl std::fmt::Debug for TermInDoubt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "TermInDoubt(..)"
+        } else {
+            "TermInDoubt(never)"
+        })
+    }
 }
 
 /// For this long after a term begins, a node not heard from in it yet is
@@ -310,6 +332,7 @@ impl Nodes {
     ) -> Option<SocketAddr> {
         let (id, identity) = (frame.connection, frame.identity);
         let heard = Heard { frame, at: now };
+        self.silenced.remove(node);
         // The earlier connection counts while it is still attached (one
         // that closed was a process that ended, not a twin).
         let open = |before: &Heard| self.attached.get(node) == Some(&before.frame.connection);
@@ -355,9 +378,11 @@ impl Nodes {
         (attached && signed && heard.fresh(now)) || self.doubts_itself(now)
     }
 
-    /// Whether every attached agent connection, two or more, went silent
-    /// at `now` (see [`Nodes::vouches`]). A connection that closed is not
-    /// counted: its node's process or host said it is gone.
+    /// Whether every agent connection, two or more, went silent at `now`
+    /// (see [`Nodes::vouches`]): attached and no longer fresh, or closed
+    /// for its silence ([`Nodes::silenced`]) and not heard from since. A
+    /// connection its peer closed is not counted: its node's process or
+    /// host said it is gone.
     fn doubts_itself(&self, now: std::time::Instant) -> bool {
         let mut silent = 0;
         for (node, connection) in &self.attached {
@@ -371,11 +396,34 @@ impl Nodes {
                 _ => {}
             }
         }
+        silent += self
+            .silenced
+            .iter()
+            .filter(|node| !self.attached.contains_key(*node))
+            .count();
         let doubts = silent >= 2;
         if doubts {
             metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
         }
         doubts
+    }
+
+    /// Whether a connection closed for its silence is held back from
+    /// making its node unavailable at `now`: among replicas, while the
+    /// leader's own term is in doubt (its lease not renewed lately) and
+    /// every connection went silent at once ([`Nodes::doubts_itself`]),
+    /// the leader is the one cut off. Its term ends within the lease, and
+    /// the next leader guards the runs from a fresh view; healed before,
+    /// its connections speak again. Otherwise a blip on the leader's own
+    /// host would fault every run it guards (an operator's trial: a cut
+    /// of 2.5 to 4.2 s did). A lone orchestrator, with nothing to tell
+    /// the two apart, never holds back.
+    pub fn holds_back_silence(&self, now: std::time::Instant) -> bool {
+        self.term_in_doubt
+            .0
+            .as_ref()
+            .is_some_and(|in_doubt| in_doubt())
+            && self.doubts_itself(now)
     }
 
     /// The node signed `addr` (and `generation`): binds them, and returns
@@ -708,6 +756,53 @@ mod tests {
         }
         let last = later + heartbeat * 4;
         assert!(!nodes.vouches(&member(1), last));
+        // Closed for their silence, they are silence still (an operator's
+        // trial: once the cut-off leader closed every silent connection,
+        // it accused every node again until it stepped down).
+        for i in [2u8, 3] {
+            nodes
+                .silenced
+                .insert(NodeId::new(&format!("node-{i}")).unwrap());
+        }
+        assert!(nodes.vouches(&member(1), last));
+        // A frame of node-2 again: this side hears.
+        hear(&mut nodes, 2, last);
+        assert!(!nodes.vouches(&member(1), last));
+        assert!(!nodes.silenced.contains(&NodeId::new("node-2").unwrap()));
+    }
+
+    #[test]
+    fn silence_is_held_back_only_among_replicas_whose_term_is_in_doubt_and_every_connection_silent()
+    {
+        let heartbeat = std::time::Duration::from_millis(500);
+        let start = std::time::Instant::now();
+        let mut nodes = Nodes::default();
+        for i in 1..=2u8 {
+            let node = NodeId::new(&format!("node-{i}")).unwrap();
+            let peer = SocketAddr::from(([10, 0, 0, i], 40000));
+            let identity = (Some(SocketAddr::from(([10, 0, 0, i], 7946))), Some(5));
+            nodes.heard_from(
+                &node,
+                frame(u64::from(i), peer, identity, heartbeat),
+                start,
+                heartbeat * 4,
+            );
+            nodes.attached.insert(node, u64::from(i));
+        }
+        let silent = start + heartbeat * 4;
+        // Alone: never (nothing tells its own cut from the nodes').
+        assert!(!nodes.holds_back_silence(silent));
+        let doubt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::clone(&doubt);
+        nodes.term_in_doubt = TermInDoubt(Some(std::sync::Arc::new(move || {
+            seen.load(std::sync::atomic::Ordering::Relaxed)
+        })));
+        // A replica whose lease renews: the nodes are gone, not it.
+        assert!(!nodes.holds_back_silence(silent));
+        doubt.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(nodes.holds_back_silence(silent));
+        // One connection that speaks: the others are really silent.
+        assert!(!nodes.holds_back_silence(start));
     }
 
     #[test]

@@ -37,6 +37,8 @@ struct FenceState {
     /// A term ended by a refused write: renewing its lease does not
     /// bring it back (the leader steps down, see [`Fence::is_ended`]).
     ended: Option<i64>,
+    /// When the term began or was last renewed.
+    renewed: Option<Instant>,
 }
 
 /// One leadership term.
@@ -60,7 +62,20 @@ impl Fence {
         let mut state = self.lock();
         if state.ended != Some(term.created) {
             state.current = Some(term);
+            state.renewed = Some(Instant::now());
         }
+    }
+
+    /// How long ago the term began or was last renewed, while it lasts:
+    /// renewals that fail or hang (etcd out of this replica's reach) make
+    /// it grow until the term ends.
+    pub fn since_renewed(&self) -> Option<std::time::Duration> {
+        let state = self.lock();
+        state
+            .current
+            .filter(|t| Instant::now() < t.until)
+            .and(state.renewed)
+            .map(|at| at.elapsed())
     }
 
     /// The term is over.

@@ -332,6 +332,14 @@ impl Orchestrator {
         })
     }
 
+    /// Among replicas, whether this orchestrator's term is in doubt (its
+    /// lease not renewed lately): a silent connection is then held back
+    /// while every connection is silent (see
+    /// [`crate::live::nodes::Nodes::holds_back_silence`]).
+    pub(crate) fn doubt_term_when(&self, in_doubt: Arc<dyn Fn() -> bool + Send + Sync>) {
+        lock(&self.nodes).term_in_doubt = crate::live::nodes::TermInDoubt(Some(in_doubt));
+    }
+
     /// Among replicas, the term this orchestrator serves: a pool a reload
     /// adds is served at once under it (set once, by the replica).
     pub(crate) fn serve_added_pools(&self, term: TermPools) {

@@ -347,6 +347,17 @@ impl Replica {
             .await
             {
                 Ok(mut live) => {
+                    // The term is in doubt once a renewal and a half went
+                    // by without one (etcd out of this replica's reach):
+                    // connections all silent then are this replica's own
+                    // cut, not the nodes' (design §15).
+                    let (fence, doubt_after) = (
+                        Arc::clone(&self.fence),
+                        self.config.state.lease / campaign::RENEWALS_PER_TTL * 3 / 2,
+                    );
+                    live.doubt_term_when(Arc::new(move || {
+                        fence.since_renewed().is_none_or(|d| d > doubt_after)
+                    }));
                     // With `[pools.<id>]`, a pool a reload adds is served
                     // under this term too.
                     if !self.config.pools.is_empty() {
