@@ -276,6 +276,7 @@ impl SwimMember {
             bound: &mut self.bound,
             leaving: self.leaving,
             probes: &mut self.probes,
+            started: self.started,
         };
         let replaced = drive::drain(&mut self.runtime, &mut host);
         let changed = drive::track(

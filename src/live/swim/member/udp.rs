@@ -100,6 +100,8 @@ pub(super) struct UdpHost<'a, 'c> {
     pub(super) bound: &'a mut crate::live::swim::reflect::SendBound,
     pub(super) leaving: bool,
     pub(super) probes: &'a mut drive::Probes,
+    /// When the member started.
+    pub(super) started: std::time::Instant,
 }
 
 impl drive::Host for UdpHost<'_, '_> {
@@ -149,7 +151,12 @@ impl drive::Host for UdpHost<'_, '_> {
             }
             OwnedNotification::Rejoin(renewed) => {
                 metrics::counter!("poolgate_swim_rejoins_total").increment(1);
-                if let Some(held) = self.rejoins.allow(std::time::Instant::now()) {
+                let now = std::time::Instant::now();
+                if now.saturating_duration_since(self.started) < JUST_STARTED {
+                    // An operator's trial: a node just started read this
+                    // line, as if it had been declared down.
+                    tracing::debug!(node = %renewed.node, generation = renewed.generation, "rejoined at start under a renewed identity (the cluster still held one of this address as down)");
+                } else if let Some(held) = self.rejoins.allow(now) {
                     tracing::info!(node = %renewed.node, generation = renewed.generation, held, "declared down by the others: rejoined under a renewed identity (its probes went unanswered: heavy packet loss, this process stalled, or, when it repeats every few seconds on a sound network, another member claiming this address: a second process with this node's config, or an insider)");
                 }
                 if let Some(own) = self.own_generation {
@@ -160,6 +167,10 @@ impl drive::Host for UdpHost<'_, '_> {
         }
     }
 }
+
+/// A rejoin this soon after the member started is its start's, not a
+/// declaration that it is down.
+const JUST_STARTED: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(super) fn read(keyring: &RwLock<Keyring>) -> std::sync::RwLockReadGuard<'_, Keyring> {
     keyring
