@@ -296,9 +296,13 @@ impl Listener {
                 }
                 tokio::time::sleep(HELD_LOOK_EVERY).await;
             }
-            // Healed (or its term over): the node, whose own side gave the
-            // connection up meanwhile, is given as long to come back as
-            // its connection was given to speak.
+            if held && fleet.is_stopped() {
+                // The term ended: the next leader guards the runs.
+                return;
+            }
+            // Healed: the node, whose own side gave the connection up
+            // meanwhile, is given as long to come back as its connection
+            // was given to speak.
             if let (true, Some(silence)) = (held, silent) {
                 let until = tokio::time::Instant::now() + silence;
                 while tokio::time::Instant::now() < until
