@@ -1649,30 +1649,28 @@ async fn killed_with_its_command(
 /// ends RUN, whichever pool it is of (exit 0). (An operator's trial: it
 /// wanted `--pool`.)
 async fn ended_without_naming_its_pool(file: &std::path::Path, run: &str) {
-    let ended = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["run", "--end", run, "--config"])
-        .arg(file)
-        .kill_on_drop(true)
-        .output();
-    let ended = tokio::time::timeout(Duration::from_secs(30), ended)
-        .await
-        .expect("run --end answers within 30 s")
-        .unwrap();
-    let said = String::from_utf8_lossy(&ended.stderr);
-    assert_eq!(ended.status.code(), Some(0), "{said}");
+    // `poolgate run --end RUN --config FILE`: its exit code and stderr.
+    let end = |run: String| async move {
+        let ended = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--end", &run, "--config"])
+            .arg(file)
+            .kill_on_drop(true)
+            .output();
+        let ended = tokio::time::timeout(Duration::from_secs(30), ended)
+            .await
+            .expect("run --end answers within 30 s")
+            .unwrap();
+        (
+            ended.status.code(),
+            String::from_utf8_lossy(&ended.stderr).into_owned(),
+        )
+    };
+    let (code, said) = end(run.to_string()).await;
+    assert_eq!(code, Some(0), "{said}");
     assert!(said.contains(&format!("run {run} ended")), "{said}");
     // A run no pool has is refused, naming the pools (exit 4).
-    let unknown = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["run", "--end", "no-such-run", "--config"])
-        .arg(file)
-        .kill_on_drop(true)
-        .output();
-    let unknown = tokio::time::timeout(Duration::from_secs(30), unknown)
-        .await
-        .expect("run --end answers within 30 s")
-        .unwrap();
-    let said = String::from_utf8_lossy(&unknown.stderr);
-    assert_eq!(unknown.status.code(), Some(4), "{said}");
+    let (code, said) = end("no-such-run".to_string()).await;
+    assert_eq!(code, Some(4), "{said}");
     assert!(
         said.contains("not the active run of any pool (a, b)"),
         "{said}"
