@@ -315,13 +315,7 @@ impl Listener {
             if !still_this {
                 return;
             }
-            {
-                let mut known = lock(&nodes);
-                known.attached.remove(&node);
-                if silent.is_some() {
-                    known.silenced.insert(node.clone());
-                }
-            }
+            lock(&nodes).attached.remove(&node);
             tracing::warn!(%node, %peer, "agent connection lost and not reopened: the node is not available until it announces again");
             if let Err(e) = fleet
                 .agent(AgentReport::Unavailable { node: node.clone() })

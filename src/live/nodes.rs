@@ -46,9 +46,6 @@ pub struct Nodes {
     /// When this orchestrator's term began (set by the orchestrator; see
     /// [`TERM_GRACE`]).
     pub term_started: Option<std::time::Instant>,
-    /// Nodes whose agent connection was closed for its silence and that
-    /// have not been heard from since: silent, not gone ([`Nodes::vouches`]).
-    pub silenced: HashSet<NodeId>,
     /// Among replicas, whether the leader's own term is in doubt (its
     /// lease not renewed lately: etcd out of its reach); see
     /// [`Nodes::holds_back_silence`].
@@ -332,7 +329,6 @@ impl Nodes {
     ) -> Option<SocketAddr> {
         let (id, identity) = (frame.connection, frame.identity);
         let heard = Heard { frame, at: now };
-        self.silenced.remove(node);
         // The earlier connection counts while it is still attached (one
         // that closed was a process that ended, not a twin).
         let open = |before: &Heard| self.attached.get(node) == Some(&before.frame.connection);
@@ -358,13 +354,17 @@ impl Nodes {
     /// sends no frames, so it is never vouched for; an impostor at a
     /// node's address is not the identity the node signed.
     ///
-    /// Unless this orchestrator doubts itself: when every one of two or
-    /// more attached connections went silent at once, the likelier cause
-    /// is here (this host cut off, this process stalled), and accusing
-    /// every node would outlive the cause: once healed, the news would
-    /// make every node renew its identity. Then every member is vouched
-    /// for, as a follower does (counted: `poolgate_swim_self_doubt_total`);
-    /// a node that is really gone still ends as its connection does.
+    /// Unless the silence is not the member's own: when no other node
+    /// has spoken since the member's frame was due (two or more heard in
+    /// this term), the likelier cause is here (this host cut off, this
+    /// process stalled), and accusing every node would outlive the cause:
+    /// once healed, the news would make every node renew its identity.
+    /// Then it is vouched for, as a follower does (counted:
+    /// `poolgate_swim_self_doubt_total`); a node that is really gone still
+    /// ends as its connection does. (An operator's trial: with "every
+    /// connection stale" as the rule, a probe just after a cut found one
+    /// node's frame 0.9 s old and another's 0.56 s old, still fresh, and
+    /// the leader suspected the first.)
     pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
         let Some(heard) = self.heard.get(probed.node.as_str()) else {
             // Not heard from in this term: vouched for while it begins.
@@ -375,33 +375,31 @@ impl Nodes {
         };
         let attached = self.attached.get(probed.node.as_str()) == Some(&heard.frame.connection);
         let signed = heard.frame.identity == (Some(probed.addr), Some(probed.generation));
-        (attached && signed && heard.fresh(now)) || self.doubts_itself(now)
+        if !signed {
+            // Another identity at its address: vouched for only when
+            // nobody is heard at all.
+            return self.doubts_itself(now);
+        }
+        if attached && heard.fresh(now) {
+            return true;
+        }
+        let due = heard.at + heard.frame.heartbeat.min(VOUCH_HEARTBEAT_LIMIT) + VOUCH_SLACK;
+        let others_spoke = self
+            .heard
+            .iter()
+            .any(|(node, other)| node.as_str() != probed.node && other.at > due);
+        let doubts = self.heard.len() >= 2 && !others_spoke;
+        if doubts {
+            metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
+        }
+        doubts
     }
 
-    /// Whether every agent connection, two or more, went silent at `now`
-    /// (see [`Nodes::vouches`]): attached and no longer fresh, or closed
-    /// for its silence ([`Nodes::silenced`]) and not heard from since. A
-    /// connection its peer closed is not counted: its node's process or
-    /// host said it is gone.
+    /// Whether no node is heard at `now`, two or more heard in this term:
+    /// none of their latest frames, on a connection open or closed since,
+    /// is fresh (see [`Nodes::vouches`]).
     fn doubts_itself(&self, now: std::time::Instant) -> bool {
-        let mut silent = 0;
-        for (node, connection) in &self.attached {
-            match self.heard.get(node) {
-                Some(heard) if heard.frame.connection == *connection => {
-                    if heard.fresh(now) {
-                        return false;
-                    }
-                    silent += 1;
-                }
-                _ => {}
-            }
-        }
-        silent += self
-            .silenced
-            .iter()
-            .filter(|node| !self.attached.contains_key(*node))
-            .count();
-        let doubts = silent >= 2;
+        let doubts = self.heard.len() >= 2 && !self.heard.values().any(|h| h.fresh(now));
         if doubts {
             metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
         }
@@ -704,13 +702,13 @@ mod tests {
     }
 
     #[test]
-    fn an_orchestrator_whose_every_connection_went_silent_doubts_itself() {
+    fn an_orchestrator_hearing_nobody_since_a_node_was_due_doubts_itself() {
         // Cut off, it would accuse every node, and the news, once healed,
-        // would make every node renew. With two or more attached
-        // connections all silent, it vouches for every member; one node
-        // silent among live ones is still not vouched for, nor one whose
-        // connection closed.
+        // would make every node renew. A node is accused only when another
+        // spoke after its own frame was due; one silent among live ones is
+        // accused, every one silent at once is not.
         let heartbeat = std::time::Duration::from_millis(500);
+        let ms = std::time::Duration::from_millis;
         let start = std::time::Instant::now();
         let mut nodes = Nodes::default();
         let member = |i: u8| crate::live::swim::SwimIdentity {
@@ -733,42 +731,54 @@ mod tests {
         for i in 1..=3 {
             hear(&mut nodes, i, start);
         }
-        let silent = start + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
+        let silent = start + heartbeat + VOUCH_SLACK + ms(1);
         // node-2 and node-3 still speak: node-1 alone went silent.
         hear(&mut nodes, 2, silent);
         hear(&mut nodes, 3, silent);
         assert!(!nodes.vouches(&member(1), silent));
         assert!(nodes.vouches(&member(2), silent));
         // Then every connection went silent at once: the fault is likelier here.
-        let later = silent + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
-        for i in 1..=3 {
+        let later = silent + heartbeat + VOUCH_SLACK + ms(1);
+        for i in 2..=3 {
             assert!(nodes.vouches(&member(i), later), "node-{i}");
         }
-        // One live connection among them is evidence that this side hears.
-        hear(&mut nodes, 3, later);
+        // node-1 went silent first, while the others spoke: still accused.
         assert!(!nodes.vouches(&member(1), later));
-        // Connections that closed are not silence: node-2's and node-3's
-        // processes are gone, and node-1 alone proves nothing.
+        // The operator's trial: the cut comes between heartbeats, so when
+        // the probe of node-2 goes unanswered its frame is 0.9 s old and
+        // node-3's only 0.56 s (still fresh). Nobody spoke after node-2
+        // was due: not its own silence.
+        let cut = later + ms(100);
+        hear(&mut nodes, 2, cut - ms(388));
+        hear(&mut nodes, 3, cut - ms(39));
+        let probed = cut + ms(517);
+        assert!(nodes.vouches(&member(2), probed));
+        // Connections closed since (for their silence, or by their peer)
+        // change nothing: a node accused is one that went silent while
+        // another spoke.
         for i in [2u8, 3] {
             nodes
                 .attached
                 .remove(&NodeId::new(&format!("node-{i}")).unwrap());
         }
-        let last = later + heartbeat * 4;
-        assert!(!nodes.vouches(&member(1), last));
-        // Closed for their silence, they are silence still (an operator's
-        // trial: once the cut-off leader closed every silent connection,
-        // it accused every node again until it stepped down).
-        for i in [2u8, 3] {
-            nodes
-                .silenced
-                .insert(NodeId::new(&format!("node-{i}")).unwrap());
-        }
-        assert!(nodes.vouches(&member(1), last));
-        // A frame of node-2 again: this side hears.
-        hear(&mut nodes, 2, last);
-        assert!(!nodes.vouches(&member(1), last));
-        assert!(!nodes.silenced.contains(&NodeId::new("node-2").unwrap()));
+        let closed = cut + heartbeat * 5;
+        assert!(nodes.vouches(&member(2), closed));
+        assert!(nodes.vouches(&member(3), closed));
+        // node-3 speaks again, past node-2's due: node-2's silence is its own.
+        hear(&mut nodes, 3, closed);
+        assert!(!nodes.vouches(&member(2), closed));
+        // An identity the node did not sign is vouched for only when
+        // nobody is heard at all.
+        let impostor = crate::live::swim::SwimIdentity {
+            generation: 9,
+            ..member(3)
+        };
+        assert!(!nodes.vouches(&impostor, closed));
+        assert!(nodes.vouches(&impostor, closed + heartbeat * 2));
+        // One node heard in all: nothing to compare with.
+        let mut alone = Nodes::default();
+        hear(&mut alone, 1, start);
+        assert!(!alone.vouches(&member(1), start + heartbeat * 3));
     }
 
     #[test]
