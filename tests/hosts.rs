@@ -806,14 +806,19 @@ fn replicas_on_etcd_a_leader_cut_off_for_seconds_and_healed_faults_no_run() {
     };
     let (watch, _nodes, mut run, _id) = watch_leads_and_run_commits(&rig, &deployment, "615");
     until_sleeping("615", 1, Duration::from_secs(5));
-    rig.isolate(1);
-    std::thread::sleep(Duration::from_secs(4));
-    rig.heal(1);
-    if let Some(harm) = harmed_within(&mut run, Duration::from_secs(10)) {
-        panic!(
-            "a 4 s cut of the leader harmed a run on untouched nodes: {harm}\nleader:\n{}",
-            watch.stderr()
-        );
+    // A second trial: most cuts of 3 s faulted a run `suspect` (a
+    // probe just after the cut, one node's frame stale and another's
+    // still fresh). Cuts of 4 s and 3 s, three times.
+    for cut in [4, 3, 3, 3] {
+        rig.isolate(1);
+        std::thread::sleep(Duration::from_secs(cut));
+        rig.heal(1);
+        if let Some(harm) = harmed_within(&mut run, Duration::from_secs(6)) {
+            panic!(
+                "a {cut} s cut of the leader harmed a run on untouched nodes: {harm}\nleader:\n{}",
+                watch.stderr()
+            );
+        }
     }
     assert!(
         !run.stderr().contains("this replica leads"),
