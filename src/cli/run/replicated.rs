@@ -78,6 +78,14 @@ impl ReplicatedKeeper {
                             self.printer.print_told(outcome.event);
                             break;
                         }
+                        Ok(Some(outcome)) if outcome.status == "aborted" && withdrawn(&outcome) => {
+                            // Withdrawn while it planned (`run --end` named
+                            // it): not asked again.
+                            eprintln!("poolgate run: run {run} was withdrawn before it was committed (poolgate run --end): its command was not started");
+                            self.printer.print_told(outcome.event);
+                            let _ = requests.forget(&run).await;
+                            return Ok(Err(EXIT_UNGUARDED));
+                        }
                         Ok(Some(outcome)) if outcome.status == "aborted" => {
                             // Its planning was abandoned (a new leader found
                             // it planning, or readiness was lost under
@@ -292,5 +300,54 @@ impl ReplicatedKeeper {
         }
         let _ = requests.forget(run).await;
         faulted
+    }
+}
+
+/// Whether an `aborted` outcome is a withdrawal (`planning_aborted`,
+/// `withdrawn`: an end asked of the run while it planned), which the
+/// requester must not answer by asking again.
+fn withdrawn(outcome: &crate::live::requests::Outcome) -> bool {
+    matches!(
+        outcome.event,
+        Some(poolgate_actors::core::Event::PlanningAborted {
+            reason: poolgate_actors::core::AbortReason::Withdrawn,
+            ..
+        })
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_withdrawn_run_is_not_asked_again_and_an_abandoned_one_is() {
+        // An operator's trial: `run --end RUN` of a run still planning
+        // withdrew it, and its requester asked again under a new id and
+        // ran its command once the pool was free.
+        let outcome = |reason| crate::live::requests::Outcome {
+            status: "aborted".into(),
+            event: Some(poolgate_actors::core::Event::PlanningAborted {
+                at: poolgate_actors::core::Time::ZERO,
+                pool: poolgate_actors::core::PoolId::new("a").unwrap(),
+                run: RunId::new("r").unwrap(),
+                reason,
+            }),
+            reason: None,
+        };
+        use poolgate_actors::core::AbortReason;
+        assert!(withdrawn(&outcome(AbortReason::Withdrawn)));
+        for asked_again in [
+            AbortReason::Restarted,
+            AbortReason::ReadinessLost,
+            AbortReason::WaitTimeout,
+        ] {
+            assert!(!withdrawn(&outcome(asked_again)), "{asked_again:?}");
+        }
+        let unwritten = crate::live::requests::Outcome {
+            event: None,
+            ..outcome(AbortReason::Withdrawn)
+        };
+        assert!(!withdrawn(&unwritten));
     }
 }
