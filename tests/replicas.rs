@@ -764,6 +764,96 @@ fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
     });
 }
 
+#[test]
+fn a_required_node_restarted_while_no_replica_leads_faults_the_restored_run() {
+    // An operator's finding: the leader killed, and a required node
+    // killed and started again before any replica led; the new leader
+    // never heard the first process go, saw the second ready with the
+    // committed identity, and confirmed the run. Its first frame is of
+    // another life of sequences than the store held: the run faults.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("unheard");
+    live_for(Duration::from_secs(60), async {
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        let epoch = ready(&mut events).await;
+        let run = poolgate::core::RunId::new("over-a-restart").unwrap();
+        live.gate
+            .begin_planning(run.clone(), Some(epoch))
+            .await
+            .unwrap();
+        live.gate
+            .commit_plan(run.clone(), vec![common::node("node-1")], Some(epoch))
+            .await
+            .unwrap();
+        // The node's frames are in etcd (written as they rise).
+        stored_sequence_of(&server, &first, "node-1").await;
+        let mut b = Replica::start(&second).unwrap();
+        b.warm_up().await.unwrap();
+        live.stop().await;
+        a.resign();
+        // No replica leads: node-1 is killed and started again.
+        cluster.kill(0);
+        cluster.spawn(0).unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+            .await
+            .expect("b leads")
+            .unwrap();
+        let mut events = next.gate.subscribe();
+        assert_eq!(next.gate.report().await.unwrap().run, Some(run.clone()));
+        let faulted = tokio::time::timeout(
+            Duration::from_secs(8),
+            common::live::until(&mut events, |e| match e {
+                Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await
+        .expect("the run faults before the restore grace ends, not confirmed");
+        assert_eq!(
+            (faulted.0.as_str(), faulted.1),
+            ("node-1", poolgate::core::Reason::Faulted)
+        );
+        // The node itself is fine: the pool is ready again.
+        ready(&mut events).await;
+        next.stop().await;
+        b.resign();
+    });
+}
+
+/// Waits (bounded) until etcd holds a frame sequence of `node` under
+/// `config`'s prefix.
+async fn stored_sequence_of(server: &etcd::Etcd, config: &Config, node: &str) {
+    let prefix = format!("/poolgate/{}/{}/", config.swim.label, pool_of(config));
+    let store = EtcdStore::new(
+        Arc::new(server.client()),
+        &prefix,
+        &config.swim.label,
+        &pool_of(config),
+        Arc::new(Fence::default()),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stored = poolgate::state::OrchestratorStore::sequences(&store).unwrap_or_default();
+        if stored.keys().any(|k| k.split('@').next() == Some(node)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sequence of {node} stored: {stored:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn pool_of(config: &Config) -> String {
+    config.pool.id().to_string()
+}
+
 /// Ends `replica`'s term as a lapsed lease would (its `leader` key, the
 /// full key `leader`, deleted on `server`), stops the term's
 /// orchestrator `live`, and leads again: the next term's orchestrator.

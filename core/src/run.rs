@@ -250,7 +250,9 @@ impl RunGuard {
     /// A committed run restored after a restart of the gate (design §9): it
     /// is guarded again, and each required node must be seen ready with its
     /// committed fingerprint by `confirm_by`, else the run faults
-    /// (`unconfirmed`); a different fingerprint is `identity_changed`.
+    /// (`unconfirmed`); a different fingerprint is `identity_changed`, and
+    /// a node's own word that it is lost (a fault, or its availability
+    /// withdrawn) faults the run at once.
     pub fn restored(
         run: RunId,
         pool: PoolId,
@@ -324,6 +326,14 @@ impl RunGuard {
                 if self.unconfirmed.is_empty() {
                     self.confirm_by = None;
                 }
+            } else if matches!(
+                change.reason,
+                super::node::Reason::Faulted | super::node::Reason::Unavailable
+            ) {
+                // The node's own word that it is lost (a fault, or the
+                // availability it gave since the restart withdrawn): not a
+                // view still forming, so the grace is not waited out.
+                return self.fault(at, node, change.reason, out);
             }
             // Not seen ready yet: the grace period is still running.
             return;
@@ -553,6 +563,54 @@ mod tests {
             before: Verdict::default(),
             after: Verdict::NOTHING_KNOWN,
             fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn a_restored_run_waits_for_a_view_still_forming_but_not_for_a_node_that_says_it_is_lost() {
+        let restored = || {
+            RunGuard::restored(
+                RunId::new("r").unwrap(),
+                PoolId::new("p").unwrap(),
+                Epoch(3),
+                vec![(node("a"), None), (node("b"), None)],
+                PlanningPolicy {
+                    on_readiness_lost: OnReadinessLost::Wait,
+                    wait_timeout: None,
+                },
+                t(5000),
+            )
+        };
+        let mut out = Vec::new();
+        // Not live yet, suspected, declared dead by a view that is still
+        // forming: waited for, until the grace ends.
+        for reason in [
+            Reason::Dead,
+            Reason::Suspect,
+            Reason::NoIdentity,
+            Reason::Unknown,
+        ] {
+            let mut g = restored();
+            g.node_changed(t(10), &node("a"), &lost(reason), &mut out);
+            assert!(out.is_empty(), "{reason:?}: {out:?}");
+            assert_eq!(g.confirm_by(), Some(t(5000)));
+        }
+        // The node's own word: a fault, or the availability it gave since
+        // withdrawn, faults the run at once.
+        for reason in [Reason::Faulted, Reason::Unavailable] {
+            let mut g = restored();
+            g.node_changed(t(10), &node("b"), &lost(reason), &mut out);
+            assert!(
+                matches!(
+                    out.as_slice(),
+                    [Event::RunFaulted { at, node: n, reason: r, .. }]
+                        if *at == t(10) && *n == node("b") && *r == reason
+                ),
+                "{reason:?}: {out:?}"
+            );
+            assert!(g.is_ended());
+            assert_eq!(g.confirm_by(), None);
+            out.clear();
         }
     }
 

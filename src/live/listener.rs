@@ -426,7 +426,11 @@ impl Listener {
                         std::time::Duration::from_millis,
                     ),
                 };
-                let new_process = nodes.new_process(&node, &frame);
+                let new_process = if nodes.replaced_since_stored(&node, &frame) {
+                    Some(Replaced::SinceStored)
+                } else {
+                    nodes.new_process(&node, &frame).then_some(Replaced::InTerm)
+                };
                 let twin = nodes.heard_from(&node, frame, std::time::Instant::now(), silence);
                 (nodes.attached.insert(node.clone(), id), twin, new_process)
             };
@@ -528,15 +532,14 @@ impl Listener {
 
     /// Turns a node's announced state into the gate's agent input; the gate
     /// ignores what repeats the view. `new_process`: it comes from another
-    /// process than the one that signed the node's identity before in this
-    /// term ([`Nodes::new_process`]); the one it replaces is gone, however
+    /// process than the one before it; the one it replaces is gone, however
     /// soon the new one connected (within the lost-connection grace, a
     /// crash would pass unseen).
     async fn apply(
         &self,
         node: &NodeId,
         state: Announcement,
-        new_process: bool,
+        new_process: Option<Replaced>,
     ) -> Result<(), poolgate_actors::GateError> {
         let (bound, leaving_incarnation) = {
             let mut known = lock(&self.nodes);
@@ -555,9 +558,22 @@ impl Listener {
         // One frame, one input: what it says is applied in this order, at
         // one instant, in one trip to the node's actor.
         let mut observations = Vec::new();
-        if new_process {
-            tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity from a new process (another connection, another life of its sequences): unavailable until the new identity is seen alive");
-            observations.push(Observation::Unavailable);
+        match new_process {
+            Some(Replaced::InTerm) => {
+                tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity from a new process (another connection, another life of its sequences): unavailable until the new identity is seen alive");
+                observations.push(Observation::Unavailable);
+            }
+            Some(Replaced::SinceStored) => {
+                // Nothing heard it go: told as a fault, which a restored
+                // run's required node does not wait out (design §9), and
+                // cleared by the frame's own state below.
+                tracing::warn!(%node, "the node's process was replaced since the last frame the state store holds (restarted while no orchestrator heard it): told as a fault, which a run that requires it does not survive");
+                metrics::counter!("poolgate_agent_replaced_unheard_total").increment(1);
+                observations.push(Observation::Faulted {
+                    reason: FaultReason::new(REPLACED_UNHEARD),
+                });
+            }
+            None => {}
         }
         if let Some((addr, latest)) = bound {
             // A node this member may not know (it restarted, or this
@@ -602,6 +618,20 @@ impl Listener {
         Ok(())
     }
 }
+
+/// How a node's frame comes from another process than the one before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replaced {
+    /// It signs a new SWIM identity in this term ([`Nodes::new_process`]).
+    InTerm,
+    /// Its first frame in this term is of another life than the state
+    /// store held ([`Nodes::replaced_since_stored`]).
+    SinceStored,
+}
+
+/// The fault a node replaced unheard is told with.
+const REPLACED_UNHEARD: &str =
+    "its process was replaced since the last frame the state store holds";
 
 impl Listener {
     /// The listener of an orchestrator over `gate`, `swim`, `registry`

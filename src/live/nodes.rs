@@ -23,6 +23,11 @@ use super::swim::tracker::SwimFact;
 pub struct Nodes {
     /// The last sequence accepted per node (replay protection).
     pub last_seq: HashMap<NodeId, u64>,
+    /// The life of each node's last sequence as the state store held it
+    /// when this term began, until the node's first frame in the term: a
+    /// first frame of another life comes from a process started since
+    /// ([`Nodes::replaced_since_stored`]).
+    pub stored_life: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
     pub leaving: HashSet<NodeId>,
     /// The SWIM identity each node signed in its latest frame (address,
@@ -293,6 +298,31 @@ impl Nodes {
             // Held until the node signs its identity.
             None => Kept::Held,
         }
+    }
+
+    /// The last sequences the state store held when this term began
+    /// (replay protection across restarts and takeovers), and the life of
+    /// each, for [`Nodes::replaced_since_stored`].
+    pub fn restore_sequences(&mut self, stored: HashMap<NodeId, u64>) {
+        self.stored_life = stored
+            .iter()
+            .map(|(node, seq)| (node.clone(), seq >> super::wire::COUNTER_BITS))
+            .collect();
+        self.last_seq = stored;
+    }
+
+    /// Whether `frame`, `node`'s first accepted in this term, comes from
+    /// another process than the one whose frames the state store held
+    /// when the term began: another life of sequences (design §9). The
+    /// process the store knew is gone, though nobody heard it go (it was
+    /// killed and started again while no orchestrator led, or before it
+    /// reconnected to this one). A counter that wrapped into its next life
+    /// in that gap reads the same, and fails safe. Asked of every frame;
+    /// only a node's first in the term can answer yes.
+    pub fn replaced_since_stored(&mut self, node: &NodeId, frame: &FrameHeard) -> bool {
+        self.stored_life
+            .remove(node)
+            .is_some_and(|life| life != frame.life)
     }
 
     /// Whether `frame` of `node` comes from another process than the one
@@ -649,6 +679,40 @@ mod tests {
             identity,
             heartbeat,
         }
+    }
+
+    #[test]
+    fn a_first_frame_of_another_life_than_the_store_held_is_a_process_replaced_unheard() {
+        // Design §9: the store held node-1's sequence in life 7 and
+        // node-2's in life 3 when the term began.
+        let (one, two, three) = (
+            NodeId::new("node-1").unwrap(),
+            NodeId::new("node-2").unwrap(),
+            NodeId::new("node-3").unwrap(),
+        );
+        let mut nodes = Nodes::default();
+        let counter = 1 << crate::live::wire::COUNTER_BITS;
+        nodes.restore_sequences(
+            [(one.clone(), 7 * counter + 41), (two.clone(), 3 * counter)]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(nodes.last_seq[&one], 7 * counter + 41, "replay protection");
+        let peer = SocketAddr::from(([10, 0, 0, 2], 40000));
+        let in_life = |life| FrameHeard {
+            life,
+            ..frame(1, peer, (None, None), std::time::Duration::from_secs(1))
+        };
+        // The same process reconnected: its life.
+        assert!(!nodes.replaced_since_stored(&one, &in_life(7)));
+        // Only a node's first frame in the term answers: later lives are
+        // told by `new_process`.
+        assert!(!nodes.replaced_since_stored(&one, &in_life(8)));
+        // Started again while nobody heard: another life.
+        assert!(nodes.replaced_since_stored(&two, &in_life(5)));
+        assert!(!nodes.replaced_since_stored(&two, &in_life(5)));
+        // Nothing stored of a node: nothing to tell it from.
+        assert!(!nodes.replaced_since_stored(&three, &in_life(1)));
     }
 
     #[test]

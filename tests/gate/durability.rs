@@ -133,6 +133,38 @@ fn a_restored_run_faults_unconfirmed_exactly_at_the_grace_or_on_another_identity
 }
 
 #[test]
+fn a_restored_run_faults_at_once_when_an_unconfirmed_node_reports_a_fault() {
+    // A required node that says it is faulted is lost, confirmed or not:
+    // the run does not wait for the grace to end (design §9).
+    let dir = scratch("unconfirmed-fault");
+    replay(
+        &dir,
+        "s.db",
+        &format!("{}{COMMIT}", ready(&["a", "b", "c"], "AQID")),
+    )
+    .unwrap();
+    let fault = "{\"at_ms\":0,\"type\":\"faulted\",\"node\":\"b\",\"reason\":\"restarted\"}\n\
+                 {\"at_ms\":0,\"type\":\"recovered\",\"node\":\"b\"}\n";
+    let second = replay(
+        &dir,
+        "s.db",
+        &format!(
+            "{}{fault}{}",
+            ready(&["a", "c"], "AQID"),
+            ready(&["b"], "AQID")
+        ),
+    )
+    .unwrap();
+    let faulted = named(&second, "run_faulted");
+    assert_eq!(faulted.len(), 1, "{second:?}");
+    assert_eq!(
+        (faulted[0]["node"].as_str(), faulted[0]["reason"].as_str()),
+        (Some("b"), Some("faulted"))
+    );
+    assert_eq!(faulted[0]["at_ms"], 0, "at once, not at the grace's end");
+}
+
+#[test]
 fn a_restored_planning_run_is_aborted_restarted() {
     let dir = scratch("planning");
     let plan = format!(

@@ -226,7 +226,7 @@ impl Orchestrator {
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
-            lock(&nodes).last_seq = restore_sequences(stored, &registered);
+            lock(&nodes).restore_sequences(restore_sequences(stored, &registered));
             tasks.push(actix::spawn(keep_sequences(
                 store,
                 Arc::clone(&nodes),
