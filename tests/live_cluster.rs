@@ -508,52 +508,112 @@ fn an_interrupted_demo_reaps_every_node_process() {
 
 #[test]
 fn an_orchestrator_killed_right_after_a_commit_continues_its_epochs_and_guards_the_run() {
-    let mut plan = plan(2);
-    plan.external_orchestrator = true;
     live(async {
-        let state_dir =
-            std::env::temp_dir().join(format!("poolgate-restart-{}", std::process::id()));
-        std::fs::create_dir_all(&state_dir).unwrap();
-        let mut plan = plan.clone();
-        plan.base.state.path = Some(state_dir.join("state.db"));
-        plan.base.state.restore_grace = Duration::from_secs(20);
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        for i in 0..cluster.nodes.len() {
-            cluster.spawn(i).unwrap();
-        }
-        let (mut run, pid_file) = poolgate_run(&cluster, "node-1");
-        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
-        let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
-        // The orchestrator dies at once; its guarded command is orphaned.
-        run.kill().await.unwrap();
-        let _ = run.wait().await;
-        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-            if let Ok(pid) = pid.trim().parse::<i32>() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
-        // Started again on the same state: epochs continue, the run is
-        // guarded again, and a crash of its required node faults it.
-        let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("watch")
-            .arg("--config")
-            .arg(&cluster.config_file)
-            .args(["--json", "--timeout", "30s"])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
-        let ready = until_line(&mut lines, |v| v["event"] == "pool_ready").await;
-        assert!(ready["epoch"].as_u64().unwrap() > committed["epoch"].as_u64().unwrap());
-        cluster.kill(0);
-        let faulted = until_line(&mut lines, |v| v["event"] == "run_faulted").await;
-        assert_eq!(faulted["run"], committed["run"]);
+        let mut restarted = killed_after_a_commit_then_watched(|_| {}).await;
+        let ready = until_line(&mut restarted.lines, |v| v["event"] == "pool_ready").await;
+        assert!(ready["epoch"].as_u64().unwrap() > restarted.committed["epoch"].as_u64().unwrap());
+        restarted.cluster.kill(0);
+        let faulted = until_line(&mut restarted.lines, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["run"], restarted.committed["run"]);
         assert_eq!(faulted["node"], "node-1");
-        watch.kill().await.unwrap();
-        let _ = std::fs::remove_dir_all(&state_dir);
+        restarted.end().await;
     });
 }
+
+#[test]
+fn a_required_node_restarted_while_its_orchestrator_was_down_faults_the_restored_run() {
+    // Nobody heard node-1's first process go: its new process's first
+    // frame is of another life than the state file holds.
+    live(async {
+        let mut restarted = killed_after_a_commit_then_watched(|cluster| {
+            cluster.kill(0);
+            cluster.spawn(0).unwrap();
+        })
+        .await;
+        let faulted = until_line(&mut restarted.lines, |v| v["event"] == "run_faulted").await;
+        assert_eq!(faulted["run"], restarted.committed["run"]);
+        assert_eq!(
+            (faulted["node"].as_str(), faulted["reason"].as_str()),
+            (Some("node-1"), Some("faulted"))
+        );
+        assert!(
+            faulted["at_ms"].as_u64().unwrap() < 20_000,
+            "before the restore grace ends: {faulted}"
+        );
+        restarted.end().await;
+    });
+}
+
+/// An orchestrator restarted on its state file after a crash.
+struct Restarted {
+    cluster: LocalCluster,
+    watch: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    /// The run it committed before the crash (its `run_committed`).
+    committed: serde_json::Value,
+    state_dir: std::path::PathBuf,
+}
+
+impl Restarted {
+    async fn end(mut self) {
+        self.watch.kill().await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Two nodes and a `run` over node-1 with a state file (restore grace
+/// 20 s), SIGKILLed (and its guarded command) once the run is committed;
+/// `between` is done to the cluster while no orchestrator runs; then a
+/// `watch` started on the same state, its events read as they come.
+async fn killed_after_a_commit_then_watched(between: impl FnOnce(&mut LocalCluster)) -> Restarted {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    let state_dir = std::env::temp_dir().join(format!(
+        "poolgate-restart-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&state_dir).unwrap();
+    plan.base.state.path = Some(state_dir.join("state.db"));
+    plan.base.state.restore_grace = Duration::from_secs(20);
+    let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+    for i in 0..cluster.nodes.len() {
+        cluster.spawn(i).unwrap();
+    }
+    let (mut run, pid_file) = poolgate_run(&cluster, "node-1");
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    let committed = until_line(&mut lines, |v| v["event"] == "run_committed").await;
+    // The node's frames are in the state file: written every 100 ms, and
+    // the pool was ready only after its 300 ms window.
+    // The orchestrator dies at once; its guarded command is orphaned.
+    run.kill().await.unwrap();
+    let _ = run.wait().await;
+    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    between(&mut cluster);
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("watch")
+        .arg("--config")
+        .arg(&cluster.config_file)
+        .args(["--json", "--timeout", "30s"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    Restarted {
+        cluster,
+        watch,
+        lines,
+        committed,
+        state_dir,
+    }
+}
+
+static NEXT_DIR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 #[test]
 fn start_errors_name_the_socket_and_the_address_or_the_key() {
