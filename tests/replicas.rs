@@ -2769,7 +2769,7 @@ fn a_pool_added_by_a_reload_among_replicas_is_served_from_the_next_term() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-reloaded");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "grown", "50ms", pools);
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server.endpoint, "grown", "50ms", pools);
     let config = pools(&[("a", &["node-1"]), ("b", &["node-2"])]);
     // b removed, c added.
     let reloaded = pools(&[("a", &["node-1"]), ("c", &["node-1", "node-2"])]);
@@ -2814,7 +2814,7 @@ fn a_replica_whose_pools_state_lives_under_another_prefix_refuses_to_start_and_n
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("moved-prefix");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "moved", "20ms", pools);
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server.endpoint, "moved", "20ms", pools);
     let first = pools(&[("b", &["node-1"])]);
     let grown = pools(&[("a", &["node-2"]), ("b", &["node-1"])]);
     let b = poolgate::core::PoolId::new("b").unwrap();
@@ -2859,7 +2859,7 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-live");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "live", "20ms", pools);
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server.endpoint, "live", "20ms", pools);
     let config = pools(&[("a", &["node-1"]), ("b", &["node-1"])]);
     let grown = pools(&[("a", &["node-1"]), ("c", &["node-2"])]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
@@ -2939,7 +2939,7 @@ fn a_pool_removed_among_replicas_is_served_only_while_its_run_is_committed() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-removed");
-    let (config, shrunk) = a_and_b_then_a(&server, "gone", &["node-2"]);
+    let (config, shrunk) = a_and_b_then_a(&server.endpoint, "gone", &["node-2"]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
@@ -2990,8 +2990,13 @@ fn a_run_over_a_node_a_reload_took_out_of_the_pool_is_refused_at_once() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-shrunk");
-    let config = pools_config(&server, "shrunk", "20ms", &[("a", &["node-1", "node-2"])]);
-    let shrunk = pools_config(&server, "shrunk", "20ms", &[("a", &["node-1"])]);
+    let config = pools_config(
+        &server.endpoint,
+        "shrunk",
+        "20ms",
+        &[("a", &["node-1", "node-2"])],
+    );
+    let shrunk = pools_config(&server.endpoint, "shrunk", "20ms", &[("a", &["node-1"])]);
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&config).unwrap();
@@ -3042,49 +3047,51 @@ fn a_pool_removed_among_replicas_is_published_as_no_longer_served() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-unserved");
-    let (config, shrunk) = a_and_b_then_a(&server, "unserved", &["node-2"]);
+    let (config, shrunk) = a_and_b_then_a(&server.endpoint, "unserved", &["node-2"]);
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
-    // What the leader published of pool b, waited for until `wanted`.
-    let published_of_b = |wanted: &'static str| {
-        let client = server.client();
-        async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let said: Vec<String> = client
-                    .get_prefix(b"/poolgate/unserved/")
-                    .unwrap()
-                    .into_iter()
-                    .filter(|kv| {
-                        let key = String::from_utf8_lossy(&kv.key);
-                        key.contains("/b/") && key.ends_with("/status")
-                    })
-                    .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
-                    .collect();
-                if said.iter().any(|s| s.contains(wanted)) {
-                    return said;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "b's status never said {wanted}: {said:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
     live_for(Duration::from_secs(60), async {
         let mut replica = Replica::start(&config).unwrap();
         let live = replica.lead(None).await.unwrap();
         poolgate_actors::testing::make_ready_in(&live.fleet, &node("node-2"), b"key")
             .await
             .unwrap();
-        published_of_b("\"ready\"").await;
+        status_of_b_says(&server, "unserved", "\"ready\"").await;
         let said = live.reload(&shrunk).await.unwrap();
         assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
-        let status = published_of_b("removed").await;
+        let status = status_of_b_says(&server, "unserved", "removed").await;
         assert!(
             status.iter().all(|s| !s.contains("\"ready\"")),
             "{status:?}"
         );
+        live.shutdown();
+        replica.resign();
+    });
+}
+
+#[test]
+fn a_pool_removed_while_etcd_is_out_of_reach_is_published_once_it_is_back() {
+    // The leader wrote "removed" once, when the pool went: etcd out of
+    // reach at that moment, and the pool's last status said ready for
+    // the rest of the term.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("pools-unserved-cut");
+    let proxy = etcd::Proxy::start(server.port());
+    let (config, shrunk) = a_and_b_then_a(&proxy.endpoint(), "unservedcut", &["node-2"]);
+    live_for(Duration::from_secs(60), async {
+        let mut replica = Replica::start(&config).unwrap();
+        let live = replica.lead(None).await.unwrap();
+        poolgate_actors::testing::make_ready_in(&live.fleet, &common::node("node-2"), b"key")
+            .await
+            .unwrap();
+        status_of_b_says(&server, "unservedcut", "\"ready\"").await;
+        // Cut for half a second (the 10 s lease rides through it).
+        proxy.set_cut(true);
+        let said = live.reload(&shrunk).await.unwrap();
+        assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.set_cut(false);
+        status_of_b_says(&server, "unservedcut", "removed").await;
         live.shutdown();
         replica.resign();
     });
@@ -3100,7 +3107,7 @@ fn a_replica_started_without_a_pool_whose_run_is_committed_still_guards_the_run(
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("pools-restarted");
-    let (config, shrunk) = a_and_b_then_a(&server, "fresh", &["node-2", "node-3"]);
+    let (config, shrunk) = a_and_b_then_a(&server.endpoint, "fresh", &["node-2", "node-3"]);
     let pool = |id: &str| poolgate::core::PoolId::new(id).unwrap();
     let node = |id: &str| poolgate::core::NodeId::new(id).unwrap();
     live_for(Duration::from_secs(60), async {
@@ -3146,19 +3153,41 @@ fn a_replica_started_without_a_pool_whose_run_is_committed_still_guards_the_run(
 /// the 10 s lease.
 /// The config of pools a (node-1) and b (`b`), in `label`'s 20 ms window,
 /// and the same file with b removed.
-fn a_and_b_then_a(server: &etcd::Etcd, label: &str, b: &[&str]) -> (Config, Config) {
+/// What the leader published of pool b under `label`, once it says
+/// `wanted` (bounded).
+async fn status_of_b_says(server: &etcd::Etcd, label: &str, wanted: &str) -> Vec<String> {
+    let client = server.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let said: Vec<String> = client
+            .get_prefix(format!("/poolgate/{label}/").as_bytes())
+            .unwrap()
+            .into_iter()
+            .filter(|kv| {
+                let key = String::from_utf8_lossy(&kv.key);
+                key.contains("/b/") && key.ends_with("/status")
+            })
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+            .collect();
+        if said.iter().any(|s| s.contains(wanted)) {
+            return said;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b's status never said {wanted}: {said:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn a_and_b_then_a(endpoint: &str, label: &str, b: &[&str]) -> (Config, Config) {
     (
-        pools_config(server, label, "20ms", &[("a", &["node-1"]), ("b", b)]),
-        pools_config(server, label, "20ms", &[("a", &["node-1"])]),
+        pools_config(endpoint, label, "20ms", &[("a", &["node-1"]), ("b", b)]),
+        pools_config(endpoint, label, "20ms", &[("a", &["node-1"])]),
     )
 }
 
-fn pools_config(
-    server: &etcd::Etcd,
-    label: &str,
-    window: &str,
-    pools: &[(&str, &[&str])],
-) -> Config {
+fn pools_config(endpoint: &str, label: &str, window: &str, pools: &[(&str, &[&str])]) -> Config {
     let tables: String = pools
         .iter()
         .map(|(id, members)| {
@@ -3170,8 +3199,7 @@ fn pools_config(
         "{tables}[readiness]\nconvergence_window = \"{window}\"\n\
          [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
          [agents]\nlisten = \"127.0.0.1:0\"\n\
-         [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
-        server.endpoint
+         [state]\netcd = [\"{endpoint}\"]\nlease = \"10s\"\ninsecure = true\n"
     );
     Config::parse(&text, "config.toml").expect("config")
 }
@@ -3199,7 +3227,7 @@ fn a_follower_reloaded_with_a_pool_answers_status_for_it() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("follower-pools");
-    let pools = |pools: &[(&str, &[&str])]| pools_config(&server, "fp", "20ms", pools);
+    let pools = |pools: &[(&str, &[&str])]| pools_config(&server.endpoint, "fp", "20ms", pools);
     let config = pools(&[("a", &["node-1"])]);
     let grown = pools(&[("a", &["node-1"]), ("c", &["node-2"])]);
     let mut follower_config = config.clone();

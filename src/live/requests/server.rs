@@ -60,14 +60,21 @@ pub async fn serve_in(
                 None => {
                     // The gate stopped. A pool a reload removed while
                     // the term lasts says so, or its last status would
-                    // tell requesters it is ready still.
-                    let removed = serving
+                    // tell requesters it is ready still: tried every
+                    // second while it stays removed and the term lasts.
+                    while serving
                         .fleet
                         .as_ref()
-                        .is_some_and(|f| !f.is_stopped() && f.pool(pool.id()).is_none());
-                    if removed {
-                        if let Err(e) = serving.publish_removed(&pool).await {
-                            tracing::warn!(pool = %pool.id(), error = %e, "that the pool is no longer served was not published");
+                        .is_some_and(|f| !f.is_stopped() && f.pool(pool.id()).is_none())
+                    {
+                        match serving.publish_removed(&pool).await {
+                            Ok(()) => break,
+                            Err(e) => {
+                                if let Some(held) = said.allow(std::time::Instant::now()) {
+                                    tracing::warn!(pool = %pool.id(), error = %e, held, "that the pool is no longer served was not published (tried again every second)");
+                                }
+                                tokio::time::sleep(LEADER_LOOK_EVERY).await;
+                            }
                         }
                     }
                     return;
