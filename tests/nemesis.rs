@@ -40,7 +40,10 @@
 //! stored, a requester whose run was committed never exiting, printing
 //! twice, exiting 3 without run_faulted, its command outliving it by 15 s
 //! or a told end by `unguarded_after` + the stop grace, paused or not; (4) a command
-//! running when its `run` exited by itself. It lists (5) `run_faulted`
+//! running when its `run` exited by itself; (6) a node SIGKILLed while a
+//! run requiring it was committed, and that run not ended `run_faulted`
+//! (unless something else ended it within the lease, a second and the
+//! restore grace). It lists (5) `run_faulted`
 //! naming a node no fault had harmed, and notes takeovers slower than the
 //! lease + 1 s, new terms after etcd faults alone, requesters that held
 //! the leader key, and requesters left waiting. A summary line (JSON)
@@ -1151,6 +1154,13 @@ fn free_tcp() -> SocketAddr {
         .expect("a free port")
 }
 
+/// How long a required node's loss may take to fault its run, at most:
+/// across a takeover, the lease and a second, then the restore grace (the
+/// config's 10 s), and room for a loaded machine.
+fn fault_within_ms() -> u64 {
+    (lease_s() + 1 + 10 + 5) * 1000
+}
+
 fn lease_s() -> u64 {
     std::env::var("NEMESIS_LEASE")
         .ok()
@@ -1652,6 +1662,47 @@ fn check(e: &Evidence<'_>) -> Verdict {
             .is_some_and(|harms| harms.iter().any(|&h| h <= x.wall));
         if !harmed {
             unharmed.push(format!("{} {}: {}", t(x.wall), x.who, x.text));
+        }
+    }
+
+    // (6) A required node lost after provisioning began faults the run:
+    // a node SIGKILLed while a run that requires it is committed ends
+    // that run `run_faulted`, unless something else ended it first
+    // (within the time a fault may take: across a takeover, the lease, a
+    // second, and the restore grace).
+    for x in replica_told.iter().filter(|x| x.event == "run_committed") {
+        let run = x.json["run"].as_str().unwrap_or("");
+        let end = replica_told
+            .iter()
+            .filter(|y| y.wall >= x.wall && is_end(&y.event) && y.json["run"] == run)
+            .min_by_key(|y| y.wall);
+        let required = x.json["required"].as_array().cloned().unwrap_or_default();
+        for node in required.iter().filter_map(Value::as_str) {
+            let Some(harms) = node
+                .strip_prefix("node-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| e.node_harm.get(n.wrapping_sub(1)))
+            else {
+                continue;
+            };
+            let until = end.map_or(u64::MAX, |y| y.wall);
+            for &h in harms.iter().filter(|&&h| h > x.wall && h < until) {
+                let faulted = end.is_some_and(|y| y.event == "run_faulted");
+                let raced = end.is_some_and(|y| y.wall <= h + fault_within_ms());
+                if !faulted && !raced {
+                    violations.push(format!(
+                        "(6) {node} killed at {} while run {run} was committed ({} {}): {}",
+                        t(h),
+                        t(x.wall),
+                        x.who,
+                        end.map_or("never ended".to_string(), |y| format!(
+                            "its end, at {}, was {}",
+                            t(y.wall),
+                            y.text
+                        ))
+                    ));
+                }
+            }
         }
     }
 
@@ -2401,6 +2452,25 @@ fn the_checker_flags_each_property_a_history_breaks() {
             replica(1),
             r#"{"event":"run_faulted","run":"r1","node":"node-3","reason":"dead"}"#,
         ),
+        // node-4 killed while r2 was committed over it; r2 went on until
+        // its requester ended it 40 s later.
+        line(
+            6000,
+            replica(1),
+            r#"{"event":"run_committed","run":"r2","epoch":2,"required":["node-4"]}"#,
+        ),
+        line(47000, replica(1), r#"{"event":"run_finished","run":"r2"}"#),
+        // node-1 killed while r3 was committed over it: faulted.
+        line(
+            50000,
+            replica(1),
+            r#"{"event":"run_committed","run":"r3","epoch":3,"required":["node-1"]}"#,
+        ),
+        line(
+            52000,
+            replica(1),
+            r#"{"event":"run_faulted","run":"r3","node":"node-1","reason":"faulted"}"#,
+        ),
     ];
     let version = |revision, text: &str| {
         (
@@ -2444,7 +2514,7 @@ fn the_checker_flags_each_property_a_history_breaks() {
         stops: Vec::new(),
         cuts: Vec::new(),
     }];
-    let node_harm = vec![Vec::new(), Vec::new(), vec![at(4900)], Vec::new()];
+    let node_harm = vec![vec![at(51000)], Vec::new(), vec![at(4900)], vec![at(7000)]];
     let verdict = check(&Evidence {
         start: at(0),
         told: &told,
@@ -2461,6 +2531,7 @@ fn the_checker_flags_each_property_a_history_breaks() {
         "(3) run r1 was told ended",
         "still runs",
         "(4)",
+        "(6) node-4 killed at t=7.00s while run r2 was committed",
     ] {
         assert!(
             flagged(needle),
@@ -2468,6 +2539,11 @@ fn the_checker_flags_each_property_a_history_breaks() {
             verdict.violations
         );
     }
+    assert!(
+        !flagged("(6) node-1"),
+        "r3 faulted: {:#?}",
+        verdict.violations
+    );
     assert_eq!(
         verdict.unharmed_faults.len(),
         1,
