@@ -710,40 +710,13 @@ fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("takeover");
     live_for(Duration::from_secs(60), async {
-        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let (cluster, first, second) = two_replicas_one_node(&server).await;
         let blackhole = unreachable_swim(&cluster);
-
-        let mut a = Replica::start(&first).unwrap();
-        let live = a.lead(None).await.unwrap();
-        let mut events = live.gate.subscribe();
-        cluster.spawn(0).unwrap();
-        let epoch = ready(&mut events).await;
-        let run = poolgate::core::RunId::new("over-a-takeover").unwrap();
-        live.gate
-            .begin_planning(run.clone(), Some(epoch))
-            .await
-            .unwrap();
-        live.gate
-            .commit_plan(run.clone(), vec![common::node("node-1")], Some(epoch))
-            .await
-            .unwrap();
-        let mut b = Replica::start(&second).unwrap();
-        b.warm_up().await.unwrap();
-        live.stop().await;
-        a.resign();
-        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
-            .await
-            .expect("b leads")
-            .unwrap();
-        let mut events = next.gate.subscribe();
-        assert_eq!(
-            next.gate.report().await.unwrap().run,
-            Some(run.clone()),
-            "restored"
-        );
+        let mut taken =
+            committed_then_taken_over(&server, cluster, (&first, &second), |_| {}).await;
         let faulted = tokio::time::timeout(
             Duration::from_secs(8),
-            common::live::until(&mut events, |e| match e {
+            common::live::until(&mut taken.events, |e| match e {
                 Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
                 _ => None,
             }),
@@ -751,15 +724,14 @@ fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
         .await;
         assert!(faulted.is_err(), "the run faulted: {faulted:?}");
         // Still guarded: node-1 killed, the run faults.
-        cluster.kill(0);
-        let faulted = common::live::until(&mut events, |e| match e {
+        taken.cluster.kill(0);
+        let faulted = common::live::until(&mut taken.events, |e| match e {
             Event::RunFaulted { node, .. } => Some(node.clone()),
             _ => None,
         })
         .await;
         assert_eq!(faulted.as_str(), "node-1");
-        next.stop().await;
-        b.resign();
+        taken.end().await;
         drop(blackhole);
     });
 }
@@ -775,39 +747,15 @@ fn a_required_node_restarted_while_no_replica_leads_faults_the_restored_run() {
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("unheard");
     live_for(Duration::from_secs(60), async {
-        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
-        let mut a = Replica::start(&first).unwrap();
-        let live = a.lead(None).await.unwrap();
-        let mut events = live.gate.subscribe();
-        cluster.spawn(0).unwrap();
-        let epoch = ready(&mut events).await;
-        let run = poolgate::core::RunId::new("over-a-restart").unwrap();
-        live.gate
-            .begin_planning(run.clone(), Some(epoch))
-            .await
-            .unwrap();
-        live.gate
-            .commit_plan(run.clone(), vec![common::node("node-1")], Some(epoch))
-            .await
-            .unwrap();
-        // The node's frames are in etcd (written as they rise).
-        stored_sequence_of(&server, &first, "node-1").await;
-        let mut b = Replica::start(&second).unwrap();
-        b.warm_up().await.unwrap();
-        live.stop().await;
-        a.resign();
-        // No replica leads: node-1 is killed and started again.
-        cluster.kill(0);
-        cluster.spawn(0).unwrap();
-        let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
-            .await
-            .expect("b leads")
-            .unwrap();
-        let mut events = next.gate.subscribe();
-        assert_eq!(next.gate.report().await.unwrap().run, Some(run.clone()));
+        let (cluster, first, second) = two_replicas_one_node(&server).await;
+        let mut taken = committed_then_taken_over(&server, cluster, (&first, &second), |cluster| {
+            cluster.kill(0);
+            cluster.spawn(0).unwrap();
+        })
+        .await;
         let faulted = tokio::time::timeout(
             Duration::from_secs(8),
-            common::live::until(&mut events, |e| match e {
+            common::live::until(&mut taken.events, |e| match e {
                 Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
                 _ => None,
             }),
@@ -819,10 +767,69 @@ fn a_required_node_restarted_while_no_replica_leads_faults_the_restored_run() {
             ("node-1", poolgate::core::Reason::Faulted)
         );
         // The node itself is fine: the pool is ready again.
-        ready(&mut events).await;
-        next.stop().await;
-        b.resign();
+        ready(&mut taken.events).await;
+        taken.end().await;
     });
+}
+
+/// A run over node-1 restored by the second replica's term.
+struct TakenOver {
+    cluster: poolgate::cli::cluster::LocalCluster,
+    b: Replica,
+    next: poolgate::live::Orchestrator,
+    events: poolgate::EventStream,
+}
+
+impl TakenOver {
+    async fn end(self) {
+        self.next.stop().await;
+        self.b.resign();
+    }
+}
+
+/// On `cluster` (node-1 not started) and its replicas' configs: the first
+/// leads, node-1 starts, and a run is committed over it once the pool is
+/// ready and its frames are in etcd; the second replica is warmed up; the
+/// first stops (its lease revoked); `meanwhile` is done to the cluster
+/// while no replica leads; then the second leads, the run restored.
+async fn committed_then_taken_over(
+    server: &etcd::Etcd,
+    mut cluster: poolgate::cli::cluster::LocalCluster,
+    (first, second): (&Config, &Config),
+    meanwhile: impl FnOnce(&mut poolgate::cli::cluster::LocalCluster),
+) -> TakenOver {
+    let mut a = Replica::start(first).unwrap();
+    let live = a.lead(None).await.unwrap();
+    let mut events = live.gate.subscribe();
+    cluster.spawn(0).unwrap();
+    let epoch = ready(&mut events).await;
+    let run = poolgate::core::RunId::new("over-a-takeover").unwrap();
+    live.gate
+        .begin_planning(run.clone(), Some(epoch))
+        .await
+        .unwrap();
+    live.gate
+        .commit_plan(run.clone(), vec![common::node("node-1")], Some(epoch))
+        .await
+        .unwrap();
+    stored_sequence_of(server, first, "node-1").await;
+    let mut b = Replica::start(second).unwrap();
+    b.warm_up().await.unwrap();
+    live.stop().await;
+    a.resign();
+    meanwhile(&mut cluster);
+    let next = tokio::time::timeout(Duration::from_secs(10), b.lead(None))
+        .await
+        .expect("b leads")
+        .unwrap();
+    let events = next.gate.subscribe();
+    assert_eq!(next.gate.report().await.unwrap().run, Some(run), "restored");
+    TakenOver {
+        cluster,
+        b,
+        next,
+        events,
+    }
 }
 
 /// Waits (bounded) until etcd holds a frame sequence of `node` under
