@@ -723,14 +723,22 @@ fn a_takeover_faults_no_run_over_a_node_that_has_not_reconnected_yet() {
         )
         .await;
         assert!(faulted.is_err(), "the run faulted: {faulted:?}");
-        // Still guarded: node-1 killed, the run faults.
+        // Still guarded: node-1 killed, its connection's loss faults the
+        // run at once.
         taken.cluster.kill(0);
-        let faulted = common::live::until(&mut taken.events, |e| match e {
-            Event::RunFaulted { node, .. } => Some(node.clone()),
-            _ => None,
-        })
-        .await;
-        assert_eq!(faulted.as_str(), "node-1");
+        let faulted = tokio::time::timeout(
+            Duration::from_secs(3),
+            common::live::until(&mut taken.events, |e| match e {
+                Event::RunFaulted { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            }),
+        )
+        .await
+        .expect("the run faults at once");
+        assert_eq!(
+            (faulted.0.as_str(), faulted.1),
+            ("node-1", poolgate::core::Reason::Unavailable)
+        );
         taken.end().await;
         drop(blackhole);
     });
