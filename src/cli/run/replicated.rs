@@ -111,7 +111,7 @@ impl ReplicatedKeeper {
                             // fault: the command never ran guarded.
                             let faulted = outcome.status == "faulted";
                             if !faulted {
-                                eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed ({}): its command was not started", outcome.status, outcome.reason.clone().unwrap_or_default());
+                                eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed{}: its command was not started", outcome.status, why(&outcome));
                             }
                             self.printer.print_told(outcome.event);
                             let _ = requests.forget(&run).await;
@@ -206,9 +206,9 @@ impl ReplicatedKeeper {
                 };
                 if code == EXIT_UNGUARDED {
                     eprintln!(
-                        "poolgate run: run {run} was {} by the leader ({}): its command is stopped",
+                        "poolgate run: run {run} was {} by the leader{}: its command is stopped",
                         outcome.status,
-                        outcome.reason.clone().unwrap_or_default()
+                        why(&outcome)
                     );
                 }
                 self.printer.print_told(outcome.event);
@@ -303,6 +303,17 @@ impl ReplicatedKeeper {
     }
 }
 
+/// Why the leader ended a run, as a requester says it: the outcome's
+/// reason in parentheses; a run finished with no reason had its end asked
+/// (`run --end`); nothing when there is nothing to say.
+fn why(outcome: &crate::live::requests::Outcome) -> String {
+    match (&outcome.reason, outcome.status.as_str()) {
+        (Some(reason), _) if !reason.is_empty() => format!(" ({reason})"),
+        (_, "finished") => " (its end was asked: `run --end`)".to_string(),
+        _ => String::new(),
+    }
+}
+
 /// Whether an `aborted` outcome is a withdrawal (`planning_aborted`,
 /// `withdrawn`: an end asked of the run while it planned), which the
 /// requester must not answer by asking again.
@@ -319,6 +330,27 @@ fn withdrawn(outcome: &crate::live::requests::Outcome) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_ended_by_the_leader_is_said_with_its_reason_and_never_with_empty_parentheses() {
+        // An operator's trial: `run --end RUN` of a committed run; its
+        // requester said "was finished by the leader (): …".
+        let outcome = |status: &str, reason: Option<&str>| crate::live::requests::Outcome {
+            status: status.into(),
+            event: None,
+            reason: reason.map(str::to_string),
+        };
+        assert_eq!(
+            why(&outcome("finished", None)),
+            " (its end was asked: `run --end`)"
+        );
+        assert_eq!(
+            why(&outcome("ended", Some("its requester is gone"))),
+            " (its requester is gone)"
+        );
+        assert_eq!(why(&outcome("aborted", None)), "");
+        assert_eq!(why(&outcome("aborted", Some(""))), "");
+    }
 
     #[test]
     fn a_withdrawn_run_is_not_asked_again_and_an_abandoned_one_is() {
