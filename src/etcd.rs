@@ -276,6 +276,20 @@ impl Etcd {
         }
     }
 
+    /// How long lease `id` has left and the TTL it was granted, `None` if
+    /// it is gone. What is left is full again after each renewal: a lease
+    /// whose holder stopped renewing it shows the time since.
+    pub fn time_to_live(&self, id: i64) -> Result<Option<(Duration, Duration)>, EtcdError> {
+        let answer = self.call("/v3/lease/timetolive", &json!({ "ID": id.to_string() }))?;
+        let (left, granted) = (int(&answer["TTL"]), int(&answer["grantedTTL"]));
+        Ok((left > 0 && granted > 0).then(|| {
+            (
+                Duration::from_secs(left.unsigned_abs()),
+                Duration::from_secs(granted.unsigned_abs()),
+            )
+        }))
+    }
+
     /// Ends lease `id` at once (its keys go with it).
     pub fn revoke(&self, id: i64) -> Result<(), EtcdError> {
         self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }))

@@ -840,17 +840,46 @@ async fn committed_then_taken_over(
     }
 }
 
-/// Waits (bounded) until etcd holds a frame sequence of `node` under
-/// `config`'s prefix.
-async fn stored_sequence_of(server: &etcd::Etcd, config: &Config, node: &str) {
+/// Asks for `run` over node-1 as a requester does (its request and its
+/// presence on a lease of `ttl`), and leaves the lease to expire as a
+/// requester SIGKILLed right after would (a dropped `Session` revokes it).
+fn asked_by_a_requester_killed_at_once(
+    server: &etcd::Etcd,
+    config: &Config,
+    run: &poolgate::core::RunId,
+    ttl: Duration,
+) {
+    let store = store_of(server, config);
+    let (lease, _) = store.etcd().grant(ttl).unwrap();
+    let body = serde_json::json!({ "required": ["node-1"], "lease": lease }).to_string();
+    store
+        .put_raw_all(
+            &[
+                (&format!("alive/{run}"), b"{}"),
+                (&format!("requests/{run}"), body.as_bytes()),
+            ],
+            lease,
+        )
+        .unwrap();
+}
+
+/// A store on `config`'s prefix, bound to no term (it reads, and writes
+/// what needs no term).
+fn store_of(server: &etcd::Etcd, config: &Config) -> EtcdStore {
     let prefix = format!("/poolgate/{}/{}/", config.swim.label, pool_of(config));
-    let store = EtcdStore::new(
+    EtcdStore::new(
         Arc::new(server.client()),
         &prefix,
         &config.swim.label,
         &pool_of(config),
         Arc::new(Fence::default()),
-    );
+    )
+}
+
+/// Waits (bounded) until etcd holds a frame sequence of `node` under
+/// `config`'s prefix.
+async fn stored_sequence_of(server: &etcd::Etcd, config: &Config, node: &str) {
+    let store = store_of(server, config);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let stored = poolgate::state::OrchestratorStore::sequences(&store).unwrap_or_default();
@@ -1175,6 +1204,53 @@ fn a_run_planning_whose_requester_died_is_withdrawn_once_its_session_expires() {
         drop(session);
         assert_eq!(aborted(&mut events, &died).await, "withdrawn");
         assert_eq!(live.gate.report().await.unwrap().run, None);
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+#[test]
+fn a_run_whose_requester_stopped_renewing_its_session_is_not_planned_when_the_pool_is_ready() {
+    // An operator's trial: a requester SIGKILLed while its run waited for
+    // the pool; the pool was ready 3 s later, and the leader planned and
+    // committed the run of a requester that was gone: it held its nodes,
+    // guarded by nobody, until the session expired.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("stale-requester");
+    let config = config(&server.endpoint, "");
+    live_for(Duration::from_secs(60), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let mut events = live.fleet.subscribe();
+        let gone = poolgate::core::RunId::new("gone").unwrap();
+        // The pool is not ready (node-1 never seen); a requester asks and
+        // is killed at once (its lease lives on, renewed by nobody), and
+        // the pool is ready 3 s later.
+        asked_by_a_requester_killed_at_once(&server, &config, &gone, Duration::from_secs(6));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        make_ready(&live.gate, "node-1").await;
+        let planned = tokio::time::timeout(
+            Duration::from_secs(5),
+            common::live::until(&mut events, |e| match e {
+                Event::PlanningStarted { run, .. } if *run == gone => Some(()),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(planned.is_err(), "the run of a requester gone was planned");
+        // Its request went with its session; the pool serves the next.
+        let next = poolgate::core::RunId::new("next").unwrap();
+        let _session = requests
+            .ask(&next, &[common::node("node-1")], Duration::from_secs(6))
+            .await
+            .unwrap();
+        common::live::until(&mut events, |e| match e {
+            Event::RunCommitted { run, .. } if *run == next => Some(()),
+            _ => None,
+        })
+        .await;
         live.shutdown();
         leader.resign();
     });

@@ -152,6 +152,8 @@ pub struct RequestServer {
 #[derive(Debug)]
 pub(super) struct Looked {
     said_waiting: crate::live::throttle::Throttle,
+    /// Requesters that stopped renewing their session, said now and then.
+    said_stale: crate::live::throttle::Throttle,
     /// Committed runs whose requester is gone, said once each.
     orphans: std::collections::BTreeSet<RunId>,
     /// The active run, last seen asked for (its request or its requester
@@ -184,6 +186,7 @@ impl RequestServer {
                 said_waiting: crate::live::throttle::Throttle::new(
                     crate::live::throttle::LOG_EVERY,
                 ),
+                said_stale: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
                 orphans: Default::default(),
                 asked: None,
             },
@@ -315,6 +318,47 @@ pub(super) async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), S
         _ => return Ok(()),
     };
     write_outcome(store, &run, status, Some(event), None).await
+}
+
+/// Whether the requester of `run` (its request `body`) renews its etcd
+/// session: a requester renews every tenth of its TTL, so a lease not
+/// renewed for three tenths of it has lost its holder, killed (its
+/// request outlives it until the lease expires) or paused. A run planned
+/// for it would hold its nodes, committed and guarded by nobody, until
+/// then. A lease etcd cannot say anything of counts as renewed: this look
+/// holds nothing up.
+async fn requester_renews(
+    store: &Arc<EtcdStore>,
+    run: &str,
+    body: &[u8],
+    said: &mut crate::live::throttle::Throttle,
+) -> bool {
+    let Ok(request) = serde_json::from_slice::<Request>(body) else {
+        return true;
+    };
+    let (etcd, lease) = (Arc::clone(store.etcd()), request.lease);
+    let lived = blocking(move || {
+        etcd.time_to_live(lease)
+            .map_err(|e| StoreError(e.to_string()))
+    })
+    .await;
+    match lived {
+        Ok(Some((left, granted))) => {
+            let unrenewed = granted.saturating_sub(left);
+            let renews = unrenewed * 10 < granted * 3;
+            if !renews {
+                if let Some(held) = said.allow(std::time::Instant::now()) {
+                    tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session");
+                }
+            }
+            renews
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::debug!(%run, error = %e, "the requester's session could not be read: taken as renewed");
+            true
+        }
+    }
 }
 
 /// Writes `runs/<run>` on its requester's lease (read from its request, or
@@ -506,7 +550,19 @@ pub(super) async fn look(
         Some(active) => requests
             .into_iter()
             .find(|(run, _)| run.as_str() == active.as_str()),
-        None => requests.into_iter().find(|(run, _)| present(run)),
+        // The first asked for whose requester is there and renews its
+        // session: one that stopped (killed, or paused) is not planned
+        // until it renews again, or its request goes with its session.
+        None => {
+            let mut fresh = None;
+            for (run, body) in requests.into_iter().filter(|(run, _)| present(run)) {
+                if requester_renews(store, &run, &body, &mut looked.said_stale).await {
+                    fresh = Some((run, body));
+                    break;
+                }
+            }
+            fresh
+        }
     };
     let Some((run, body)) = pick else {
         return Ok(None);
