@@ -1750,6 +1750,35 @@ fn run_end_alone_without_pool_ends_a_run_of_the_second_pool() {
 }
 
 #[test]
+fn run_end_beside_a_watch_serving_its_socket_without_pool_ends_a_restored_run_of_the_second_pool() {
+    // An operator's trial: through the control socket, `run --end RUN`
+    // with no `--pool` said "several pools are defined".
+    live(async {
+        let (mut cluster, mut config) = two_pools_of(3).await;
+        config.state.path = Some(cluster.dir.join("state.redb"));
+        let socket = cluster.dir.join("control.sock");
+        config.control = Some(socket.clone());
+        let file = overlapping_pools(&cluster, &config);
+        let served = |socket: std::path::PathBuf| async move {
+            while !poolgate::live::control::is_served(&socket) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let mut watch = watch_of(&file, Stdio::null());
+        served(socket.clone()).await;
+        let (mut run_b, run) = run_committed_on(&mut cluster, &file, "b").await;
+        // The watch dies, and its requester with it: the next watch
+        // restores the run, guarded by no requester.
+        watch.kill().await.unwrap();
+        let _ = watch.wait().await;
+        killed_with_its_command(&mut run_b, &cluster.dir, "b").await;
+        let _watch = watch_of(&file, Stdio::null());
+        served(socket.clone()).await;
+        ended_without_naming_its_pool(&file, &run).await;
+    });
+}
+
+#[test]
 fn run_end_among_replicas_without_pool_ends_a_run_of_the_second_pool() {
     need_etcd!();
     let server = etcd::Etcd::start("pools-end");

@@ -535,6 +535,16 @@ impl Fleet {
         Ok(reports)
     }
 
+    /// The pool whose active run (planning or committed) is `run`, if any:
+    /// what `run --end RUN` ends when it names no pool.
+    pub async fn pool_running(&self, run: &RunId) -> Result<Option<Gate>, GateError> {
+        let reports = self.reports().await?;
+        Ok(reports
+            .iter()
+            .find(|r| r.run.as_ref() == Some(run))
+            .and_then(|r| self.pool(&r.pool)))
+    }
+
     /// The earliest timer any pool has pending.
     pub async fn pending_deadline(&self) -> Result<Option<Time>, GateError> {
         let gates: Vec<Gate> = self.state().gates.values().cloned().collect();

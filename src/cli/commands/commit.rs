@@ -249,18 +249,15 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
     }
     // Several pools and none named: the pool whose run it is.
     let several = pool.is_none() && config.pools.len() > 1;
-    let pools = || {
-        config
+    let not_any = || {
+        let pools: Vec<_> = config
             .pool_definitions()
             .iter()
-            .map(|p| p.id().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let not_any = || {
+            .map(|p| p.id().clone())
+            .collect();
         eprintln!(
-            "poolgate run: --end {run}: not the active run of any pool ({})",
-            pools()
+            "poolgate run: --end {run}: {}",
+            crate::live::control::not_active_in_any(&pools)
         );
         Ok(EXIT_OTHER_RUN)
     };
@@ -285,13 +282,10 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
     let live = Orchestrator::start_recording(config, None).await?;
     let gate = match several {
         false => live.gate.clone(),
-        true => {
-            let reports = live.fleet.reports().await?;
-            match reports.iter().find(|r| r.run.as_ref() == Some(run)) {
-                Some(report) => live.fleet.pool(&report.pool).unwrap_or(live.gate.clone()),
-                None => return not_any(),
-            }
-        }
+        true => match live.fleet.pool_running(run).await? {
+            Some(gate) => gate,
+            None => return not_any(),
+        },
     };
     match gate.finish_run(run.clone()).await {
         Ok(()) => {

@@ -44,6 +44,7 @@ mod server;
 mod tests;
 
 pub use client::{end_run, status, Client};
+pub(crate) use server::not_active_in_any;
 pub use server::{bind, is_served, serve, Bound};
 
 /// The longest request line, in bytes.

@@ -281,8 +281,19 @@ async fn connection(
         }
         Request::End { pool, run, .. } => {
             let ended = async {
-                let gate = pool_gate(&fleet, pool)?;
                 let run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+                // Several pools and none named: the pool whose run it is.
+                let gate = match pool {
+                    None if fleet.pools().len() > 1 => fleet
+                        .pool_running(&run)
+                        .await
+                        .map_err(|e| refused(&e))?
+                        .ok_or_else(|| Reply::Refused {
+                            code: "unknown_run".into(),
+                            detail: not_active_in_any(&fleet.pools()),
+                        })?,
+                    pool => pool_gate(&fleet, pool)?,
+                };
                 let pool = gate.report().await.map_err(|e| refused(&e))?.pool;
                 if orphans.is_guarded(&pool, &run) {
                     return Err(guarded_by_another(&run));
@@ -346,6 +357,13 @@ async fn connection(
 }
 
 /// A run a connection guards now is neither ended nor resumed by another.
+/// What `run --end RUN` with no pool named says when no pool's active
+/// run is RUN, alone or through the socket.
+pub(crate) fn not_active_in_any(pools: &[PoolId]) -> String {
+    let pools: Vec<&str> = pools.iter().map(PoolId::as_str).collect();
+    format!("not the active run of any pool ({})", pools.join(", "))
+}
+
 fn guarded_by_another(run: &RunId) -> Reply {
     Reply::Refused {
         code: "run_guarded".into(),
