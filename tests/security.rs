@@ -1061,6 +1061,35 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
 }
 
 #[test]
+fn a_node_stopped_and_started_again_at_once_is_not_taken_for_a_second_signer() {
+    // An operator's trial: every quick restart of a node agent (SIGTERM
+    // or SIGKILL, started again within a second) raised "two live
+    // processes sign as this node": the ended connection was still
+    // attached (the lost connection's grace, or for good after the
+    // node's `leaving`).
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
+        let watch = Watch::start(&cluster, None);
+        cluster.spawn(0).unwrap();
+        watch.until_metric("poolgate_agent_frames_total", 1.0).await;
+        for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+            let frames = watch.metric("poolgate_agent_frames_total").await;
+            cluster.signal(0, signal);
+            let _ = cluster.wait_exit(0, Duration::from_secs(10)).await;
+            cluster.spawn(0).unwrap();
+            // The new process's first frames are in.
+            watch
+                .until_metric("poolgate_agent_frames_total", frames + 2.0)
+                .await;
+        }
+        assert_eq!(
+            watch.metric("poolgate_agent_duplicate_signers_total").await,
+            0.0
+        );
+    });
+}
+
+#[test]
 fn a_hundred_thousand_invented_members_at_one_address_leave_the_orchestrators_memory_flat() {
     // Issue 20: 100,000 invented names at 2,000/s raised the orchestrator
     // from 6.6 to 47.7 MB, for good (tables per address that never

@@ -270,6 +270,7 @@ impl Listener {
         let Some((node, last)) = self.serve_connection(stream, peer, id, &mut silent).await else {
             return;
         };
+        lock(&self.nodes).connection_closed(&node, id);
         if last.leaving {
             return;
         }

@@ -103,6 +103,9 @@ pub struct FrameHeard {
 pub struct Heard {
     frame: FrameHeard,
     at: std::time::Instant,
+    /// Its connection has ended (it stays attached a while: through the
+    /// lost-connection grace, or for good after the node's `leaving`).
+    closed: bool,
 }
 
 impl Heard {
@@ -345,6 +348,18 @@ impl Nodes {
         })
     }
 
+    /// `node`'s agent connection `connection` ended (closed, failed or
+    /// silent): a frame of another identity on another connection after
+    /// this is a process that took over from the one that ended (a
+    /// restart), not a second one signing beside it.
+    pub fn connection_closed(&mut self, node: &NodeId, connection: u64) {
+        if let Some(heard) = self.heard.get_mut(node) {
+            if heard.frame.connection == connection {
+                heard.closed = true;
+            }
+        }
+    }
+
     /// `frame` of `node` accepted at `now`: the other connection's address
     /// if a frame naming another identity was accepted on another
     /// connection within `within` (two processes sign as one node: a
@@ -358,10 +373,16 @@ impl Nodes {
         within: std::time::Duration,
     ) -> Option<SocketAddr> {
         let (id, identity) = (frame.connection, frame.identity);
-        let heard = Heard { frame, at: now };
-        // The earlier connection counts while it is still attached (one
-        // that closed was a process that ended, not a twin).
-        let open = |before: &Heard| self.attached.get(node) == Some(&before.frame.connection);
+        let heard = Heard {
+            frame,
+            at: now,
+            closed: false,
+        };
+        // The earlier connection counts while it is still open (one that
+        // closed was a process that ended, not a twin).
+        let open = |before: &Heard| {
+            !before.closed && self.attached.get(node) == Some(&before.frame.connection)
+        };
         match self.heard.insert(node.clone(), heard) {
             Some(before)
                 if before.frame.connection != id
@@ -908,10 +929,19 @@ mod tests {
         let later = soon + within * 2;
         assert_eq!(heard(&mut nodes, 4, a, one, later), None);
         // Nor one at once after the earlier connection closed (a process
-        // killed and started again: its new generation on a new one).
-        nodes.attached.remove(&node);
+        // killed and started again, or stopped after saying it leaves:
+        // its new generation on a new one), though the closed connection
+        // stays attached (the lost-connection grace, or for good after
+        // `leaving`). An operator's trial: every quick restart raised the
+        // alarm.
+        nodes.connection_closed(&node, 4);
         let again = later + std::time::Duration::from_millis(10);
         assert_eq!(heard(&mut nodes, 5, a, (Some(a), Some(6)), again), None);
+        // Closing another connection than the last heard changes nothing:
+        // a second signer on a third connection while 5 speaks.
+        nodes.connection_closed(&node, 4);
+        let soon = again + std::time::Duration::from_millis(10);
+        assert_eq!(heard(&mut nodes, 6, b, two, soon), Some(a));
     }
 
     #[test]
