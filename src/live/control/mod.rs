@@ -44,6 +44,7 @@ mod server;
 mod tests;
 
 pub use client::{end_run, status, Client};
+#[cfg(feature = "cli")]
 pub(crate) use server::not_active_in_any;
 pub use server::{bind, is_served, serve, Bound};
 
