@@ -322,7 +322,8 @@ pub(super) async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), S
 
 /// Whether the requester of `run` (its request `body`) renews its etcd
 /// session: a requester renews every tenth of its TTL, so a lease not
-/// renewed for three tenths of it has lost its holder, killed (its
+/// renewed for three tenths of it (and etcd's rounding) has lost its
+/// holder, killed (its
 /// request outlives it until the lease expires) or paused. A run planned
 /// for it would hold its nodes, committed and guarded by nobody, until
 /// then. A lease etcd cannot say anything of counts as renewed: this look
@@ -344,8 +345,10 @@ async fn requester_renews(
     .await;
     match lived {
         Ok(Some((left, granted))) => {
+            // etcd says what is left in whole seconds, rounded down: a
+            // lease renewed a moment ago reads a second short.
             let unrenewed = granted.saturating_sub(left);
-            let renews = unrenewed * 10 < granted * 3;
+            let renews = unrenewed < stale_after(granted);
             if !renews {
                 if let Some(held) = said.allow(std::time::Instant::now()) {
                     tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session");
@@ -359,6 +362,14 @@ async fn requester_renews(
             true
         }
     }
+}
+
+/// How long a requester's lease of `granted` may read unrenewed (what
+/// etcd says is left, in whole seconds rounded down, against the TTL)
+/// before its requester counts as stopped: three of its renewals (a tenth
+/// of the TTL each) and the second etcd's rounding takes.
+fn stale_after(granted: std::time::Duration) -> std::time::Duration {
+    granted * 3 / 10 + std::time::Duration::from_secs(1)
 }
 
 /// Writes `runs/<run>` on its requester's lease (read from its request, or
@@ -651,6 +662,40 @@ pub(super) async fn look(
                 lease,
                 detail: e.to_string(),
             }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_after;
+    use std::time::Duration;
+
+    /// How long a lease of `granted` renewed `ago` reads unrenewed: the
+    /// TTL against what etcd says is left (whole seconds, rounded down).
+    fn unrenewed_read(granted: Duration, ago: Duration) -> Duration {
+        granted - Duration::from_secs(granted.saturating_sub(ago).as_secs())
+    }
+
+    #[test]
+    fn a_requester_renewing_every_tenth_is_never_stale_and_one_gone_three_tenths_and_a_second_is() {
+        for secs in [2, 3, 5, 6, 10, 30] {
+            let granted = Duration::from_secs(secs);
+            // Renewed a moment ago, or up to two renewals ago (one lost).
+            let every = granted / 10;
+            let mut ago = Duration::ZERO;
+            while ago <= every * 2 {
+                assert!(
+                    unrenewed_read(granted, ago) < stale_after(granted),
+                    "a {secs} s lease renewed {ago:?} ago"
+                );
+                ago += Duration::from_millis(10);
+            }
+            let gone = granted * 3 / 10 + Duration::from_secs(1);
+            assert!(
+                unrenewed_read(granted, gone) >= stale_after(granted),
+                "a {secs} s lease unrenewed for {gone:?}"
+            );
         }
     }
 }
