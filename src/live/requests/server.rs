@@ -323,8 +323,8 @@ pub(super) async fn settle(store: &Arc<EtcdStore>, event: Event) -> Result<(), S
 /// Whether the requester of `run` (its request `body`) renews its etcd
 /// session: a requester renews every tenth of its TTL, so a lease not
 /// renewed for three tenths of it (and etcd's rounding) has lost its
-/// holder, killed (its
-/// request outlives it until the lease expires) or paused. A run planned
+/// holder, killed (its request outlives it until the lease expires) or
+/// paused. A run planned
 /// for it would hold its nodes, committed and guarded by nobody, until
 /// then. A lease etcd cannot say anything of counts as renewed: this look
 /// holds nothing up.
