@@ -39,7 +39,7 @@ use crate::live::generation::{unix_ms, GenerationFile, Sequences};
 use crate::live::keys::NodeKey;
 use crate::live::swim::keyring;
 use crate::live::swim::member::{
-    Join, Leave, MemberCount, SetKeyring, SetVouching, Vouched, Vouching,
+    Join, JoinAgain, Leave, MemberCount, SetKeyring, SetVouching, Vouched, Vouching,
 };
 use crate::live::swim::SwimIdentity;
 use crate::live::swim::SwimMember;
@@ -224,7 +224,7 @@ async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<Endpoint>) {
     let mut said = Throttle::new(LOG_EVERY);
     loop {
         match swim.send(MemberCount).await {
-            Ok(0) => join(&swim, &seeds, &mut said).await,
+            Ok(0) => join(&swim, &seeds, &mut said, false).await,
             Ok(_) => {}
             Err(_) => return,
         }
@@ -233,15 +233,22 @@ async fn keep_joined(swim: Addr<SwimMember>, seeds: Vec<Endpoint>) {
 }
 
 /// Announces to the seeds, resolved now (a name that does not resolve is
-/// said at most once per interval).
-async fn join(swim: &Addr<SwimMember>, seeds: &[Endpoint], said: &mut Throttle) {
+/// said at most once per interval). `again`: the node is back from an
+/// absence (its orchestrator lost: this process stalled, or its host cut
+/// off), and refutes first whatever suspicion of it was raised meanwhile
+/// ([`JoinAgain`]).
+async fn join(swim: &Addr<SwimMember>, seeds: &[Endpoint], said: &mut Throttle, again: bool) {
     let (addrs, failed) = lookup_all(seeds).await;
     if !failed.is_empty() {
         if let Some(held) = said.allow(std::time::Instant::now()) {
             tracing::warn!(?failed, held, "swim.seeds: not resolved");
         }
     }
-    swim.do_send(Join { seeds: addrs });
+    if again {
+        swim.do_send(JoinAgain { seeds: addrs });
+    } else {
+        swim.do_send(Join { seeds: addrs });
+    }
 }
 
 mod check;

@@ -104,7 +104,7 @@ pub(super) async fn announce(
                 },
             ) => {
                 tracing::warn!(node = %to.node, orchestrator = %addr, why, "orchestrator lost; trying every address, joining SWIM again");
-                join(&to.swim, &to.seeds, &mut said_seeds).await;
+                join(&to.swim, &to.seeds, &mut said_seeds, true).await;
                 backoff = BACKOFF_MIN;
                 pointers.reset();
                 continue;

@@ -76,9 +76,10 @@ pub fn track(
     tracker.changed(states, replaced)
 }
 
-/// The probe a member has under way, as its own datagrams show it: the
+/// What a member's own datagrams show: the probe it has under way (the
 /// member its latest ping went to, foca's number for that probe, and
-/// whether the member's ack came back.
+/// whether the member's ack came back), and the incarnation it speaks at
+/// (foca does not say it otherwise; see [`join_again`]).
 ///
 /// When foca turns to indirect probes (`Timer::SendIndirectProbe`), a
 /// probe still unanswered ([`Probes::unanswered`]) may be vouched for by
@@ -93,11 +94,13 @@ pub fn track(
 pub struct Probes {
     pinged: Option<(SwimIdentity, foca::ProbeNumber)>,
     acked: bool,
+    incarnation: foca::Incarnation,
 }
 
 impl Probes {
     /// Notes a datagram this member sends (its header).
     pub fn sent(&mut self, header: &foca::Header<SwimIdentity>) {
+        self.incarnation = header.src_incarnation;
         if let foca::Message::Ping(number) = header.message {
             self.pinged = Some((header.dst.clone(), number));
             self.acked = false;
@@ -113,6 +116,11 @@ impl Probes {
                 self.acked = true;
             }
         }
+    }
+
+    /// The incarnation of this member's latest datagram.
+    pub fn incarnation(&self) -> foca::Incarnation {
+        self.incarnation
     }
 
     /// Whether an ack is awaited (a datagram received can answer the
@@ -180,6 +188,40 @@ pub fn vouched(
         .encode_header(&header, &mut datagram)
         .map_err(|e| foca::Error::Encode(Box::new(e)))?;
     foca.handle_data(&datagram, runtime)
+}
+
+/// Announces `foca` to `seeds` as a member back from an absence (its
+/// process stalled, its host cut off, its orchestrator lost), after
+/// refuting at once whatever suspicion of it was raised meanwhile:
+/// foca takes a suspicion of itself at `incarnation`, the one it speaks
+/// at ([`Probes::incarnation`]), as news, raises its incarnation and
+/// gossips, and the announces carry the new one.
+///
+/// A suspicion raised while the member was away by a member whose word
+/// reached nobody else is otherwise refuted by nobody: it ends, a
+/// suspicion timeout later, in foca's `Down`, which overrides `alive` at
+/// any incarnation, and the orchestrator's gate, which holds the member
+/// alive at the same incarnation, takes it for a death. Refuted first,
+/// the member is held at a higher incarnation by every member it speaks
+/// to (the seeds at once), and that late verdict is stale there (design
+/// §15; an operator's trial: a run committed on a pool ready again after
+/// a node's 4 s stop faulted `dead` 190 ms later).
+pub fn join_again(
+    foca: &mut SwimFoca,
+    incarnation: foca::Incarnation,
+    seeds: impl IntoIterator<Item = SwimIdentity>,
+    runtime: &mut AccumulatingRuntime<SwimIdentity>,
+) -> Result<(), foca::Error> {
+    let own = foca.identity().clone();
+    foca.apply_many(
+        std::iter::once(Member::new(own, incarnation, State::Suspect)),
+        true,
+        &mut *runtime,
+    )?;
+    for seed in seeds {
+        foca.announce(seed, &mut *runtime)?;
+    }
+    Ok(())
 }
 
 /// How often a member repairs what foca leaves undone ([`Repair`]). The
@@ -291,6 +333,7 @@ mod tests {
     use crate::live::swim::member::SwimFoca;
     use crate::live::swim::watch::WatchingCodec;
     use crate::live::swim::SwimTimings;
+    use poolgate_actors::core::SwimState;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -452,6 +495,85 @@ mod tests {
         // The next ping starts over.
         probes.sent(&header(&own, &y, foca::Message::Ping(8)));
         assert_eq!(probes.unanswered(&indirect(&y)), Some((y, 8)));
+    }
+
+    /// node-1 back from an absence joins the leader's member again; a
+    /// suspicion of it raised meanwhile by a third member, whose word
+    /// reached neither, then lands as that member's verdict (foca's
+    /// `Down` at the incarnation it suspected). Returns the leader's last
+    /// fact about node-1 before the verdict and the verdict, as its
+    /// tracker tells them to the gate. `again`: node-1 joins as
+    /// [`join_again`] has it; otherwise it only announces, as it did.
+    fn a_late_verdict(again: bool) -> [(SwimState, u64); 2] {
+        let node = identity("node-1", 5);
+        let (codec, changes) = WatchingCodec::watched();
+        let mut leader = foca::Foca::new(
+            identity("orchestrator", 1),
+            SwimTimings::default().foca_config(4),
+            StdRng::seed_from_u64(1),
+            codec,
+        );
+        let (codec, _) = WatchingCodec::watched();
+        let mut back = foca::Foca::new(
+            node.clone(),
+            SwimTimings::default().foca_config(4),
+            StdRng::seed_from_u64(2),
+            codec,
+        );
+        let (mut at_leader, mut at_node) = (AccumulatingRuntime::new(), AccumulatingRuntime::new());
+        let mut probes = Probes::default();
+        leader
+            .apply_many(
+                [Member::new(node.clone(), 0, State::Alive)].into_iter(),
+                true,
+                &mut at_leader,
+            )
+            .unwrap();
+        let seed = SwimIdentity::seed(leader.identity().addr);
+        if again {
+            join_again(&mut back, probes.incarnation(), [seed], &mut at_node).unwrap();
+        } else {
+            back.announce(seed, &mut at_node).unwrap();
+        }
+        while let Some((to, data)) = at_node.to_send() {
+            probes.sent(&header(&data).unwrap());
+            if to.addr == leader.identity().addr {
+                leader.handle_data(&data, &mut at_leader).unwrap();
+            }
+        }
+        let mut tracker = MembershipTracker::default();
+        let before = track(&mut tracker, &changes, leader.identity(), Vec::new());
+        let verdict = Member::new(node.clone(), 0, State::Down);
+        leader
+            .apply_many([verdict].into_iter(), true, &mut at_leader)
+            .unwrap();
+        let after = track(&mut tracker, &changes, leader.identity(), Vec::new());
+        let last = |facts: Vec<SwimFact>| {
+            let fact = facts
+                .into_iter()
+                .rfind(|f| f.update.node.as_str() == "node-1")
+                .unwrap();
+            (fact.update.state, fact.update.incarnation)
+        };
+        [last(before), last(after)]
+    }
+
+    #[test]
+    fn a_member_joining_again_outranks_a_suspicion_raised_while_it_was_away() {
+        use poolgate_actors::core::Membership;
+        let admitted = |[(state, incarnation), (verdict, at)]: [(SwimState, u64); 2]| {
+            Membership::Seen { state, incarnation }.admits(verdict, at)
+        };
+        // As it was: the gate holds node-1 alive at the incarnation the
+        // verdict names, and takes the verdict for a death.
+        let announced = a_late_verdict(false);
+        assert_eq!(announced[1].0, SwimState::Dead);
+        assert!(admitted(announced), "{announced:?}");
+        // Joined again: alive at a higher incarnation, the verdict stale.
+        let joined = a_late_verdict(true);
+        assert_eq!(joined[0].0, SwimState::Alive);
+        assert!(joined[0].1 > announced[0].1, "{joined:?}");
+        assert!(!admitted(joined), "{joined:?}");
     }
 
     #[test]

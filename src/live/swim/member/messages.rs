@@ -13,6 +13,20 @@ impl Message for Join {
     type Result = ();
 }
 
+/// Announce this member to seeds known by address as a member back from
+/// an absence, refuting first whatever suspicion of it was raised
+/// meanwhile (see [`drive::join_again`]): a node agent that lost its
+/// orchestrator sends this.
+#[derive(Debug)]
+pub struct JoinAgain {
+    /// The seeds' socket addresses.
+    pub seeds: Vec<SocketAddr>,
+}
+
+impl Message for JoinAgain {
+    type Result = ();
+}
+
 /// A datagram arrived.
 #[derive(Debug)]
 pub struct Datagram {
@@ -256,6 +270,15 @@ impl Handler<Join> for SwimMember {
     }
 }
 
+impl Handler<JoinAgain> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: JoinAgain, ctx: &mut Context<Self>) {
+        self.join_again(msg.seeds, "rejoin");
+        self.drain(ctx);
+    }
+}
+
 impl Handler<Datagram> for SwimMember {
     type Result = ();
 
@@ -284,8 +307,18 @@ impl Handler<FocaTimer> for SwimMember {
 
     fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
         let now = std::time::Instant::now();
-        if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
+        let late = now.saturating_duration_since(msg.due);
+        if !msg.deferred && late > LATE {
             metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+            // Stalled long enough to have been suspected: refuted now,
+            // once per stall, before any member's verdict can land.
+            let refuted = self
+                .refuted_at
+                .is_some_and(|at| now.saturating_duration_since(at) < late);
+            if late >= self.refute_after && !refuted {
+                self.join_again(Vec::new(), "stall");
+                self.drain(ctx);
+            }
             ctx.notify_later(
                 FocaTimer {
                     timer: msg.timer,

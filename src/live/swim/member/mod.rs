@@ -157,6 +157,17 @@ pub struct SwimMember {
     /// How long an answer is awaited: half of what is left of the probe
     /// period once foca turns to indirect probes.
     answer_within: Duration,
+    /// A stall this long (a timer handled this late) may have had this
+    /// member suspected: a probe of it fails when it answers neither the
+    /// ping nor the others asked before the probe period ends, so a
+    /// suspicion takes a stall of a whole period; a timer comes due at
+    /// least every fifth of it (the periodic gossip), so a timer late by
+    /// four fifths of a period tells such a stall. A shorter one refutes
+    /// nothing (each refutation is a change of the node in the gate).
+    refute_after: Duration,
+    /// When this member last refuted a suspicion it could not hear of
+    /// (see [`drive::join_again`]): once per stall.
+    refuted_at: Option<std::time::Instant>,
 }
 
 /// The name every orchestrator's SWIM member goes by.
@@ -236,6 +247,7 @@ impl SwimMember {
         let (codec, changes) = WatchingCodec::watched();
         let repair = drive::Repair::for_config(&config);
         let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
+        let refute_after = config.probe_period.mul_f64(0.8);
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
@@ -260,6 +272,8 @@ impl SwimMember {
             vouching: Vouching::Nobody,
             asked: None,
             answer_within,
+            refute_after,
+            refuted_at: None,
         };
         Ok((member.start(), addr))
     }
@@ -464,6 +478,22 @@ impl SwimMember {
     /// its nodes' last lives, a node restarted under the next leader would
     /// lose the conflict here and be declared down (an operator's finding:
     /// the next leader faulted a run over it).
+    /// Refutes at once any suspicion of this member raised while it was
+    /// away, then announces it to `seeds` (see [`drive::join_again`]);
+    /// `after` says what it was back from (the count's label).
+    fn join_again(&mut self, seeds: Vec<SocketAddr>, after: &'static str) {
+        let signed = self.signed_now();
+        let incarnation = self.probes.incarnation();
+        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
+        let seeds = seeds.into_iter().map(SwimIdentity::seed);
+        let result = with_signed(signed.as_ref(), || {
+            drive::join_again(foca, incarnation, seeds, runtime)
+        });
+        self.refuted_at = Some(std::time::Instant::now());
+        metrics::counter!("poolgate_swim_refuted_on_return_total", "after" => after).increment(1);
+        self.report("join again", result);
+    }
+
     fn signed_now(&self) -> Option<crate::live::swim::identity::SignedView> {
         // The term's clock is asked only when there is a view to decide by
         // (a follower's member, and every node's, has none).

@@ -57,3 +57,105 @@ fn a_ping_and_its_copy_get_one_ack_sent_twice() {
         assert_eq!(acks[0], acks[1], "the copy is the same datagram");
     });
 }
+
+/// A member and a bare socket beside it, on 127.0.0.1, with the `fast`
+/// timings: the member's address and the socket.
+async fn beside(node: &str) -> (Addr<SwimMember>, SocketAddr, tokio::net::UdpSocket) {
+    let (member, addr) = SwimMember::start(
+        node,
+        "127.0.0.1:0".parse().unwrap(),
+        None,
+        5,
+        crate::live::swim::SwimTimings::FAST.foca_config(4),
+        StdRng::seed_from_u64(1),
+        None,
+        Keyring::new(&[], "test"),
+    )
+    .unwrap();
+    let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    (member, addr, peer)
+}
+
+/// The headers of what `peer` receives within `within`.
+async fn headers_within(
+    peer: &tokio::net::UdpSocket,
+    within: Duration,
+) -> Vec<foca::Header<SwimIdentity>> {
+    let mut headers = Vec::new();
+    let mut buffer = vec![0u8; 65_536];
+    let until = tokio::time::Instant::now() + within;
+    while let Ok(Ok((len, _))) = tokio::time::timeout_at(until, peer.recv_from(&mut buffer)).await {
+        headers.extend(drive::header(&buffer[..len]));
+    }
+    headers
+}
+
+/// A node agent that lost its orchestrator joins again at a new
+/// incarnation: whatever suspicion of it was raised while it was away is
+/// refuted in the announce itself (see `drive::join_again`); a first
+/// join does not.
+#[test]
+fn a_member_joining_again_announces_itself_at_a_new_incarnation() {
+    actix_rt::System::new().block_on(async {
+        let (member, _, peer) = beside("node-1").await;
+        let seeds = vec![peer.local_addr().unwrap()];
+        let announced = |headers: Vec<foca::Header<SwimIdentity>>| {
+            headers
+                .into_iter()
+                .find(|h| matches!(h.message, foca::Message::Announce))
+                .map(|h| h.src_incarnation)
+        };
+        member.do_send(Join {
+            seeds: seeds.clone(),
+        });
+        let first = announced(headers_within(&peer, Duration::from_millis(300)).await);
+        assert_eq!(first, Some(0), "a first join");
+        member.do_send(JoinAgain { seeds });
+        let again = announced(headers_within(&peer, Duration::from_millis(300)).await);
+        assert_eq!(again, Some(1), "joined again: refuted first");
+    });
+}
+
+/// A member stalled for most of a probe period or more may have been
+/// suspected by a member whose word never reaches it: it refutes on its
+/// own as soon as it runs again, once for the stall (its datagrams carry
+/// the new incarnation). The stall is this thread's, which the member
+/// runs on.
+#[test]
+fn a_member_back_from_a_stall_refutes_once() {
+    actix_rt::System::new().block_on(async {
+        let (_member, addr, peer) = beside("node-1").await;
+        // node-2 pings it: the member knows node-2 and probes it.
+        let node2 = SwimIdentity {
+            node: "node-2".into(),
+            addr: peer.local_addr().unwrap(),
+            generation: 1,
+        };
+        let ping = foca::Header {
+            src: node2,
+            src_incarnation: 0,
+            dst: SwimIdentity {
+                node: "node-1".into(),
+                addr,
+                generation: 5,
+            },
+            message: foca::Message::Ping(7),
+        };
+        let mut datagram = Vec::new();
+        foca::Codec::encode_header(&mut foca::PostcardCodec, &ping, &mut datagram).unwrap();
+        peer.send_to(&datagram, addr).await.unwrap();
+        let before = headers_within(&peer, Duration::from_millis(900)).await;
+        assert!(!before.is_empty(), "the member speaks to node-2");
+        assert!(before.iter().all(|h| h.src_incarnation == 0), "{before:?}");
+        // The stall: this thread, and the member's timers with it, stop.
+        std::thread::sleep(Duration::from_millis(700));
+        let after = headers_within(&peer, Duration::from_millis(900)).await;
+        let incarnations: std::collections::BTreeSet<u16> =
+            after.iter().map(|h| h.src_incarnation).collect();
+        assert_eq!(
+            incarnations.into_iter().max(),
+            Some(1),
+            "refuted once: {after:?}"
+        );
+    });
+}
