@@ -867,6 +867,119 @@ on_readiness_lost = "wait"
     });
 }
 
+/// An operator's trial: a node stopped for 4 s was suspected meanwhile
+/// by another member whose word reached neither the node nor the
+/// orchestrator; that member's verdict (foca's `Down`, at the incarnation
+/// it suspected) landed after the pool was ready again and a run was
+/// committed on it: `run_faulted dead` 190 ms after the commit. A node
+/// agent that lost its orchestrator now joins again at a new incarnation
+/// (design §15), and such a verdict is stale. The other member here is
+/// an insider's socket that says only that verdict; the probe period is
+/// long, so the orchestrator suspects nobody itself.
+#[test]
+fn a_verdict_on_a_suspicion_from_before_a_node_came_back_faults_nothing() {
+    use foca::{Codec, Header, Member, Message, State};
+    use poolgate::live::keys::ClusterKey;
+    use poolgate::live::swim::identity::SwimIdentity;
+    use poolgate::live::wire::Keyring;
+    const SLOW: &str = r#"
+[pool]
+id = "live"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+[swim]
+probe_period = "6s"
+probe_rtt = "2s"
+suspicion_timeout = "10s"
+"#;
+    live_for(Duration::from_secs(60), async {
+        let (cluster, gate, mut events) = start(&common::live::plan(SLOW, 1)).await;
+        ready(&mut events).await;
+        let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
+        let keyring = Keyring::new(&[key], &cluster.config.swim.label);
+        let target = cluster.orchestrator().unwrap().swim_addr;
+        let insider = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let own = SwimIdentity {
+            node: "insider".into(),
+            addr: insider.local_addr().unwrap(),
+            generation: 1,
+        };
+        let send = |dst: SwimIdentity, message, updates: &[Member<SwimIdentity>]| {
+            let header = Header {
+                src: own.clone(),
+                src_incarnation: 0,
+                dst,
+                message,
+            };
+            let mut plain = Vec::new();
+            foca::PostcardCodec
+                .encode_header(&header, &mut plain)
+                .unwrap();
+            if !updates.is_empty() {
+                plain.extend_from_slice(&u16::try_from(updates.len()).unwrap().to_be_bytes());
+                for update in updates {
+                    foca::PostcardCodec
+                        .encode_member(update, &mut plain)
+                        .unwrap();
+                }
+            }
+            keyring.seal(&plain)
+        };
+        // The insider joins, and learns from the feed it gets who the
+        // orchestrator is and node-1 as it was before the stop.
+        let announce = send(SwimIdentity::seed(target), Message::Announce, &[]);
+        insider.send_to(&announce, target).await.unwrap();
+        let mut buffer = vec![0u8; 65_536];
+        let (orchestrator, before) = loop {
+            let (len, _) = insider.recv_from(&mut buffer).await.unwrap();
+            let Some(plain) = keyring.open(&buffer[..len]) else {
+                continue;
+            };
+            let mut data = &plain[..];
+            let header: Header<SwimIdentity> =
+                foca::PostcardCodec.decode_header(&mut data).unwrap();
+            if header.message != Message::Feed || data.len() < 2 {
+                continue;
+            }
+            let count = u16::from_be_bytes([data[0], data[1]]);
+            data = &data[2..];
+            let members: Vec<Member<SwimIdentity>> = (0..count)
+                .map(|_| foca::PostcardCodec.decode_member(&mut data).unwrap())
+                .collect();
+            let node1 = members.into_iter().find(|m| m.id().node == "node-1");
+            break (header.src, node1.expect("node-1 in the feed"));
+        };
+        assert_eq!(before.state(), State::Alive);
+        // The stop: longer than the agent's four heartbeats, shorter than
+        // a probe period.
+        cluster.signal(0, Signal::SIGSTOP);
+        until(&mut events, |e| {
+            matches!(e, Event::ReadinessLost { .. }).then_some(())
+        })
+        .await;
+        cluster.signal(0, Signal::SIGCONT);
+        let epoch = ready(&mut events).await;
+        let run = committed(&gate, "after-the-stop", epoch, &["node-1"]).await;
+        // The verdict on the suspicion from before the stop ended.
+        let verdict = Member::new(before.id().clone(), before.incarnation(), State::Down);
+        let ping = send(orchestrator, Message::Ping(1), &[verdict]);
+        insider.send_to(&ping, target).await.unwrap();
+        let faulted = tokio::time::timeout(
+            Duration::from_secs(3),
+            until(&mut events, |e| match e {
+                Event::RunFaulted { reason, .. } => Some(reason.clone()),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(faulted.is_err(), "faulted: {faulted:?}");
+        assert_eq!(gate.report().await.unwrap().run, Some(run));
+    });
+}
+
 /// Issue 32: the registry and the pool change without a restart
 /// (`Orchestrator::reload`, what SIGHUP does): a node forgotten and
 /// dropped from the pool while a run over another node is committed (the

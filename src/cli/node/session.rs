@@ -41,6 +41,8 @@ const CLOSED: &str = "connection closed";
 /// Why a session ended when the peer went silent for
 /// [`HEARTBEATS_MISSED`] heartbeats (frozen, or cut off).
 const SILENT: &str = "no reply for 4 heartbeats";
+/// Why a session ended: a frame could not be written for as long.
+const STUCK: &str = "cannot write";
 
 /// How one connection to an orchestrator ended.
 enum Session {
@@ -104,7 +106,11 @@ pub(super) async fn announce(
                 },
             ) => {
                 tracing::warn!(node = %to.node, orchestrator = %addr, why, "orchestrator lost; trying every address, joining SWIM again");
-                join(&to.swim, &to.seeds, &mut said_seeds, true).await;
+                // Silent or stuck: this process stalled or its host was
+                // cut off, and SWIM may have suspected it meanwhile; a
+                // connection closed is the orchestrator's doing.
+                let away = why == SILENT || why == STUCK;
+                join(&to.swim, &to.seeds, &mut said_seeds, away).await;
                 backoff = BACKOFF_MIN;
                 pointers.reset();
                 continue;
@@ -370,6 +376,18 @@ async fn session(
     // The SWIM member's question to send with the next frame.
     let mut question: Option<wire::Ask> = None;
     loop {
+        // Nothing heard for the orchestrator's patience: lost, whatever
+        // else is ready on waking from a stall (the select below picks
+        // among ready branches at random, and a frame sent first would
+        // carry on as if nothing happened while the orchestrator took
+        // the node for gone), so the node joins again as one back from
+        // an absence.
+        if tokio::time::Instant::now() >= heard + silence {
+            return Session::Lost {
+                accepted,
+                why: SILENT,
+            };
+        }
         if send_now && asked && challenge.is_none() {
             // Held until the challenge is read: a frame signed without it
             // would be skipped, and a few more refused (the hosts test saw
@@ -389,7 +407,7 @@ async fn session(
                 _ => {
                     return Session::Lost {
                         accepted,
-                        why: "cannot write",
+                        why: STUCK,
                     }
                 }
             }
