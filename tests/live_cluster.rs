@@ -970,7 +970,7 @@ suspicion_timeout = "10s"
         let faulted = tokio::time::timeout(
             Duration::from_secs(3),
             until(&mut events, |e| match e {
-                Event::RunFaulted { reason, .. } => Some(reason.clone()),
+                Event::RunFaulted { reason, .. } => Some(*reason),
                 _ => None,
             }),
         )
