@@ -125,13 +125,19 @@ impl Queue {
 /// What a member's foca asked for, held until the network takes it.
 #[derive(Default)]
 struct Asked {
-    outgoing: Vec<(SocketAddr, Vec<u8>)>,
+    outgoing: Vec<(SocketAddr, Vec<u8>, Option<foca::Header<SwimIdentity>>)>,
     timers: Vec<(Duration, Timer<SwimIdentity>)>,
 }
 
 impl drive::Host for Asked {
-    fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
-        self.outgoing.push((to.addr, data.to_vec()));
+    fn send(
+        &mut self,
+        to: SwimIdentity,
+        data: bytes::Bytes,
+        header: Option<&foca::Header<SwimIdentity>>,
+    ) {
+        self.outgoing
+            .push((to.addr, data.to_vec(), header.cloned()));
     }
 
     fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
@@ -666,7 +672,7 @@ impl Network {
         let member = &mut self.members[index];
         let life = member.life;
         let mut asked = Asked::default();
-        let replaced = drive::drain(&mut member.runtime, &mut asked);
+        let replaced = drive::drain(&mut member.runtime, &mut asked, &member.foca);
         let Asked { outgoing, timers } = asked;
         if index == 0 {
             let noted = self.changes.take();
@@ -686,8 +692,8 @@ impl Network {
                 },
             );
         }
-        for (to, data) in outgoing {
-            if let Some(header) = drive::header(&data) {
+        for (to, data, header) in outgoing {
+            if let Some(header) = header {
                 self.members[index].probes.sent(&header);
             }
             self.send(index, to, data);

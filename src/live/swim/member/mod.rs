@@ -292,7 +292,7 @@ impl SwimMember {
             probes: &mut self.probes,
             started: self.started,
         };
-        let replaced = drive::drain(&mut self.runtime, &mut host);
+        let replaced = drive::drain(&mut self.runtime, &mut host, &self.foca);
         let changed = drive::track(
             &mut self.tracker,
             &self.changes,

@@ -105,11 +105,15 @@ pub(super) struct UdpHost<'a, 'c> {
 }
 
 impl drive::Host for UdpHost<'_, '_> {
-    fn send(&mut self, to: SwimIdentity, data: bytes::Bytes) {
+    fn send(
+        &mut self,
+        to: SwimIdentity,
+        data: bytes::Bytes,
+        header: Option<&foca::Header<SwimIdentity>>,
+    ) {
         // A ping is noted as sent even when withheld: unanswered, it may
         // be vouched for.
-        let header = drive::header(&data);
-        if let Some(header) = &header {
+        if let Some(header) = header {
             self.probes.sent(header);
         }
         if !self.bound.may_send(to.addr, std::time::Instant::now()) {
