@@ -617,6 +617,19 @@ mod tests {
         assert!(!admitted(joined), "{joined:?}");
     }
 
+    /// A ping from `src` at `incarnation` to `dst`, as a datagram.
+    fn ping(src: SwimIdentity, incarnation: foca::Incarnation, dst: &SwimIdentity) -> Vec<u8> {
+        let header = foca::Header {
+            src,
+            src_incarnation: incarnation,
+            dst: dst.clone(),
+            message: foca::Message::Ping(3),
+        };
+        let mut datagram = Vec::new();
+        foca::Codec::encode_header(&mut foca::PostcardCodec, &header, &mut datagram).unwrap();
+        datagram
+    }
+
     /// What `foca` asks to send, by message, and what [`drain`] sends of
     /// it.
     fn asked_and_sent(
@@ -679,14 +692,7 @@ mod tests {
         foca.apply_many(state(1, State::Down), true, &mut runtime)
             .unwrap();
         asked_and_sent(&foca, &mut runtime);
-        let ping = foca::Header {
-            src: x.clone(),
-            src_incarnation: 1,
-            dst: foca.identity().clone(),
-            message: foca::Message::Ping(3),
-        };
-        let mut datagram = Vec::new();
-        foca::Codec::encode_header(&mut foca::PostcardCodec, &ping, &mut datagram).unwrap();
+        let datagram = ping(x.clone(), 1, foca.identity());
         foca.handle_data(&datagram, &mut runtime).unwrap();
         let (_, sent) = asked_and_sent(&foca, &mut runtime);
         assert!(sent.contains(&foca::Message::TurnUndead), "{sent:?}");
@@ -717,14 +723,7 @@ mod tests {
         )
         .unwrap();
         asked_and_sent(&foca, &mut runtime);
-        let ping = foca::Header {
-            src: renewed,
-            src_incarnation: 0,
-            dst: foca.identity().clone(),
-            message: foca::Message::Ping(3),
-        };
-        let mut datagram = Vec::new();
-        foca::Codec::encode_header(&mut foca::PostcardCodec, &ping, &mut datagram).unwrap();
+        let datagram = ping(renewed, 0, foca.identity());
         with_signed(Some(&view), || foca.handle_data(&datagram, &mut runtime)).unwrap();
         let (asked, sent) = asked_and_sent(&foca, &mut runtime);
         assert!(asked.contains(&foca::Message::TurnUndead), "{asked:?}");
