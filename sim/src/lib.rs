@@ -32,8 +32,8 @@ use poolgate_actors::{EventStream, Gate, GateError, GateSettings};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use net::{address, node_name};
-pub use net::{Network, NetworkModel, Partition};
+use net::address;
+pub use net::{node_name, Network, NetworkModel, Partition};
 use poolgate::live::nodes::Nodes;
 use poolgate::live::swim::SwimTimings;
 

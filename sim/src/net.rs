@@ -155,7 +155,14 @@ struct Member {
     generation: u64,
     /// The probe under way, as this member's datagrams show it.
     probes: drive::Probes,
+    /// Stopped until this instant (SIGSTOP, a paused VM): what comes for
+    /// it meanwhile waits (see [`Network::pause`]).
+    paused_until: u64,
 }
+
+/// How long after a pause a member's late timers run: the live member
+/// reads the datagrams that came in meanwhile first (its `CATCH_UP`).
+const CATCH_UP_MS: u64 = 100;
 
 /// The simulated cluster.
 pub struct Network {
@@ -267,6 +274,7 @@ impl Network {
             life: 0,
             generation,
             probes: drive::Probes::default(),
+            paused_until: 0,
         }
     }
 
@@ -449,6 +457,28 @@ impl Network {
         }
     }
 
+    /// Member `index` stops for `ms` (SIGSTOP, a paused VM), then goes on:
+    /// the datagrams sent to it meanwhile wait in its socket and are read
+    /// when it resumes, its timers run late, after them.
+    pub fn pause(&mut self, index: usize, ms: u64) {
+        let until = self.now + ms;
+        if let Some(member) = self.members.get_mut(index) {
+            member.paused_until = member.paused_until.max(until);
+        }
+    }
+
+    /// When an event for a paused member is to run instead, if it is.
+    fn resumes(&self, event: &Event) -> Option<u64> {
+        let (index, catch_up) = match event {
+            Event::Deliver { to, .. } => (*to, 0),
+            Event::Timer { member, .. }
+            | Event::Repair { member, .. }
+            | Event::Vouched { member, .. } => (*member, CATCH_UP_MS),
+        };
+        let until = self.members.get(index)?.paused_until;
+        (until > self.now).then_some(until + catch_up)
+    }
+
     /// Member `index` comes back as a new process: a new generation, an
     /// empty view, announcing itself to the seed.
     pub fn restart(&mut self, index: usize) {
@@ -533,6 +563,10 @@ impl Network {
     }
 
     fn run(&mut self, event: Event) {
+        if let Some(at) = self.resumes(&event) {
+            self.schedule(at, event);
+            return;
+        }
         match event {
             Event::Deliver { to, data } => {
                 let Some(member) = self.members.get_mut(to) else {
