@@ -472,12 +472,6 @@ fn receive(
 pub type TermLasts = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl SwimMember {
-    /// The signed view that decides address conflicts now: none once the
-    /// attached term is over. A deposed leader woken from a freeze reads
-    /// the datagrams that waited before its term is detached; decided by
-    /// its nodes' last lives, a node restarted under the next leader would
-    /// lose the conflict here and be declared down (an operator's finding:
-    /// the next leader faulted a run over it).
     /// Refutes at once any suspicion of this member raised while it was
     /// away, then announces it to `seeds` (see [`drive::join_again`]);
     /// `after` says what it was back from (the count's label).
@@ -494,6 +488,12 @@ impl SwimMember {
         self.report("join again", result);
     }
 
+    /// The signed view that decides address conflicts now: none once the
+    /// attached term is over. A deposed leader woken from a freeze reads
+    /// the datagrams that waited before its term is detached; decided by
+    /// its nodes' last lives, a node restarted under the next leader would
+    /// lose the conflict here and be declared down (an operator's finding:
+    /// the next leader faulted a run over it).
     fn signed_now(&self) -> Option<crate::live::swim::identity::SignedView> {
         // The term's clock is asked only when there is a view to decide by
         // (a follower's member, and every node's, has none).
