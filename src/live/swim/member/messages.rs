@@ -274,7 +274,7 @@ impl Handler<JoinAgain> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: JoinAgain, ctx: &mut Context<Self>) {
-        self.join_again(msg.seeds, "rejoin");
+        self.join_again(msg.seeds);
         self.drain(ctx);
     }
 }
@@ -307,18 +307,8 @@ impl Handler<FocaTimer> for SwimMember {
 
     fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
         let now = std::time::Instant::now();
-        let late = now.saturating_duration_since(msg.due);
-        if !msg.deferred && late > LATE {
+        if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
             metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
-            // Stalled long enough to have been suspected: refuted now,
-            // once per stall, before any member's verdict can land.
-            let refuted = self
-                .refuted_at
-                .is_some_and(|at| now.saturating_duration_since(at) < late);
-            if late >= self.refute_after && !refuted {
-                self.join_again(Vec::new(), "stall");
-                self.drain(ctx);
-            }
             ctx.notify_later(
                 FocaTimer {
                     timer: msg.timer,

@@ -157,17 +157,6 @@ pub struct SwimMember {
     /// How long an answer is awaited: half of what is left of the probe
     /// period once foca turns to indirect probes.
     answer_within: Duration,
-    /// A stall this long (a timer handled this late) may have had this
-    /// member suspected: a probe of it fails when it answers neither the
-    /// ping nor the others asked before the probe period ends, so a
-    /// suspicion takes a stall of a whole period; a timer comes due at
-    /// least every fifth of it (the periodic gossip), so a timer late by
-    /// four fifths of a period tells such a stall. A shorter one refutes
-    /// nothing (each refutation is a change of the node in the gate).
-    refute_after: Duration,
-    /// When this member last refuted a suspicion it could not hear of
-    /// (see [`drive::join_again`]): once per stall.
-    refuted_at: Option<std::time::Instant>,
 }
 
 /// The name every orchestrator's SWIM member goes by.
@@ -247,7 +236,6 @@ impl SwimMember {
         let (codec, changes) = WatchingCodec::watched();
         let repair = drive::Repair::for_config(&config);
         let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
-        let refute_after = config.probe_period.mul_f64(0.8);
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
@@ -272,8 +260,6 @@ impl SwimMember {
             vouching: Vouching::Nobody,
             asked: None,
             answer_within,
-            refute_after,
-            refuted_at: None,
         };
         Ok((member.start(), addr))
     }
@@ -473,9 +459,8 @@ pub type TermLasts = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl SwimMember {
     /// Refutes at once any suspicion of this member raised while it was
-    /// away, then announces it to `seeds` (see [`drive::join_again`]);
-    /// `after` says what it was back from (the count's label).
-    fn join_again(&mut self, seeds: Vec<SocketAddr>, after: &'static str) {
+    /// away, then announces it to `seeds` (see [`drive::join_again`]).
+    fn join_again(&mut self, seeds: Vec<SocketAddr>) {
         let signed = self.signed_now();
         let incarnation = self.probes.incarnation();
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
@@ -483,8 +468,7 @@ impl SwimMember {
         let result = with_signed(signed.as_ref(), || {
             drive::join_again(foca, incarnation, seeds, runtime)
         });
-        self.refuted_at = Some(std::time::Instant::now());
-        metrics::counter!("poolgate_swim_refuted_on_return_total", "after" => after).increment(1);
+        metrics::counter!("poolgate_swim_refuted_on_return_total").increment(1);
         self.report("join again", result);
     }
 
