@@ -260,7 +260,7 @@ impl Handler<Join> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) {
-        for seed in msg.seeds {
+        for seed in self.others(msg.seeds) {
             let result = self
                 .foca
                 .announce(SwimIdentity::seed(seed), &mut self.runtime);
@@ -274,7 +274,8 @@ impl Handler<JoinAgain> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: JoinAgain, ctx: &mut Context<Self>) {
-        self.join_again(msg.seeds);
+        let seeds = self.others(msg.seeds);
+        self.join_again(seeds);
         self.drain(ctx);
     }
 }

@@ -458,6 +458,15 @@ fn receive(
 pub type TermLasts = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl SwimMember {
+    /// `seeds` but this member's own address (replicas list one another,
+    /// each itself among them: foca refuses its own announce as data from
+    /// itself, an error counted for nothing).
+    fn others(&self, mut seeds: Vec<SocketAddr>) -> Vec<SocketAddr> {
+        let own = self.foca.identity().addr;
+        seeds.retain(|seed| *seed != own);
+        seeds
+    }
+
     /// Refutes at once any suspicion of this member raised while it was
     /// away, then announces it to `seeds` (see [`drive::join_again`]).
     fn join_again(&mut self, seeds: Vec<SocketAddr>) {
