@@ -75,9 +75,9 @@ pub fn drain(
     replaced
 }
 
-/// Whether a datagram (its `header`), bound for `to`, tells it "you are down" (foca's
-/// `TurnUndead`) though `view` does not hold it down: such a datagram is
-/// not sent (counted). foca 2.0 sends it when its suspicion of a member
+/// Whether a datagram (its `header`), bound for `to`, tells it "you are
+/// down" (foca's `TurnUndead`) though `view` does not hold it down: such
+/// a datagram is not sent (counted). foca 2.0 sends it when its suspicion of a member
 /// times out even if the member refuted the suspicion meanwhile (the
 /// courtesy does not look at whether the down was applied), and to a
 /// sender that lost an address conflict here (at the leader: a node's
@@ -245,8 +245,8 @@ pub fn vouched(
 /// alive at the same incarnation, takes it for a death. Refuted first,
 /// the member is held at a higher incarnation by every member it speaks
 /// to (the seeds at once), and that late verdict is stale there (design
-/// §15; an operator's trial: a run committed on a pool ready again after
-/// a node's 4 s stop faulted `dead` 190 ms later).
+/// §15; `tests/live_cluster.rs` has an insider say such a verdict after a
+/// node's stop: without this, the run committed since faulted `dead`).
 pub fn join_again(
     foca: &mut SwimFoca,
     incarnation: foca::Incarnation,
