@@ -13,10 +13,15 @@ impl Message for Join {
     type Result = ();
 }
 
-/// Announce this member to seeds known by address as a member back from
-/// an absence, refuting first whatever suspicion of it was raised
-/// meanwhile (see [`drive::join_again`]): a node agent that lost its
-/// orchestrator sends this.
+/// Announce this member to seeds known by address: a node agent that
+/// lost its orchestrator sends this. A member back from an absence (it
+/// stalled: its timers ran late within the last second, or it was cut
+/// off: it heard no datagram for a probe period) refutes first whatever
+/// suspicion of it was raised meanwhile (see [`drive::join_again`]); one
+/// whose SWIM went on (only its agent connection was cut, or its
+/// orchestrator froze) was suspected of nothing, and only announces: a
+/// refutation is a change of the node in the gate, which would come
+/// before the orchestrator's own word that the node is unavailable.
 #[derive(Debug)]
 pub struct JoinAgain {
     /// The seeds' socket addresses.
@@ -59,6 +64,10 @@ pub const LATE: Duration = Duration::from_millis(250);
 
 /// How long a late timer is put off.
 pub const CATCH_UP: Duration = Duration::from_millis(100);
+
+/// A stall found this long before a [`JoinAgain`] is the absence it
+/// comes back from.
+const STALL_RECENT: Duration = Duration::from_secs(1);
 
 impl Message for FocaTimer {
     type Result = ();
@@ -260,12 +269,8 @@ impl Handler<Join> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) {
-        for seed in self.others(msg.seeds) {
-            let result = self
-                .foca
-                .announce(SwimIdentity::seed(seed), &mut self.runtime);
-            self.report("announce", result);
-        }
+        let seeds = self.others(msg.seeds);
+        self.announce_to(seeds);
         self.drain(ctx);
     }
 }
@@ -274,9 +279,20 @@ impl Handler<JoinAgain> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: JoinAgain, ctx: &mut Context<Self>) {
+        let now = std::time::Instant::now();
+        let unheard = now.saturating_duration_since(self.heard_at) >= self.probe_period;
         let seeds = self.others(msg.seeds);
-        self.join_again(seeds);
-        self.drain(ctx);
+        // The late timers of a stall may still wait behind this message:
+        // decided once they have run.
+        ctx.run_later(CATCH_UP, move |member, ctx| {
+            let stalled = member.stalled_at.is_some_and(|at| at + STALL_RECENT >= now);
+            if unheard || stalled {
+                member.join_again(seeds);
+            } else {
+                member.announce_to(seeds);
+            }
+            member.drain(ctx);
+        });
     }
 }
 
@@ -287,7 +303,9 @@ impl Handler<Datagram> for SwimMember {
         // A datagram that opened under the keyring makes its source heard
         // (see `reflect`). One foca cannot use (garbage, oversized, our
         // own) is dropped: the network is not trusted to be well-formed.
-        self.bound.heard(msg.from, std::time::Instant::now());
+        let now = std::time::Instant::now();
+        self.heard_at = now;
+        self.bound.heard(msg.from, now);
         // Only a datagram that may answer the probe under way is read
         // for it (the rest go to foca alone, as before).
         if self.probes.awaits_ack() {
@@ -310,6 +328,7 @@ impl Handler<FocaTimer> for SwimMember {
         let now = std::time::Instant::now();
         if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
             metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+            self.stalled_at = Some(now);
             ctx.notify_later(
                 FocaTimer {
                     timer: msg.timer,

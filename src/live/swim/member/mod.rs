@@ -157,6 +157,13 @@ pub struct SwimMember {
     /// How long an answer is awaited: half of what is left of the probe
     /// period once foca turns to indirect probes.
     answer_within: Duration,
+    /// foca's probe period: a member that heard no datagram for as long
+    /// may have been cut off, and suspected.
+    probe_period: Duration,
+    /// When this member last received a datagram.
+    heard_at: std::time::Instant,
+    /// When this member last found its own timers late (it stalled).
+    stalled_at: Option<std::time::Instant>,
 }
 
 /// The name every orchestrator's SWIM member goes by.
@@ -236,6 +243,7 @@ impl SwimMember {
         let (codec, changes) = WatchingCodec::watched();
         let repair = drive::Repair::for_config(&config);
         let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
+        let probe_period = config.probe_period;
         let member = SwimMember {
             foca: Foca::new(identity, config, rng, codec),
             runtime: AccumulatingRuntime::new(),
@@ -260,6 +268,9 @@ impl SwimMember {
             vouching: Vouching::Nobody,
             asked: None,
             answer_within,
+            probe_period,
+            heard_at: std::time::Instant::now(),
+            stalled_at: None,
         };
         Ok((member.start(), addr))
     }
@@ -465,6 +476,16 @@ impl SwimMember {
         let own = self.foca.identity().addr;
         seeds.retain(|seed| *seed != own);
         seeds
+    }
+
+    /// Announces this member to `seeds`.
+    fn announce_to(&mut self, seeds: Vec<SocketAddr>) {
+        for seed in seeds {
+            let result = self
+                .foca
+                .announce(SwimIdentity::seed(seed), &mut self.runtime);
+            self.report("announce", result);
+        }
     }
 
     /// Refutes at once any suspicion of this member raised while it was

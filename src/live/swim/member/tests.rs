@@ -90,14 +90,17 @@ async fn headers_within(
     headers
 }
 
-/// A node agent that lost its orchestrator joins again at a new
-/// incarnation: whatever suspicion of it was raised while it was away is
-/// refuted in the announce itself (see `drive::join_again`); a first
-/// join does not.
+/// A node agent that lost its orchestrator joins again: at a new
+/// incarnation when it heard no datagram for a probe period (cut off, so
+/// perhaps suspected: refuted in the announce itself, see
+/// `drive::join_again`), at the same one when its SWIM went on (only its
+/// agent connection was cut: a refutation would be a change of the node
+/// in the gate before the orchestrator's own word that it is
+/// unavailable). A first join refutes nothing.
 #[test]
-fn a_member_joining_again_announces_itself_at_a_new_incarnation() {
+fn a_member_joining_again_refutes_only_when_it_was_away() {
     actix_rt::System::new().block_on(async {
-        let (member, _, peer) = beside("node-1").await;
+        let (member, addr, peer) = beside("node-1").await;
         let seeds = vec![peer.local_addr().unwrap()];
         let announced = |headers: Vec<foca::Header<SwimIdentity>>| {
             headers
@@ -110,8 +113,38 @@ fn a_member_joining_again_announces_itself_at_a_new_incarnation() {
         });
         let first = announced(headers_within(&peer, Duration::from_millis(300)).await);
         assert_eq!(first, Some(0), "a first join");
+        // Heard from a moment ago: its SWIM goes on.
+        let ping = foca::Header {
+            src: SwimIdentity {
+                node: "node-2".into(),
+                addr: peer.local_addr().unwrap(),
+                generation: 1,
+            },
+            src_incarnation: 0,
+            dst: SwimIdentity {
+                node: "node-1".into(),
+                addr,
+                generation: 5,
+            },
+            message: foca::Message::Ping(7),
+        };
+        let mut datagram = Vec::new();
+        foca::Codec::encode_header(&mut foca::PostcardCodec, &ping, &mut datagram).unwrap();
+        peer.send_to(&datagram, addr).await.unwrap();
+        // Its ack says it was heard.
+        let acked = headers_within(&peer, Duration::from_millis(50)).await;
+        assert!(acked
+            .iter()
+            .any(|h| matches!(h.message, foca::Message::Ack(7))));
+        member.do_send(JoinAgain {
+            seeds: seeds.clone(),
+        });
+        let went_on = announced(headers_within(&peer, Duration::from_millis(300)).await);
+        assert_eq!(went_on, Some(0), "heard from lately: only announced");
+        // Nothing heard for longer than a probe period (`fast`: 400 ms).
+        let _ = headers_within(&peer, Duration::from_millis(300)).await;
         member.do_send(JoinAgain { seeds });
         let again = announced(headers_within(&peer, Duration::from_millis(300)).await);
-        assert_eq!(again, Some(1), "joined again: refuted first");
+        assert_eq!(again, Some(1), "cut off: refuted first");
     });
 }
