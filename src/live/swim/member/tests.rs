@@ -1,11 +1,33 @@
 use super::*;
 use rand::SeedableRng;
 
+/// Ping 7 from node-2 at `from` to node-1 (of `generation`) at `to`, as
+/// a datagram.
+fn ping_from_node2(from: SocketAddr, to: SocketAddr, generation: u64) -> Vec<u8> {
+    let header = foca::Header {
+        src: SwimIdentity {
+            node: "node-2".into(),
+            addr: from,
+            generation: 1,
+        },
+        src_incarnation: 0,
+        dst: SwimIdentity {
+            node: "node-1".into(),
+            addr: to,
+            generation,
+        },
+        message: foca::Message::Ping(7),
+    };
+    let mut datagram = Vec::new();
+    foca::Codec::encode_header(&mut foca::PostcardCodec, &header, &mut datagram).unwrap();
+    datagram
+}
+
 /// A ping sent twice (as a copy) is answered once, and the answer goes
 /// out twice, byte for byte.
 #[test]
 fn a_ping_and_its_copy_get_one_ack_sent_twice() {
-    use foca::{Codec, Header, Message};
+    use foca::{Codec, Message};
     actix_rt::System::new().block_on(async {
         let generation = 5;
         let (_member, addr) = SwimMember::start(
@@ -20,24 +42,7 @@ fn a_ping_and_its_copy_get_one_ack_sent_twice() {
         )
         .unwrap();
         let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let header = Header {
-            src: SwimIdentity {
-                node: "node-2".into(),
-                addr: peer.local_addr().unwrap(),
-                generation: 1,
-            },
-            src_incarnation: 0,
-            dst: SwimIdentity {
-                node: "node-1".into(),
-                addr,
-                generation,
-            },
-            message: Message::Ping(7),
-        };
-        let mut ping = Vec::new();
-        foca::PostcardCodec
-            .encode_header(&header, &mut ping)
-            .unwrap();
+        let ping = ping_from_node2(peer.local_addr().unwrap(), addr, generation);
         peer.send_to(&ping, addr).await.unwrap();
         peer.send_to(&ping, addr).await.unwrap();
         let mut acks = Vec::new();
@@ -114,23 +119,8 @@ fn a_member_joining_again_refutes_only_when_it_was_away() {
         let first = announced(headers_within(&peer, Duration::from_millis(300)).await);
         assert_eq!(first, Some(0), "a first join");
         // Heard from a moment ago: its SWIM goes on.
-        let ping = foca::Header {
-            src: SwimIdentity {
-                node: "node-2".into(),
-                addr: peer.local_addr().unwrap(),
-                generation: 1,
-            },
-            src_incarnation: 0,
-            dst: SwimIdentity {
-                node: "node-1".into(),
-                addr,
-                generation: 5,
-            },
-            message: foca::Message::Ping(7),
-        };
-        let mut datagram = Vec::new();
-        foca::Codec::encode_header(&mut foca::PostcardCodec, &ping, &mut datagram).unwrap();
-        peer.send_to(&datagram, addr).await.unwrap();
+        let ping = ping_from_node2(peer.local_addr().unwrap(), addr, 5);
+        peer.send_to(&ping, addr).await.unwrap();
         // Its ack says it was heard.
         let acked = headers_within(&peer, Duration::from_millis(50)).await;
         assert!(acked
