@@ -160,6 +160,9 @@ async fn life(
         }
         history.saw(&drain(&mut events))?;
     }
+    // What the life's last step set off is told before it ends: a round
+    // trip through the gate, then what was published meanwhile.
+    let _ = gate.report().await;
     history.saw(&drain(&mut events))?;
     Ok(())
 }
