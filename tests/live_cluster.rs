@@ -35,6 +35,18 @@ probe_rtt = "60ms"
 suspicion_timeout = "1s"
 "#;
 
+/// One pool of the nodes started, a 300 ms window, `wait`: no `[swim]`
+/// timings (the default profile), or a test's own after it.
+const POOL: &str = r#"
+[pool]
+id = "live"
+members = ["unused"]
+[readiness]
+convergence_window = "300ms"
+[planning]
+on_readiness_lost = "wait"
+"#;
+
 const LIMIT: Duration = Duration::from_secs(40);
 
 fn plan(nodes: u32) -> ClusterPlan {
@@ -813,17 +825,8 @@ fn a_node_agent_told_to_stop_says_it_left_not_that_it_was_declared_down() {
 /// run within 3 s. (Before: a 0.5 s stall faulted a run 2 times in 5.)
 #[test]
 fn the_default_profile_rides_through_a_one_second_stall_and_still_finds_a_frozen_node() {
-    const DEFAULTS: &str = r#"
-[pool]
-id = "live"
-members = ["unused"]
-[readiness]
-convergence_window = "300ms"
-[planning]
-on_readiness_lost = "wait"
-"#;
     live_for(Duration::from_secs(90), async {
-        let plan = common::live::plan(DEFAULTS, 3);
+        let plan = common::live::plan(POOL, 3);
         assert_eq!(
             plan.base.swim.timings,
             poolgate::config::SwimTimings::STEADY,
@@ -882,21 +885,16 @@ fn a_verdict_on_a_suspicion_from_before_a_node_came_back_faults_nothing() {
     use poolgate::live::keys::ClusterKey;
     use poolgate::live::swim::identity::SwimIdentity;
     use poolgate::live::wire::Keyring;
-    const SLOW: &str = r#"
-[pool]
-id = "live"
-members = ["unused"]
-[readiness]
-convergence_window = "300ms"
-[planning]
-on_readiness_lost = "wait"
-[swim]
+    let slow = format!(
+        "{POOL}{}",
+        r#"[swim]
 probe_period = "6s"
 probe_rtt = "2s"
 suspicion_timeout = "10s"
-"#;
+"#
+    );
     live_for(Duration::from_secs(60), async {
-        let (cluster, gate, mut events) = start(&common::live::plan(SLOW, 1)).await;
+        let (cluster, gate, mut events) = start(&common::live::plan(&slow, 1)).await;
         ready(&mut events).await;
         let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
         let keyring = Keyring::new(&[key], &cluster.config.swim.label);
