@@ -286,10 +286,29 @@ fn orchestrator_config(pools: &[GateSettings]) -> poolgate::Config {
     poolgate::Config::parse(&text, "fleet example").expect("a valid config")
 }
 
+/// Waits until the heap stops shrinking (the actors, tasks and threads
+/// of what was stopped have dropped what they held), at most 5 s: a
+/// measurement that began earlier would count what they free meanwhile
+/// against what it holds.
+async fn settled() {
+    let (mut last, mut still) = (live(), 0);
+    for _ in 0..250 {
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        let now = live();
+        still = if now == last { still + 1 } else { 0 };
+        if still == 5 {
+            return;
+        }
+        last = now;
+    }
+}
+
 /// Live orchestrators over `layout(pools, size)`, fed every node's facts
 /// to ready: one with every pool (`one`), or one per pool; the heap they
-/// hold (gate, SWIM member, agent listener and their tables each).
+/// hold (gate, SWIM member, agent listener and their tables each), from
+/// a settled heap to ready.
 async fn orchestrators_heap(pools: usize, size: usize, one: bool) -> isize {
+    settled().await;
     let before = live();
     let layout = layout(pools, size);
     let configs: Vec<poolgate::Config> = match one {
@@ -383,10 +402,14 @@ fn main() {
         }
         for &(pools, size) in &layouts {
             let _ = orchestrators_heap(pools, size, true).await;
-            let separate = orchestrators_heap(pools, size, false).await;
-            let one = orchestrators_heap(pools, size, true).await;
+            let (mut separate, mut one) = (Vec::new(), Vec::new());
+            for _ in 0..5 {
+                separate.push(orchestrators_heap(pools, size, false).await as f64);
+                one.push(orchestrators_heap(pools, size, true).await as f64);
+            }
+            let (separate, one) = (median(separate).0, median(one).0);
             lines.push(format!(
-                r#"{{"measure":"orchestrators","pools":{pools},"size":{size},"one_fleet_orchestrator_heap_bytes":{one},"orchestrator_per_pool_heap_bytes":{separate}}}"#
+                r#"{{"measure":"orchestrators","pools":{pools},"size":{size},"one_fleet_orchestrator_heap_bytes":{one:.0},"orchestrator_per_pool_heap_bytes":{separate:.0}}}"#
             ));
         }
         let observations: &[(usize, usize)] = match only_orchestrators {
