@@ -96,7 +96,9 @@ struct State {
     candidacy: Candidacy,
     /// The facts of every node that is known to the registry or a
     /// candidate of some pool: what a pool defined later starts from.
-    facts: HashMap<NodeId, NodeFacts>,
+    /// Boxed: a fleet-wide table's spare slots then cost a pointer each,
+    /// not a node's facts.
+    facts: HashMap<NodeId, Box<NodeFacts>>,
     /// The number the next observation handed to the pools takes (a
     /// fleet's recording writes each once).
     next_fanout: u64,
@@ -284,7 +286,7 @@ impl Fleet {
         let snapshot = |state: &State| -> Vec<(NodeId, NodeFacts)> {
             added
                 .iter()
-                .filter_map(|node| Some((node.clone(), state.facts.get(node)?.clone())))
+                .filter_map(|node| Some((node.clone(), NodeFacts::clone(state.facts.get(node)?))))
                 .collect()
         };
         if !self.shared.tells {
@@ -452,7 +454,10 @@ impl Fleet {
             .collect();
         let fanout = Fanout::Fleet(*next_fanout);
         *next_fanout += observations.len() as u64;
-        let held = facts.entry(node.clone()).or_default();
+        let held = match facts.get_mut(node) {
+            Some(held) => held,
+            None => facts.entry(node.clone()).or_default(),
+        };
         for observation in observations {
             let was_known = held.is_known();
             let applied = held.observe(observation);

@@ -2,7 +2,7 @@
 //! a candidate, and which committed run each node serves. Values, no I/O:
 //! the actor subsystem's `Fleet` keeps them and asks them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::ids::{NodeId, PoolId, RunId};
 use crate::run::Refusal;
@@ -11,15 +11,20 @@ use crate::run::Refusal;
 /// goes to these pools and no others.
 #[derive(Debug, Default, Clone)]
 pub struct Candidacy {
-    /// Each node's pools, sorted (a short list: most nodes are in few).
-    pools_of: HashMap<NodeId, Vec<PoolId>>,
+    /// Each node's pools, sorted (a short list: most nodes are in few),
+    /// each list exactly as long as it is (a fleet-wide table: no spare
+    /// capacity per node).
+    pools_of: HashMap<NodeId, Box<[PoolId]>>,
     members_of: BTreeMap<PoolId, Vec<NodeId>>,
 }
 
 impl Candidacy {
     /// The pools that hold `node`, by id.
     pub fn pools_of(&self, node: &NodeId) -> impl Iterator<Item = &PoolId> {
-        self.pools_of.get(node).into_iter().flatten()
+        self.pools_of
+            .get(node)
+            .into_iter()
+            .flat_map(|pools| pools.iter())
     }
 
     /// The pools, by id.
@@ -40,12 +45,16 @@ impl Candidacy {
     /// (Re)defines `pool` over `members`; returns the members it did not
     /// have before (none before: all of them).
     pub fn define(&mut self, pool: &PoolId, members: &[NodeId]) -> Vec<NodeId> {
-        let before = self.remove(pool);
+        let before: HashSet<NodeId> = self.remove(pool).into_iter().collect();
         let mut added = Vec::new();
         for node in members {
             let pools = self.pools_of.entry(node.clone()).or_default();
             if let Err(at) = pools.binary_search(pool) {
-                pools.insert(at, pool.clone());
+                let mut grown = Vec::with_capacity(pools.len() + 1);
+                grown.extend_from_slice(&pools[..at]);
+                grown.push(pool.clone());
+                grown.extend_from_slice(&pools[at..]);
+                *pools = grown.into_boxed_slice();
             }
             if !before.contains(node) {
                 added.push(node.clone());
@@ -60,9 +69,10 @@ impl Candidacy {
         let members = self.members_of.remove(pool).unwrap_or_default();
         for node in &members {
             if let Some(pools) = self.pools_of.get_mut(node) {
-                pools.retain(|p| p != pool);
-                if pools.is_empty() {
-                    self.pools_of.remove(node);
+                let left: Box<[PoolId]> = pools.iter().filter(|p| *p != pool).cloned().collect();
+                match left.is_empty() {
+                    true => drop(self.pools_of.remove(node)),
+                    false => *pools = left,
                 }
             }
         }
