@@ -9,16 +9,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use actix::Addr;
-use poolgate_actors::core::{
-    AgentReport, FaultReason, IdentityMaterial, NodeId, Observation, SwimState,
-};
+use poolgate_actors::core::{AgentReport, NodeId};
 use poolgate_actors::Fleet;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::conversation::{Admitted, Conversation, Verdict};
 use super::keys::PublicKey;
-use super::nodes::{FrameHeard, Nodes};
+use super::nodes::{Frame, Nodes, Taken};
 use super::status;
 use super::swim::member::Join;
 use super::swim::SwimMember;
@@ -44,6 +42,17 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the listener does next with a connection's frame, once the node
+/// table has judged it.
+enum Next {
+    /// Accepted and taken: acknowledge it (`true`: the connection's first).
+    Take(Taken, bool),
+    /// The connection's first frame: answer with this challenge.
+    Challenge(wire::Nonce),
+    /// Refused: say why and close.
+    Refuse(NodeId, Refused),
 }
 
 /// The agent listener's socket, with a deep accept queue: a burst of
@@ -282,11 +291,7 @@ impl Listener {
             // is over (a new connection of the node ends it too).
             let mut held = false;
             while silent.is_some() && !fleet.is_stopped() {
-                let holds = {
-                    let known = lock(&nodes);
-                    known.attached.get(&node) == Some(&id)
-                        && known.holds_back_silence(std::time::Instant::now())
-                };
+                let holds = lock(&nodes).holds_back(&node, id, std::time::Instant::now());
                 if !holds {
                     break;
                 }
@@ -306,17 +311,13 @@ impl Listener {
             // was given to speak.
             if let (true, Some(silence)) = (held, silent) {
                 let until = tokio::time::Instant::now() + silence;
-                while tokio::time::Instant::now() < until
-                    && lock(&nodes).attached.get(&node) == Some(&id)
-                {
+                while tokio::time::Instant::now() < until && lock(&nodes).attached_on(&node, id) {
                     tokio::time::sleep(HELD_LOOK_EVERY).await;
                 }
             }
-            let still_this = lock(&nodes).attached.get(&node) == Some(&id);
-            if !still_this {
+            if !lock(&nodes).detach(&node, id) {
                 return;
             }
-            lock(&nodes).attached.remove(&node);
             tracing::warn!(%node, %peer, "agent connection lost and not reopened: the node is not available until it announces again");
             if let Err(e) = fleet
                 .agent(AgentReport::Unavailable { node: node.clone() })
@@ -390,17 +391,38 @@ impl Listener {
                     return talk.into_last();
                 }
             };
-            let admitted = talk.admit(opened, &mut lock(&self.nodes).last_seq, keys, rand::random);
-            let (node, seq, announcement, repeats, first, ask) = match admitted {
-                Admitted::Accepted {
-                    node,
-                    seq,
-                    announcement,
-                    repeats,
-                    first,
-                    ask,
-                } => (node, seq, announcement, repeats, first, ask),
-                Admitted::Challenge(nonce) => {
+            // One lock for all the frame changes: its sequence, then what
+            // it comes to (the node table's one entry for a frame).
+            let taken = {
+                let mut nodes = lock(&self.nodes);
+                match talk.admit(opened, nodes.sequences_mut(), keys, rand::random) {
+                    Admitted::Accepted {
+                        node,
+                        seq,
+                        announcement,
+                        repeats,
+                        first,
+                        ask,
+                    } => {
+                        let frame = Frame {
+                            node,
+                            connection: id,
+                            peer,
+                            seq,
+                            announcement,
+                            repeats,
+                            ask,
+                        };
+                        let now = std::time::Instant::now();
+                        Next::Take(nodes.take_frame(frame, now, silence, self.own_swim), first)
+                    }
+                    Admitted::Challenge(nonce) => Next::Challenge(nonce),
+                    Admitted::Refuse { node, refused } => Next::Refuse(node, refused),
+                }
+            };
+            let (taken, first) = match taken {
+                Next::Take(taken, first) => (taken, first),
+                Next::Challenge(nonce) => {
                     let reply = wire::encode_reply(&wire::challenge(&nonce));
                     let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
                     if !matches!(written, Ok(Ok(()))) {
@@ -408,68 +430,45 @@ impl Listener {
                     }
                     continue;
                 }
-                Admitted::Refuse { node, refused } => {
+                Next::Refuse(node, refused) => {
                     self.refuse(&mut stream, peer, Some(&node), &refused).await;
                     return talk.into_last();
                 }
             };
+            let Taken {
+                node,
+                seq,
+                superseded,
+                twin,
+                observations,
+                join,
+                vouch,
+            } = taken;
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
-            let (previous, twin, new_process) = {
-                let mut nodes = lock(&self.nodes);
-                let frame = FrameHeard {
-                    connection: id,
-                    peer,
-                    life: seq >> wire::COUNTER_BITS,
-                    identity: (announcement.swim, announcement.generation),
-                    heartbeat: announcement.heartbeat_ms.map_or(
-                        std::time::Duration::from_secs(1),
-                        std::time::Duration::from_millis,
-                    ),
-                };
-                let new_process = if nodes.replaced_since_stored(&node, &frame) {
-                    Some(Replaced::SinceStored)
-                } else {
-                    nodes.new_process(&node, &frame).then_some(Replaced::InTerm)
-                };
-                let twin = nodes.heard_from(&node, frame, std::time::Instant::now(), silence);
-                (nodes.attached.insert(node.clone(), id), twin, new_process)
-            };
             if let Some(other) = twin {
                 metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
                 if let Some(held) = lock(&self.said_twice).allow(&node, std::time::Instant::now()) {
                     tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and they will take turns");
                 }
             }
-            if let Some(previous) = previous.filter(|p| *p != id) {
+            if let Some(previous) = superseded {
                 lock(&self.admission).supersede(previous);
             }
             if first {
                 tracing::info!(%node, %peer, "agent connected: first frame accepted");
             }
-            // A heartbeat repeats the state: nothing to apply.
-            if !repeats {
-                if let Err(e) = self.apply(&node, announcement, new_process).await {
+            if let Some(addr) = join {
+                // A node this member may not know (it restarted, or this
+                // orchestrator did): ask it to join us.
+                self.swim.do_send(Join { seeds: vec![addr] });
+            }
+            if !observations.is_empty() {
+                if let Err(e) = self.fleet.observe_all(node.clone(), observations).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
                     return talk.into_last();
                 }
             }
-            // A question beside the state: does a member this node probed
-            // in vain live, by its own agent connection (design §15)?
-            let vouch = ask.map(|ask| {
-                let ask = *ask;
-                let probed = crate::live::swim::SwimIdentity {
-                    node: ask.node.clone(),
-                    addr: ask.swim,
-                    generation: ask.generation,
-                };
-                // This orchestrator's own member lives: it is answering.
-                let own = probed.node == super::swim::member::ORCHESTRATOR
-                    && probed.addr == self.own_swim;
-                let alive = own || lock(&self.nodes).vouches(&probed, std::time::Instant::now());
-                metrics::counter!("poolgate_agent_vouches_total", "alive" => if alive { "yes" } else { "no" }).increment(1);
-                wire::Vouch { ask, alive }
-            });
             let ack = wire::encode_reply(&Reply::Accepted { seq, vouch });
             let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
             if !matches!(written, Ok(Ok(()))) {
@@ -530,109 +529,7 @@ impl Listener {
         });
         let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
     }
-
-    /// Turns a node's announced state into the gate's agent input; the gate
-    /// ignores what repeats the view. `new_process`: it comes from another
-    /// process than the one before it; the one it replaces is gone, however
-    /// soon the new one connected (within the lost-connection grace, a
-    /// crash would pass unseen).
-    async fn apply(
-        &self,
-        node: &NodeId,
-        state: Announcement,
-        new_process: Option<Replaced>,
-    ) -> Result<(), poolgate_actors::GateError> {
-        let (bound, leaving_incarnation) = {
-            let mut known = lock(&self.nodes);
-            let bound = state
-                .swim
-                .and_then(|addr| known.bind(node, addr, state.generation).map(|f| (addr, f)));
-            let leaving = if state.leaving {
-                known.leaving.insert(node.clone());
-                Some(known.told_incarnation(node).unwrap_or(0))
-            } else {
-                known.leaving.remove(node);
-                None
-            };
-            (bound, leaving)
-        };
-        // One frame, one input: what it says is applied in this order, at
-        // one instant, in one trip to the node's actor.
-        let mut observations = Vec::new();
-        match new_process {
-            Some(Replaced::InTerm) => {
-                tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity from a new process (another connection, another life of its sequences): unavailable until the new identity is seen alive");
-                observations.push(Observation::Unavailable);
-            }
-            Some(Replaced::SinceStored) => {
-                // Nothing heard it go: told as a fault, which a restored
-                // run's required node does not wait out (design §9), and
-                // cleared by the frame's own state below.
-                tracing::info!(%node, "the node's process was replaced since the last frame the state store holds (restarted while no orchestrator heard it): told as a fault, which a run that requires it does not survive");
-                metrics::counter!("poolgate_agent_replaced_unheard_total").increment(1);
-                observations.push(Observation::Faulted {
-                    reason: FaultReason::new(REPLACED_UNHEARD),
-                });
-            }
-            None => {}
-        }
-        if let Some((addr, latest)) = bound {
-            // A node this member may not know (it restarted, or this
-            // orchestrator did): ask it to join us.
-            self.swim.do_send(Join { seeds: vec![addr] });
-            observations.extend(latest.into_iter().map(|u| u.into_observation().1));
-        }
-        if let Some(incarnation) = leaving_incarnation {
-            // The node's own word: it leaves, it did not crash.
-            observations.push(Observation::Swim {
-                state: SwimState::Left,
-                incarnation,
-            });
-        }
-        if let Some(material) = wire::identity_bytes(&state) {
-            match material.map(IdentityMaterial::new) {
-                Ok(Ok(material)) => {
-                    observations.push(Observation::Identity(material.fingerprint()))
-                }
-                Ok(Err(e)) => {
-                    // Counted as the gate counts any invalid material.
-                    poolgate_actors::telemetry::rejected(
-                        poolgate_actors::GateError::from(e.clone()).code(),
-                    );
-                    tracing::warn!(%node, error = %e, "announced identity refused");
-                }
-                Err(()) => tracing::warn!(%node, "announced identity is not base64; refused"),
-            }
-        }
-        observations.push(match state.fault {
-            Some(reason) => Observation::Faulted {
-                reason: FaultReason::new(&reason),
-            },
-            None => Observation::Recovered,
-        });
-        observations.push(if state.available && !state.leaving {
-            Observation::Available
-        } else {
-            Observation::Unavailable
-        });
-        self.fleet.observe_all(node.clone(), observations).await?;
-        Ok(())
-    }
 }
-
-/// How a node's frame comes from another process than the one before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Replaced {
-    /// It signs a new SWIM identity in this term ([`Nodes::new_process`]).
-    InTerm,
-    /// Its first frame in this term is of another life than the state
-    /// store held ([`Nodes::replaced_since_stored`]).
-    SinceStored,
-}
-
-/// The fault a node replaced unheard is told with.
-const REPLACED_UNHEARD: &str =
-    "its process was replaced since the last frame the state store holds";
 
 impl Listener {
     /// The listener of an orchestrator over `gate`, `swim`, `registry`

@@ -14,47 +14,50 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
-use poolgate_actors::core::{MembershipUpdate, NodeId, SwimState};
+use poolgate_actors::core::{
+    FaultReason, IdentityMaterial, MembershipUpdate, NodeId, Observation, SwimState,
+};
 
 use super::swim::tracker::SwimFact;
+use super::wire::Announcement;
 
 /// What the orchestrator remembers of each node between frames.
 #[derive(Debug, Default)]
 pub struct Nodes {
     /// The last sequence accepted per node (replay protection).
-    pub last_seq: HashMap<NodeId, u64>,
+    last_seq: HashMap<NodeId, u64>,
     /// The life of each node's last sequence as the state store held it
     /// when this term began, until the node's first frame in the term: a
     /// first frame of another life comes from a process started since
     /// ([`Nodes::replaced_since_stored`]).
-    pub stored_life: HashMap<NodeId, u64>,
+    stored_life: HashMap<NodeId, u64>,
     /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
-    pub leaving: HashSet<NodeId>,
+    leaving: HashSet<NodeId>,
     /// The SWIM identity each node signed in its latest frame (address,
     /// and generation if it signs one): SWIM facts about the node count
     /// only for it.
-    pub swim_addr: HashMap<NodeId, Signed>,
+    swim_addr: HashMap<NodeId, Signed>,
     /// The agent connection each node was last heard on (an id of the
     /// listener's), so a lost connection is told from a replaced one.
-    pub attached: HashMap<NodeId, u64>,
+    attached: HashMap<NodeId, u64>,
     /// Each node's last accepted frame: on which connection, from where,
     /// naming which SWIM identity, when. A second live process signing as
     /// the node shows as frames with two identities on two connections at
     /// once.
-    pub heard: HashMap<NodeId, Heard>,
+    heard: HashMap<NodeId, Heard>,
     /// The SWIM facts held per node: the one table of them between foca
     /// and the gate.
-    pub latest: HashMap<NodeId, NodeSwim>,
+    latest: HashMap<NodeId, NodeSwim>,
     /// The signed identities by address, for the SWIM member to decide
     /// address conflicts by.
-    pub signed_view: super::swim::identity::SignedView,
+    signed_view: super::swim::identity::SignedView,
     /// When this orchestrator's term began (set by the orchestrator; see
     /// [`TERM_GRACE`]).
-    pub term_started: Option<std::time::Instant>,
+    term_started: Option<std::time::Instant>,
     /// Among replicas, whether the leader's own term is in doubt (its
     /// lease not renewed lately: etcd out of its reach); see
     /// [`Nodes::holds_back_silence`].
-    pub term_in_doubt: TermInDoubt,
+    term_in_doubt: TermInDoubt,
 }
 
 /// Whether the term is in doubt (see [`Nodes::term_in_doubt`]); never, for
@@ -126,6 +129,63 @@ pub const VOUCH_SLACK: std::time::Duration = std::time::Duration::from_millis(15
 /// its latest frame, so a frozen node with a long heartbeat is still found
 /// by SWIM, not only after its connection's few silent heartbeats.
 pub const VOUCH_HEARTBEAT_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One accepted agent frame, as [`Nodes::take_frame`] takes it.
+#[derive(Debug)]
+pub struct Frame {
+    /// The node.
+    pub node: NodeId,
+    /// The listener's id of the connection it came on.
+    pub connection: u64,
+    /// Where it came from.
+    pub peer: SocketAddr,
+    /// Its sequence.
+    pub seq: u64,
+    /// What it says.
+    pub announcement: Announcement,
+    /// The same state as the last frame accepted on its connection.
+    pub repeats: bool,
+    /// Its question beside the state.
+    pub ask: Option<Box<super::wire::Ask>>,
+}
+
+/// What an accepted frame comes to ([`Nodes::take_frame`]).
+#[derive(Debug)]
+pub struct Taken {
+    /// The node.
+    pub node: NodeId,
+    /// The frame's sequence, to acknowledge.
+    pub seq: u64,
+    /// The node's earlier connection, if another: it is superseded.
+    pub superseded: Option<u64>,
+    /// The address of another open connection on which a frame naming
+    /// another identity of the node was accepted lately: two live
+    /// processes sign as the node.
+    pub twin: Option<SocketAddr>,
+    /// What the frame says for the gate, in order (nothing for a
+    /// heartbeat that repeats the state).
+    pub observations: Vec<Observation>,
+    /// The SWIM address the node newly signed: a member this SWIM member
+    /// may not know (it restarted, or this orchestrator did), asked to
+    /// join.
+    pub join: Option<SocketAddr>,
+    /// The answer to the frame's question, if it asked one.
+    pub vouch: Option<super::wire::Vouch>,
+}
+
+/// How a node's frame comes from another process than the one before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replaced {
+    /// It signs a new SWIM identity in this term ([`Nodes::new_process`]).
+    InTerm,
+    /// Its first frame in this term is of another life than the state
+    /// store held ([`Nodes::replaced_since_stored`]).
+    SinceStored,
+}
+
+/// The fault a node replaced unheard is told with.
+const REPLACED_UNHEARD: &str =
+    "its process was replaced since the last frame the state store holds";
 
 /// The SWIM identity a node signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,6 +361,39 @@ impl Nodes {
             // Held until the node signs its identity.
             None => Kept::Held,
         }
+    }
+
+    /// The node table of a term that begins now ([`TERM_GRACE`]).
+    pub fn starting_now() -> Nodes {
+        Nodes {
+            term_started: Some(std::time::Instant::now()),
+            ..Nodes::default()
+        }
+    }
+
+    /// The signed identities by address, for this orchestrator's SWIM
+    /// member to decide address conflicts by (kept by [`Nodes::take_frame`]).
+    pub fn signed_view(&self) -> super::swim::identity::SignedView {
+        std::sync::Arc::clone(&self.signed_view)
+    }
+
+    /// Among replicas, how to tell whether the leader's own term is in
+    /// doubt (see [`Nodes::holds_back_silence`]).
+    pub fn set_term_in_doubt(&mut self, in_doubt: TermInDoubt) {
+        self.term_in_doubt = in_doubt;
+    }
+
+    /// The last sequence accepted per node (replay protection), as the
+    /// state store keeps them.
+    pub fn sequences(&self) -> &HashMap<NodeId, u64> {
+        &self.last_seq
+    }
+
+    /// The same, for a frame's admission to advance
+    /// ([`super::conversation::Conversation::admit`]) and a node the
+    /// registry dropped to leave.
+    pub fn sequences_mut(&mut self) -> &mut HashMap<NodeId, u64> {
+        &mut self.last_seq
     }
 
     /// The last sequences the state store held when this term began
@@ -511,6 +604,184 @@ impl Nodes {
             facts.push(self.for_gate(held.latest));
         }
         Some(facts)
+    }
+
+    /// Takes an accepted `frame` of its node at `now` (design §8, §11):
+    /// records where and when it was heard and which connection the node
+    /// is on, tells a process that replaced another from a renewal, binds
+    /// the SWIM identity it signs, and says what the frame comes to. The
+    /// one place an agent frame changes what is held of its node; the
+    /// listener does the I/O around it. `within`: how long the connection
+    /// may be silent (two processes signing as the node show as frames
+    /// with two identities on two open connections within it); `own_swim`:
+    /// this orchestrator's own SWIM member, which lives (it is answering).
+    pub fn take_frame(
+        &mut self,
+        frame: Frame,
+        now: std::time::Instant,
+        within: std::time::Duration,
+        own_swim: SocketAddr,
+    ) -> Taken {
+        let Frame {
+            node,
+            connection,
+            peer,
+            seq,
+            announcement,
+            repeats,
+            ask,
+        } = frame;
+        let heard = FrameHeard {
+            connection,
+            peer,
+            life: seq >> super::wire::COUNTER_BITS,
+            identity: (announcement.swim, announcement.generation),
+            heartbeat: announcement.heartbeat_ms.map_or(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_millis,
+            ),
+        };
+        let replaced = if self.replaced_since_stored(&node, &heard) {
+            Some(Replaced::SinceStored)
+        } else {
+            self.new_process(&node, &heard).then_some(Replaced::InTerm)
+        };
+        let twin = self.heard_from(&node, heard, now, within);
+        let superseded = self
+            .attached
+            .insert(node.clone(), connection)
+            .filter(|before| *before != connection);
+        // A heartbeat repeats the state: nothing to apply.
+        let (observations, join) = match repeats {
+            true => (Vec::new(), None),
+            false => self.said(&node, &announcement, replaced),
+        };
+        // A question beside the state: does a member this node probed in
+        // vain live, by its own agent connection (design §15)?
+        let vouch = ask.map(|ask| {
+            let ask = *ask;
+            let probed = super::swim::SwimIdentity {
+                node: ask.node.clone(),
+                addr: ask.swim,
+                generation: ask.generation,
+            };
+            let own = probed.node == super::swim::member::ORCHESTRATOR && probed.addr == own_swim;
+            let alive = own || self.vouches(&probed, now);
+            metrics::counter!("poolgate_agent_vouches_total", "alive" => if alive { "yes" } else { "no" }).increment(1);
+            super::wire::Vouch { ask, alive }
+        });
+        Taken {
+            node,
+            seq,
+            superseded,
+            twin,
+            observations,
+            join,
+            vouch,
+        }
+    }
+
+    /// What a node's announced state comes to for the gate, in order, at
+    /// one instant (one trip to the node's actor), and the SWIM address
+    /// it newly signed, if any. `replaced`: the frame comes from another
+    /// process than the one before it; the one it replaces is gone,
+    /// however soon the new one connected (within the lost-connection
+    /// grace, a crash would pass unseen).
+    fn said(
+        &mut self,
+        node: &NodeId,
+        state: &Announcement,
+        replaced: Option<Replaced>,
+    ) -> (Vec<Observation>, Option<SocketAddr>) {
+        let bound = state
+            .swim
+            .and_then(|addr| self.bind(node, addr, state.generation).map(|f| (addr, f)));
+        let leaving_incarnation = if state.leaving {
+            self.leaving.insert(node.clone());
+            Some(self.told_incarnation(node).unwrap_or(0))
+        } else {
+            self.leaving.remove(node);
+            None
+        };
+        let mut observations = Vec::new();
+        match replaced {
+            Some(Replaced::InTerm) => {
+                tracing::info!(%node, generation = ?state.generation, "the node signs a new SWIM identity from a new process (another connection, another life of its sequences): unavailable until the new identity is seen alive");
+                observations.push(Observation::Unavailable);
+            }
+            Some(Replaced::SinceStored) => {
+                // Nothing heard it go: told as a fault, which a restored
+                // run's required node does not wait out (design §9), and
+                // cleared by the frame's own state below.
+                tracing::info!(%node, "the node's process was replaced since the last frame the state store holds (restarted while no orchestrator heard it): told as a fault, which a run that requires it does not survive");
+                metrics::counter!("poolgate_agent_replaced_unheard_total").increment(1);
+                observations.push(Observation::Faulted {
+                    reason: FaultReason::new(REPLACED_UNHEARD),
+                });
+            }
+            None => {}
+        }
+        let join = bound.map(|(addr, latest)| {
+            observations.extend(latest.into_iter().map(|u| u.into_observation().1));
+            addr
+        });
+        if let Some(incarnation) = leaving_incarnation {
+            // The node's own word: it leaves, it did not crash.
+            observations.push(Observation::Swim {
+                state: SwimState::Left,
+                incarnation,
+            });
+        }
+        if let Some(material) = super::wire::identity_bytes(state) {
+            match material.map(IdentityMaterial::new) {
+                Ok(Ok(material)) => {
+                    observations.push(Observation::Identity(material.fingerprint()))
+                }
+                Ok(Err(e)) => {
+                    // Counted as the gate counts any invalid material.
+                    poolgate_actors::telemetry::rejected(
+                        poolgate_actors::GateError::from(e.clone()).code(),
+                    );
+                    tracing::warn!(%node, error = %e, "announced identity refused");
+                }
+                Err(()) => tracing::warn!(%node, "announced identity is not base64; refused"),
+            }
+        }
+        observations.push(match &state.fault {
+            Some(reason) => Observation::Faulted {
+                reason: FaultReason::new(reason),
+            },
+            None => Observation::Recovered,
+        });
+        observations.push(if state.available && !state.leaving {
+            Observation::Available
+        } else {
+            Observation::Unavailable
+        });
+        (observations, join)
+    }
+
+    /// Whether `node` is still on `connection` (no newer connection of it
+    /// was accepted since).
+    pub fn attached_on(&self, node: &NodeId, connection: u64) -> bool {
+        self.attached.get(node) == Some(&connection)
+    }
+
+    /// Whether `node`, still on `connection`, whose connection went silent,
+    /// is held back from being made unavailable at `now`
+    /// ([`Nodes::holds_back_silence`]).
+    pub fn holds_back(&self, node: &NodeId, connection: u64, now: std::time::Instant) -> bool {
+        self.attached_on(node, connection) && self.holds_back_silence(now)
+    }
+
+    /// Lets `node` go from `connection` if it is still on it (its loss
+    /// is then the node's); whether it was.
+    pub fn detach(&mut self, node: &NodeId, connection: u64) -> bool {
+        let still = self.attached_on(node, connection);
+        if still {
+            self.attached.remove(node);
+        }
+        still
     }
 
     /// Every identity's latest fact held, with its address (the tracker's
@@ -736,54 +1007,210 @@ mod tests {
         assert!(!nodes.replaced_since_stored(&three, &in_life(1)));
     }
 
+    /// node-2's SWIM address, and where its agent connects from.
+    fn node2() -> (NodeId, SocketAddr, SocketAddr) {
+        (
+            NodeId::new("node-2").unwrap(),
+            SocketAddr::from(([10, 0, 0, 2], 7946)),
+            SocketAddr::from(([10, 0, 0, 2], 40000)),
+        )
+    }
+
+    /// A frame of node-2 as its agent sends it: ready, signing SWIM
+    /// generation `generation`, on connection `connection`, in the life
+    /// of sequences `life`.
+    fn ready_frame(generation: u64, connection: u64, life: u64) -> Frame {
+        let (node, addr, peer) = node2();
+        Frame {
+            node,
+            connection,
+            peer,
+            seq: (life << crate::live::wire::COUNTER_BITS) + 1,
+            announcement: Announcement {
+                available: true,
+                identity: Some(crate::live::wire::identity_text(b"data-plane key")),
+                swim: Some(addr),
+                generation: Some(generation),
+                fault: None,
+                leaving: false,
+                heartbeat_ms: Some(1000),
+                ask: None,
+            },
+            repeats: false,
+            ask: None,
+        }
+    }
+
+    /// Where this orchestrator's own SWIM member answers (the tests'
+    /// `own_swim`).
+    fn own() -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, 1], 7946))
+    }
+
+    #[test]
+    fn a_frame_comes_to_what_it_says_in_order_and_a_heartbeat_to_nothing() {
+        // Design §8: one frame, one input, in order at one instant: the
+        // SWIM facts held for the identity it newly signs, its identity
+        // material, its fault or recovery, its availability; the member
+        // is asked to join the address it signed. A heartbeat that
+        // repeats the state comes to nothing but its acknowledgement.
+        let (node, addr, _) = node2();
+        let second = std::time::Duration::from_secs(1);
+        let now = std::time::Instant::now();
+        let mut nodes = Nodes::starting_now();
+        let alive = MembershipUpdate {
+            node: node.clone(),
+            state: SwimState::Alive,
+            incarnation: 7 << 16,
+        };
+        let heard = nodes.observe(SwimFact {
+            update: alive.clone(),
+            addr,
+            replaced: false,
+        });
+        assert_eq!(heard, Kept::Held, "not signed yet");
+        let taken = nodes.take_frame(ready_frame(7, 1, 1), now, second, own());
+        let fingerprint = IdentityMaterial::new(b"data-plane key".to_vec())
+            .unwrap()
+            .fingerprint();
+        assert_eq!(
+            taken.observations,
+            vec![
+                alive.into_observation().1,
+                Observation::Identity(fingerprint),
+                Observation::Recovered,
+                Observation::Available,
+            ]
+        );
+        assert_eq!(taken.join, Some(addr));
+        assert_eq!(
+            (taken.superseded, taken.twin, taken.seq),
+            (None, None, (1 << 20) + 1)
+        );
+        let heartbeat = Frame {
+            repeats: true,
+            ..ready_frame(7, 1, 1)
+        };
+        let taken = nodes.take_frame(heartbeat, now, second, own());
+        assert!(taken.observations.is_empty() && taken.join.is_none());
+        // The same state on a new connection: the old one is superseded,
+        // and the identity already bound asks nobody to join.
+        let taken = nodes.take_frame(ready_frame(7, 2, 1), now, second, own());
+        assert_eq!(taken.superseded, Some(1));
+        assert_eq!(taken.join, None);
+        assert_eq!(taken.observations.last(), Some(&Observation::Available));
+    }
+
+    #[test]
+    fn a_leaving_frame_is_the_nodes_own_left_at_what_the_gate_was_told() {
+        let (node, addr, _) = node2();
+        let (second, now) = (std::time::Duration::from_secs(1), std::time::Instant::now());
+        let mut nodes = Nodes::starting_now();
+        nodes.take_frame(ready_frame(7, 1, 1), now, second, own());
+        let incarnation = (7 << 16) + 3;
+        let told = nodes.observe(SwimFact {
+            update: MembershipUpdate {
+                node: node.clone(),
+                state: SwimState::Alive,
+                incarnation,
+            },
+            addr,
+            replaced: false,
+        });
+        assert!(matches!(told, Kept::ForGate(_)));
+        let mut leaving = ready_frame(7, 1, 1);
+        leaving.announcement.leaving = true;
+        let taken = nodes.take_frame(leaving, now, second, own());
+        let tail = &taken.observations[taken.observations.len() - 4..];
+        assert_eq!(
+            tail,
+            [
+                Observation::Swim {
+                    state: SwimState::Left,
+                    incarnation
+                },
+                tail[1].clone(),
+                Observation::Recovered,
+                Observation::Unavailable,
+            ]
+        );
+        assert!(matches!(tail[1], Observation::Identity(_)));
+        // SWIM's `dead` of it from now on is its `left`.
+        let dead = nodes.observe(SwimFact {
+            update: MembershipUpdate {
+                node,
+                state: SwimState::Dead,
+                incarnation: incarnation + 1,
+            },
+            addr,
+            replaced: false,
+        });
+        assert!(matches!(dead, Kept::ForGate(u) if u.state == SwimState::Left));
+    }
+
     #[test]
     fn a_renewed_identity_is_the_same_process_and_a_restarted_one_is_not() {
         // Design §11: a node's new generation counts as a new process
         // (unavailable until seen alive) only when it comes neither on the
         // connection nor in the life of sequences of the node's last frame.
-        let node = NodeId::new("node-2").unwrap();
-        let (addr, peer) = (
-            SocketAddr::from(([10, 0, 0, 2], 7946)),
-            SocketAddr::from(([10, 0, 0, 2], 40000)),
-        );
         let second = std::time::Duration::from_secs(1);
         let start = std::time::Instant::now();
         let mut nodes = Nodes::default();
-        let signing = |generation, connection, life| FrameHeard {
-            life,
-            ..frame(connection, peer, (Some(addr), Some(generation)), second)
-        };
-        // As the listener does: asked first, then heard and bound.
-        let accept = |nodes: &mut Nodes, frame: FrameHeard| {
-            let new = nodes.new_process(&node, &frame);
-            nodes.heard_from(&node, frame, start, second);
-            nodes.attached.insert(node.clone(), frame.connection);
-            let _ = nodes.bind(&node, addr, frame.identity.1);
-            new
+        let restarted = |nodes: &mut Nodes, frame: Frame| {
+            let taken = nodes.take_frame(frame, start, second, own());
+            taken.observations.first() == Some(&Observation::Unavailable)
         };
         assert!(
-            !accept(&mut nodes, signing(100, 1, 7)),
+            !restarted(&mut nodes, ready_frame(100, 1, 7)),
             "the first signature"
         );
-        assert!(!accept(&mut nodes, signing(100, 1, 7)), "a heartbeat");
+        assert!(
+            !restarted(&mut nodes, ready_frame(100, 1, 7)),
+            "a heartbeat"
+        );
         // Renewed after SWIM declared it down: the same connection and life.
-        assert!(!accept(&mut nodes, signing(101, 1, 7)));
+        assert!(!restarted(&mut nodes, ready_frame(101, 1, 7)));
         // Renewed, and reconnected (a takeover): the same life.
-        assert!(!accept(&mut nodes, signing(102, 2, 7)));
+        assert!(!restarted(&mut nodes, ready_frame(102, 2, 7)));
         // Its counter wrapped into the next life, on the same connection.
-        assert!(!accept(&mut nodes, signing(103, 2, 8)));
+        assert!(!restarted(&mut nodes, ready_frame(103, 2, 8)));
         // Restarted: a new connection, a new life, however soon.
-        assert!(accept(&mut nodes, signing(200, 3, 9)));
+        assert!(restarted(&mut nodes, ready_frame(200, 3, 9)));
         // Its frames after that are that process's.
-        assert!(!accept(&mut nodes, signing(200, 3, 9)));
+        assert!(!restarted(&mut nodes, ready_frame(200, 3, 9)));
         // An agent that signs no generation never names a new process.
-        assert!(!accept(
-            &mut nodes,
-            FrameHeard {
-                identity: (Some(addr), None),
-                ..signing(0, 4, 10)
-            }
-        ));
+        let mut unsigned = ready_frame(0, 4, 10);
+        unsigned.announcement.generation = None;
+        assert!(!restarted(&mut nodes, unsigned));
+    }
+
+    #[test]
+    fn a_question_about_this_orchestrators_own_member_is_answered_alive() {
+        // A node's probe of the orchestrator's member went unanswered over
+        // UDP: the orchestrator answering says it lives. An impostor's
+        // name at that address, or another address, is not it.
+        let (second, now) = (std::time::Duration::from_secs(1), std::time::Instant::now());
+        let mut nodes = Nodes::default();
+        let asking = |name: &str, swim: SocketAddr| {
+            let mut frame = ready_frame(7, 1, 1);
+            frame.ask = Some(Box::new(crate::live::wire::Ask {
+                node: name.into(),
+                swim,
+                generation: 1,
+                probe: 3,
+            }));
+            frame
+        };
+        let orchestrator = super::super::swim::member::ORCHESTRATOR;
+        let answer = |nodes: &mut Nodes, frame| {
+            let vouch = nodes.take_frame(frame, now, second, own()).vouch.unwrap();
+            assert_eq!(vouch.ask.probe, 3, "the probe named back");
+            vouch.alive
+        };
+        assert!(answer(&mut nodes, asking(orchestrator, own())));
+        let elsewhere = SocketAddr::from(([10, 0, 0, 9], 7946));
+        assert!(!answer(&mut nodes, asking(orchestrator, elsewhere)));
+        assert!(!answer(&mut nodes, asking("node-9", own())));
     }
 
     #[test]

@@ -209,24 +209,22 @@ impl Orchestrator {
                 .registry(poolgate_actors::core::RegistryFact::Known { node: node.clone() })
                 .await?;
         }
-        let nodes = Arc::new(Mutex::new(Nodes {
-            term_started: Some(std::time::Instant::now()),
-            ..Nodes::default()
-        }));
-        let registry: Registry = Arc::new(std::sync::RwLock::new(registered));
-        let mut tasks = Vec::new();
-        let kept = store.clone();
-        if let Some(store) = store {
+        // The node table, whole before anything shares it.
+        let mut table = Nodes::starting_now();
+        if let Some(store) = &store {
             // Replay protection across restarts: the last sequence accepted
             // per node, kept in the state file.
             let stored = store
                 .sequences()
                 .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;
-            let registered = registry
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            lock(&nodes).restore_sequences(restore_sequences(stored, &registered));
+            table.restore_sequences(restore_sequences(stored, &registered));
+        }
+        let signed = table.signed_view();
+        let nodes = Arc::new(Mutex::new(table));
+        let registry: Registry = Arc::new(std::sync::RwLock::new(registered));
+        let mut tasks = Vec::new();
+        let kept = store.clone();
+        if let Some(store) = store {
             tasks.push(actix::spawn(keep_sequences(
                 store,
                 Arc::clone(&nodes),
@@ -251,7 +249,7 @@ impl Orchestrator {
         let attach = super::swim::member::Attach {
             token: attachment,
             sink,
-            signed: Arc::clone(&lock(&nodes).signed_view),
+            signed,
             // The gate's fence (a replica's term) says when the term is
             // over, by its own clock.
             term_lasts: {
@@ -337,7 +335,7 @@ impl Orchestrator {
     /// while every connection is silent (see
     /// [`crate::live::nodes::Nodes::holds_back_silence`]).
     pub(crate) fn doubt_term_when(&self, in_doubt: Arc<dyn Fn() -> bool + Send + Sync>) {
-        lock(&self.nodes).term_in_doubt = crate::live::nodes::TermInDoubt(Some(in_doubt));
+        lock(&self.nodes).set_term_in_doubt(crate::live::nodes::TermInDoubt(Some(in_doubt)));
     }
 
     /// Among replicas, the term this orchestrator serves: a pool a reload

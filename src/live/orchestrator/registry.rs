@@ -91,7 +91,7 @@ impl Orchestrator {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             *registry = next;
-            nodes.last_seq.remove(&node);
+            nodes.sequences_mut().remove(&node);
             registry.keys().map(|n| n.to_string()).collect()
         };
         self.swim

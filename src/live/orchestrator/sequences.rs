@@ -39,15 +39,15 @@ pub(super) async fn keep_sequences(
         // sign it.
         let (current, sequences) = {
             let held = lock(&nodes);
-            if held.last_seq == written {
+            if *held.sequences() == written {
                 continue;
             }
             let sequences: std::collections::BTreeMap<String, u64> = held
-                .last_seq
+                .sequences()
                 .iter()
                 .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
                 .collect();
-            (held.last_seq.clone(), sequences)
+            (held.sequences().clone(), sequences)
         };
         // Off the actors' thread (a write ends with an fsync, every 100 ms
         // while nodes send frames), one at a time, in order.
