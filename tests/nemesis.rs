@@ -20,7 +20,9 @@
 //! later), SIGSTOP of a replica for 0.5–10 s, cutting a replica from etcd
 //! (all three links, or one or two) for 1–10 s, SIGKILL, SIGSTOP
 //! (0.5–10 s) or SIGTERM of a requester, cutting a requester from etcd,
-//! SIGKILL of a node (restarted 0.3–3 s later), SIGKILL of one etcd member
+//! SIGKILL of a node (restarted 0.3–3 s later), SIGSTOP of a node for
+//! 0.5–5 s (a stall: its SWIM member and agent fall silent, then wake
+//! with late timers), SIGKILL of one etcd member
 //! or of etcd's raft leader (restarted 1–8 s later; never two members
 //! down at once). The seed fixes each step's kind, target, duration and
 //! the pause after it; a target that cannot take its fault at that moment
@@ -43,8 +45,8 @@
 //! running when its `run` exited by itself; (6) a node SIGKILLed while a
 //! run requiring it was committed, and that run not ended `run_faulted`
 //! (unless something else ended it within the lease, a second and the
-//! restore grace). It lists (5) `run_faulted`
-//! naming a node no fault had harmed, and notes takeovers slower than the
+//! restore grace; a node only paused need not fault it). It lists (5)
+//! `run_faulted` naming a node no fault (kill or pause) had harmed, and notes takeovers slower than the
 //! lease + 1 s, new terms after etcd faults alone, requesters that held
 //! the leader key, and requesters left waiting. A summary line (JSON)
 //! says the seed, the time, the faults per kind and the violations:
@@ -322,6 +324,7 @@ enum Due {
     RequesterUncut(usize),
     RequesterRestart(usize),
     NodeRestart(usize),
+    NodeCont(usize),
     EtcdRestart(usize),
 }
 
@@ -358,8 +361,12 @@ struct World {
     faults: Vec<Fault>,
     due: Vec<(Instant, Due)>,
     node_up: Vec<bool>,
-    /// When each node was harmed (SIGKILLed).
+    /// Which nodes are paused (SIGSTOP) now.
+    node_stopped: Vec<bool>,
+    /// When each node was harmed (SIGKILLed or SIGSTOPped).
     node_harm: Vec<Vec<u64>>,
+    /// When each node was SIGKILLed.
+    node_kills: Vec<Vec<u64>>,
     /// When each replica was killed, paused, cut or gone: (replica,
     /// from, until).
     trouble: Vec<(usize, u64, u64)>,
@@ -677,6 +684,13 @@ impl World {
                     self.spawn_requester(i);
                 }
             }
+            Due::NodeCont(i) => {
+                if self.node_stopped[i] {
+                    cluster.signal(i, Signal::SIGCONT);
+                    self.node_stopped[i] = false;
+                    self.record("heal_node_cont", format!("node-{}", i + 1), String::new());
+                }
+            }
             Due::NodeRestart(i) => {
                 if !self.node_up[i] {
                     cluster.spawn(i).expect("node restarts");
@@ -849,17 +863,31 @@ impl World {
                 self.later(for_, Due::RequesterUncut(i));
             }
             "node_kill" => {
-                let i = target(NODES, &|i| self.node_up[i])?;
+                let i = target(NODES, &|i| self.node_up[i] && !self.node_stopped[i])?;
                 let back = span(300, 3000);
                 cluster.kill(i);
                 self.node_up[i] = false;
                 self.node_harm[i].push(wall_ms());
+                self.node_kills[i].push(wall_ms());
                 self.record(
                     kind,
                     format!("node-{}", i + 1),
                     format!("restart after {back:?}"),
                 );
                 self.later(back, Due::NodeRestart(i));
+            }
+            "node_stop" => {
+                let i = target(NODES, &|i| self.node_up[i] && !self.node_stopped[i])?;
+                let for_ = span(500, 5000);
+                cluster.signal(i, Signal::SIGSTOP);
+                self.node_stopped[i] = true;
+                self.node_harm[i].push(wall_ms());
+                self.record(
+                    kind,
+                    format!("node-{}", i + 1),
+                    format!("SIGCONT after {for_:?}"),
+                );
+                self.later(for_, Due::NodeCont(i));
             }
             "etcd_member_kill" | "etcd_leader_kill" => {
                 // Never two members down at once, nor one that has just
@@ -889,7 +917,7 @@ impl World {
 }
 
 /// The kinds of fault, drawn with equal odds.
-const KINDS: [&str; 10] = [
+const KINDS: [&str; 11] = [
     "replica_kill",
     "replica_stop",
     "replica_cut",
@@ -898,6 +926,7 @@ const KINDS: [&str; 10] = [
     "requester_cut",
     "requester_term",
     "node_kill",
+    "node_stop",
     "etcd_member_kill",
     "etcd_leader_kill",
 ];
@@ -1289,7 +1318,10 @@ struct Evidence<'a> {
     start: u64,
     told: &'a [Told],
     lives: &'a [RunLife],
+    /// When each node was killed or paused (rule 5).
     node_harm: &'a [Vec<u64>],
+    /// When each node was killed (rule 6).
+    node_kills: &'a [Vec<u64>],
     /// Every version of the state key seen, by mod revision.
     state: &'a BTreeMap<i64, (Version, Stored)>,
     /// The state key's versions read down its revisions (complete since
@@ -1681,7 +1713,7 @@ fn check(e: &Evidence<'_>) -> Verdict {
             let Some(harms) = node
                 .strip_prefix("node-")
                 .and_then(|n| n.parse::<usize>().ok())
-                .and_then(|n| e.node_harm.get(n.wrapping_sub(1)))
+                .and_then(|n| e.node_kills.get(n.wrapping_sub(1)))
             else {
                 continue;
             };
@@ -2017,7 +2049,9 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
         faults: Vec::new(),
         due: Vec::new(),
         node_up: vec![false; NODES],
+        node_stopped: vec![false; NODES],
         node_harm: vec![Vec::new(); NODES],
+        node_kills: vec![Vec::new(); NODES],
         trouble: Vec::new(),
         etcd_down: None,
         etcd_calm: Instant::now(),
@@ -2204,6 +2238,7 @@ fn the_nemesis_breaks_nothing_that_must_hold_whatever_fails() {
         told: &told,
         lives: &world.lives,
         node_harm: &world.node_harm,
+        node_kills: &world.node_kills,
         state: &state,
         walked: walked_len,
     });
@@ -2514,12 +2549,17 @@ fn the_checker_flags_each_property_a_history_breaks() {
         stops: Vec::new(),
         cuts: Vec::new(),
     }];
-    let node_harm = vec![vec![at(51000)], Vec::new(), vec![at(4900)], vec![at(7000)]];
+    let node_kills = vec![vec![at(51000)], Vec::new(), vec![at(4900)], vec![at(7000)]];
+    // node-4 was also paused at 6.5 s, while r2 was committed: a pause
+    // need not fault a run (rule 6 is about kills); it harms (rule 5).
+    let mut node_harm = node_kills.clone();
+    node_harm[3].insert(0, at(6500));
     let verdict = check(&Evidence {
         start: at(0),
         told: &told,
         lives: &lives,
         node_harm: &node_harm,
+        node_kills: &node_kills,
         state: &state,
         walked: 3,
     });
@@ -2540,7 +2580,7 @@ fn the_checker_flags_each_property_a_history_breaks() {
         );
     }
     assert!(
-        !flagged("(6) node-1"),
+        !flagged("(6) node-1") && !flagged("6.50s"),
         "r3 faulted: {:#?}",
         verdict.violations
     );
