@@ -67,7 +67,7 @@
 //!   (`cli::demo`).
 //! - The simulator, thousands of SWIM members in virtual time feeding the
 //!   real gate, is a crate of its own that is not published (`sim/`,
-//!   `poolgate-sim`: `examples/swim_sim.rs`, `tests/simulation.rs`).
+//!   `poolgate-sim`: `examples/swim_sim.rs`, `tests/gate/simulation.rs`).
 //! - `src/main.rs`: the `poolgate` command line, thin.
 //!
 //! # Features

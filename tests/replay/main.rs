@@ -1,4 +1,4 @@
-//! The replay's tests: the scenario directory against its golden outputs, the property tests against the independent model, the explainer, and the parsers on arbitrary input.
+//! The replay's tests: the scenario directory against its golden outputs, the property tests against the independent model, the explainer, the parsers on arbitrary input, and identity material kept out of its output.
 //!
 //! One test binary for these (each is linked once). `tests/huge_line.rs`
 //! stays a binary of its own: it reads its children's peak memory.
@@ -10,3 +10,4 @@ mod explain;
 mod parsers;
 mod properties;
 mod scenarios;
+mod secrets;

@@ -245,7 +245,7 @@ pub fn vouched(
 /// alive at the same incarnation, takes it for a death. Refuted first,
 /// the member is held at a higher incarnation by every member it speaks
 /// to (the seeds at once), and that late verdict is stale there (design
-/// §15; `tests/live_cluster.rs` has an insider say such a verdict after a
+/// §15; `tests/live/main.rs` has an insider say such a verdict after a
 /// node's stop: without this, the run committed since faulted `dead`).
 pub fn join_again(
     foca: &mut SwimFoca,

@@ -204,7 +204,7 @@ impl<'a> Done<'a> {
 mod tests {
     //! The tracker on what foca applied, call by call. Over foca members
     //! exchanging datagrams, it is tested on the one simulator
-    //! (`tests/simulation.rs`, `tracker`), its facts checked against the
+    //! (`tests/gate/simulation.rs`, `tracker`), its facts checked against the
     //! orchestrator's member's whole view at every instant.
 
     use std::net::SocketAddr;

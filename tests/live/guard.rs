@@ -6,17 +6,13 @@
 //! deal with it. Real `poolgate node` processes on 127.0.0.1, each test
 //! bounded.
 
-mod common;
-#[path = "common/etcd.rs"]
-#[macro_use]
-mod etcd;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::live::live_for;
-use common::procs::{sleeping, until_sleeping};
+use crate::common::live::live_for;
+use crate::common::procs::{sleeping, until_sleeping};
+use crate::{common, etcd};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use poolgate::cli::cluster::{ClusterPlan, LocalCluster};

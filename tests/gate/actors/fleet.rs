@@ -9,7 +9,7 @@ use poolgate::core::{
 };
 use poolgate::{Fleet, GateSettings};
 
-use super::common::{names, node, on_virtual_time};
+use crate::common::{names, node, on_virtual_time};
 
 const WINDOW_MS: u64 = 1000;
 

@@ -2,11 +2,9 @@
 //! `RunActor` subsystem behind the embedding API, on tokio's paused clock.
 //! One test (at least) per promise of the contract (docs/design.md §1–§3).
 
-mod common;
-#[path = "actors/fleet.rs"]
 mod fleet;
 
-use common::*;
+use crate::common::*;
 use poolgate::core::{AgentReport, RegistryFact};
 use poolgate::Outcome;
 use poolgate::{Gate, GateError};
@@ -1277,7 +1275,7 @@ mod supervision {
     use proptest::prelude::*;
     use proptest::test_runner::{Config as RunnerConfig, RngSeed, TestRunner};
 
-    use super::common::{config, node, on_virtual_time};
+    use crate::common::{config, node, on_virtual_time};
 
     const NODES: usize = 4;
     /// Longer than anything the gate waits for by itself: a call or a
@@ -1330,7 +1328,7 @@ mod supervision {
     }
 
     fn take(armed: &AtomicU32) -> bool {
-        super::common::take_one(armed)
+        crate::common::take_one(armed)
     }
 
     /// What the checker knows from the events alone.
@@ -1417,13 +1415,13 @@ mod supervision {
         tally: &mut Tally,
     ) -> Result<(), TestCaseError> {
         let recorder_armed = Arc::new(AtomicU32::new(0));
-        let (_layer, layer_armed, _) = super::common::panicking_layer(|_, target, _| {
+        let (_layer, layer_armed, _) = crate::common::panicking_layer(|_, target, _| {
             ["pool_actor", "node_actor", "run_actor", "publisher"]
                 .iter()
                 .any(|a| target.ends_with(a))
         });
         let armed = Arc::clone(&recorder_armed);
-        let recorder = super::common::PanickingRecorder(move |_: &metrics::Key| take(&armed));
+        let recorder = crate::common::PanickingRecorder(move |_: &metrics::Key| take(&armed));
         let _recorder = metrics::set_default_local_recorder(&recorder);
         let names: Vec<String> = (1..=NODES).map(|i| format!("n{i}")).collect();
         let members: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -1645,7 +1643,7 @@ mod a_panicking_tracing_layer {
     use poolgate_actors::core::{Event, OnReadinessLost, Reason, Refusal, RunId, SwimState};
     use poolgate_actors::testing::{advance_by, fail_next, Actor};
 
-    use super::common::{config, drain, make_ready, node, on_virtual_time, panicking_layer};
+    use crate::common::{config, drain, make_ready, node, on_virtual_time, panicking_layer};
 
     fn gate(members: &[&str]) -> Gate {
         Gate::start(

@@ -4,15 +4,13 @@
 //! frames and floods. Each test gives up after 60 s; every process it
 //! started is reaped.
 
-mod common;
-
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::live::{live_for, ready, until};
-use common::node;
+use crate::common::live::{live_for, ready, until};
+use crate::common::{self, node};
 use nix::sys::signal::Signal;
 use poolgate::cli::cluster::{ClusterPlan, LocalCluster};
 use poolgate::core::{Blocker, Event, RunId};

@@ -9,11 +9,6 @@
 //! stays within the lease plus a second. One etcd on 127.0.0.1; each
 //! replica reaches it through a proxy of its own that the test can cut.
 
-mod common;
-#[path = "common/etcd.rs"]
-#[macro_use]
-mod etcd;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,17 +17,9 @@ use poolgate::live::replica::Replica;
 use poolgate::Config;
 use rand::{RngExt, SeedableRng};
 
-use common::live::live_for;
-use common::make_ready;
-
-/// The tests here run one at a time: the hundred failovers time their
-/// takeovers, which another etcd and replica on this 2-core machine at
-/// the same moment would stretch.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::common::live::live_for;
+use crate::common::make_ready;
+use crate::{common, etcd, one_at_a_time};
 
 fn config(endpoint: &str) -> Config {
     etcd::replica_config(

@@ -1,9 +1,7 @@
 //! Metric values after a scripted scenario, read with a test recorder
 //! (`metrics-util`'s debugging recorder, installed for this thread only).
 
-mod common;
-
-use common::*;
+use crate::common::{self, *};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use poolgate::core::{AgentReport, MembershipUpdate};
 use poolgate::{Gate, GateError};

@@ -3,12 +3,20 @@
 //! orchestrator in this test process or as `poolgate run`/`watch`, crashes
 //! by SIGKILL; one with a real etcd on 127.0.0.1 (replicas, design §12).
 //! Each test gives up after 40 s; every process it started is killed and
-//! reaped when its cluster is dropped.
+//! reaped when its cluster is dropped. Beside them: nobody gets in who
+//! does not belong (`security.rs`), and the command dies with its guard
+//! (`guard.rs`).
+//!
+//! One test binary for these (each is linked once).
 
+#[path = "../common/mod.rs"]
 mod common;
-#[path = "common/etcd.rs"]
+#[path = "../common/etcd.rs"]
 #[macro_use]
 mod etcd;
+
+mod guard;
+mod security;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -2,12 +2,19 @@
 //! leader at a time, writes fenced by leadership, epochs continued across
 //! a change of leader, and bad etcd input refused by name. Each test
 //! starts its own etcd on 127.0.0.1 (free ports) and is bounded in time;
-//! without the `etcd` binary each says so in one line.
+//! without the `etcd` binary each says so in one line. A hundred forced
+//! failovers among three replicas are in `failovers.rs`.
+//!
+//! One test binary for these (each is linked once), their tests one at a
+//! time ([`one_at_a_time`]).
 
+#[path = "../common/mod.rs"]
 mod common;
-#[path = "common/etcd.rs"]
+#[path = "../common/etcd.rs"]
 #[macro_use]
 mod etcd;
+
+mod failovers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +29,9 @@ use common::make_ready;
 
 /// The tests here run one at a time: each drives etcd members and lease
 /// deadlines of a few seconds, which two at once on a 2-core machine can
-/// starve (a renewal answered late deposes a leader the test keeps).
+/// starve (a renewal answered late deposes a leader the test keeps); the
+/// hundred failovers time their takeovers, which another etcd and
+/// replica at the same moment would stretch.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock()
