@@ -66,23 +66,9 @@ pub enum Admitted {
     /// The connection's first frame: answer with this challenge, apply
     /// nothing, read on.
     Challenge(Nonce),
-    /// Accepted: acknowledge `seq`; apply `announcement` unless it
-    /// `repeats` the one last accepted on this connection (a heartbeat).
-    Accepted {
-        /// The node.
-        node: NodeId,
-        /// Its sequence, to acknowledge.
-        seq: u64,
-        /// What it says.
-        announcement: Announcement,
-        /// The same node and state as the last accepted frame here.
-        repeats: bool,
-        /// The first frame accepted on this connection.
-        first: bool,
-        /// The frame's question beside the state, to answer in the
-        /// acknowledgement (taken out of `announcement`).
-        ask: Option<Box<crate::live::wire::Ask>>,
-    },
+    /// Accepted: acknowledge its sequence; apply what it says unless it
+    /// repeats the state last accepted on this connection (a heartbeat).
+    Accepted(Accepted),
     /// Refused: say why and close.
     Refuse {
         /// The node.
@@ -90,6 +76,24 @@ pub enum Admitted {
         /// Why.
         refused: Refused,
     },
+}
+
+/// A frame accepted on a connection (see [`Admitted::Accepted`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The node.
+    pub node: NodeId,
+    /// Its sequence, to acknowledge.
+    pub seq: u64,
+    /// What it says.
+    pub announcement: Announcement,
+    /// The same node and state as the last accepted frame here.
+    pub repeats: bool,
+    /// The first frame accepted on this connection.
+    pub first: bool,
+    /// The frame's question beside the state, to answer in the
+    /// acknowledgement (taken out of `announcement`).
+    pub ask: Option<Box<crate::live::wire::Ask>>,
 }
 
 /// One agent connection, from its first frame on.
@@ -244,14 +248,14 @@ impl Conversation {
             .as_ref()
             .is_some_and(|(n, a)| *n == node && *a == announcement);
         self.last = Some((node.clone(), announcement.clone()));
-        Admitted::Accepted {
+        Admitted::Accepted(Accepted {
             node,
             seq,
             announcement,
             repeats,
             first,
             ask,
-        }
+        })
     }
 }
 
@@ -339,28 +343,28 @@ mod tests {
         );
         let said = state(true);
         match peer.send(&frame(&peer.key, 2, Some(&nonce), &said), &pinned) {
-            Ok(Admitted::Accepted {
+            Ok(Admitted::Accepted(Accepted {
                 seq: 2,
                 announcement,
                 repeats: false,
                 first: true,
                 ..
-            }) => assert_eq!(announcement, said),
+            })) => assert_eq!(announcement, said),
             other => panic!("{other:?}"),
         }
         assert_eq!(peer.last_seq[&node()], 2);
         // A heartbeat repeats the state.
         match peer.send(&frame(&peer.key, 3, Some(&nonce), &said), &pinned) {
-            Ok(Admitted::Accepted {
+            Ok(Admitted::Accepted(Accepted {
                 repeats: true,
                 first: false,
                 ..
-            }) => {}
+            })) => {}
             other => panic!("{other:?}"),
         }
         // A change does not.
         match peer.send(&frame(&peer.key, 4, Some(&nonce), &state(false)), &pinned) {
-            Ok(Admitted::Accepted { repeats: false, .. }) => {}
+            Ok(Admitted::Accepted(Accepted { repeats: false, .. })) => {}
             other => panic!("{other:?}"),
         }
     }
@@ -374,7 +378,7 @@ mod tests {
         let captured = frame(&peer.key, 5, Some(&nonce), &said);
         assert!(matches!(
             peer.send(&captured, &pinned),
-            Ok(Admitted::Accepted { .. })
+            Ok(Admitted::Accepted(_))
         ));
         assert_eq!(
             peer.send(&captured, &pinned),

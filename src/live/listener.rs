@@ -47,8 +47,8 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What the listener does next with a connection's frame, once the node
 /// table has judged it.
 enum Next {
-    /// Accepted and taken: acknowledge it (`true`: the connection's first).
-    Take(Taken, bool),
+    /// Accepted and taken: acknowledge it.
+    Take(Taken),
     /// The connection's first frame: answer with this challenge.
     Challenge(wire::Nonce),
     /// Refused: say why and close.
@@ -393,35 +393,24 @@ impl Listener {
             };
             // One lock for all the frame changes: its sequence, then what
             // it comes to (the node table's one entry for a frame).
-            let taken = {
+            let next = {
                 let mut nodes = lock(&self.nodes);
                 match talk.admit(opened, nodes.sequences_mut(), keys, rand::random) {
-                    Admitted::Accepted {
-                        node,
-                        seq,
-                        announcement,
-                        repeats,
-                        first,
-                        ask,
-                    } => {
+                    Admitted::Accepted(accepted) => {
                         let frame = Frame {
-                            node,
+                            accepted,
                             connection: id,
                             peer,
-                            seq,
-                            announcement,
-                            repeats,
-                            ask,
                         };
                         let now = std::time::Instant::now();
-                        Next::Take(nodes.take_frame(frame, now, silence, self.own_swim), first)
+                        Next::Take(nodes.take_frame(frame, now, silence, self.own_swim))
                     }
                     Admitted::Challenge(nonce) => Next::Challenge(nonce),
                     Admitted::Refuse { node, refused } => Next::Refuse(node, refused),
                 }
             };
-            let (taken, first) = match taken {
-                Next::Take(taken, first) => (taken, first),
+            let taken = match next {
+                Next::Take(taken) => taken,
                 Next::Challenge(nonce) => {
                     let reply = wire::encode_reply(&wire::challenge(&nonce));
                     let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
@@ -435,41 +424,37 @@ impl Listener {
                     return talk.into_last();
                 }
             };
-            let Taken {
-                node,
-                seq,
-                superseded,
-                twin,
-                observations,
-                join,
-                vouch,
-            } = taken;
+            let node = taken.node;
             metrics::counter!("poolgate_agent_frames_total").increment(1);
             lock(&self.admission).authenticated(id);
-            if let Some(other) = twin {
+            if let Some(other) = taken.twin {
                 metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
                 if let Some(held) = lock(&self.said_twice).allow(&node, std::time::Instant::now()) {
                     tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and they will take turns");
                 }
             }
-            if let Some(previous) = superseded {
+            if let Some(previous) = taken.superseded {
                 lock(&self.admission).supersede(previous);
             }
-            if first {
+            if taken.first {
                 tracing::info!(%node, %peer, "agent connected: first frame accepted");
             }
-            if let Some(addr) = join {
+            if let Some(addr) = taken.join {
                 // A node this member may not know (it restarted, or this
                 // orchestrator did): ask it to join us.
                 self.swim.do_send(Join { seeds: vec![addr] });
             }
-            if !observations.is_empty() {
+            if !taken.observations.is_empty() {
+                let observations = taken.observations;
                 if let Err(e) = self.fleet.observe_all(node.clone(), observations).await {
                     tracing::warn!(%node, error = %e, "announcement not applied");
                     return talk.into_last();
                 }
             }
-            let ack = wire::encode_reply(&Reply::Accepted { seq, vouch });
+            let ack = wire::encode_reply(&Reply::Accepted {
+                seq: taken.seq,
+                vouch: taken.vouch,
+            });
             let written = tokio::time::timeout(FIRST_FRAME, stream.write_all(&ack)).await;
             if !matches!(written, Ok(Ok(()))) {
                 tracing::debug!(%peer, %node, "agent connection does not take replies; closed");

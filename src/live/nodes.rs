@@ -18,6 +18,7 @@ use poolgate_actors::core::{
     FaultReason, IdentityMaterial, MembershipUpdate, NodeId, Observation, SwimState,
 };
 
+use super::conversation::Accepted;
 use super::swim::tracker::SwimFact;
 use super::wire::Announcement;
 
@@ -133,20 +134,12 @@ pub const VOUCH_HEARTBEAT_LIMIT: std::time::Duration = std::time::Duration::from
 /// One accepted agent frame, as [`Nodes::take_frame`] takes it.
 #[derive(Debug)]
 pub struct Frame {
-    /// The node.
-    pub node: NodeId,
+    /// What its connection's conversation accepted.
+    pub accepted: Accepted,
     /// The listener's id of the connection it came on.
     pub connection: u64,
     /// Where it came from.
     pub peer: SocketAddr,
-    /// Its sequence.
-    pub seq: u64,
-    /// What it says.
-    pub announcement: Announcement,
-    /// The same state as the last frame accepted on its connection.
-    pub repeats: bool,
-    /// Its question beside the state.
-    pub ask: Option<Box<super::wire::Ask>>,
 }
 
 /// What an accepted frame comes to ([`Nodes::take_frame`]).
@@ -156,6 +149,8 @@ pub struct Taken {
     pub node: NodeId,
     /// The frame's sequence, to acknowledge.
     pub seq: u64,
+    /// The first frame accepted on its connection.
+    pub first: bool,
     /// The node's earlier connection, if another: it is superseded.
     pub superseded: Option<u64>,
     /// The address of another open connection on which a frame naming
@@ -623,13 +618,17 @@ impl Nodes {
         own_swim: SocketAddr,
     ) -> Taken {
         let Frame {
-            node,
+            accepted:
+                Accepted {
+                    node,
+                    seq,
+                    announcement,
+                    repeats,
+                    first,
+                    ask,
+                },
             connection,
             peer,
-            seq,
-            announcement,
-            repeats,
-            ask,
         } = frame;
         let heard = FrameHeard {
             connection,
@@ -673,6 +672,7 @@ impl Nodes {
         Taken {
             node,
             seq,
+            first,
             superseded,
             twin,
             observations,
@@ -1021,23 +1021,28 @@ mod tests {
     /// of sequences `life`.
     fn ready_frame(generation: u64, connection: u64, life: u64) -> Frame {
         let (node, addr, peer) = node2();
-        Frame {
+        let announcement = Announcement {
+            available: true,
+            identity: Some(crate::live::wire::identity_text(b"data-plane key")),
+            swim: Some(addr),
+            generation: Some(generation),
+            fault: None,
+            leaving: false,
+            heartbeat_ms: Some(1000),
+            ask: None,
+        };
+        let accepted = Accepted {
             node,
+            seq: (life << crate::live::wire::COUNTER_BITS) + 1,
+            announcement,
+            repeats: false,
+            first: false,
+            ask: None,
+        };
+        Frame {
+            accepted,
             connection,
             peer,
-            seq: (life << crate::live::wire::COUNTER_BITS) + 1,
-            announcement: Announcement {
-                available: true,
-                identity: Some(crate::live::wire::identity_text(b"data-plane key")),
-                swim: Some(addr),
-                generation: Some(generation),
-                fault: None,
-                leaving: false,
-                heartbeat_ms: Some(1000),
-                ask: None,
-            },
-            repeats: false,
-            ask: None,
         }
     }
 
@@ -1087,10 +1092,8 @@ mod tests {
             (taken.superseded, taken.twin, taken.seq),
             (None, None, (1 << 20) + 1)
         );
-        let heartbeat = Frame {
-            repeats: true,
-            ..ready_frame(7, 1, 1)
-        };
+        let mut heartbeat = ready_frame(7, 1, 1);
+        heartbeat.accepted.repeats = true;
         let taken = nodes.take_frame(heartbeat, now, second, own());
         assert!(taken.observations.is_empty() && taken.join.is_none());
         // The same state on a new connection: the old one is superseded,
@@ -1119,7 +1122,7 @@ mod tests {
         });
         assert!(matches!(told, Kept::ForGate(_)));
         let mut leaving = ready_frame(7, 1, 1);
-        leaving.announcement.leaving = true;
+        leaving.accepted.announcement.leaving = true;
         let taken = nodes.take_frame(leaving, now, second, own());
         let tail = &taken.observations[taken.observations.len() - 4..];
         assert_eq!(
@@ -1180,7 +1183,7 @@ mod tests {
         assert!(!restarted(&mut nodes, ready_frame(200, 3, 9)));
         // An agent that signs no generation never names a new process.
         let mut unsigned = ready_frame(0, 4, 10);
-        unsigned.announcement.generation = None;
+        unsigned.accepted.announcement.generation = None;
         assert!(!restarted(&mut nodes, unsigned));
     }
 
@@ -1193,7 +1196,7 @@ mod tests {
         let mut nodes = Nodes::default();
         let asking = |name: &str, swim: SocketAddr| {
             let mut frame = ready_frame(7, 1, 1);
-            frame.ask = Some(Box::new(crate::live::wire::Ask {
+            frame.accepted.ask = Some(Box::new(crate::live::wire::Ask {
                 node: name.into(),
                 swim,
                 generation: 1,
