@@ -51,15 +51,23 @@ pub struct FocaTimer {
     pub(super) timer: Timer<SwimIdentity>,
     /// When it was due.
     pub(super) due: std::time::Instant,
-    /// Put off once already (see [`LATE`]).
-    pub(super) deferred: bool,
+}
+
+/// The timers held since one came late are released (see [`LATE`]).
+#[derive(Debug)]
+pub(super) struct ReleaseLate;
+
+impl Message for ReleaseLate {
+    type Result = ();
 }
 
 /// A timer handled this late means this member itself was stalled
 /// (stopped, starved of CPU, its host paused): the datagrams that came
 /// in meanwhile (the acks of its probes among them) are read first, for
 /// [`CATCH_UP`], so that it judges nobody on time it lost itself (as
-/// Lifeguard's local health awareness has it). A timer is put off once.
+/// Lifeguard's local health awareness has it). The late timer, and every
+/// one after it until then, is held and handed to foca in the order they
+/// were due ([`drive::LateTimers`]).
 pub const LATE: Duration = Duration::from_millis(250);
 
 /// How long a late timer is put off.
@@ -326,23 +334,39 @@ impl Handler<FocaTimer> for SwimMember {
 
     fn handle(&mut self, msg: FocaTimer, ctx: &mut Context<Self>) {
         let now = std::time::Instant::now();
-        if !msg.deferred && now.saturating_duration_since(msg.due) > LATE {
-            metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+        if now.saturating_duration_since(msg.due) > LATE {
             self.stalled_at = Some(now);
-            ctx.notify_later(
-                FocaTimer {
-                    timer: msg.timer,
-                    due: now + CATCH_UP,
-                    deferred: true,
-                },
-                CATCH_UP,
-            );
-            return;
         }
+        match self.late.offer(msg.timer, msg.due, now, LATE) {
+            drive::Offered::Run(timer) => self.run_timer(timer, ctx),
+            drive::Offered::Held { first } => {
+                metrics::counter!("poolgate_swim_timers_deferred_total").increment(1);
+                if first {
+                    ctx.notify_later(ReleaseLate, CATCH_UP);
+                }
+            }
+        }
+    }
+}
+
+impl Handler<ReleaseLate> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, _: ReleaseLate, ctx: &mut Context<Self>) {
+        for timer in self.late.release() {
+            self.run_timer(timer, ctx);
+        }
+    }
+}
+
+impl SwimMember {
+    /// Hands foca one of its timers (the member's own agent connection
+    /// asked about a probe about to turn indirect first).
+    fn run_timer(&mut self, timer: foca::Timer<SwimIdentity>, ctx: &mut Context<Self>) {
         let signed = self.signed_now();
         // A probe unanswered over UDP when foca turns to indirect probes:
         // the member's own agent connection may vouch for it.
-        if let Some((probed, number)) = self.probes.unanswered(&msg.timer) {
+        if let Some((probed, number)) = self.probes.unanswered(&timer) {
             match &self.vouching {
                 Vouching::Nobody => {}
                 Vouching::Everyone | Vouching::Here(_) => {
@@ -373,7 +397,7 @@ impl Handler<FocaTimer> for SwimMember {
             }
         }
         let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || foca.handle_timer(msg.timer, runtime));
+        let result = with_signed(signed.as_ref(), || foca.handle_timer(timer, runtime));
         self.report("timer", result);
         self.drain(ctx);
     }

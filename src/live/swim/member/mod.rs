@@ -164,6 +164,8 @@ pub struct SwimMember {
     heard_at: std::time::Instant,
     /// When this member last found its own timers late (it stalled).
     stalled_at: Option<std::time::Instant>,
+    /// The timers held since one came late (see `LATE`).
+    late: drive::LateTimers,
 }
 
 /// The name every orchestrator's SWIM member goes by.
@@ -271,6 +273,7 @@ impl SwimMember {
             probe_period,
             heard_at: std::time::Instant::now(),
             stalled_at: None,
+            late: drive::LateTimers::default(),
         };
         Ok((member.start(), addr))
     }

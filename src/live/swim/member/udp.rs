@@ -135,14 +135,7 @@ impl drive::Host for UdpHost<'_, '_> {
 
     fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
         let due = std::time::Instant::now() + after;
-        self.ctx.notify_later(
-            FocaTimer {
-                timer,
-                due,
-                deferred: false,
-            },
-            after,
-        );
+        self.ctx.notify_later(FocaTimer { timer, due }, after);
     }
 
     fn notified(&mut self, notification: OwnedNotification<SwimIdentity>) {
