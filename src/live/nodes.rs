@@ -61,7 +61,7 @@ pub struct Nodes {
     term_in_doubt: TermInDoubt,
 }
 
-/// Whether the term is in doubt (see [`Nodes::term_in_doubt`]); never, for
+/// Whether the term is in doubt (see [`Nodes::set_term_in_doubt`]); never, for
 /// an orchestrator alone.
 #[derive(Clone, Default)]
 pub struct TermInDoubt(pub Option<std::sync::Arc<dyn Fn() -> bool + Send + Sync>>);
