@@ -1023,21 +1023,6 @@ fn a_forger_keeping_a_sigkilled_node_alive_in_swim_does_not_keep_the_run() {
     });
 }
 
-/// A second process with node `i`'s config and key (a copied config, a
-/// stolen key), killed when dropped.
-fn copy_of(cluster: &LocalCluster, i: usize) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .arg("node")
-        .arg("--config")
-        .arg(&cluster.nodes[i].config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses() {
     // Issue 20: two processes with one node's config and key (a copied
@@ -1047,7 +1032,16 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
         let watch = Watch::start(&cluster, None);
         cluster.spawn(0).unwrap();
         watch.until_metric("poolgate_agent_frames_total", 1.0).await;
-        let mut twin = copy_of(&cluster, 0);
+        let mut twin = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
         watch
             .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
             .await;
@@ -1075,7 +1069,16 @@ fn the_node_a_copy_signed_ahead_of_is_heard_again_once_the_copy_is_gone() {
         let watch = Watch::start(&cluster, None);
         cluster.spawn(0).unwrap();
         watch.until_metric("poolgate_agent_frames_total", 1.0).await;
-        let mut twin = copy_of(&cluster, 0);
+        let mut twin = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
         watch
             .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
             .await;
