@@ -158,32 +158,19 @@ impl Sequences {
         use super::wire::COUNTER_BITS;
         self.counter += 1;
         if self.counter >= 1 << COUNTER_BITS {
-            self.renew();
+            self.life = match self.file.next(unix_ms()) {
+                Ok(life) => life,
+                Err(e) => {
+                    // Still above every sequence of this life; only a
+                    // restart before the file is writable again could
+                    // meet it.
+                    tracing::error!(error = %e, "a new life for agent frames was not recorded");
+                    self.life + 1
+                }
+            };
             self.counter = 1;
         }
         self.life << COUNTER_BITS | self.counter
-    }
-
-    /// Starts a new life of sequences, above every earlier one (the
-    /// generation file's next): when this life's counter is spent, and
-    /// when the orchestrator refused a frame as a replay, which from a
-    /// node that never sends one twice means another process signing as
-    /// this node (a copy of its config and key) is ahead of it. The two
-    /// then take turns, each above the other, while the orchestrator
-    /// reports them; once the copy is gone this node is heard again
-    /// without a restart. The same process goes on: its SWIM identity
-    /// does not change, so this is no restart to the orchestrator.
-    pub fn renew(&mut self) {
-        self.life = match self.file.next(unix_ms()) {
-            Ok(life) => life,
-            Err(e) => {
-                // Still above every sequence of this life; only a restart
-                // before the file is writable again could meet it.
-                tracing::error!(error = %e, "a new life for agent frames was not recorded");
-                self.life + 1
-            }
-        };
-        self.counter = 0;
     }
 }
 

@@ -278,14 +278,10 @@ impl Refused {
             Refused::Malformed(_) => "malformed",
             Refused::UnknownNode => "unknown_node",
             Refused::BadSignature => "bad_signature",
-            Refused::Replayed { .. } => REPLAYED,
+            Refused::Replayed { .. } => "replayed",
         }
     }
 }
-
-/// The code of [`Refused::Replayed`]: a node told it starts a new life of
-/// sequences, above every earlier one.
-pub const REPLAYED: &str = "replayed";
 
 /// Bits of a sequence that count frames within one life of a node; the
 /// bits above are the life (a generation, rising across restarts).
@@ -293,9 +289,8 @@ pub const COUNTER_BITS: u32 = 20;
 
 fn stepped_hint(seq: u64, last: u64) -> &'static str {
     if seq >> COUNTER_BITS < last >> COUNTER_BITS {
-        " (the frame's life began before the last accepted one's: another process signs as \
-         this node (a copy of its config and key), or its clock was stepped back and its \
-         generation file beside its key was lost)"
+        " (the frame's life began before the last accepted one's: the node's clock was \
+         probably stepped back, and its generation file beside its key was lost)"
     } else {
         ""
     }

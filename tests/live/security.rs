@@ -1059,47 +1059,6 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
 }
 
 #[test]
-fn the_node_a_copy_signed_ahead_of_is_heard_again_once_the_copy_is_gone() {
-    // An operator's trial: a copy of a node's config and key, started
-    // beside it, signed its frames in a later life of sequences; the real
-    // node's frames were refused as replays from then on, and still after
-    // the copy stopped, until its agent was restarted by hand.
-    live(async {
-        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
-        let watch = Watch::start(&cluster, None);
-        cluster.spawn(0).unwrap();
-        watch.until_metric("poolgate_agent_frames_total", 1.0).await;
-        let mut twin = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&cluster.nodes[0].config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        watch
-            .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
-            .await;
-        // The real node, behind the copy, is refused.
-        watch
-            .until_metric(
-                "poolgate_agent_frames_refused_total{reason=\"replayed\"",
-                1.0,
-            )
-            .await;
-        twin.kill().await.unwrap();
-        let frames = watch.metric("poolgate_agent_frames_total").await;
-        // The real node alone: its frames are taken again.
-        watch
-            .until_metric("poolgate_agent_frames_total", frames + 3.0)
-            .await;
-        assert!(cluster.pid(0).is_some(), "the real node never restarted");
-    });
-}
-
-#[test]
 fn a_node_stopped_and_started_again_at_once_is_not_taken_for_a_second_signer() {
     // An operator's trial: every quick restart of a node agent (SIGTERM
     // or SIGKILL, started again within a second) raised "two live

@@ -174,14 +174,6 @@ pub(super) async fn announce(
                 if let Some(held) = said.allow(now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, code, detail, held, "the orchestrator refused this node's frames");
                 }
-                if code == wire::REPLAYED {
-                    // This process never sends a frame twice: another one
-                    // signing as this node is ahead of it. A new life of
-                    // sequences puts it above (they take turns while the
-                    // orchestrator reports both; the copy gone, it is
-                    // heard again).
-                    to.sequences.renew();
-                }
             }
             (_, Session::Unreachable(e)) => {
                 if let Some(held) = said.allow(now) {
