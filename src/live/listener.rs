@@ -430,7 +430,7 @@ impl Listener {
             if let Some(other) = taken.twin {
                 metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
                 if let Some(held) = lock(&self.said_twice).allow(&node, std::time::Instant::now()) {
-                    tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and they will take turns");
+                    tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and the frames of the one started earlier are refused as replays from now on; stop the copy, then restart the node's real agent (or register a new key for the node)");
                 }
             }
             if let Some(previous) = taken.superseded {

@@ -289,8 +289,9 @@ pub const COUNTER_BITS: u32 = 20;
 
 fn stepped_hint(seq: u64, last: u64) -> &'static str {
     if seq >> COUNTER_BITS < last >> COUNTER_BITS {
-        " (the frame's life began before the last accepted one's: the node's clock was \
-         probably stepped back, and its generation file beside its key was lost)"
+        " (the frame's life began before the last accepted one's: another process signs as \
+         this node (a copy of its config and key), or its clock was stepped back and its \
+         generation file beside its key was lost)"
     } else {
         ""
     }
