@@ -48,6 +48,15 @@ macro_rules! need_etcd {
 }
 
 /// A free TCP port on 127.0.0.1.
+/// Two distinct free ports on 127.0.0.1 (both held while picked: two
+/// picks one after the other may name the same port).
+pub fn free_ports() -> (u16, u16) {
+    let pick = || std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let (a, b) = (pick(), pick());
+    let port = |l: &std::net::TcpListener| l.local_addr().expect("bound").port();
+    (port(&a), port(&b))
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -86,10 +95,22 @@ impl Etcd {
     }
 
     fn start_with(name: &str, tls: Option<&Certs>) -> Etcd {
+        // A port picked free may be taken by another process before etcd
+        // binds it: then again, on other ports.
+        for _ in 0..4 {
+            if let Some(etcd) = Etcd::try_start(name, tls) {
+                return etcd;
+            }
+        }
+        panic!("etcd lost its ports to other processes four times");
+    }
+
+    /// Starts it on free ports; `None` when it lost one of them.
+    fn try_start(name: &str, tls: Option<&Certs>) -> Option<Etcd> {
         let dir = std::env::temp_dir().join(format!("poolgate-etcd-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd folder");
-        let (client, peer) = (free_port(), free_port());
+        let (client, peer) = free_ports();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -126,7 +147,7 @@ impl Etcd {
             .stderr(Stdio::from(log))
             .spawn()
             .expect("etcd starts");
-        let etcd = Etcd {
+        let mut etcd = Etcd {
             child: Some(child),
             dir,
             endpoint,
@@ -142,6 +163,13 @@ impl Etcd {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while client.get(b"probe").is_err() {
+            let exited = etcd
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited && etcd.log().contains("address already in use") {
+                return None;
+            }
             assert!(
                 Instant::now() < deadline,
                 "etcd did not start: {}",
@@ -149,7 +177,7 @@ impl Etcd {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        etcd
+        Some(etcd)
     }
 
     /// A client of it.
@@ -305,11 +333,14 @@ impl Cluster {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd folder");
         let members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                name: format!("e{i}"),
-                client: format!("http://127.0.0.1:{}", free_port()),
-                peer: format!("http://127.0.0.1:{}", free_port()),
-                child: None,
+            .map(|i| {
+                let (client, peer) = free_ports();
+                Member {
+                    name: format!("e{i}"),
+                    client: format!("http://127.0.0.1:{client}"),
+                    peer: format!("http://127.0.0.1:{peer}"),
+                    child: None,
+                }
             })
             .collect();
         let initial = members
