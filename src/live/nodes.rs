@@ -87,24 +87,24 @@ pub const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One accepted agent frame, as [`Nodes::heard_from`] takes it.
 #[derive(Debug, Clone, Copy)]
-pub struct FrameHeard {
+struct FrameHeard {
     /// The listener's id of the connection it came on.
-    pub connection: u64,
+    connection: u64,
     /// Where it came from.
-    pub peer: SocketAddr,
+    peer: SocketAddr,
     /// The life of its sequence (`seq >> COUNTER_BITS`): a process's
     /// frames share it (until its counter wraps); a restarted process
     /// takes a new one from its generation file.
-    pub life: u64,
+    life: u64,
     /// The SWIM identity it signs (address, generation).
-    pub identity: (Option<SocketAddr>, Option<u64>),
+    identity: (Option<SocketAddr>, Option<u64>),
     /// How often the node said it sends a frame when nothing changes.
-    pub heartbeat: std::time::Duration,
+    heartbeat: std::time::Duration,
 }
 
 /// A node's last accepted frame, and when (see [`Nodes::heard_from`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Heard {
+struct Heard {
     frame: FrameHeard,
     at: std::time::Instant,
     /// Its connection has ended (it stays attached a while: through the
@@ -170,7 +170,7 @@ pub struct Taken {
 
 /// How a node's frame comes from another process than the one before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replaced {
+enum Replaced {
     /// It signs a new SWIM identity in this term ([`Nodes::new_process`]).
     InTerm,
     /// Its first frame in this term is of another life than the state
@@ -410,7 +410,7 @@ impl Nodes {
     /// reconnected to this one). A counter that wrapped into its next life
     /// in that gap reads the same, and fails safe. Asked of every frame;
     /// only a node's first in the term can answer yes.
-    pub fn replaced_since_stored(&mut self, node: &NodeId, frame: &FrameHeard) -> bool {
+    fn replaced_since_stored(&mut self, node: &NodeId, frame: &FrameHeard) -> bool {
         self.stored_life
             .remove(node)
             .is_some_and(|life| life != frame.life)
@@ -424,7 +424,7 @@ impl Nodes {
     /// its generation + 1) keeps both; a restarted one has neither, however
     /// soon it connected. To be asked before [`Nodes::heard_from`] records
     /// the frame.
-    pub fn new_process(&self, node: &NodeId, frame: &FrameHeard) -> bool {
+    fn new_process(&self, node: &NodeId, frame: &FrameHeard) -> bool {
         let Some(before) = self.swim_addr.get(node).and_then(|s| s.generation) else {
             return false;
         };
@@ -453,7 +453,7 @@ impl Nodes {
     /// connection within `within` (two processes sign as one node: a
     /// copied config, or a stolen key). One process on two connections
     /// (several addresses of one orchestrator) names one identity on both.
-    pub fn heard_from(
+    fn heard_from(
         &mut self,
         node: &NodeId,
         frame: FrameHeard,
