@@ -158,19 +158,28 @@ impl Sequences {
         use super::wire::COUNTER_BITS;
         self.counter += 1;
         if self.counter >= 1 << COUNTER_BITS {
-            self.life = match self.file.next(unix_ms()) {
-                Ok(life) => life,
-                Err(e) => {
-                    // Still above every sequence of this life; only a
-                    // restart before the file is writable again could
-                    // meet it.
-                    tracing::error!(error = %e, "a new life for agent frames was not recorded");
-                    self.life + 1
-                }
-            };
+            self.renew();
             self.counter = 1;
         }
         self.life << COUNTER_BITS | self.counter
+    }
+
+    /// Starts a new life, above every earlier one (the generation file's
+    /// next), and returns it: when this life's counter is spent, and when
+    /// the agent takes its node back from another process that signed
+    /// ahead of it (its SWIM generation takes the same number).
+    pub fn renew(&mut self) -> u64 {
+        self.life = match self.file.next(unix_ms()) {
+            Ok(life) => life,
+            Err(e) => {
+                // Still above every sequence of this life; only a restart
+                // before the file is writable again could meet it.
+                tracing::error!(error = %e, "a new life for agent frames was not recorded");
+                self.life + 1
+            }
+        };
+        self.counter = 0;
+        self.life
     }
 }
 
@@ -232,5 +241,22 @@ mod tests {
         // A restart, even with the clock at 0, starts above all of them.
         let restarted = file.next(0).unwrap();
         assert!(restarted << COUNTER_BITS > last);
+    }
+
+    #[test]
+    #[cfg(feature = "cli")]
+    fn a_renewed_life_is_above_what_another_process_took_from_the_file() {
+        let file = scratch("renew");
+        let life = file.next(1_000).unwrap();
+        let mut sequences = Sequences::new(file.clone(), life);
+        let before = sequences.take();
+        // A copy of the node, started later on the same file, far ahead
+        // of the wall clock.
+        let copy = file.next(2_000_000_000_000).unwrap();
+        let renewed = sequences.renew();
+        assert!(renewed > copy, "{renewed} after the copy's {copy}");
+        let after = sequences.take();
+        assert!(after > before && after >> crate::live::wire::COUNTER_BITS == renewed);
+        assert_eq!(file.last().unwrap(), renewed);
     }
 }

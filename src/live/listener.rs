@@ -51,8 +51,9 @@ enum Next {
     Take(Taken),
     /// The connection's first frame: answer with this challenge.
     Challenge(wire::Nonce),
-    /// Refused: say why and close.
-    Refuse(NodeId, Refused),
+    /// Refused: say why and close; whether another connection, still
+    /// open, carried the node's latest accepted frame.
+    Refuse(NodeId, Refused, bool),
 }
 
 /// The agent listener's socket, with a deep accept queue: a burst of
@@ -366,6 +367,7 @@ impl Listener {
                             code: "status_local_only".into(),
                             detail: "status is answered to processes on the orchestrator's own host only".into(),
                             leader: None,
+                            signed_elsewhere: false,
                         });
                         let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&refusal)).await;
                     }
@@ -378,7 +380,7 @@ impl Listener {
                     return talk.into_last();
                 }
                 Ok(Err(ReadError::Refused(refused))) => {
-                    self.refuse(&mut stream, peer, None, &refused).await;
+                    self.refuse(&mut stream, peer, None, &refused, false).await;
                     return talk.into_last();
                 }
             };
@@ -386,7 +388,7 @@ impl Listener {
                 Verdict::Opened(opened) => opened,
                 Verdict::Skip => continue,
                 Verdict::Refuse { node, refused } => {
-                    self.refuse(&mut stream, peer, node.as_ref(), &refused)
+                    self.refuse(&mut stream, peer, node.as_ref(), &refused, false)
                         .await;
                     return talk.into_last();
                 }
@@ -406,7 +408,11 @@ impl Listener {
                         Next::Take(nodes.take_frame(frame, now, silence, self.own_swim))
                     }
                     Admitted::Challenge(nonce) => Next::Challenge(nonce),
-                    Admitted::Refuse { node, refused } => Next::Refuse(node, refused),
+                    Admitted::Refuse { node, refused } => {
+                        let elsewhere = matches!(refused, Refused::Replayed { .. })
+                            && nodes.signed_elsewhere(&node, id);
+                        Next::Refuse(node, refused, elsewhere)
+                    }
                 }
             };
             let taken = match next {
@@ -419,8 +425,9 @@ impl Listener {
                     }
                     continue;
                 }
-                Next::Refuse(node, refused) => {
-                    self.refuse(&mut stream, peer, Some(&node), &refused).await;
+                Next::Refuse(node, refused, elsewhere) => {
+                    self.refuse(&mut stream, peer, Some(&node), &refused, elsewhere)
+                        .await;
                     return talk.into_last();
                 }
             };
@@ -430,7 +437,7 @@ impl Listener {
             if let Some(other) = taken.twin {
                 metrics::counter!("poolgate_agent_duplicate_signers_total").increment(1);
                 if let Some(held) = lock(&self.said_twice).allow(&node, std::time::Instant::now()) {
-                    tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older, and the frames of the one started earlier are refused as replays from now on; stop the copy, then restart the node's real agent (or register a new key for the node)");
+                    tracing::warn!(%node, first = %other, second = %peer, held, "two live processes sign as this node (a copied config or a stolen key): the newer connection replaces the older; the other one's frames are refused as replays while this one's connection is open, and it takes the node back once this one stops; stop the copy (or register a new key for the node)");
                 }
             }
             if let Some(previous) = taken.superseded {
@@ -483,14 +490,17 @@ impl Listener {
         let _ = tokio::time::timeout(FIRST_FRAME, status::write_answer(stream, &answer)).await;
     }
 
-    /// Tells the peer why its frame was refused, counts it, logs it (at
-    /// most once per source address per interval), and closes.
+    /// Tells the peer why its frame was refused (and, for a replay,
+    /// whether another process signs as its node now: `signed_elsewhere`),
+    /// counts it, logs it (at most once per source address per interval),
+    /// and closes.
     async fn refuse(
         &self,
         stream: &mut TcpStream,
         peer: SocketAddr,
         node: Option<&NodeId>,
         refused: &Refused,
+        signed_elsewhere: bool,
     ) {
         metrics::counter!("poolgate_agent_frames_refused_total", "reason" => refused.code())
             .increment(1);
@@ -511,6 +521,7 @@ impl Listener {
             code: refused.code().to_string(),
             detail,
             leader: None,
+            signed_elsewhere,
         });
         let _ = tokio::time::timeout(FIRST_FRAME, stream.write_all(&reply)).await;
     }

@@ -767,6 +767,17 @@ impl Nodes {
         self.attached.get(node) == Some(&connection)
     }
 
+    /// Whether another connection than `connection`, still open, carried
+    /// `node`'s latest accepted frame: another process signs as the node
+    /// now (a copy of its config and key), and a frame of `connection`
+    /// refused as a replay is that process's doing, not a stale life to
+    /// leave behind.
+    pub fn signed_elsewhere(&self, node: &NodeId, connection: u64) -> bool {
+        self.heard
+            .get(node)
+            .is_some_and(|last| last.frame.connection != connection && !last.closed)
+    }
+
     /// Whether `node`, still on `connection`, whose connection went silent,
     /// is held back from being made unavailable at `now`
     /// ([`Nodes::holds_back_silence`]).
@@ -1102,6 +1113,26 @@ mod tests {
         assert_eq!(taken.superseded, Some(1));
         assert_eq!(taken.join, None);
         assert_eq!(taken.observations.last(), Some(&Observation::Available));
+    }
+
+    #[test]
+    fn a_replay_is_signed_elsewhere_only_while_another_open_connection_carried_the_last_frame() {
+        let (node, _, _) = node2();
+        let (second, now) = (std::time::Duration::from_secs(1), std::time::Instant::now());
+        let mut nodes = Nodes::starting_now();
+        // Nothing heard yet: a replay is nobody else's doing.
+        assert!(!nodes.signed_elsewhere(&node, 1));
+        // The real process on connection 1, then a copy on connection 2
+        // (a later life, another SWIM generation) signing ahead of it.
+        nodes.take_frame(ready_frame(7, 1, 7), now, second, own());
+        nodes.take_frame(ready_frame(9, 2, 9), now, second, own());
+        assert!(nodes.signed_elsewhere(&node, 1), "the copy holds the node");
+        assert!(nodes.signed_elsewhere(&node, 3), "on any other connection");
+        assert!(!nodes.signed_elsewhere(&node, 2), "not its own connection");
+        // The copy stopped: its connection ended, and nobody holds it.
+        nodes.connection_closed(&node, 2);
+        assert!(!nodes.signed_elsewhere(&node, 1));
+        assert!(!nodes.signed_elsewhere(&node, 3));
     }
 
     #[test]

@@ -150,6 +150,14 @@ pub enum Reply {
         /// refusing replica knows. Absent from other refusals.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         leader: Option<String>,
+        /// With `replayed`: another connection, still open, carried this
+        /// node's latest accepted frame (another process signs as the node
+        /// now: a copy of its config and key). An agent told so waits for
+        /// it to stop; told a replay without it, the agent takes over (a
+        /// new life of sequences and a new SWIM generation). Absent when
+        /// false.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        signed_elsewhere: bool,
     },
 }
 
@@ -278,10 +286,13 @@ impl Refused {
             Refused::Malformed(_) => "malformed",
             Refused::UnknownNode => "unknown_node",
             Refused::BadSignature => "bad_signature",
-            Refused::Replayed { .. } => "replayed",
+            Refused::Replayed { .. } => REPLAYED,
         }
     }
 }
+
+/// The code of [`Refused::Replayed`].
+pub const REPLAYED: &str = "replayed";
 
 /// Bits of a sequence that count frames within one life of a node; the
 /// bits above are the life (a generation, rising across restarts).

@@ -1058,6 +1058,77 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
     });
 }
 
+/// Reads `lines` (watch's events) until one holds every one of `needles`.
+async fn until_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    needles: &[&str],
+) -> String {
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("watch prints events");
+        if needles.iter().all(|n| line.contains(n)) {
+            return line;
+        }
+    }
+}
+
+#[test]
+fn the_node_a_copy_signed_ahead_of_is_ready_again_once_the_copy_stops() {
+    // An operator's trial: a copy of a node's config and key started
+    // beside it signs in a later life of sequences; the real node's frames
+    // were refused as replays from then on, and still after the copy
+    // stopped, until its agent was restarted by hand. A first mend (each
+    // refused agent starting a new life) had the two swap ten times a
+    // second while both ran, and the copy's leave, at a newer SWIM
+    // generation, kept the node `left` once it was gone.
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
+        let mut watch = Watch::start(&cluster, None);
+        let mut events = BufReader::new(watch.child.stdout.take().unwrap()).lines();
+        cluster.spawn(0).unwrap();
+        until_line(&mut events, &["\"pool_ready\""]).await;
+        let real = cluster.pid(0);
+        let mut copy = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(cluster.dir.join("copy.log")).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The copy, holding the node's key, stands in for it (reported),
+        // and holds it: the real node, behind it, is refused and waits
+        // (four tries: over a second).
+        until_line(&mut events, &["\"readiness_lost\""]).await;
+        until_line(&mut events, &["\"pool_ready\""]).await;
+        watch
+            .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
+            .await;
+        watch
+            .until_metric(
+                "poolgate_agent_frames_refused_total{reason=\"replayed\"",
+                4.0,
+            )
+            .await;
+        // The copy stopped as an operator stops it: it leaves, and the
+        // node is ready again on its own.
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(copy.id().unwrap()).unwrap());
+        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+        copy.wait().await.unwrap();
+        until_line(&mut events, &["\"readiness_lost\""]).await;
+        until_line(&mut events, &["\"pool_ready\""]).await;
+        assert_eq!(cluster.pid(0), real, "the real node was not restarted");
+        // Told apart once, not taking turns while both ran.
+        let twins = watch.metric("poolgate_agent_duplicate_signers_total").await;
+        assert!(twins < 3.0, "{twins} second signers reported");
+    });
+}
+
 #[test]
 fn a_node_stopped_and_started_again_at_once_is_not_taken_for_a_second_signer() {
     // An operator's trial: every quick restart of a node agent (SIGTERM

@@ -39,7 +39,7 @@ use crate::live::generation::{unix_ms, GenerationFile, Sequences};
 use crate::live::keys::NodeKey;
 use crate::live::swim::keyring;
 use crate::live::swim::member::{
-    Join, JoinAgain, Leave, MemberCount, SetKeyring, SetVouching, Vouched, Vouching,
+    Join, JoinAgain, Leave, MemberCount, Renew, SetKeyring, SetVouching, Vouched, Vouching,
 };
 use crate::live::swim::SwimIdentity;
 use crate::live::swim::SwimMember;

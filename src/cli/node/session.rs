@@ -57,6 +57,7 @@ enum Session {
         code: String,
         detail: String,
         leader: Option<String>,
+        signed_elsewhere: bool,
     },
     /// The agent is stopping.
     Stopped,
@@ -76,6 +77,9 @@ pub(super) async fn announce(
     let mut backoff = BACKOFF_MIN;
     let mut said = Throttle::new(LOG_EVERY);
     let mut said_seeds = Throttle::new(LOG_EVERY);
+    // Held behind another process signing as this node, and taking the
+    // node back from one: each said apart from the rest.
+    let (mut said_held, mut said_taken) = (Throttle::new(LOG_EVERY), Throttle::new(LOG_EVERY));
     let mut rotation = Rotation::default();
     let mut pointers = Pointers::default();
     loop {
@@ -164,6 +168,37 @@ pub(super) async fn announce(
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
                 if rotation.has_fresh(&addrs) && pointers.within_round() {
                     continue;
+                }
+            }
+            (
+                addr,
+                Session::Refused {
+                    code,
+                    signed_elsewhere,
+                    ..
+                },
+            ) if code == wire::REPLAYED => {
+                if signed_elsewhere {
+                    // Another process signs as this node (a copy of its
+                    // config and key): taking the node back now would have
+                    // the two swap for as long as both run (an operator's
+                    // trial saw ten swaps a second). This one waits.
+                    if let Some(held) = said_held.allow(now) {
+                        tracing::warn!(node = %to.node, orchestrator = %addr, held, "another process signs as this node (a copy of its config and key) and the orchestrator refuses this agent's frames as replays while it does; this agent takes the node back once it stops: stop the copy");
+                    }
+                } else {
+                    // Refused as a replay with nobody else signing: a
+                    // process that signed ahead of this one is gone (or this
+                    // host's clock stepped back with the generation file
+                    // lost). A new life of sequences above it, and a new
+                    // SWIM generation too, so what the other one left behind
+                    // in SWIM (its leave) does not outrank this node.
+                    let generation = to.sequences.renew();
+                    if let Some(held) = said_taken.allow(now) {
+                        tracing::warn!(node = %to.node, orchestrator = %addr, generation, held, "this agent's frames were refused as replays while no other process signs as this node (one that signed ahead of it stopped): taking the node back under a new life of sequences and a new SWIM generation");
+                    }
+                    to.swim.do_send(Renew { generation });
+                    join(&to.swim, &to.seeds, &mut said_seeds, false).await;
                 }
             }
             (_, Session::Unreachable(_)) if again => {
@@ -465,8 +500,8 @@ async fn session(
                     heard = tokio::time::Instant::now();
                     send_now = true;
                 }
-                Some(Ok(Some(Reply::Refused { code, detail, leader }))) => {
-                    return Session::Refused { code, detail, leader };
+                Some(Ok(Some(Reply::Refused { code, detail, leader, signed_elsewhere }))) => {
+                    return Session::Refused { code, detail, leader, signed_elsewhere };
                 }
                 Some(Err(wire::ReadError::Refused(_))) => {
                     return Session::Lost { accepted, why: "unreadable reply" };
@@ -563,6 +598,7 @@ mod tests {
                 code: "x".into(),
                 detail: "y".into(),
                 leader: None,
+                signed_elsewhere: false,
             },
         );
         assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
@@ -624,6 +660,7 @@ mod tests {
                 code: wire::NOT_LEADER.into(),
                 detail: "not the leader".into(),
                 leader: None,
+                signed_elsewhere: false,
             },
         );
         assert!(rotation.has_fresh(&[follower, leader]));

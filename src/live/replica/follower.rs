@@ -97,6 +97,7 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, publ
         code: crate::live::wire::NOT_LEADER.to_string(),
         detail,
         leader: leader.map(|leader| leader.agents),
+        signed_elsewhere: false,
     });
     let _ =
         tokio::time::timeout(crate::live::listener::FIRST_FRAME, stream.write_all(&reply)).await;

@@ -130,6 +130,36 @@ impl Handler<WatchGeneration> for SwimMember {
     }
 }
 
+/// Take `generation` as this member's own (a node agent taking its node
+/// back from a process that signed ahead of it, design §8): foca declares
+/// the identity before it down and gossips the new one, and the watcher
+/// of [`WatchGeneration`] is told, so the node's frames sign it.
+#[derive(Debug)]
+pub struct Renew {
+    /// The new generation, above every earlier one of the node's.
+    pub generation: u64,
+}
+
+impl Message for Renew {
+    type Result = ();
+}
+
+impl Handler<Renew> for SwimMember {
+    type Result = ();
+
+    fn handle(&mut self, msg: Renew, ctx: &mut Context<Self>) {
+        let mut renewed = self.foca.identity().clone();
+        renewed.generation = msg.generation;
+        let result = self.foca.change_identity(renewed, &mut self.runtime);
+        let changed = result.is_ok();
+        self.report("renew", result);
+        if let (true, Some(own)) = (changed, &self.own_generation) {
+            own.send_replace(msg.generation);
+        }
+        self.drain(ctx);
+    }
+}
+
 /// Decide address conflicts by the identities nodes signed (the
 /// orchestrator's member; see [`crate::live::swim::identity::with_signed`]).
 #[derive(Debug)]
