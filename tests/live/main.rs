@@ -826,6 +826,58 @@ fn a_node_agent_told_to_stop_says_it_left_not_that_it_was_declared_down() {
     });
 }
 
+/// A node agent with no orchestrator connection up exits at once when
+/// told to stop: no leaving frame can go out, and waiting for one held a
+/// restart back (an operator's trial: the next process could not bind
+/// the metrics port yet).
+#[test]
+fn a_node_agent_told_to_stop_while_unconnected_does_not_wait_for_a_frame() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&cluster.nodes[0].config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(node.stderr.take().unwrap()).lines();
+        let mut said = Vec::new();
+        // Started, and told no orchestrator is reachable.
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let unreachable = line.contains("no orchestrator reachable");
+            said.push(line);
+            if unreachable {
+                break;
+            }
+        }
+        let pid = nix::unistd::Pid::from_raw(node.id().unwrap() as i32);
+        let told = std::time::Instant::now();
+        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+        let status = node.wait().await.unwrap();
+        let took = told.elapsed();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            said.push(line);
+        }
+        assert_eq!(status.code(), Some(0), "{said:#?}");
+        assert!(
+            said.iter()
+                .any(|l| l.contains("no leaving frame is waited for")),
+            "{said:#?}"
+        );
+        // The wait was half a second for a frame that never went.
+        assert!(
+            took < Duration::from_millis(500),
+            "exited {took:?} after SIGTERM"
+        );
+    });
+}
+
 /// Design §15: with the default SWIM profile (no timings in the
 /// configuration), a node agent stalled for a second (SIGSTOP, as a paused
 /// VM or a starved process) faults nothing, five times over; a node

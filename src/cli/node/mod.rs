@@ -123,6 +123,7 @@ pub async fn run(
         });
     }
     let sent = Arc::new(AtomicU64::new(0));
+    let connected = Arc::clone(&link);
     // The member asks the orchestrator about members it probes in vain.
     let (asking, asks) = tokio::sync::mpsc::channel(ASKS_QUEUED);
     swim.do_send(SetVouching(Vouching::Orchestrator(asking)));
@@ -136,7 +137,7 @@ pub async fn run(
             heartbeat: config.heartbeat,
             swim: swim.clone(),
             seeds: config.swim.seeds.clone(),
-            link,
+            link: Arc::clone(&link),
             asks,
         },
         updates,
@@ -173,15 +174,23 @@ pub async fn run(
         }
     }
     super::notify::notify(super::notify::STOPPING);
-    tracing::info!(node = %config.name, "leaving");
     let before = sent.load(Ordering::Relaxed);
     state.send_modify(|s| {
         s.available = false;
         s.leaving = true;
     });
-    let deadline = tokio::time::Instant::now() + LEAVE_GRACE;
-    while sent.load(Ordering::Relaxed) == before && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if connected.orchestrator().is_some() {
+        tracing::info!(node = %config.name, "leaving");
+        let deadline = tokio::time::Instant::now() + LEAVE_GRACE;
+        while sent.load(Ordering::Relaxed) == before && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    } else {
+        // Not connected (no orchestrator reachable, or refused): no frame
+        // goes out, and waiting for one only held the restart that
+        // follows (an operator's trial: the next process could not bind
+        // the metrics port yet).
+        tracing::info!(node = %config.name, "leaving; no orchestrator connection is up, so no leaving frame is waited for");
     }
     // The Leave handler gossips the leave, then stops the member.
     let _ = swim.send(Leave).await;
