@@ -518,7 +518,9 @@ fn silent_failures_say_one_clear_line_at_the_default_log_level() {
 
     // No orchestrator yet: the node says it cannot reach one, and where.
     let mut lonely = deployment.start_node(&rig, 0, &[]);
-    std::thread::sleep(Duration::from_secs(4));
+    let limit = Duration::from_secs(10);
+    stderr_line(&lonely, "no orchestrator reachable", limit);
+    stderr_line(&lonely, "health check fails", limit);
     lonely.kill();
     let said = lonely.stderr();
     assert!(
