@@ -60,6 +60,9 @@ pub enum Face {
 pub struct NodeLink {
     node: String,
     up: Mutex<Option<SocketAddr>>,
+    /// Refused as a replay while another process signs as this node (a
+    /// copy of its config and key): the agent waits for it to stop.
+    held_off: std::sync::atomic::AtomicBool,
 }
 
 impl NodeLink {
@@ -68,13 +71,30 @@ impl NodeLink {
         Arc::new(NodeLink {
             node: node.to_string(),
             up: Mutex::new(None),
+            held_off: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether another process signing as this node holds it off (its
+    /// frames refused as replays meanwhile): set on each such refusal,
+    /// cleared by the next accepted frame.
+    pub fn held_off(&self, held: bool) {
+        self.held_off
+            .store(held, std::sync::atomic::Ordering::Relaxed);
+        metrics::gauge!("poolgate_agent_held_off").set(if held { 1.0 } else { 0.0 });
+    }
+
+    fn is_held_off(&self) -> bool {
+        self.held_off.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A frame on the connection to `orchestrator` was accepted.
     pub fn up(&self, orchestrator: SocketAddr) {
         if let Ok(mut up) = self.up.lock() {
             *up = Some(orchestrator);
+        }
+        if self.is_held_off() {
+            self.held_off(false);
         }
         metrics::gauge!("poolgate_agent_connected").set(1.0);
         metrics::counter!("poolgate_agent_frames_acked_total").increment(1);
@@ -262,6 +282,7 @@ pub async fn readiness(face: &Face) -> Result<String, String> {
         }
         Face::Node(link) => match link.orchestrator() {
             Some(orchestrator) => Ok(format!("connected to the orchestrator at {orchestrator}")),
+            None if link.is_held_off() => Err("another process signs as this node (a copy of its config and key) and holds it; this agent waits for it to stop".to_string()),
             None => Err("no orchestrator connection up".to_string()),
         },
     }
@@ -275,6 +296,7 @@ async fn status_of(face: &Face) -> Result<Value, String> {
             "node": link.node,
             "connected": link.orchestrator().is_some(),
             "orchestrator": link.orchestrator().map(|a| a.to_string()),
+            "held_off_by_another_process": link.is_held_off(),
         })),
     }
 }

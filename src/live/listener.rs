@@ -410,7 +410,7 @@ impl Listener {
                     Admitted::Challenge(nonce) => Next::Challenge(nonce),
                     Admitted::Refuse { node, refused } => {
                         let elsewhere = matches!(refused, Refused::Replayed { .. })
-                            && nodes.signed_elsewhere(&node, id);
+                            && nodes.signed_elsewhere(&node, id, std::time::Instant::now());
                         Next::Refuse(node, refused, elsewhere)
                     }
                 }

@@ -80,6 +80,8 @@ pub(super) async fn announce(
     // Held behind another process signing as this node, and taking the
     // node back from one: each said apart from the rest.
     let (mut said_held, mut said_taken) = (Throttle::new(LOG_EVERY), Throttle::new(LOG_EVERY));
+    // The node taken back in the round before this one.
+    let mut took_back = false;
     let mut rotation = Rotation::default();
     let mut pointers = Pointers::default();
     loop {
@@ -99,6 +101,7 @@ pub(super) async fn announce(
         };
         to.link.down();
         let now = std::time::Instant::now();
+        let just_took_back = std::mem::replace(&mut took_back, false);
         rotation.ended(outcome.0, &outcome.1);
         match outcome {
             (_, Session::Stopped) => return,
@@ -178,6 +181,7 @@ pub(super) async fn announce(
                     ..
                 },
             ) if code == wire::REPLAYED => {
+                to.link.held_off(signed_elsewhere);
                 if signed_elsewhere {
                     // Another process signs as this node (a copy of its
                     // config and key): taking the node back now would have
@@ -199,6 +203,19 @@ pub(super) async fn announce(
                     }
                     to.swim.do_send(Renew { generation });
                     join(&to.swim, &to.seeds, &mut said_seeds, false).await;
+                    if !just_took_back {
+                        // Back at once: a process that waited beside this
+                        // one, or the one that stopped coming back, would
+                        // otherwise get in first during the pause and be
+                        // taken over a moment later (an operator's trial:
+                        // the pool ready on the copy, then lost again).
+                        // Refused again right after, the life this host
+                        // can take is not above the last accepted yet (a
+                        // clock stepped back): then the usual pauses.
+                        took_back = true;
+                        pointers.reset();
+                        continue;
+                    }
                 }
             }
             (_, Session::Unreachable(_)) if again => {

@@ -507,10 +507,7 @@ impl Nodes {
     pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
         let Some(heard) = self.heard.get(probed.node.as_str()) else {
             // Not heard from in this term: vouched for while it begins.
-            return self
-                .term_started
-                .is_some_and(|started| now.saturating_duration_since(started) < TERM_GRACE)
-                || self.doubts_itself(now);
+            return self.term_begins(now) || self.doubts_itself(now);
         };
         let attached = self.attached.get(probed.node.as_str()) == Some(&heard.frame.connection);
         let signed = heard.frame.identity == (Some(probed.addr), Some(probed.generation));
@@ -772,10 +769,29 @@ impl Nodes {
     /// now (a copy of its config and key), and a frame of `connection`
     /// refused as a replay is that process's doing, not a stale life to
     /// leave behind.
-    pub fn signed_elsewhere(&self, node: &NodeId, connection: u64) -> bool {
-        self.heard
-            .get(node)
-            .is_some_and(|last| last.frame.connection != connection && !last.closed)
+    ///
+    /// A node not heard from yet in a term that began less than
+    /// [`TERM_GRACE`] before `now` counts as signed elsewhere: the process
+    /// whose sequences the store holds may be reconnecting still (an
+    /// operator's trial: after a takeover the waiting real node took the
+    /// node back from a copy that had held it, then lost it to the copy
+    /// reconnecting, then took it again).
+    pub fn signed_elsewhere(
+        &self,
+        node: &NodeId,
+        connection: u64,
+        now: std::time::Instant,
+    ) -> bool {
+        match self.heard.get(node) {
+            Some(last) => last.frame.connection != connection && !last.closed,
+            None => self.term_begins(now),
+        }
+    }
+
+    /// Whether the term began less than [`TERM_GRACE`] before `now`.
+    fn term_begins(&self, now: std::time::Instant) -> bool {
+        self.term_started
+            .is_some_and(|started| now.saturating_duration_since(started) < TERM_GRACE)
     }
 
     /// Whether `node`, still on `connection`, whose connection went silent,

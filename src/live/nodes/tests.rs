@@ -293,20 +293,29 @@ fn a_frame_comes_to_what_it_says_in_order_and_a_heartbeat_to_nothing() {
 fn a_replay_is_signed_elsewhere_only_while_another_open_connection_carried_the_last_frame() {
     let (node, _, _) = node2();
     let (second, now) = (std::time::Duration::from_secs(1), std::time::Instant::now());
+    let after_grace = now + TERM_GRACE + second;
     let mut nodes = Nodes::starting_now();
-    // Nothing heard yet: a replay is nobody else's doing.
-    assert!(!nodes.signed_elsewhere(&node, 1));
+    // Not heard yet in a term just begun: whoever signed ahead may be
+    // reconnecting still; past the term's grace, nobody holds the node.
+    assert!(nodes.signed_elsewhere(&node, 1, now));
+    assert!(!nodes.signed_elsewhere(&node, 1, after_grace));
+    assert!(!Nodes::default().signed_elsewhere(&node, 1, now), "no term");
     // The real process on connection 1, then a copy on connection 2
     // (a later life, another SWIM generation) signing ahead of it.
     nodes.take_frame(ready_frame(7, 1, 7), now, second, own());
     nodes.take_frame(ready_frame(9, 2, 9), now, second, own());
-    assert!(nodes.signed_elsewhere(&node, 1), "the copy holds the node");
-    assert!(nodes.signed_elsewhere(&node, 3), "on any other connection");
-    assert!(!nodes.signed_elsewhere(&node, 2), "not its own connection");
-    // The copy stopped: its connection ended, and nobody holds it.
+    for at in [now, after_grace] {
+        assert!(nodes.signed_elsewhere(&node, 1, at), "the copy holds it");
+        assert!(nodes.signed_elsewhere(&node, 3, at), "on any connection");
+        assert!(!nodes.signed_elsewhere(&node, 2, at), "not on its own");
+    }
+    // The copy stopped: its connection ended, and nobody holds the node,
+    // in the term's grace or after it.
     nodes.connection_closed(&node, 2);
-    assert!(!nodes.signed_elsewhere(&node, 1));
-    assert!(!nodes.signed_elsewhere(&node, 3));
+    for at in [now, after_grace] {
+        assert!(!nodes.signed_elsewhere(&node, 1, at));
+        assert!(!nodes.signed_elsewhere(&node, 3, at));
+    }
 }
 
 #[test]
