@@ -781,6 +781,43 @@ fn registry_entries_added_and_removed_at_runtime_take_effect_without_a_restart()
     });
 }
 
+/// Node 0 of `cluster` alone (no orchestrator), logging at info, told to
+/// stop (SIGTERM) once it said `after`: its exit code, how long it took
+/// to exit after the signal, and every line it said.
+async fn stopped_alone(
+    cluster: &LocalCluster,
+    after: &str,
+) -> (Option<i32>, Duration, Vec<String>) {
+    let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("node")
+        .arg("--config")
+        .arg(&cluster.nodes[0].config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(node.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let reached = line.contains(after);
+        said.push(line);
+        if reached {
+            break;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(node.id().unwrap() as i32);
+    let told = std::time::Instant::now();
+    nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+    let status = node.wait().await.unwrap();
+    let took = told.elapsed();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        said.push(line);
+    }
+    (status.code(), took, said)
+}
+
 /// A node agent stopped as an operator stops it (SIGTERM) leaves: it says
 /// so, at info, and not "declared down; identity defunct" at WARN (foca's
 /// notification that follows its own leave).
@@ -790,31 +827,8 @@ fn a_node_agent_told_to_stop_says_it_left_not_that_it_was_declared_down() {
     plan.external_orchestrator = true;
     live(async {
         let cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&cluster.nodes[0].config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(node.stderr.take().unwrap()).lines();
-        let mut said = Vec::new();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let started = line.contains("node agent started");
-            said.push(line);
-            if started {
-                break;
-            }
-        }
-        let pid = nix::unistd::Pid::from_raw(node.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            said.push(line);
-        }
-        assert_eq!(node.wait().await.unwrap().code(), Some(0), "{said:#?}");
+        let (code, _, said) = stopped_alone(&cluster, "node agent started").await;
+        assert_eq!(code, Some(0), "{said:#?}");
         assert!(
             !said.iter().any(|l| l.contains("declared down")),
             "{said:#?}"
@@ -836,35 +850,8 @@ fn a_node_agent_told_to_stop_while_unconnected_does_not_wait_for_a_frame() {
     plan.external_orchestrator = true;
     live(async {
         let cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&cluster.nodes[0].config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(node.stderr.take().unwrap()).lines();
-        let mut said = Vec::new();
-        // Started, and told no orchestrator is reachable.
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let unreachable = line.contains("no orchestrator reachable");
-            said.push(line);
-            if unreachable {
-                break;
-            }
-        }
-        let pid = nix::unistd::Pid::from_raw(node.id().unwrap() as i32);
-        let told = std::time::Instant::now();
-        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
-        let status = node.wait().await.unwrap();
-        let took = told.elapsed();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            said.push(line);
-        }
-        assert_eq!(status.code(), Some(0), "{said:#?}");
+        let (code, took, said) = stopped_alone(&cluster, "no orchestrator reachable").await;
+        assert_eq!(code, Some(0), "{said:#?}");
         assert!(
             said.iter()
                 .any(|l| l.contains("no leaving frame is waited for")),

@@ -165,6 +165,38 @@ impl Watch {
     }
 }
 
+/// A second `poolgate node` with the cluster's first node's config and
+/// key (a copied config), its stderr to `stderr`.
+fn copy_of_node(cluster: &LocalCluster, stderr: Stdio) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("node")
+        .arg("--config")
+        .arg(&cluster.nodes[0].config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Reads `lines` (watch's events) until one holds every one of `needles`.
+async fn until_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    needles: &[&str],
+) -> String {
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("watch prints events");
+        if needles.iter().all(|n| line.contains(n)) {
+            return line;
+        }
+    }
+}
+
 #[test]
 fn a_node_with_a_wrong_cluster_key_never_becomes_live_and_its_datagrams_are_counted() {
     live(async {
@@ -545,16 +577,7 @@ fn garbage_datagrams_cost_cpu_never_memory_nor_a_state_change() {
         for i in 0..2 {
             cluster.spawn(i).unwrap();
         }
-        loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("watch prints events");
-            if line.contains("\"pool_ready\"") {
-                break;
-            }
-        }
+        until_line(&mut lines, &["\"pool_ready\""]).await;
         let target = cluster.config.swim.bind;
         let before = watch.rss_kib();
 
@@ -1032,16 +1055,7 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
         let watch = Watch::start(&cluster, None);
         cluster.spawn(0).unwrap();
         watch.until_metric("poolgate_agent_frames_total", 1.0).await;
-        let mut twin = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&cluster.nodes[0].config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut twin = copy_of_node(&cluster, Stdio::null());
         watch
             .until_metric("poolgate_agent_duplicate_signers_total", 1.0)
             .await;
@@ -1056,23 +1070,6 @@ fn a_second_live_process_signing_as_one_node_is_reported_naming_both_addresses()
             "{line}"
         );
     });
-}
-
-/// Reads `lines` (watch's events) until one holds every one of `needles`.
-async fn until_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    needles: &[&str],
-) -> String {
-    loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("watch prints events");
-        if needles.iter().all(|n| line.contains(n)) {
-            return line;
-        }
-    }
 }
 
 #[test]
@@ -1091,16 +1088,8 @@ fn the_node_a_copy_signed_ahead_of_is_ready_again_once_the_copy_stops() {
         cluster.spawn(0).unwrap();
         until_line(&mut events, &["\"pool_ready\""]).await;
         let real = cluster.pid(0);
-        let mut copy = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&cluster.nodes[0].config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(cluster.dir.join("copy.log")).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let log = std::fs::File::create(cluster.dir.join("copy.log")).unwrap();
+        let mut copy = copy_of_node(&cluster, log.into());
         // The copy, holding the node's key, stands in for it (reported),
         // and holds it: the real node, behind it, is refused and waits
         // (four tries: over a second).
@@ -1170,11 +1159,7 @@ fn a_hundred_thousand_invented_members_at_one_address_leave_the_orchestrators_me
         let mut watch = Watch::start(&cluster, None);
         let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
         cluster.spawn(0).unwrap();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("\"pool_ready\"") {
-                break;
-            }
-        }
+        until_line(&mut lines, &["\"pool_ready\""]).await;
         let target = cluster.config.swim.bind;
         let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
         let keyring = Keyring::new(&[key], &cluster.config.swim.label);
