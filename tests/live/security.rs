@@ -165,6 +165,22 @@ impl Watch {
     }
 }
 
+/// Watch's events, line by line.
+type Events = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+/// `plan`'s cluster with every node started, under `poolgate watch`,
+/// once its pool is ready; watch's events from there.
+async fn ready_under_watch(plan: &ClusterPlan) -> (LocalCluster, Watch, Events) {
+    let mut cluster = LocalCluster::prepare(plan).await.unwrap();
+    let mut watch = Watch::start(&cluster, None);
+    let mut events = BufReader::new(watch.child.stdout.take().unwrap()).lines();
+    for i in 0..cluster.nodes.len() {
+        cluster.spawn(i).unwrap();
+    }
+    until_line(&mut events, &["\"pool_ready\""]).await;
+    (cluster, watch, events)
+}
+
 /// A second `poolgate node` with the cluster's first node's config and
 /// key (a copied config), its stderr to `stderr`.
 fn copy_of_node(cluster: &LocalCluster, stderr: Stdio) -> tokio::process::Child {
@@ -181,10 +197,7 @@ fn copy_of_node(cluster: &LocalCluster, stderr: Stdio) -> tokio::process::Child 
 }
 
 /// Reads `lines` (watch's events) until one holds every one of `needles`.
-async fn until_line(
-    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    needles: &[&str],
-) -> String {
+async fn until_line(lines: &mut Events, needles: &[&str]) -> String {
     loop {
         let line = lines
             .next_line()
@@ -571,13 +584,7 @@ fn garbage_datagrams_cost_cpu_never_memory_nor_a_state_change() {
     plan.base.swim.timings.probe_rtt = Duration::from_millis(120);
     plan.base.swim.timings.suspicion_timeout = Duration::from_secs(2);
     live(async {
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut watch = Watch::start(&cluster, None);
-        let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
-        for i in 0..2 {
-            cluster.spawn(i).unwrap();
-        }
-        until_line(&mut lines, &["\"pool_ready\""]).await;
+        let (cluster, watch, mut lines) = ready_under_watch(&plan).await;
         let target = cluster.config.swim.bind;
         let before = watch.rss_kib();
 
@@ -1082,11 +1089,7 @@ fn the_node_a_copy_signed_ahead_of_is_ready_again_once_the_copy_stops() {
     // second while both ran, and the copy's leave, at a newer SWIM
     // generation, kept the node `left` once it was gone.
     live(async {
-        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
-        let mut watch = Watch::start(&cluster, None);
-        let mut events = BufReader::new(watch.child.stdout.take().unwrap()).lines();
-        cluster.spawn(0).unwrap();
-        until_line(&mut events, &["\"pool_ready\""]).await;
+        let (cluster, watch, mut events) = ready_under_watch(&plan(1, true)).await;
         let real = cluster.pid(0);
         let log = std::fs::File::create(cluster.dir.join("copy.log")).unwrap();
         let mut copy = copy_of_node(&cluster, log.into());
@@ -1155,11 +1158,7 @@ fn a_hundred_thousand_invented_members_at_one_address_leave_the_orchestrators_me
     use foca::{Codec, Header, Message};
     use poolgate::live::swim::identity::SwimIdentity;
     live(async {
-        let mut cluster = LocalCluster::prepare(&plan(1, true)).await.unwrap();
-        let mut watch = Watch::start(&cluster, None);
-        let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
-        cluster.spawn(0).unwrap();
-        until_line(&mut lines, &["\"pool_ready\""]).await;
+        let (cluster, watch, lines) = ready_under_watch(&plan(1, true)).await;
         let target = cluster.config.swim.bind;
         let key = ClusterKey::load(&cluster.dir.join("cluster.key")).unwrap();
         let keyring = Keyring::new(&[key], &cluster.config.swim.label);
