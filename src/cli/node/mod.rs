@@ -69,6 +69,8 @@ pub async fn run(
     let link = super::health::NodeLink::new(config.name.as_str());
     if let Some(addr) = metrics {
         super::health::serve(addr, super::health::Face::Node(Arc::clone(&link)))?;
+        // Exported from the start, not first when held off.
+        link.held_off(false);
     }
     let key = NodeKey::load(&config.signing_key)?;
     let identity = read_identity(&config.identity)?;

@@ -182,39 +182,29 @@ pub(super) async fn announce(
                 },
             ) if code == wire::REPLAYED => {
                 to.link.held_off(signed_elsewhere);
-                if signed_elsewhere {
-                    // Another process signs as this node (a copy of its
-                    // config and key): taking the node back now would have
-                    // the two swap for as long as both run (an operator's
-                    // trial saw ten swaps a second). This one waits.
-                    if let Some(held) = said_held.allow(now) {
-                        tracing::warn!(node = %to.node, orchestrator = %addr, held, "another process signs as this node (a copy of its config and key) and the orchestrator refuses this agent's frames as replays while it does; this agent takes the node back once it stops: stop the copy");
+                // The leader that refused is asked again first (the others
+                // are not shunned for it: with one replica down, a round
+                // over them cost the take-back a whole pause, an
+                // operator's trial).
+                rotation.try_first(addr);
+                match after_replay(signed_elsewhere, just_took_back) {
+                    AfterReplay::Wait => {
+                        if let Some(held) = said_held.allow(now) {
+                            tracing::warn!(node = %to.node, orchestrator = %addr, held, "another process signs as this node (a copy of its config and key) and the orchestrator refuses this agent's frames as replays while it does; this agent takes the node back once it stops: stop the copy");
+                        }
                     }
-                } else {
-                    // Refused as a replay with nobody else signing: a
-                    // process that signed ahead of this one is gone (or this
-                    // host's clock stepped back with the generation file
-                    // lost). A new life of sequences above it, and a new
-                    // SWIM generation too, so what the other one left behind
-                    // in SWIM (its leave) does not outrank this node.
-                    let generation = to.sequences.renew();
-                    if let Some(held) = said_taken.allow(now) {
-                        tracing::warn!(node = %to.node, orchestrator = %addr, generation, held, "this agent's frames were refused as replays while no other process signs as this node (one that signed ahead of it stopped): taking the node back under a new life of sequences and a new SWIM generation");
-                    }
-                    to.swim.do_send(Renew { generation });
-                    join(&to.swim, &to.seeds, &mut said_seeds, false).await;
-                    if !just_took_back {
-                        // Back at once: a process that waited beside this
-                        // one, or the one that stopped coming back, would
-                        // otherwise get in first during the pause and be
-                        // taken over a moment later (an operator's trial:
-                        // the pool ready on the copy, then lost again).
-                        // Refused again right after, the life this host
-                        // can take is not above the last accepted yet (a
-                        // clock stepped back): then the usual pauses.
-                        took_back = true;
-                        pointers.reset();
-                        continue;
+                    AfterReplay::TakeBack { at_once } => {
+                        let generation = to.sequences.renew();
+                        if let Some(held) = said_taken.allow(now) {
+                            tracing::warn!(node = %to.node, orchestrator = %addr, generation, held, "this agent's frames were refused as replays while no other process signs as this node (one that signed ahead of it stopped): taking the node back under a new life of sequences and a new SWIM generation");
+                        }
+                        to.swim.do_send(Renew { generation });
+                        join(&to.swim, &to.seeds, &mut said_seeds, false).await;
+                        if at_once {
+                            took_back = true;
+                            pointers.reset();
+                            continue;
+                        }
                     }
                 }
             }
@@ -239,6 +229,40 @@ pub(super) async fn announce(
         // back together.
         tokio::time::sleep(backoff.mul_f64(0.8 + 0.4 * rand::random::<f64>())).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// What an agent does once its frame was refused as a replay.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterReplay {
+    /// Another process signs as this node now (a copy of its config and
+    /// key) and holds it: taking it back would have the two swap for as
+    /// long as both run (an operator's trial saw ten swaps a second), so
+    /// this one waits a pause and asks again.
+    Wait,
+    /// Nobody else signs: the process that signed ahead of this one is
+    /// gone (or this host's clock stepped back with its generation file
+    /// lost). A new life of sequences above it, and a new SWIM generation
+    /// too, so what the other left behind in SWIM (its leave) does not
+    /// outrank this node; asked again at once, or the one that stopped
+    /// (or another that waited) would get in first during the pause and
+    /// be taken over a moment later (an operator's trial: the pool ready
+    /// on the copy, then lost again). Refused again right after a take
+    /// back, no life this host can take is above the last accepted yet (a
+    /// clock stepped back): then the usual pauses.
+    TakeBack { at_once: bool },
+}
+
+/// What to do after a replay refusal that said `signed_elsewhere`, when
+/// the node was (`just_took_back`) or was not taken back in the round
+/// before.
+fn after_replay(signed_elsewhere: bool, just_took_back: bool) -> AfterReplay {
+    if signed_elsewhere {
+        AfterReplay::Wait
+    } else {
+        AfterReplay::TakeBack {
+            at_once: !just_took_back,
+        }
     }
 }
 
@@ -564,6 +588,46 @@ fn fitting_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replay_refusal_waits_behind_another_signer_and_takes_the_node_back_at_once_only_once() {
+        assert_eq!(after_replay(true, false), AfterReplay::Wait);
+        assert_eq!(after_replay(true, true), AfterReplay::Wait);
+        assert_eq!(
+            after_replay(false, false),
+            AfterReplay::TakeBack { at_once: true }
+        );
+        // Refused again right after taking it back: the usual pauses.
+        assert_eq!(
+            after_replay(false, true),
+            AfterReplay::TakeBack { at_once: false }
+        );
+    }
+
+    #[test]
+    fn the_leader_that_refused_a_replay_is_asked_again_first_alone() {
+        let (leader, down) = (
+            SocketAddr::from(([10, 0, 0, 1], 7947)),
+            SocketAddr::from(([10, 0, 0, 2], 7947)),
+        );
+        let mut rotation = Rotation::default();
+        let refused = Session::Refused {
+            code: wire::REPLAYED.into(),
+            detail: String::new(),
+            leader: None,
+            signed_elsewhere: false,
+        };
+        rotation.ended(leader, &refused);
+        // Shunned for the refusal, the leader would wait behind the
+        // replica that is down.
+        assert_eq!(rotation.candidates(vec![leader, down]), (vec![down], false));
+        rotation.ended(leader, &refused);
+        rotation.try_first(leader);
+        assert_eq!(
+            rotation.candidates(vec![leader, down]),
+            (vec![leader], true)
+        );
+    }
 
     #[test]
     fn a_follower_is_followed_only_to_another_listed_address() {

@@ -710,7 +710,7 @@ impl Nodes {
                 // Nothing heard it go: told as a fault, which a restored
                 // run's required node does not wait out (design §9), and
                 // cleared by the frame's own state below.
-                tracing::info!(%node, "the node's process was replaced since the last frame the state store holds (restarted while no orchestrator heard it): told as a fault, which a run that requires it does not survive");
+                tracing::info!(%node, "the node's process was replaced since the last frame the state store holds (restarted, or taking the node back from another process that signed as it, while no orchestrator heard it): told as a fault, which a run that requires it does not survive");
                 metrics::counter!("poolgate_agent_replaced_unheard_total").increment(1);
                 observations.push(Observation::Faulted {
                     reason: FaultReason::new(REPLACED_UNHEARD),
