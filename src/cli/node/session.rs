@@ -33,6 +33,9 @@ pub(super) const ASKS_QUEUED: usize = 4;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The longest wait before reconnecting.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// The longest wait before asking again while another process signing as
+/// this node holds it (each try costs the leader one refused frame).
+const HELD_OFF_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a session ended when the connection closed or was reset (the peer
 /// is not frozen: it, or its host, closed it).
@@ -189,6 +192,9 @@ pub(super) async fn announce(
                 rotation.try_first(addr);
                 match after_replay(signed_elsewhere, just_took_back) {
                     AfterReplay::Wait => {
+                        // Asked again within a second: once the other
+                        // stops, the node is taken back that much sooner.
+                        backoff = backoff.min(HELD_OFF_EVERY);
                         if let Some(held) = said_held.allow(now) {
                             tracing::warn!(node = %to.node, orchestrator = %addr, held, "another process signs as this node (a copy of its config and key) and the orchestrator refuses this agent's frames as replays while it does; this agent takes the node back once it stops: stop the copy");
                         }
