@@ -196,18 +196,28 @@ fn copy_of_node(cluster: &LocalCluster, stderr: Stdio) -> tokio::process::Child 
         .unwrap()
 }
 
-/// Reads `lines` (watch's events) until one holds every one of `needles`.
-async fn until_line(lines: &mut Events, needles: &[&str]) -> String {
+/// Reads `lines` (watch's events) until one holds every one of `needles`;
+/// every line read, that one last.
+async fn read_until(lines: &mut Events, needles: &[&str]) -> Vec<String> {
+    let mut read = Vec::new();
     loop {
         let line = lines
             .next_line()
             .await
             .unwrap()
             .expect("watch prints events");
-        if needles.iter().all(|n| line.contains(n)) {
-            return line;
+        let found = needles.iter().all(|n| line.contains(n));
+        read.push(line);
+        if found {
+            return read;
         }
     }
+}
+
+/// Reads `lines` (watch's events) until one holds every one of `needles`;
+/// that line.
+async fn until_line(lines: &mut Events, needles: &[&str]) -> String {
+    read_until(lines, needles).await.pop().unwrap_or_default()
 }
 
 #[test]
@@ -721,19 +731,7 @@ fn keys_and_identity_material_never_appear_in_the_live_logs() {
             cluster.spawn(i).unwrap();
         }
         let mut lines = BufReader::new(watch.child.stdout.take().unwrap()).lines();
-        let mut stdout = String::new();
-        loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("watch prints events");
-            stdout.push_str(&line);
-            stdout.push('\n');
-            if line.contains("\"pool_ready\"") {
-                break;
-            }
-        }
+        let stdout = read_until(&mut lines, &["\"pool_ready\""]).await.join("\n");
         watch.child.kill().await.unwrap();
         let stderr = std::fs::read_to_string(cluster.dir.join("watch.log")).unwrap();
         for i in 0..2 {
