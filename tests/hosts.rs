@@ -543,9 +543,23 @@ fn silent_failures_say_one_clear_line_at_the_default_log_level() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&config, without).unwrap();
+    // The node starts first and says no orchestrator is reachable; once
+    // one is, it is refused, a different failure, said at once (not held
+    // behind the first line's interval).
+    let mut refused = deployment.start_node(&rig, 1, &[]);
+    stderr_line(&refused, "no orchestrator reachable", limit);
     let mut watch =
         deployment.orchestrator(&rig, 0, &["watch", "--until-ready", "--timeout", "4s"]);
-    let mut refused = deployment.start_node(&rig, 1, &[]);
+    assert!(
+        stderr_line(
+            &refused,
+            "not in the orchestrator's [registry]",
+            Duration::from_secs(6)
+        )
+        .is_some(),
+        "the refusal was not said within 6 s:\n{}",
+        refused.stderr()
+    );
     // `--until-ready` running out says so, and exits 1.
     assert_eq!(watch.wait_exit(Duration::from_secs(15)), Some(1));
     let orchestrator = watch.stderr();

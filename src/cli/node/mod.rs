@@ -43,7 +43,7 @@ use crate::live::swim::member::{
 };
 use crate::live::swim::SwimIdentity;
 use crate::live::swim::SwimMember;
-use crate::live::throttle::{Throttle, LOG_EVERY};
+use crate::live::throttle::{Throttle, Throttles, LOG_EVERY};
 use crate::live::wire::{self, Announcement, Reply};
 use crate::live::LiveError;
 use poolgate_actors::core::MAX_IDENTITY_BYTES;

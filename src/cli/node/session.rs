@@ -78,7 +78,9 @@ pub(super) async fn announce(
     sent: Arc<AtomicU64>,
 ) {
     let mut backoff = BACKOFF_MIN;
-    let mut said = Throttle::new(LOG_EVERY);
+    // One interval per kind of failure: a node that could not reach an
+    // orchestrator and is then refused by one says so at once.
+    let mut said = Throttles::new(LOG_EVERY, KINDS_SAID);
     let mut said_seeds = Throttle::new(LOG_EVERY);
     // Held behind another process signing as this node, and taking the
     // node back from one: each said apart from the rest.
@@ -90,7 +92,7 @@ pub(super) async fn announce(
     loop {
         let (addrs, failed) = lookup_all(&to.agents).await;
         if !failed.is_empty() {
-            if let Some(held) = said.allow(std::time::Instant::now()) {
+            if let Some(held) = said.allow(&Said::Unresolved, std::time::Instant::now()) {
                 tracing::warn!(node = %to.node, ?failed, held, "orchestrator.agents: not resolved");
             }
         }
@@ -132,7 +134,7 @@ pub(super) async fn announce(
                     why,
                 },
             ) => {
-                if let Some(held) = said.allow(now) {
+                if let Some(held) = said.allow(&Said::NoFrame, now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, why, held, "orchestrator accepted no frame");
                 }
                 if why == SILENT {
@@ -162,7 +164,7 @@ pub(super) async fn announce(
                             .map_or(true, |a| !addrs.contains(&a))
                 };
                 if let Some(leader) = leader.as_ref().filter(|l| unlisted(l)) {
-                    if let Some(held) = said.allow(now) {
+                    if let Some(held) = said.allow(&Said::UnlistedLeader, now) {
                         tracing::warn!(node = %to.node, orchestrator = %addr, %leader, held, "a follower names a leader that is not in [orchestrator] agents: list every replica there, or this node never reaches it");
                     }
                 }
@@ -219,12 +221,12 @@ pub(super) async fn announce(
                 continue;
             }
             (addr, Session::Refused { code, detail, .. }) => {
-                if let Some(held) = said.allow(now) {
+                if let Some(held) = said.allow(&Said::Refused(code.clone()), now) {
                     tracing::warn!(node = %to.node, orchestrator = %addr, code, detail, held, "the orchestrator refused this node's frames");
                 }
             }
             (_, Session::Unreachable(e)) => {
-                if let Some(held) = said.allow(now) {
+                if let Some(held) = said.allow(&Said::Unreachable, now) {
                     let agents: Vec<&str> = to.agents.iter().map(Endpoint::as_str).collect();
                     tracing::warn!(node = %to.node, orchestrator = ?agents, error = %e, held, "no orchestrator reachable");
                 }
@@ -237,6 +239,22 @@ pub(super) async fn announce(
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
+
+/// The kinds of failure an agent says, each at most once per
+/// [`LOG_EVERY`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Said {
+    Unresolved,
+    Unreachable,
+    NoFrame,
+    UnlistedLeader,
+    /// By the orchestrator's code: each reason said apart.
+    Refused(String),
+}
+
+/// How many kinds of failure are remembered at once (the refusal codes
+/// come from the network).
+const KINDS_SAID: usize = 16;
 
 /// What an agent does once its frame was refused as a replay.
 #[derive(Debug, PartialEq, Eq)]
