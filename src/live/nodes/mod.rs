@@ -11,7 +11,7 @@
 //! The live orchestrator and the simulator (the `poolgate-sim` crate)
 //! both go through it; public for that crate only, hidden from the docs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use poolgate_actors::core::{
@@ -25,32 +25,14 @@ use super::wire::Announcement;
 /// What the orchestrator remembers of each node between frames.
 #[derive(Debug, Default)]
 pub struct Nodes {
-    /// The last sequence accepted per node (replay protection).
+    /// The last sequence accepted per node (replay protection): the map
+    /// the state store keeps whole.
     last_seq: HashMap<NodeId, u64>,
-    /// The life of each node's last sequence as the state store held it
-    /// when this term began, until the node's first frame in the term: a
-    /// first frame of another life comes from a process started since
-    /// ([`Nodes::replaced_since_stored`]).
-    stored_life: HashMap<NodeId, u64>,
-    /// Nodes that announced they are leaving: SWIM's `dead` is their `left`.
-    leaving: HashSet<NodeId>,
-    /// The SWIM identity each node signed in its latest frame (address,
-    /// and generation if it signs one): SWIM facts about the node count
-    /// only for it.
-    swim_addr: HashMap<NodeId, Signed>,
-    /// The agent connection each node was last heard on (an id of the
-    /// listener's), so a lost connection is told from a replaced one.
-    attached: HashMap<NodeId, u64>,
-    /// Each node's last accepted frame: on which connection, from where,
-    /// naming which SWIM identity, when. A second live process signing as
-    /// the node shows as frames with two identities on two connections at
-    /// once.
-    heard: HashMap<NodeId, Heard>,
-    /// The SWIM facts held per node: the one table of them between foca
-    /// and the gate.
-    latest: HashMap<NodeId, NodeSwim>,
-    /// The signed identities by address, for the SWIM member to decide
-    /// address conflicts by.
+    /// Everything else held of each node, in one place.
+    each: HashMap<NodeId, Node>,
+    /// The identities the nodes signed, by address: the one index beside
+    /// [`Node::signed`], for the SWIM member to decide address conflicts
+    /// by (foca asks by address).
     signed_view: super::swim::identity::SignedView,
     /// When this orchestrator's term began (set by the orchestrator; see
     /// [`TERM_GRACE`]).
@@ -74,6 +56,33 @@ impl std::fmt::Debug for TermInDoubt {
             "TermInDoubt(never)"
         })
     }
+}
+
+/// What is held of one node besides its sequence.
+#[derive(Debug, Default)]
+struct Node {
+    /// The life of the node's last sequence as the state store held it
+    /// when this term began, until its first frame in the term: a first
+    /// frame of another life comes from a process started since
+    /// ([`Nodes::replaced_since_stored`]).
+    stored_life: Option<u64>,
+    /// It announced it is leaving: SWIM's `dead` is its `left`.
+    leaving: bool,
+    /// The SWIM identity it signed in its latest frame that named one
+    /// (address, and generation if it signs one): SWIM facts about it
+    /// count only for that identity.
+    signed: Option<Signed>,
+    /// The agent connection it was last heard on (an id of the
+    /// listener's), so a lost connection is told from a replaced one.
+    attached: Option<u64>,
+    /// Its last accepted frame: on which connection, from where, naming
+    /// which SWIM identity, when. A second live process signing as the
+    /// node shows as frames with two identities on two connections at
+    /// once.
+    heard: Option<Heard>,
+    /// The SWIM facts held of it: the one table of them between foca and
+    /// the gate.
+    swim: NodeSwim,
 }
 
 /// For this long after a term begins, a node not heard from in it yet is
@@ -271,15 +280,30 @@ impl Kept {
 const ADDRESSES_PER_NODE: usize = 8;
 
 impl Nodes {
+    /// What is held of `node`, if anything.
+    fn node(&self, node: &str) -> Option<&Node> {
+        self.each.get(node)
+    }
+
+    /// What is held of `node`, made if nothing was.
+    fn node_mut(&mut self, node: &NodeId) -> &mut Node {
+        self.each.entry(node.clone()).or_default()
+    }
+
+    /// The nodes heard from in this term, with their last frames.
+    fn heard(&self) -> impl Iterator<Item = (&NodeId, &Heard)> {
+        self.each
+            .iter()
+            .filter_map(|(node, held)| Some((node, held.heard.as_ref()?)))
+    }
+
     /// A SWIM fact from the node's signed address, as the gate is told it
     /// (and noted as told): a leaving node's `dead` is its `left`.
-    fn for_gate(&mut self, mut update: MembershipUpdate) -> MembershipUpdate {
-        if update.state == SwimState::Dead && self.leaving.contains(&update.node) {
+    fn for_gate(held: &mut Node, mut update: MembershipUpdate) -> MembershipUpdate {
+        if update.state == SwimState::Dead && held.leaving {
             update.state = SwimState::Left;
         }
-        if let Some(held) = self.latest.get_mut(&update.node) {
-            held.told = Some(update.incarnation);
-        }
+        held.swim.told = Some(update.incarnation);
         update
     }
 
@@ -293,9 +317,8 @@ impl Nodes {
         // A repeat, the common case, is found with two lookups and
         // nothing copied.
         let held = self
-            .latest
-            .get(&update.node)
-            .and_then(|record| record.identities.get(&key))
+            .node(update.node.as_str())
+            .and_then(|held| held.swim.identities.get(&key))
             .map(|held| (held.latest.state, held.latest.incarnation));
         if observed.replaced {
             // Dead by replacement, at what was last held of the identity;
@@ -308,8 +331,9 @@ impl Nodes {
         if held == Some((update.state, update.incarnation)) {
             return Kept::Repeat;
         }
-        let signed = self.swim_addr.get(&update.node).copied();
-        let record = self.latest.entry(update.node.clone()).or_default();
+        let node = self.node_mut(&update.node);
+        let signed = node.signed;
+        let record = &mut node.swim;
         if record.identities.len() >= ADDRESSES_PER_NODE && held.is_none() {
             // Others' inventions under the node's name cannot push out
             // the identity it signed.
@@ -346,7 +370,7 @@ impl Nodes {
                     tracing::debug!(node = %update.node, addr = %observed.addr, "the node's SWIM identity replaced by another at its address; ignored");
                     return Kept::Held;
                 }
-                Kept::ForGate(self.for_gate(update))
+                Kept::ForGate(Self::for_gate(node, update))
             }
             Some(_) => {
                 metrics::counter!("poolgate_swim_impostors_total").increment(1);
@@ -385,8 +409,7 @@ impl Nodes {
     }
 
     /// The same, for a frame's admission to advance
-    /// ([`super::conversation::Conversation::admit`]) and a node the
-    /// registry dropped to leave.
+    /// ([`super::conversation::Conversation::admit`]).
     pub fn sequences_mut(&mut self) -> &mut HashMap<NodeId, u64> {
         &mut self.last_seq
     }
@@ -395,10 +418,12 @@ impl Nodes {
     /// (replay protection across restarts and takeovers), and the life of
     /// each, for [`Nodes::replaced_since_stored`].
     pub fn restore_sequences(&mut self, stored: HashMap<NodeId, u64>) {
-        self.stored_life = stored
-            .iter()
-            .map(|(node, seq)| (node.clone(), seq >> super::wire::COUNTER_BITS))
-            .collect();
+        for held in self.each.values_mut() {
+            held.stored_life = None;
+        }
+        for (node, seq) in &stored {
+            self.node_mut(node).stored_life = Some(seq >> super::wire::COUNTER_BITS);
+        }
         self.last_seq = stored;
     }
 
@@ -411,8 +436,9 @@ impl Nodes {
     /// in that gap reads the same, and fails safe. Asked of every frame;
     /// only a node's first in the term can answer yes.
     fn replaced_since_stored(&mut self, node: &NodeId, frame: &FrameHeard) -> bool {
-        self.stored_life
-            .remove(node)
+        self.each
+            .get_mut(node)
+            .and_then(|held| held.stored_life.take())
             .is_some_and(|life| life != frame.life)
     }
 
@@ -425,13 +451,16 @@ impl Nodes {
     /// soon it connected. To be asked before [`Nodes::heard_from`] records
     /// the frame.
     fn new_process(&self, node: &NodeId, frame: &FrameHeard) -> bool {
-        let Some(before) = self.swim_addr.get(node).and_then(|s| s.generation) else {
+        let Some(held) = self.node(node.as_str()) else {
+            return false;
+        };
+        let Some(before) = held.signed.and_then(|s| s.generation) else {
             return false;
         };
         if frame.identity.1.is_none_or(|now| now == before) {
             return false;
         }
-        self.heard.get(node).is_none_or(|last| {
+        held.heard.as_ref().is_none_or(|last| {
             last.frame.connection != frame.connection && last.frame.life != frame.life
         })
     }
@@ -441,7 +470,7 @@ impl Nodes {
     /// this is a process that took over from the one that ended (a
     /// restart), not a second one signing beside it.
     pub fn connection_closed(&mut self, node: &NodeId, connection: u64) {
-        if let Some(heard) = self.heard.get_mut(node) {
+        if let Some(heard) = self.each.get_mut(node).and_then(|h| h.heard.as_mut()) {
             if heard.frame.connection == connection {
                 heard.closed = true;
             }
@@ -466,12 +495,12 @@ impl Nodes {
             at: now,
             closed: false,
         };
+        let held = self.node_mut(node);
         // The earlier connection counts while it is still open (one that
         // closed was a process that ended, not a twin).
-        let open = |before: &Heard| {
-            !before.closed && self.attached.get(node) == Some(&before.frame.connection)
-        };
-        match self.heard.insert(node.clone(), heard) {
+        let attached = held.attached;
+        let open = |before: &Heard| !before.closed && attached == Some(before.frame.connection);
+        match held.heard.replace(heard) {
             Some(before)
                 if before.frame.connection != id
                     && before.frame.identity != identity
@@ -505,11 +534,12 @@ impl Nodes {
     /// node's frame 0.9 s old and another's 0.56 s old, still fresh, and
     /// the leader suspected the first.)
     pub fn vouches(&self, probed: &super::swim::SwimIdentity, now: std::time::Instant) -> bool {
-        let Some(heard) = self.heard.get(probed.node.as_str()) else {
+        let held = self.node(probed.node.as_str());
+        let Some(heard) = held.and_then(|h| h.heard.as_ref()) else {
             // Not heard from in this term: vouched for while it begins.
             return self.term_begins(now) || self.doubts_itself(now);
         };
-        let attached = self.attached.get(probed.node.as_str()) == Some(&heard.frame.connection);
+        let attached = held.and_then(|h| h.attached) == Some(heard.frame.connection);
         let signed = heard.frame.identity == (Some(probed.addr), Some(probed.generation));
         if !signed {
             // Another identity at its address: vouched for only when
@@ -521,10 +551,9 @@ impl Nodes {
         }
         let due = heard.at + heard.frame.heartbeat.min(VOUCH_HEARTBEAT_LIMIT) + VOUCH_SLACK;
         let others_spoke = self
-            .heard
-            .iter()
+            .heard()
             .any(|(node, other)| node.as_str() != probed.node && other.at > due);
-        let doubts = self.heard.len() >= 2 && !others_spoke;
+        let doubts = self.heard().nth(1).is_some() && !others_spoke;
         if doubts {
             metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
         }
@@ -535,7 +564,7 @@ impl Nodes {
     /// none of their latest frames, on a connection open or closed since,
     /// is fresh (see [`Nodes::vouches`]).
     fn doubts_itself(&self, now: std::time::Instant) -> bool {
-        let doubts = self.heard.len() >= 2 && !self.heard.values().any(|h| h.fresh(now));
+        let doubts = self.heard().nth(1).is_some() && !self.heard().any(|(_, h)| h.fresh(now));
         if doubts {
             metrics::counter!("poolgate_swim_self_doubt_total").increment(1);
         }
@@ -570,32 +599,48 @@ impl Nodes {
         generation: Option<u64>,
     ) -> Option<Vec<MembershipUpdate>> {
         let signed = Signed { addr, generation };
-        let before = self.swim_addr.insert(node.clone(), signed);
+        let before = self.node_mut(node).signed.replace(signed);
         if before == Some(signed) {
             return None;
         }
+        if let Some(before) = before.filter(|b| b.addr != addr) {
+            self.unview(node, before.addr);
+        }
         if let Ok(mut view) = self.signed_view.write() {
-            if let Some(before) = before.filter(|b| b.addr != addr) {
-                if view
-                    .get(&before.addr)
-                    .is_some_and(|(n, _)| n == node.as_str())
-                {
-                    view.remove(&before.addr);
-                }
-            }
             match generation {
                 Some(generation) => view.insert(addr, (node.to_string(), generation)),
                 None => view.remove(&addr),
             };
         }
         let mut facts = Vec::new();
-        if let Some(held) = self.signed_held(node).cloned() {
+        let node = self.node_mut(node);
+        if let Some(held) = node.signed_held().cloned() {
             if let Some(alive) = held.alive.filter(|a| *a != held.latest) {
-                facts.push(self.for_gate(alive));
+                facts.push(Self::for_gate(node, alive));
             }
-            facts.push(self.for_gate(held.latest));
+            facts.push(Self::for_gate(node, held.latest));
         }
         Some(facts)
+    }
+
+    /// Takes `node`'s identity at `addr` out of the signed view, if it is
+    /// still the one there.
+    fn unview(&self, node: &NodeId, addr: SocketAddr) {
+        if let Ok(mut view) = self.signed_view.write() {
+            if view.get(&addr).is_some_and(|(n, _)| n == node.as_str()) {
+                view.remove(&addr);
+            }
+        }
+    }
+
+    /// `node` left the registry: everything held of it goes (its last
+    /// sequence, the identity it signed, its connection, its SWIM facts),
+    /// so a node registered again under its name starts afresh.
+    pub fn forget(&mut self, node: &NodeId) {
+        self.last_seq.remove(node);
+        if let Some(signed) = self.each.remove(node).and_then(|held| held.signed) {
+            self.unview(node, signed.addr);
+        }
     }
 
     /// Takes an accepted `frame` of its node at `now` (design §8, §11):
@@ -644,8 +689,9 @@ impl Nodes {
         };
         let twin = self.heard_from(&node, heard, now, within);
         let superseded = self
+            .node_mut(&node)
             .attached
-            .insert(node.clone(), connection)
+            .replace(connection)
             .filter(|before| *before != connection);
         // A heartbeat repeats the state: nothing to apply.
         let (observations, join) = match repeats {
@@ -693,13 +739,9 @@ impl Nodes {
         let bound = state
             .swim
             .and_then(|addr| self.bind(node, addr, state.generation).map(|f| (addr, f)));
-        let leaving_incarnation = if state.leaving {
-            self.leaving.insert(node.clone());
-            Some(self.told_incarnation(node).unwrap_or(0))
-        } else {
-            self.leaving.remove(node);
-            None
-        };
+        let held = self.node_mut(node);
+        held.leaving = state.leaving;
+        let leaving_incarnation = state.leaving.then(|| held.swim.told.unwrap_or(0));
         let mut observations = Vec::new();
         match replaced {
             Some(Replaced::InTerm) => {
@@ -761,7 +803,7 @@ impl Nodes {
     /// Whether `node` is still on `connection` (no newer connection of it
     /// was accepted since).
     pub fn attached_on(&self, node: &NodeId, connection: u64) -> bool {
-        self.attached.get(node) == Some(&connection)
+        self.node(node.as_str()).and_then(|held| held.attached) == Some(connection)
     }
 
     /// Whether another connection than `connection`, still open, carried
@@ -782,7 +824,10 @@ impl Nodes {
         connection: u64,
         now: std::time::Instant,
     ) -> bool {
-        match self.heard.get(node) {
+        match self
+            .node(node.as_str())
+            .and_then(|held| held.heard.as_ref())
+        {
             Some(last) => last.frame.connection != connection && !last.closed,
             None => self.term_begins(now),
         }
@@ -806,7 +851,7 @@ impl Nodes {
     pub fn detach(&mut self, node: &NodeId, connection: u64) -> bool {
         let still = self.attached_on(node, connection);
         if still {
-            self.attached.remove(node);
+            self.node_mut(node).attached = None;
         }
         still
     }
@@ -815,8 +860,8 @@ impl Nodes {
     /// tests check them against foca's whole view).
     #[doc(hidden)]
     pub fn held(&self) -> impl Iterator<Item = (SocketAddr, &MembershipUpdate)> {
-        self.latest.values().flat_map(|record| {
-            record
+        self.each.values().flat_map(|held| {
+            held.swim
                 .identities
                 .iter()
                 .map(|((addr, _), held)| (*addr, &held.latest))
@@ -826,15 +871,16 @@ impl Nodes {
     /// The incarnation of the last SWIM fact the gate was told of `node`
     /// (a leave is told at it), if any.
     pub fn told_incarnation(&self, node: &NodeId) -> Option<u64> {
-        self.latest.get(node)?.told
+        self.node(node.as_str())?.swim.told
     }
+}
 
-    /// The facts held for the identity `node` signed (its newest
+impl Node {
+    /// The facts held for the identity the node signed (its newest
     /// generation, if it signs none).
-    fn signed_held(&self, node: &NodeId) -> Option<&UnsignedFacts> {
-        let signed = self.swim_addr.get(node)?;
-        let record = self.latest.get(node)?;
-        record.identities.get(&record.signed_key(*signed)?)
+    fn signed_held(&self) -> Option<&UnsignedFacts> {
+        let key = self.swim.signed_key(self.signed?)?;
+        self.swim.identities.get(&key)
     }
 }
 

@@ -56,6 +56,23 @@ fn signed_alive(generation: Option<u64>) -> (Nodes, NodeId, SocketAddr, Membersh
 }
 
 #[test]
+fn a_node_the_registry_drops_is_forgotten_whole() {
+    // Signed, attached, sequenced, told alive: once dropped, nothing of
+    // it is held, and its address no longer decides SWIM conflicts.
+    let (mut nodes, node, addr, _) = signed_alive(Some(5));
+    nodes.node_mut(&node).attached = Some(1);
+    nodes.sequences_mut().insert(node.clone(), 9);
+    assert!(nodes.signed_view().read().unwrap().contains_key(&addr));
+    nodes.forget(&node);
+    assert!(nodes.signed_view().read().unwrap().is_empty());
+    assert!(!nodes.attached_on(&node, 1));
+    assert!(nodes.sequences().is_empty());
+    assert_eq!(nodes.told_incarnation(&node), None);
+    // Registered again, its facts wait for its first frame to sign them.
+    assert_eq!(nodes.observe(at(SwimState::Alive, 5, 3)), Kept::Held);
+}
+
+#[test]
 fn an_identity_the_node_did_not_sign_can_neither_outrank_nor_kill_it() {
     // Issue 20: a forged identity at node-4's signed address with a
     // higher generation replaced node-4; then its suspicion and death
@@ -118,7 +135,7 @@ fn a_leaving_node_is_told_left_at_what_was_last_told_of_the_identity_it_signed()
     nodes.bind(&node, addr, Some(6));
     assert_eq!(nodes.told_incarnation(&node), Some((6 << 16) | 1));
     // A leaving node's SWIM `dead` is its `left`.
-    nodes.leaving.insert(node.clone());
+    nodes.node_mut(&node).leaving = true;
     let left = nodes.observe(at(SwimState::Dead, 6, 1)).for_gate().unwrap();
     assert_eq!(
         (left.state, left.incarnation),
@@ -455,7 +472,7 @@ fn an_orchestrator_hearing_nobody_since_a_node_was_due_doubts_itself() {
             at,
             heartbeat * 4,
         );
-        nodes.attached.insert(node, u64::from(i));
+        nodes.node_mut(&node).attached = Some(u64::from(i));
     };
     for i in 1..=3 {
         hear(&mut nodes, i, start);
@@ -487,8 +504,8 @@ fn an_orchestrator_hearing_nobody_since_a_node_was_due_doubts_itself() {
     // another spoke.
     for i in [2u8, 3] {
         nodes
-            .attached
-            .remove(&NodeId::new(&format!("node-{i}")).unwrap());
+            .node_mut(&NodeId::new(&format!("node-{i}")).unwrap())
+            .attached = None;
     }
     let closed = cut + heartbeat * 5;
     assert!(nodes.vouches(&member(2), closed));
@@ -525,7 +542,7 @@ fn silence_is_held_back_only_among_replicas_whose_term_is_in_doubt_and_every_con
             start,
             heartbeat * 4,
         );
-        nodes.attached.insert(node, u64::from(i));
+        nodes.node_mut(&node).attached = Some(u64::from(i));
     }
     let silent = start + heartbeat * 4;
     // Alone: never (nothing tells its own cut from the nodes').
@@ -557,7 +574,7 @@ fn frames_of_one_node_on_two_live_connections_are_told_apart_from_a_reconnect() 
     // As the listener does: each accepted frame's connection attached.
     let heard = |nodes: &mut Nodes, id: u64, peer, identity, at| {
         let twin = nodes.heard_from(&node, frame(id, peer, identity, within), at, within);
-        nodes.attached.insert(node.clone(), id);
+        nodes.node_mut(&node).attached = Some(id);
         twin
     };
     assert_eq!(heard(&mut nodes, 1, a, one, start), None);
@@ -608,7 +625,7 @@ fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection()
     };
     hear(&mut nodes, heartbeat);
     assert!(!nodes.vouches(&probed, start), "no connection attached");
-    nodes.attached.insert(node.clone(), 1);
+    nodes.node_mut(&node).attached = Some(1);
     assert!(nodes.vouches(&probed, start));
     // A heartbeat late by the slack still vouches; later, not.
     assert!(nodes.vouches(&probed, start + heartbeat + VOUCH_SLACK));
@@ -643,9 +660,9 @@ fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection()
         assert!(!nodes.vouches(&impostor, start));
     }
     // The frames came on a connection since replaced, or closed.
-    nodes.attached.insert(node.clone(), 2);
+    nodes.node_mut(&node).attached = Some(2);
     assert!(!nodes.vouches(&probed, start));
-    nodes.attached.remove(&node);
+    nodes.node_mut(&node).attached = None;
     assert!(!nodes.vouches(&probed, start));
 }
 
@@ -656,7 +673,7 @@ fn facts_kept_per_node_are_bounded_evicting_the_oldest_generation() {
     for generation in 0..1_000 {
         nodes.observe(at(SwimState::Alive, generation, 0));
     }
-    let held = &nodes.latest[&node].identities;
+    let held = &nodes.each[&node].swim.identities;
     assert_eq!(held.len(), ADDRESSES_PER_NODE);
     assert!(held
         .keys()

@@ -91,7 +91,7 @@ impl Orchestrator {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             *registry = next;
-            nodes.sequences_mut().remove(&node);
+            nodes.forget(&node);
             registry.keys().map(|n| n.to_string()).collect()
         };
         self.swim
