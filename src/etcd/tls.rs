@@ -1,4 +1,5 @@
 //! The TLS of etcd's `https://` endpoints.
+
 /// The TLS of `https://` endpoints: whom to trust, and who we are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
