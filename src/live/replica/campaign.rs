@@ -415,7 +415,8 @@ impl Elector {
     fn step_down(&mut self, term: HeldLease, why: SteppedDown) -> Option<HeldLease> {
         self.fence.clear();
         self.failed_renewal = false;
-        tracing::error!(why = %why, "stepped down: no longer the leader");
+        // Failover doing its work, not a failure of this process: a warning.
+        tracing::warn!(why = %why, "stepped down: no longer the leader");
         *self
             .stepped_down
             .lock()
