@@ -781,6 +781,48 @@ fn registry_entries_added_and_removed_at_runtime_take_effect_without_a_restart()
     });
 }
 
+#[test]
+fn a_node_whose_key_is_replaced_at_runtime_is_not_ready_on_its_old_keys_word() {
+    // A key replaced at runtime (a stolen key, say): the node's frames
+    // under the old key are refused from then on and its connection
+    // closed, so the orchestrator no longer hears it, and it may not stay
+    // ready on what it said before (design §11: a lost connection makes a
+    // node not available). What the table held of the node goes with its
+    // sequences only: its connection is still the one whose loss counts.
+    let plan = {
+        let mut plan = plan(2);
+        plan.external_orchestrator = true;
+        plan
+    };
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let live = poolgate::live::Orchestrator::start(&cluster.config)
+            .await
+            .unwrap();
+        let mut events = live.gate.subscribe();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        ready(&mut events).await;
+        let node2 = node("node-2");
+        let replaced = poolgate::live::keys::NodeKey::generate().public();
+        live.register(node2.clone(), replaced).await.unwrap();
+        let lost = tokio::time::timeout(
+            Duration::from_secs(10),
+            until(&mut events, |e| match e {
+                Event::ReadinessLost { node, reason, .. } if node.as_ref() == Some(&node2) => {
+                    Some(*reason)
+                }
+                _ => None,
+            }),
+        )
+        .await
+        .expect("node-2 stayed ready on frames its replaced key signed");
+        assert_eq!(lost, Reason::Unavailable);
+        live.shutdown();
+    });
+}
+
 /// Node 0 of `cluster` alone (no orchestrator), logging at info, told to
 /// stop (SIGTERM) once it said `after`: its exit code, how long it took
 /// to exit after the signal, and every line it said.

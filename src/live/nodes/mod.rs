@@ -633,6 +633,14 @@ impl Nodes {
         }
     }
 
+    /// `node` is registered with another key (or for the first time): the
+    /// sequences of the key before go (a thief's 2^64 − 1 does not lock
+    /// the new key out); the rest stays, its connection above all, whose
+    /// loss (its frames under the old key refused) makes it not available.
+    pub fn key_pinned(&mut self, node: &NodeId) {
+        self.last_seq.remove(node);
+    }
+
     /// `node` left the registry: everything held of it goes (its last
     /// sequence, the identity it signed, its connection, its SWIM facts),
     /// so a node registered again under its name starts afresh.

@@ -73,6 +73,22 @@ fn a_node_the_registry_drops_is_forgotten_whole() {
 }
 
 #[test]
+fn a_key_pinned_anew_drops_the_nodes_sequence_only() {
+    // Its connection's loss still counts, and SWIM facts of the identity
+    // it signed still reach the gate.
+    let (mut nodes, node, _, _) = signed_alive(Some(5));
+    nodes.node_mut(&node).attached = Some(1);
+    nodes.sequences_mut().insert(node.clone(), 9);
+    nodes.key_pinned(&node);
+    assert!(nodes.sequences().is_empty());
+    assert!(nodes.attached_on(&node, 1));
+    assert!(nodes
+        .observe(at(SwimState::Suspect, 5, 3))
+        .for_gate()
+        .is_some());
+}
+
+#[test]
 fn an_identity_the_node_did_not_sign_can_neither_outrank_nor_kill_it() {
     // Issue 20: a forged identity at node-4's signed address with a
     // higher generation replaced node-4; then its suspicion and death

@@ -91,7 +91,10 @@ impl Orchestrator {
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             *registry = next;
-            nodes.forget(&node);
+            match &fact {
+                poolgate_actors::core::RegistryFact::Forgotten { .. } => nodes.forget(&node),
+                poolgate_actors::core::RegistryFact::Known { .. } => nodes.key_pinned(&node),
+            }
             registry.keys().map(|n| n.to_string()).collect()
         };
         self.swim
