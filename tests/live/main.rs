@@ -823,6 +823,46 @@ fn a_node_whose_key_is_replaced_at_runtime_is_not_ready_on_its_old_keys_word() {
     });
 }
 
+#[test]
+fn a_node_unregistered_and_registered_again_at_runtime_is_ready_again() {
+    // Forgotten, then registered again with its key while its process
+    // runs on: everything the orchestrator held of it went with it, so its
+    // next frame binds its SWIM identity afresh and the gate is told its
+    // state again (SWIM says nothing new: the node never changed).
+    let plan = {
+        let mut plan = plan(2);
+        plan.external_orchestrator = true;
+        plan
+    };
+    live(async {
+        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let live = poolgate::live::Orchestrator::start(&cluster.config)
+            .await
+            .unwrap();
+        let mut events = live.gate.subscribe();
+        for i in 0..cluster.nodes.len() {
+            cluster.spawn(i).unwrap();
+        }
+        let first = ready(&mut events).await;
+        let node2 = node("node-2");
+        let key = cluster.config.registry[&node2];
+        live.unregister(&node2).await.unwrap();
+        live.register(node2.clone(), key).await.unwrap();
+        let Ok(again) = tokio::time::timeout(Duration::from_secs(15), ready(&mut events)).await
+        else {
+            let report = live.gate.report().await.unwrap();
+            let blocked: Vec<String> = report
+                .candidates
+                .iter()
+                .map(|c| format!("{}: {}", c.node, c.blockers_in_words()))
+                .collect();
+            panic!("the pool never ready again after node-2 was registered again: {blocked:?}");
+        };
+        assert!(again > first, "{again:?} after {first:?}");
+        live.shutdown();
+    });
+}
+
 /// Node 0 of `cluster` alone (no orchestrator), logging at info, told to
 /// stop (SIGTERM) once it said `after`: its exit code, how long it took
 /// to exit after the signal, and every line it said.

@@ -695,6 +695,12 @@ impl Nodes {
         } else {
             self.new_process(&node, &heard).then_some(Replaced::InTerm)
         };
+        // A node of which no frame is held (forgotten since its last, then
+        // registered again) is told whole, heartbeat or not: the gate
+        // forgot what it said.
+        let unheard = self
+            .node(node.as_str())
+            .is_none_or(|held| held.heard.is_none());
         let twin = self.heard_from(&node, heard, now, within);
         let superseded = self
             .node_mut(&node)
@@ -702,7 +708,7 @@ impl Nodes {
             .replace(connection)
             .filter(|before| *before != connection);
         // A heartbeat repeats the state: nothing to apply.
-        let (observations, join) = match repeats {
+        let (observations, join) = match repeats && !unheard {
             true => (Vec::new(), None),
             false => self.said(&node, &announcement, replaced),
         };

@@ -73,6 +73,37 @@ fn a_node_the_registry_drops_is_forgotten_whole() {
 }
 
 #[test]
+fn a_heartbeat_of_a_node_forgotten_since_its_last_frame_is_told_whole() {
+    // Unregistered and registered again between two frames of one
+    // connection: the gate forgot what the node said, so its next frame,
+    // a heartbeat to its connection, is told as a first.
+    let (node, _, _) = node2();
+    let (second, now) = (std::time::Duration::from_secs(1), std::time::Instant::now());
+    let mut nodes = Nodes::starting_now();
+    nodes.take_frame(ready_frame(7, 1, 1), now, second, own());
+    nodes.forget(&node);
+    let mut heartbeat = ready_frame(7, 1, 2);
+    heartbeat.accepted.repeats = true;
+    let taken = nodes.take_frame(heartbeat, now, second, own());
+    assert!(
+        taken.observations.contains(&Observation::Available)
+            && taken
+                .observations
+                .iter()
+                .any(|o| matches!(o, Observation::Identity(_))),
+        "{:?}",
+        taken.observations
+    );
+    // Held again: the next heartbeat comes to nothing.
+    let mut heartbeat = ready_frame(7, 1, 3);
+    heartbeat.accepted.repeats = true;
+    assert!(nodes
+        .take_frame(heartbeat, now, second, own())
+        .observations
+        .is_empty());
+}
+
+#[test]
 fn a_key_pinned_anew_drops_the_nodes_sequence_only() {
     // Its connection's loss still counts, and SWIM facts of the identity
     // it signed still reach the gate.
