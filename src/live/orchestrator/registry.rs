@@ -46,8 +46,8 @@ impl Orchestrator {
 
     /// Applies `change` to the registry; if it changed the node's key
     /// (`true`), drops the node's sequences (a node removed is forgotten
-    /// whole: [`crate::live::nodes::Nodes::forget`]), keeps SWIM facts of the registry's names
-    /// only and tells the gate `fact`. Under the nodes'
+    /// whole: [`crate::live::nodes::Nodes::forget`]), keeps SWIM facts of
+    /// the registry's names only and tells the gate `fact`. Under the nodes'
     /// lock, as the listener accepts a frame: a frame of the old key is
     /// accepted before the change or refused after it, and the old key's
     /// sequences go with it (a thief's 2^64 − 1 does not lock a new key
