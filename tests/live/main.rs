@@ -2419,6 +2419,92 @@ async fn behind_a_follower(
     (config, refusing, refused)
 }
 
+#[test]
+fn an_agent_refused_by_one_orchestrator_does_not_say_none_is_reachable() {
+    // An operator's trial: after a failover the new leader refused a node
+    // (not in its [registry]), and the node's next round, over the one
+    // address not tried yet (the dead leader's), ended in "no orchestrator
+    // reachable: connection refused", which sends an operator to the
+    // network instead of the registry. Here: a dead address and one that
+    // refuses every frame as from an unknown node.
+    let plan = {
+        let mut plan = plan(1);
+        plan.external_orchestrator = true;
+        plan
+    };
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let (dead, refusing) = (free_port(), free_port());
+        let config = cluster.nodes[0].config.clone();
+        let text = std::fs::read_to_string(&config).unwrap();
+        let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
+        assert!(text.contains(&listed), "{text}");
+        let text = text.replacen(
+            &listed,
+            &format!("agents = [\"{dead}\", \"{refusing}\"]"),
+            1,
+        );
+        std::fs::write(&config, text).unwrap();
+        let refusal = serde_json::to_vec(&serde_json::json!({
+            "reply": "refused",
+            "code": "unknown_node",
+            "detail": "node node-1 is not in the orchestrator's [registry]",
+        }))
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind(refusing).await.unwrap();
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&refused);
+        let serving = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
+                reply.extend_from_slice(&refusal);
+                let counted = std::sync::Arc::clone(&counted);
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    if let Ok(Some(_)) = poolgate::live::wire::read_frame(&mut stream).await {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let _ = stream.write_all(&reply).await;
+                    }
+                });
+            }
+        });
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("node")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Four refusals: four rounds at least, with the rounds over the
+        // dead address between them.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while refused.load(std::sync::atomic::Ordering::Relaxed) < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fewer than 4 refusals in 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = node.kill().await;
+        serving.abort();
+        let mut said = String::new();
+        use tokio::io::AsyncReadExt;
+        node.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut said)
+            .await
+            .unwrap();
+        assert!(
+            said.contains("not in the orchestrator's [registry]"),
+            "{said}"
+        );
+        assert!(!said.contains("no orchestrator reachable"), "{said}");
+    });
+}
+
 /// `poolgate node --config file`, its output not kept, killed when
 /// dropped.
 fn node_of(file: &std::path::Path) -> tokio::process::Child {

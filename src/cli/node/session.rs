@@ -96,7 +96,7 @@ pub(super) async fn announce(
                 tracing::warn!(node = %to.node, ?failed, held, "orchestrator.agents: not resolved");
             }
         }
-        let (candidates, again) = rotation.candidates(addrs.clone());
+        let (candidates, round) = rotation.candidates(addrs.clone());
         let outcome = match connect_first(&candidates, to.heartbeat * HEARTBEATS_MISSED).await {
             Ok((addr, stream)) => (
                 addr,
@@ -216,9 +216,18 @@ pub(super) async fn announce(
                     }
                 }
             }
-            (_, Session::Unreachable(_)) if again => {
+            (_, Session::Unreachable(_)) if round == Round::Alone => {
                 // The address tried again first is gone: the others, now.
                 continue;
+            }
+            (_, Session::Unreachable(e)) if round == Round::Fresh => {
+                // Only those that refused nothing lately are gone: not "no
+                // orchestrator reachable", since another answered a moment
+                // ago (an operator's trial: refused by a new leader, the
+                // node's next round, over the dead leader alone, said so
+                // and sent the operator to the network instead of the
+                // registry). Every address after the pause.
+                tracing::debug!(node = %to.node, error = %e, "the addresses not tried lately are gone; every address after the pause");
             }
             (addr, Session::Refused { code, detail, .. }) => {
                 if let Some(held) = said.allow(&Said::Refused(code.clone()), now) {
@@ -364,22 +373,22 @@ struct Rotation {
 }
 
 impl Rotation {
-    /// The addresses to try this round, and whether they are the one
-    /// tried again first (a failure then goes on to the others at once).
-    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> (Vec<SocketAddr>, bool) {
+    /// The addresses to try this round, and which round it is (when a
+    /// part of them fails, the others are tried at once).
+    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> (Vec<SocketAddr>, Round) {
         if let Some(first) = self.first.take().filter(|a| addrs.contains(a)) {
-            return (vec![first], true);
+            return (vec![first], Round::Alone);
         }
         let fresh: Vec<SocketAddr> = addrs
             .iter()
             .copied()
             .filter(|a| !self.shunned.contains(a))
             .collect();
-        if fresh.is_empty() {
+        if fresh.is_empty() || fresh.len() == addrs.len() {
             self.shunned.clear();
-            return (addrs, false);
+            return (addrs, Round::Every);
         }
-        (fresh, false)
+        (fresh, Round::Fresh)
     }
 
     /// A round ended with `session` (on `addr`, when one was connected).
@@ -439,6 +448,17 @@ async fn connect_first(
         }
     }
     Err(last)
+}
+
+/// Which addresses a round tries ([`Rotation::candidates`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// One tried again first, alone.
+    Alone,
+    /// Those not shunned (the others refused or lost lately).
+    Fresh,
+    /// Every address.
+    Every,
 }
 
 /// One connection to the orchestrator at `addr`.
@@ -644,12 +664,15 @@ mod tests {
         rotation.ended(leader, &refused);
         // Shunned for the refusal, the leader would wait behind the
         // replica that is down.
-        assert_eq!(rotation.candidates(vec![leader, down]), (vec![down], false));
+        assert_eq!(
+            rotation.candidates(vec![leader, down]),
+            (vec![down], Round::Fresh)
+        );
         rotation.ended(leader, &refused);
         rotation.try_first(leader);
         assert_eq!(
             rotation.candidates(vec![leader, down]),
-            (vec![leader], true)
+            (vec![leader], Round::Alone)
         );
     }
 
@@ -687,7 +710,7 @@ mod tests {
             SocketAddr::from(([10, 0, 0, 2], 1)),
         );
         let mut rotation = Rotation::default();
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], Round::Every));
         rotation.ended(
             a,
             &Session::Lost {
@@ -695,7 +718,7 @@ mod tests {
                 why: SILENT,
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], Round::Fresh));
         // Every one shunned: all of them again.
         rotation.ended(
             b,
@@ -706,7 +729,7 @@ mod tests {
                 signed_elsewhere: false,
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], false));
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], Round::Every));
     }
 
     #[test]
@@ -725,7 +748,7 @@ mod tests {
                 why: SILENT,
             },
         );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], false));
+        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], Round::Fresh));
     }
 
     #[test]
@@ -747,7 +770,7 @@ mod tests {
         );
         assert_eq!(
             rotation.candidates(vec![follower, leader]),
-            (vec![leader], true)
+            (vec![leader], Round::Alone)
         );
         // Gone (a crash, not a reset): every address, at once.
         rotation.ended(
@@ -756,7 +779,7 @@ mod tests {
         );
         assert_eq!(
             rotation.candidates(vec![follower, leader]),
-            (vec![follower, leader], false)
+            (vec![follower, leader], Round::Every)
         );
         // A follower's refusal leaves the other to try at once.
         rotation.ended(
@@ -771,7 +794,7 @@ mod tests {
         assert!(rotation.has_fresh(&[follower, leader]));
         assert_eq!(
             rotation.candidates(vec![follower, leader]),
-            (vec![leader], false)
+            (vec![leader], Round::Fresh)
         );
     }
 }
