@@ -2318,6 +2318,59 @@ fn a_node_agent_refused_by_followers_naming_a_dead_leader_backs_off() {
     });
 }
 
+/// While followers name a leader that is gone (its lease not yet ended),
+/// the node says so once, at warn: an operator's trial saw agents say
+/// nothing for the ten seconds of a failover after "orchestrator lost",
+/// and not "no orchestrator reachable" either (one answers: a follower).
+#[test]
+fn a_node_agent_says_when_the_leader_followers_name_does_not_answer() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        // The leader is dead: nothing listens at its address.
+        let gone = cluster.config.agents.listen;
+        let (config, refusing, refused) = behind_a_follower(&cluster, gone).await;
+        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["node", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Several rounds: followed to the dead leader each time.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while refused.load(std::sync::atomic::Ordering::Relaxed) < 6 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fewer than 6 refusals in 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = node.kill().await;
+        refusing.abort();
+        let mut said = String::new();
+        use tokio::io::AsyncReadExt;
+        node.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut said)
+            .await
+            .unwrap();
+        let lines: Vec<&str> = said
+            .lines()
+            .filter(|l| l.contains("the leader the followers name does not answer"))
+            .collect();
+        assert_eq!(lines.len(), 1, "once per interval:\n{said}");
+        assert!(
+            lines[0].contains("WARN") && lines[0].contains(&gone.to_string()),
+            "{said}"
+        );
+        assert!(!said.contains("no orchestrator reachable"), "{said}");
+    });
+}
+
 /// A follower naming a leader the node does not list (a node config
 /// missing a replica) is said at warn, not looped on in silence.
 #[test]

@@ -89,6 +89,8 @@ pub(super) async fn announce(
     let mut took_back = false;
     let mut rotation = Rotation::default();
     let mut pointers = Pointers::default();
+    // The leader a follower named, tried next, alone.
+    let mut following = None;
     loop {
         let (addrs, failed) = lookup_all(&to.agents).await;
         if !failed.is_empty() {
@@ -107,6 +109,7 @@ pub(super) async fn announce(
         to.link.down();
         let now = std::time::Instant::now();
         let just_took_back = std::mem::replace(&mut took_back, false);
+        let followed = following.take();
         rotation.ended(outcome.0, &outcome.1);
         match outcome {
             (_, Session::Stopped) => return,
@@ -171,6 +174,7 @@ pub(super) async fn announce(
                 if let Some(leader) = named.filter(|_| pointers.follow()) {
                     tracing::debug!(node = %to.node, orchestrator = %addr, %leader, "not the leader; trying the one it names");
                     rotation.try_first(leader);
+                    following = Some(leader);
                     continue;
                 }
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
@@ -216,8 +220,15 @@ pub(super) async fn announce(
                     }
                 }
             }
-            (_, Session::Unreachable(_)) if round == Round::Alone => {
+            (_, Session::Unreachable(e)) if round == Round::Alone => {
                 // The address tried again first is gone: the others, now.
+                // A leader a follower named and gone is a failover under
+                // way: said, or the node says nothing until it is over.
+                if let Some(leader) = followed {
+                    if let Some(held) = said.allow(&Said::LeaderGone, now) {
+                        tracing::warn!(node = %to.node, %leader, error = %e, held, "the leader the followers name does not answer: a failover under way (another replica leads once its lease ends, [state] lease); trying every address meanwhile");
+                    }
+                }
                 continue;
             }
             (_, Session::Unreachable(e)) if round == Round::Fresh => {
@@ -257,6 +268,7 @@ enum Said {
     Unreachable,
     NoFrame,
     UnlistedLeader,
+    LeaderGone,
     /// By the orchestrator's code: each reason said apart.
     Refused(String),
 }
