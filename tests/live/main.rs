@@ -2331,33 +2331,9 @@ fn a_node_agent_says_when_the_leader_followers_name_does_not_answer() {
         // The leader is dead: nothing listens at its address.
         let gone = cluster.config.agents.listen;
         let (config, refusing, refused) = behind_a_follower(&cluster, gone).await;
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["node", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
         // Several rounds: followed to the dead leader each time.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while refused.load(std::sync::atomic::Ordering::Relaxed) < 6 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "fewer than 6 refusals in 15 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let _ = node.kill().await;
+        let said = said_over_refusals(&config, &refused, 6).await;
         refusing.abort();
-        let mut said = String::new();
-        use tokio::io::AsyncReadExt;
-        node.stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut said)
-            .await
-            .unwrap();
         let lines: Vec<&str> = said
             .lines()
             .filter(|l| l.contains("the leader the followers name does not answer"))
@@ -2367,6 +2343,45 @@ fn a_node_agent_says_when_the_leader_followers_name_does_not_answer() {
             lines[0].contains("WARN") && lines[0].contains(&gone.to_string()),
             "{said}"
         );
+        assert!(!said.contains("no orchestrator reachable"), "{said}");
+    });
+}
+
+/// While no replica leads (their etcd out of reach: followers name no
+/// leader), the node says so once per interval, at warn: an operator's
+/// trial saw 36 s of silence with etcd's quorum lost.
+#[test]
+fn a_node_agent_says_when_no_replica_leads() {
+    let mut plan = plan(1);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let follower = listener.local_addr().unwrap();
+        let config = cluster.nodes[0].config.clone();
+        let text = std::fs::read_to_string(&config).unwrap();
+        let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
+        assert!(text.contains(&listed), "{text}");
+        std::fs::write(
+            &config,
+            text.replacen(&listed, &format!("agents = \"{follower}\""), 1),
+        )
+        .unwrap();
+        let (refusing, refused) = refuser(
+            listener,
+            serde_json::json!({
+                "reply": "refused",
+                "code": "not_leader",
+                "detail": "not the leader; no replica leads now",
+            }),
+        );
+        let said = said_over_refusals(&config, &refused, 4).await;
+        refusing.abort();
+        let lines = said
+            .lines()
+            .filter(|l| l.contains("no replica leads"))
+            .count();
+        assert_eq!(lines, 1, "once per interval:\n{said}");
         assert!(!said.contains("no orchestrator reachable"), "{said}");
     });
 }
@@ -2443,20 +2458,32 @@ async fn behind_a_follower(
         )
         .replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
     std::fs::write(&config, text).unwrap();
-    let refusal = serde_json::to_vec(&serde_json::json!({
-        "reply": "refused",
-        "code": "not_leader",
-        "detail": format!("not the leader; the leader is r1 at {leader}"),
-        "leader": leader.to_string(),
-    }))
-    .unwrap();
+    let (refusing, refused) = refuser(
+        follower,
+        serde_json::json!({
+            "reply": "refused",
+            "code": "not_leader",
+            "detail": format!("not the leader; the leader is r1 at {leader}"),
+            "leader": leader.to_string(),
+        }),
+    );
+    (config, refusing, refused)
+}
+
+/// Serves `listener` as an orchestrator that answers every agent's first
+/// frame with `refusal` (and closes): the task, and how many it refused.
+fn refuser(
+    listener: tokio::net::TcpListener,
+    refusal: serde_json::Value,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let refusal = serde_json::to_vec(&refusal).unwrap();
     let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = std::sync::Arc::clone(&refused);
     let refusing = tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = follower.accept().await else {
-                return;
-            };
+        while let Ok((mut stream, _)) = listener.accept().await {
             let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
             reply.extend_from_slice(&refusal);
             let counted = std::sync::Arc::clone(&counted);
@@ -2469,7 +2496,43 @@ async fn behind_a_follower(
             });
         }
     });
-    (config, refusing, refused)
+    (refusing, refused)
+}
+
+/// The cluster's one node (its config at `config`), its stderr kept,
+/// until `refused` counts `rounds` refusals (15 s at most): every line it
+/// said.
+async fn said_over_refusals(
+    config: &std::path::Path,
+    refused: &std::sync::atomic::AtomicUsize,
+    rounds: usize,
+) -> String {
+    let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["node", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while refused.load(std::sync::atomic::Ordering::Relaxed) < rounds {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fewer than {rounds} refusals in 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = node.kill().await;
+    let mut said = String::new();
+    use tokio::io::AsyncReadExt;
+    node.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .await
+        .unwrap();
+    said
 }
 
 #[test]
@@ -2487,7 +2550,9 @@ fn an_agent_refused_by_one_orchestrator_does_not_say_none_is_reachable() {
     };
     live(async {
         let cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let (dead, refusing) = (free_port(), free_port());
+        let dead = free_port();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let refusing = listener.local_addr().unwrap();
         let config = cluster.nodes[0].config.clone();
         let text = std::fs::read_to_string(&config).unwrap();
         let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
@@ -2498,58 +2563,18 @@ fn an_agent_refused_by_one_orchestrator_does_not_say_none_is_reachable() {
             1,
         );
         std::fs::write(&config, text).unwrap();
-        let refusal = serde_json::to_vec(&serde_json::json!({
-            "reply": "refused",
-            "code": "unknown_node",
-            "detail": "node node-1 is not in the orchestrator's [registry]",
-        }))
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind(refusing).await.unwrap();
-        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = std::sync::Arc::clone(&refused);
-        let serving = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let mut reply = u32::try_from(refusal.len()).unwrap().to_be_bytes().to_vec();
-                reply.extend_from_slice(&refusal);
-                let counted = std::sync::Arc::clone(&counted);
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    if let Ok(Some(_)) = poolgate::live::wire::read_frame(&mut stream).await {
-                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let _ = stream.write_all(&reply).await;
-                    }
-                });
-            }
-        });
-        let mut node = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("node")
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let (serving, refused) = refuser(
+            listener,
+            serde_json::json!({
+                "reply": "refused",
+                "code": "unknown_node",
+                "detail": "node node-1 is not in the orchestrator's [registry]",
+            }),
+        );
         // Four refusals: four rounds at least, with the rounds over the
         // dead address between them.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while refused.load(std::sync::atomic::Ordering::Relaxed) < 4 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "fewer than 4 refusals in 15 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let _ = node.kill().await;
+        let said = said_over_refusals(&config, &refused, 4).await;
         serving.abort();
-        let mut said = String::new();
-        use tokio::io::AsyncReadExt;
-        node.stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut said)
-            .await
-            .unwrap();
         assert!(
             said.contains("not in the orchestrator's [registry]"),
             "{said}"

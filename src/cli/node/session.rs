@@ -166,6 +166,15 @@ pub(super) async fn announce(
                             .parse::<SocketAddr>()
                             .map_or(true, |a| !addrs.contains(&a))
                 };
+                if leader.is_none() {
+                    // Nobody leads (the replicas' etcd out of their reach,
+                    // or an election under way): said, or the node says
+                    // nothing for as long as it lasts (an operator's
+                    // trial: 36 s of silence with etcd's quorum lost).
+                    if let Some(held) = said.allow(&Said::NoLeader, now) {
+                        tracing::warn!(node = %to.node, orchestrator = %addr, held, "no replica leads: the followers name no leader (their etcd out of reach, or an election under way); this node keeps asking");
+                    }
+                }
                 if let Some(leader) = leader.as_ref().filter(|l| unlisted(l)) {
                     if let Some(held) = said.allow(&Said::UnlistedLeader, now) {
                         tracing::warn!(node = %to.node, orchestrator = %addr, %leader, held, "a follower names a leader that is not in [orchestrator] agents: list every replica there, or this node never reaches it");
@@ -269,6 +278,7 @@ enum Said {
     NoFrame,
     UnlistedLeader,
     LeaderGone,
+    NoLeader,
     /// By the orchestrator's code: each reason said apart.
     Refused(String),
 }
