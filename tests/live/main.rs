@@ -781,6 +781,31 @@ fn registry_entries_added_and_removed_at_runtime_take_effect_without_a_restart()
     });
 }
 
+/// `nodes` node agents ready under an orchestrator this process started
+/// (its handle changes the registry): the cluster, the orchestrator, its
+/// events and the first epoch told.
+async fn ready_in_process(
+    nodes: u32,
+) -> (
+    LocalCluster,
+    poolgate::live::Orchestrator,
+    EventStream,
+    Epoch,
+) {
+    let mut plan = plan(nodes);
+    plan.external_orchestrator = true;
+    let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+    let live = poolgate::live::Orchestrator::start(&cluster.config)
+        .await
+        .unwrap();
+    let mut events = live.gate.subscribe();
+    for i in 0..cluster.nodes.len() {
+        cluster.spawn(i).unwrap();
+    }
+    let epoch = ready(&mut events).await;
+    (cluster, live, events, epoch)
+}
+
 #[test]
 fn a_node_whose_key_is_replaced_at_runtime_is_not_ready_on_its_old_keys_word() {
     // A key replaced at runtime (a stolen key, say): the node's frames
@@ -789,21 +814,8 @@ fn a_node_whose_key_is_replaced_at_runtime_is_not_ready_on_its_old_keys_word() {
     // ready on what it said before (design §11: a lost connection makes a
     // node not available). What the table held of the node goes with its
     // sequences only: its connection is still the one whose loss counts.
-    let plan = {
-        let mut plan = plan(2);
-        plan.external_orchestrator = true;
-        plan
-    };
     live(async {
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let live = poolgate::live::Orchestrator::start(&cluster.config)
-            .await
-            .unwrap();
-        let mut events = live.gate.subscribe();
-        for i in 0..cluster.nodes.len() {
-            cluster.spawn(i).unwrap();
-        }
-        ready(&mut events).await;
+        let (_cluster, live, mut events, _) = ready_in_process(2).await;
         let node2 = node("node-2");
         let replaced = poolgate::live::keys::NodeKey::generate().public();
         live.register(node2.clone(), replaced).await.unwrap();
@@ -829,21 +841,8 @@ fn a_node_unregistered_and_registered_again_at_runtime_is_ready_again() {
     // runs on: everything the orchestrator held of it went with it, so its
     // next frame binds its SWIM identity afresh and the gate is told its
     // state again (SWIM says nothing new: the node never changed).
-    let plan = {
-        let mut plan = plan(2);
-        plan.external_orchestrator = true;
-        plan
-    };
     live(async {
-        let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let live = poolgate::live::Orchestrator::start(&cluster.config)
-            .await
-            .unwrap();
-        let mut events = live.gate.subscribe();
-        for i in 0..cluster.nodes.len() {
-            cluster.spawn(i).unwrap();
-        }
-        let first = ready(&mut events).await;
+        let (cluster, live, mut events, first) = ready_in_process(2).await;
         let node2 = node("node-2");
         let key = cluster.config.registry[&node2];
         live.unregister(&node2).await.unwrap();
@@ -2358,15 +2357,7 @@ fn a_node_agent_says_when_no_replica_leads() {
         let cluster = LocalCluster::prepare(&plan).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let follower = listener.local_addr().unwrap();
-        let config = cluster.nodes[0].config.clone();
-        let text = std::fs::read_to_string(&config).unwrap();
-        let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
-        assert!(text.contains(&listed), "{text}");
-        std::fs::write(
-            &config,
-            text.replacen(&listed, &format!("agents = \"{follower}\""), 1),
-        )
-        .unwrap();
+        let config = listing(&cluster, &format!("\"{follower}\""));
         let (refusing, refused) = refuser(
             listener,
             serde_json::json!({
@@ -2443,20 +2434,10 @@ async fn behind_a_follower(
 ) {
     let follower = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let follower_addr = follower.local_addr().unwrap();
-    let config = cluster.nodes[0].config.clone();
+    let config = listing(cluster, &format!("[\"{leader}\", \"{follower_addr}\"]"));
     let text = std::fs::read_to_string(&config).unwrap();
-    let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
-    assert!(
-        text.contains(&listed) && text.contains("[node]\n"),
-        "{text}"
-    );
-    let text = text
-        .replacen(
-            &listed,
-            &format!("agents = [\"{leader}\", \"{follower_addr}\"]"),
-            1,
-        )
-        .replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
+    assert!(text.contains("[node]\n"), "{text}");
+    let text = text.replacen("[node]\n", "[node]\nheartbeat = \"100ms\"\n", 1);
     std::fs::write(&config, text).unwrap();
     let (refusing, refused) = refuser(
         follower,
@@ -2468,6 +2449,21 @@ async fn behind_a_follower(
         }),
     );
     (config, refusing, refused)
+}
+
+/// The cluster's first node's config, its `[orchestrator] agents` set to
+/// `agents` (TOML: a string or a list).
+fn listing(cluster: &LocalCluster, agents: &str) -> std::path::PathBuf {
+    let config = cluster.nodes[0].config.clone();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
+    assert!(text.contains(&listed), "{text}");
+    std::fs::write(
+        &config,
+        text.replacen(&listed, &format!("agents = {agents}"), 1),
+    )
+    .unwrap();
+    config
 }
 
 /// Serves `listener` as an orchestrator that answers every agent's first
@@ -2553,16 +2549,7 @@ fn an_agent_refused_by_one_orchestrator_does_not_say_none_is_reachable() {
         let dead = free_port();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let refusing = listener.local_addr().unwrap();
-        let config = cluster.nodes[0].config.clone();
-        let text = std::fs::read_to_string(&config).unwrap();
-        let listed = format!("agents = \"{}\"", cluster.config.agents.listen);
-        assert!(text.contains(&listed), "{text}");
-        let text = text.replacen(
-            &listed,
-            &format!("agents = [\"{dead}\", \"{refusing}\"]"),
-            1,
-        );
-        std::fs::write(&config, text).unwrap();
+        let config = listing(&cluster, &format!("[\"{dead}\", \"{refusing}\"]"));
         let (serving, refused) = refuser(
             listener,
             serde_json::json!({
