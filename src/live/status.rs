@@ -311,9 +311,14 @@ fn render_one(answer: &Value) -> String {
                     said["age_ms"].as_u64().unwrap_or(0) / 1000,
                     said["run"].as_str().unwrap_or("none")
                 )),
-                None => out.push_str(
-                    "the leader has published nothing (ask it with poolgate status on its host)\n",
-                ),
+                None => match answer["leader_said_unread"].as_str() {
+                    Some(why) => out.push_str(&format!(
+                        "what the leader published cannot be read now: {why}\n"
+                    )),
+                    None => out.push_str(
+                        "the leader has published nothing (ask it with poolgate status on its host)\n",
+                    ),
+                },
             }
         }
         _ => out.push_str(&format!("pool {pool}: {phase}\n")),

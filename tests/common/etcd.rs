@@ -454,10 +454,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A TCP proxy to etcd that refuses everything while cut.
+/// A TCP proxy to etcd that refuses everything while cut, and passes
+/// nothing on (answering nothing, as etcd without a quorum) while stalled.
 pub struct Proxy {
     port: u16,
     cut: std::sync::Arc<AtomicBool>,
+    stalled: std::sync::Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -466,7 +468,8 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy");
         let port = listener.local_addr().expect("addr").port();
         let cut = std::sync::Arc::new(AtomicBool::new(false));
-        let cutting = std::sync::Arc::clone(&cut);
+        let stalled = std::sync::Arc::new(AtomicBool::new(false));
+        let (cutting, stalling) = (std::sync::Arc::clone(&cut), std::sync::Arc::clone(&stalled));
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
@@ -475,10 +478,11 @@ impl Proxy {
                     continue;
                 }
                 let cut = std::sync::Arc::clone(&cutting);
-                std::thread::spawn(move || pipe(client, to, &cut));
+                let stalled = std::sync::Arc::clone(&stalling);
+                std::thread::spawn(move || pipe(client, to, &cut, &stalled));
             }
         });
-        Proxy { port, cut }
+        Proxy { port, cut, stalled }
     }
 
     /// `http://127.0.0.1:<port>` of the proxy.
@@ -490,10 +494,15 @@ impl Proxy {
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::Relaxed);
     }
+
+    /// Passes nothing on, either way, while `stalled`.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::Relaxed);
+    }
 }
 
 /// Copies both ways until either side closes, or the proxy is cut.
-fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
+fn pipe(client: TcpStream, to: u16, cut: &AtomicBool, stalled: &AtomicBool) {
     let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
         return;
     };
@@ -505,12 +514,20 @@ fn pipe(client: TcpStream, to: u16, cut: &AtomicBool) {
                 let _ = into.shutdown(std::net::Shutdown::Both);
                 return;
             }
+            if stalled.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             match from.read(&mut buf) {
                 Ok(0) => {
                     let _ = into.shutdown(std::net::Shutdown::Write);
                     return;
                 }
                 Ok(n) => {
+                    // Read as the stall began: held until it ends.
+                    while stalled.load(Ordering::Relaxed) && !cut.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
                     if into.write_all(&buf[..n]).is_err() {
                         return;
                     }

@@ -3368,3 +3368,58 @@ fn a_follower_reloaded_with_a_pool_answers_status_for_it() {
         assert_eq!(answer["phase"], "following", "{answer}");
     });
 }
+
+/// An operator's trial: while etcd had no quorum every follower's
+/// `status` (and `/readyz`) timed out after the asker's 3 s, though the
+/// follower was up: its answer waited on etcd for what the leader
+/// published. It now answers within a second, saying etcd did not answer.
+#[test]
+fn a_follower_answers_status_while_etcd_answers_nothing() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("follower-stalled");
+    let proxy = etcd::Proxy::start(server.port());
+    let config = pools_config(&server.endpoint, "fs", "20ms", &[("a", &["node-1"])]);
+    let mut follower_config = pools_config(&proxy.endpoint(), "fs", "20ms", &[("a", &["node-1"])]);
+    follower_config.agents.listen = ([127, 0, 0, 1], etcd::free_port()).into();
+    let addr = follower_config.agents.listen;
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut b = Replica::start(&follower_config).unwrap();
+        let following = actix::spawn(async move {
+            let _ = b.lead(None).await;
+        });
+        let read = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                if let Ok(answer) = poolgate::live::status::ask_pool(addr, None).await {
+                    if answer["leader_said"]["pool"] == "a" {
+                        return answer;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        assert!(
+            read.is_ok(),
+            "the follower never told what the leader published"
+        );
+        proxy.set_stalled(true);
+        // The asker's own deadline is 3 s.
+        let stalled = poolgate::live::status::ask_pool(addr, None).await;
+        proxy.set_stalled(false);
+        following.abort();
+        live.shutdown();
+        a.resign();
+        let answer = stalled.expect("the follower answers while etcd answers nothing");
+        assert_eq!(answer["phase"], "following", "{answer}");
+        assert!(answer["leader_said"].is_null(), "{answer}");
+        assert!(
+            answer["leader_said_unread"]
+                .as_str()
+                .is_some_and(|why| why.contains("etcd did not answer")),
+            "{answer}"
+        );
+    });
+}

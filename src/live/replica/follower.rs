@@ -23,6 +23,18 @@ impl Drop for Following {
 /// At most this many follower connections are served at once.
 pub(crate) const FOLLOWER_CONNECTIONS: usize = 256;
 
+/// How long a follower's status answer waits for what the leader
+/// published (read from etcd): well within the asker's own 3 s, so that
+/// with etcd out of reach (no quorum) it still answers, saying so (an
+/// operator's trial: every follower's `status` and `/readyz` timed out
+/// while etcd had no quorum).
+pub(crate) const LEADER_SAID_WITHIN: Duration = Duration::from_secs(1);
+
+/// At most this many reads of what the leader published are under way
+/// at once (each ends within the etcd client's own timeout, after the
+/// answer that gave up on it): more askers are answered without one.
+const LEADER_SAID_READS: usize = 4;
+
 /// Each pool's id and the store the leader publishes its status in.
 /// A reload that grows the pools grows it while following.
 pub(super) type Published = Arc<std::sync::RwLock<Vec<(String, Arc<EtcdStore>)>>>;
@@ -46,6 +58,7 @@ pub(super) async fn follow(
     })
     .await?;
     let slots = Arc::new(tokio::sync::Semaphore::new(FOLLOWER_CONNECTIONS));
+    let reads = Arc::new(tokio::sync::Semaphore::new(LEADER_SAID_READS));
     Ok(actix::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -58,16 +71,21 @@ pub(super) async fn follow(
                 continue; // dropped: closed at once
             };
             let leader = role.borrow().clone();
-            let published = Arc::clone(&published);
+            let (published, reads) = (Arc::clone(&published), Arc::clone(&reads));
             connections.spawn(async move {
                 let _slot = slot;
-                refuse_as_follower(&mut stream, leader, &published).await;
+                refuse_as_follower(&mut stream, leader, &published, reads).await;
             });
         }
     }))
 }
 
-async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, published: &Published) {
+async fn refuse_as_follower(
+    stream: &mut tokio::net::TcpStream,
+    role: Role,
+    published: &Published,
+    reads: Arc<tokio::sync::Semaphore>,
+) {
     use tokio::io::AsyncWriteExt;
     let leader = match role {
         Role::Following(Some(leader)) => Some(leader),
@@ -81,7 +99,7 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, publ
     let Ok(Ok(Some(bytes))) = first else { return };
     if let Some(only) = crate::live::status::status_query(&bytes) {
         let leader = leader.as_ref().map(ToString::to_string);
-        let answer = follower_status(published, only.as_deref(), leader).await;
+        let answer = follower_status(published, only.as_deref(), leader, reads).await;
         let _ = tokio::time::timeout(
             crate::live::listener::FIRST_FRAME,
             crate::live::status::write_answer(stream, &answer),
@@ -103,6 +121,24 @@ async fn refuse_as_follower(stream: &mut tokio::net::TcpStream, role: Role, publ
         tokio::time::timeout(crate::live::listener::FIRST_FRAME, stream.write_all(&reply)).await;
 }
 
+/// What the leader published of a pool, read from `store` by `deadline`:
+/// `None` when etcd did not answer by then (or too many reads are under
+/// way already); the read itself goes on to its own end, holding one of
+/// `reads`.
+async fn leader_said_by(
+    store: &Arc<EtcdStore>,
+    deadline: tokio::time::Instant,
+    reads: &Arc<tokio::sync::Semaphore>,
+) -> Option<Option<serde_json::Value>> {
+    let read = Arc::clone(reads).try_acquire_owned().ok()?;
+    let store = Arc::clone(store);
+    let reading = tokio::spawn(async move {
+        let _read = read;
+        crate::live::requests::leader_said(store).await
+    });
+    tokio::time::timeout_at(deadline, reading).await.ok()?.ok()
+}
+
 /// A follower's status answer: each pool (or `only`) with what the leader
 /// last published of it; with several pools, the first's answer and
 /// `pools` listing each, as the leader answers; an unknown pool an error
@@ -111,6 +147,7 @@ async fn follower_status(
     published: &Published,
     only: Option<&str>,
     leader: Option<String>,
+    reads: Arc<tokio::sync::Semaphore>,
 ) -> serde_json::Value {
     let published = published
         .read()
@@ -121,16 +158,21 @@ async fn follower_status(
         None => published.iter().collect(),
     };
     let mut said = Vec::with_capacity(asked.len());
+    let deadline = tokio::time::Instant::now() + LEADER_SAID_WITHIN;
     for (pool, store) in asked {
-        said.push((
-            pool,
-            crate::live::requests::leader_said(Arc::clone(store)).await,
-        ));
+        said.push((pool, leader_said_by(store, deadline, &reads).await));
     }
     let shown = leader.as_ref().map(|l| l as &dyn std::fmt::Display);
-    let mut answers = said
-        .into_iter()
-        .map(|(pool, said)| crate::live::status::follower_answer(pool, shown, said));
+    let mut answers = said.into_iter().map(|(pool, said)| match said {
+        Some(said) => crate::live::status::follower_answer(pool, shown, said),
+        None => {
+            let mut answer = crate::live::status::follower_answer(pool, shown, None);
+            answer["leader_said_unread"] = serde_json::json!(format!(
+                "etcd did not answer within {LEADER_SAID_WITHIN:?} (no quorum, or out of this replica's reach)"
+            ));
+            answer
+        }
+    });
     let Some(mut all) = answers.next() else {
         let defined: Vec<&str> = published.iter().map(|(pool, _)| pool.as_str()).collect();
         return match only {
