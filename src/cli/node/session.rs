@@ -235,7 +235,7 @@ pub(super) async fn announce(
                 // way: said, or the node says nothing until it is over.
                 if let Some(leader) = followed {
                     if let Some(held) = said.allow(&Said::LeaderGone, now) {
-                        tracing::warn!(node = %to.node, %leader, error = %e, held, "the leader the followers name does not answer: a failover under way (another replica leads once its lease ends, [state] lease); trying every address meanwhile");
+                        tracing::warn!(node = %to.node, %leader, error = %e, held, "the leader the followers name does not answer: a failover under way (another replica leads once its lease ends, [state] lease), or this host cut off from the leader alone; trying every address meanwhile");
                     }
                 }
                 continue;
