@@ -3423,3 +3423,70 @@ fn a_follower_answers_status_while_etcd_answers_nothing() {
         );
     });
 }
+
+/// An operator's trial (q38): etcd lost its quorum; the leader stepped
+/// down at its renew deadline, unable to revoke its lease; etcd, electing
+/// a raft leader of its own again, gave every lease a fresh TTL. Once etcd
+/// answered, the leader key still named the replica that had stepped down,
+/// which followed itself, and nobody led until that lease expired (12.5 s).
+/// Here the replica is cut from etcd (its revoke refused, where a proxy
+/// that holds what it read would deliver it later) and the test keeps the
+/// lease alive, as etcd's election did: the replica must revoke the lease of the term it stepped down from once
+/// etcd answers, and lead again.
+#[test]
+fn a_leader_that_stepped_down_unable_to_revoke_its_lease_revokes_it_once_etcd_answers() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("unrevoked");
+    let proxy = etcd::Proxy::start(server.port());
+    let config = pools_config(&proxy.endpoint(), "ur", "20ms", &[("a", &["node-1"])]);
+    let direct = server.client();
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let key = direct
+            .get_prefix(config.etcd_prefix().as_bytes())
+            .unwrap()
+            .into_iter()
+            .find(|kv| kv.key.ends_with(b"leader"))
+            .expect("the leader key");
+        let lease = key.lease;
+        // Renewed as etcd's new raft leader would renew it, until revoked.
+        let keep = |direct: &poolgate::etcd::Etcd| matches!(direct.keep_alive(lease), Ok(Some(_)));
+        proxy.set_cut(true);
+        let deposed = tokio::time::timeout(Duration::from_secs(15), async {
+            while a.leads() {
+                keep(&direct);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        live.shutdown();
+        assert!(deposed.is_ok(), "a never stepped down while cut from etcd");
+        // The outage outlasts the step down (in the trial, by 20 s): the
+        // revoke a tries as it steps down is refused.
+        let outage_ends = tokio::time::Instant::now() + Duration::from_secs(1);
+        while tokio::time::Instant::now() < outage_ends {
+            keep(&direct);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        proxy.set_cut(false);
+        let led_again = tokio::time::timeout(Duration::from_secs(8), async {
+            while !a.leads() {
+                keep(&direct);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        let named = direct
+            .get(&key.key)
+            .ok()
+            .flatten()
+            .map(|kv| (kv.lease, String::from_utf8_lossy(&kv.value).into_owned()));
+        a.resign();
+        assert!(
+            led_again.is_ok(),
+            "nobody led 8 s after etcd answered again: the key still {named:?} (the lease a stepped down from: {lease})"
+        );
+    });
+}

@@ -177,7 +177,16 @@ struct Elector {
     stepped_down: Arc<std::sync::Mutex<Option<SteppedDown>>>,
     /// The last renewal failed: the next comes sooner.
     failed_renewal: bool,
+    /// Leases this replica was granted and could not revoke (etcd out of
+    /// reach), newest last: if the leader key is found on one of them
+    /// once etcd answers, it names this replica for a term it no longer
+    /// holds, and is revoked then (see [`Elector::follow`]).
+    unrevoked: Vec<i64>,
 }
+
+/// How many unrevoked leases a replica remembers; an older one ends by
+/// its TTL.
+const UNREVOKED_HELD: usize = 4;
 
 /// How many renewals a lease gets per TTL (a leader's and a requester's
 /// session alike): a renewal is never more than a tenth of the TTL old
@@ -241,6 +250,7 @@ impl Elector {
             said: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             stepped_down: Arc::default(),
             failed_renewal: false,
+            unrevoked: Vec::new(),
         }
     }
 
@@ -266,6 +276,19 @@ impl Elector {
         }
     }
 
+    /// Revokes `lease`, a lease of this replica's that holds no term; if
+    /// etcd cannot be told, the lease is remembered, so that the leader
+    /// key found on it later is revoked then.
+    fn revoke(&mut self, lease: i64) {
+        if self.etcd.revoke(lease).is_ok() {
+            return;
+        }
+        if self.unrevoked.len() == UNREVOKED_HELD {
+            self.unrevoked.remove(0);
+        }
+        self.unrevoked.push(lease);
+    }
+
     fn pause(&self, d: Duration) {
         let until = Instant::now() + d;
         while !self.stop.load(Ordering::Relaxed) {
@@ -280,7 +303,27 @@ impl Elector {
     /// One look at the leader key; a campaign if it is free.
     fn follow(&mut self) -> Option<HeldLease> {
         match self.etcd.get(&self.settings.key) {
+            Ok(Some(kv)) if self.unrevoked.contains(&kv.lease) => {
+                // A term this replica no longer holds: etcd, answering
+                // again, may have given its lease a fresh TTL (a raft
+                // election of its own renews every lease), and nobody
+                // would lead until it ran out.
+                if self.etcd.revoke(kv.lease).is_ok() {
+                    tracing::info!(
+                        "leadership: the leader key still named this replica, for the term it stepped down from (etcd was out of reach): its lease revoked now, so a replica can lead"
+                    );
+                    self.unrevoked.retain(|lease| *lease != kv.lease);
+                }
+                self.tx.send_if_modified(|role| {
+                    let now = Role::Following(None);
+                    (*role != now).then(|| *role = now).is_some()
+                });
+                None
+            }
             Ok(Some(kv)) => {
+                // On a lease of another's: this replica's leases hold no
+                // key and end by their TTL.
+                self.unrevoked.clear();
                 let leader = serde_json::from_slice::<Leader>(&kv.value).ok();
                 self.tx.send_if_modified(|role| {
                     let now = Role::Following(leader);
@@ -288,7 +331,10 @@ impl Elector {
                 });
                 None
             }
-            Ok(None) => self.campaign(),
+            Ok(None) => {
+                self.unrevoked.clear();
+                self.campaign()
+            }
             Err(e) => {
                 if let Some(held) = self.said.allow(Instant::now()) {
                     tracing::warn!(error = %e, held, "leadership: etcd not reachable; following nobody");
@@ -328,7 +374,7 @@ impl Elector {
                 };
                 if Instant::now() >= term.until {
                     // Won too slowly to act on it.
-                    let _ = self.etcd.revoke(lease);
+                    self.revoke(lease);
                     return None;
                 }
                 self.fence.set(LeaderTerm {
@@ -340,7 +386,9 @@ impl Elector {
                 Some(term)
             }
             Ok((false, _)) | Err(_) => {
-                let _ = self.etcd.revoke(lease);
+                // Not won, or not known to be (an error may follow a
+                // write that was made).
+                self.revoke(lease);
                 None
             }
         }
@@ -422,7 +470,7 @@ impl Elector {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         self.tx.send_replace(Role::Following(None));
-        let _ = self.etcd.revoke(term.lease);
+        self.revoke(term.lease);
         // Not at once a candidate again: the orchestrator of the term
         // that ended must see it end first.
         self.pause(POLL * 2);
