@@ -134,10 +134,7 @@ pub async fn watch(
             Ok(Watched::Lost) if leadership.can_lose() => {
                 // Said once the orchestrator has stopped: acting ended
                 // before this line's timestamp.
-                tracing::warn!(
-                    replica = %leadership.name(),
-                    "this replica stopped leading; following the new leader"
-                );
+                leadership.say_stopped_leading();
             }
             Ok(Watched::Lost) => {
                 leadership.resign();
@@ -234,6 +231,16 @@ impl<'a> Leadership<'a> {
             Leadership::Alone { .. } => "this orchestrator".to_string(),
             Leadership::Replica(replica) => replica.me().replica.to_string(),
         }
+    }
+
+    /// Says, once its orchestrator has stopped (acting ended before the
+    /// line's timestamp), that this replica stopped leading (the campaign
+    /// says why). No replica may lead yet: it follows whichever leads next.
+    pub(super) fn say_stopped_leading(&self) {
+        tracing::warn!(
+            replica = %self.name(),
+            "this replica stopped leading; following whichever replica leads next"
+        );
     }
 
     /// Who leads now, as far as this process knows.

@@ -24,7 +24,7 @@ pub(super) async fn campaign(
             Ok(live) => {
                 leadership.lost().await;
                 live.stop().await;
-                tracing::warn!(replica = %leadership.name(), "this replica stopped leading; following the new leader");
+                leadership.say_stopped_leading();
             }
             Err(e) => {
                 return tracing::warn!(error = %e, "this run cannot lead: it only asks the leader")
