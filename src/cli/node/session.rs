@@ -82,15 +82,10 @@ pub(super) async fn announce(
     // orchestrator and is then refused by one says so at once.
     let mut said = Throttles::new(LOG_EVERY, KINDS_SAID);
     let mut said_seeds = Throttle::new(LOG_EVERY);
-    // Held behind another process signing as this node, and taking the
-    // node back from one: each said apart from the rest.
-    let (mut said_held, mut said_taken) = (Throttle::new(LOG_EVERY), Throttle::new(LOG_EVERY));
     // The node taken back in the round before this one.
     let mut took_back = false;
     let mut rotation = Rotation::default();
     let mut pointers = Pointers::default();
-    // The leader a follower named, tried next, alone.
-    let mut following = None;
     loop {
         let (addrs, failed) = lookup_all(&to.agents).await;
         if !failed.is_empty() {
@@ -109,7 +104,6 @@ pub(super) async fn announce(
         to.link.down();
         let now = std::time::Instant::now();
         let just_took_back = std::mem::replace(&mut took_back, false);
-        let followed = following.take();
         rotation.ended(outcome.0, &outcome.1);
         match outcome {
             (_, Session::Stopped) => return,
@@ -182,8 +176,7 @@ pub(super) async fn announce(
                 }
                 if let Some(leader) = named.filter(|_| pointers.follow()) {
                     tracing::debug!(node = %to.node, orchestrator = %addr, %leader, "not the leader; trying the one it names");
-                    rotation.try_first(leader);
-                    following = Some(leader);
+                    rotation.try_first(leader, First::Named);
                     continue;
                 }
                 tracing::debug!(node = %to.node, orchestrator = %addr, "not the leader; trying the others");
@@ -204,19 +197,19 @@ pub(super) async fn announce(
                 // are not shunned for it: with one replica down, a round
                 // over them cost the take-back a whole pause, an
                 // operator's trial).
-                rotation.try_first(addr);
+                rotation.try_first(addr, First::Again);
                 match after_replay(signed_elsewhere, just_took_back) {
                     AfterReplay::Wait => {
                         // Asked again within a second: once the other
                         // stops, the node is taken back that much sooner.
                         backoff = backoff.min(HELD_OFF_EVERY);
-                        if let Some(held) = said_held.allow(now) {
+                        if let Some(held) = said.allow(&Said::HeldOff, now) {
                             tracing::warn!(node = %to.node, orchestrator = %addr, held, "another process signs as this node (a copy of its config and key) and the orchestrator refuses this agent's frames as replays while it does; this agent takes the node back once it stops: stop the copy");
                         }
                     }
                     AfterReplay::TakeBack { at_once } => {
                         let generation = to.sequences.renew();
-                        if let Some(held) = said_taken.allow(now) {
+                        if let Some(held) = said.allow(&Said::TookBack, now) {
                             tracing::warn!(node = %to.node, orchestrator = %addr, generation, held, "this agent's frames were refused as replays while no other process signs as this node (one that signed ahead of it stopped): taking the node back under a new life of sequences and a new SWIM generation");
                         }
                         to.swim.do_send(Renew { generation });
@@ -229,11 +222,12 @@ pub(super) async fn announce(
                     }
                 }
             }
-            (_, Session::Unreachable(e)) if round == Round::Alone => {
+            (_, Session::Unreachable(e)) if matches!(round, Round::Alone(_)) => {
                 // The address tried again first is gone: the others, now.
                 // A leader a follower named and gone is a failover under
                 // way: said, or the node says nothing until it is over.
-                if let Some(leader) = followed {
+                if round == Round::Alone(First::Named) {
+                    let leader = candidates[0];
                     if let Some(held) = said.allow(&Said::LeaderGone, now) {
                         tracing::warn!(node = %to.node, %leader, error = %e, held, "the leader the followers name does not answer: a failover under way (another replica leads once its lease ends, [state] lease), or this host cut off from the leader alone; trying every address meanwhile");
                     }
@@ -279,6 +273,10 @@ enum Said {
     UnlistedLeader,
     LeaderGone,
     NoLeader,
+    /// Held behind another process signing as this node.
+    HeldOff,
+    /// The node taken back from a process that signed ahead of this one.
+    TookBack,
     /// By the orchestrator's code: each reason said apart.
     Refused(String),
 }
@@ -390,16 +388,16 @@ async fn leader_named(
 #[derive(Debug, Default)]
 struct Rotation {
     shunned: std::collections::HashSet<SocketAddr>,
-    /// The address to try first, alone, next round.
-    first: Option<SocketAddr>,
+    /// The address to try first, alone, next round, and why.
+    first: Option<(SocketAddr, First)>,
 }
 
 impl Rotation {
     /// The addresses to try this round, and which round it is (when a
     /// part of them fails, the others are tried at once).
     fn candidates(&mut self, addrs: Vec<SocketAddr>) -> (Vec<SocketAddr>, Round) {
-        if let Some(first) = self.first.take().filter(|a| addrs.contains(a)) {
-            return (vec![first], Round::Alone);
+        if let Some((first, why)) = self.first.take().filter(|(a, _)| addrs.contains(a)) {
+            return (vec![first], Round::Alone(why));
         }
         let fresh: Vec<SocketAddr> = addrs
             .iter()
@@ -421,7 +419,7 @@ impl Rotation {
                 why: CLOSED,
             } => {
                 self.shunned.remove(&addr);
-                self.first = Some(addr);
+                self.first = Some((addr, First::Again));
             }
             Session::Lost { .. } | Session::Refused { .. } => {
                 self.shunned.insert(addr);
@@ -431,10 +429,9 @@ impl Rotation {
         }
     }
 
-    /// `addr` is tried first, alone, next round (a leader a follower
-    /// named).
-    fn try_first(&mut self, addr: SocketAddr) {
-        self.first = Some(addr);
+    /// `addr` is tried first, alone, next round, for `why`.
+    fn try_first(&mut self, addr: SocketAddr, why: First) {
+        self.first = Some((addr, why));
     }
 
     /// Whether some of `addrs` are not shunned (worth trying at once).
@@ -475,12 +472,21 @@ async fn connect_first(
 /// Which addresses a round tries ([`Rotation::candidates`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Round {
-    /// One tried again first, alone.
-    Alone,
+    /// One tried first, alone.
+    Alone(First),
     /// Those not shunned (the others refused or lost lately).
     Fresh,
     /// Every address.
     Every,
+}
+
+/// Why an address is tried first, alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// The leader a follower named.
+    Named,
+    /// Tried again: it refused a replay, or its connection was reset.
+    Again,
 }
 
 /// One connection to the orchestrator at `addr`.
@@ -691,10 +697,10 @@ mod tests {
             (vec![down], Round::Fresh)
         );
         rotation.ended(leader, &refused);
-        rotation.try_first(leader);
+        rotation.try_first(leader, First::Again);
         assert_eq!(
             rotation.candidates(vec![leader, down]),
-            (vec![leader], Round::Alone)
+            (vec![leader], Round::Alone(First::Again))
         );
     }
 
@@ -792,7 +798,7 @@ mod tests {
         );
         assert_eq!(
             rotation.candidates(vec![follower, leader]),
-            (vec![leader], Round::Alone)
+            (vec![leader], Round::Alone(First::Again))
         );
         // Gone (a crash, not a reset): every address, at once.
         rotation.ended(
@@ -817,6 +823,32 @@ mod tests {
         assert_eq!(
             rotation.candidates(vec![follower, leader]),
             (vec![leader], Round::Fresh)
+        );
+    }
+
+    #[test]
+    fn a_leader_a_follower_names_is_tried_next_alone_as_named_and_only_once() {
+        let (follower, leader) = (
+            SocketAddr::from(([10, 0, 0, 1], 1)),
+            SocketAddr::from(([10, 0, 0, 2], 1)),
+        );
+        let mut rotation = Rotation::default();
+        rotation.try_first(leader, First::Named);
+        // What the round is tells a gone leader (a failover under way)
+        // from an address tried again.
+        assert_eq!(
+            rotation.candidates(vec![follower, leader]),
+            (vec![leader], Round::Alone(First::Named))
+        );
+        assert_eq!(
+            rotation.candidates(vec![follower, leader]),
+            (vec![follower, leader], Round::Every)
+        );
+        // Named, but no longer among the addresses resolved: not tried.
+        rotation.try_first(leader, First::Named);
+        assert_eq!(
+            rotation.candidates(vec![follower]),
+            (vec![follower], Round::Every)
         );
     }
 }
