@@ -142,23 +142,37 @@ pub fn answer(report: &PoolReport, now: Time, leader: &str, writing: bool) -> Va
     })
 }
 
+/// What a follower read of what the leader published of a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaderSaid {
+    /// Read: the leader's last words of the pool (see [`published`]), if
+    /// it published any.
+    Read(Option<Value>),
+    /// Not read, and why (etcd did not answer in time, say).
+    Unread(String),
+}
+
 /// A follower replica's answer: who leads (design §12), and what the
-/// leader last published of the pool (`leader_said`, see [`published`];
-/// `null` when nothing was).
+/// leader last published of the pool (`leader_said`, `null` when nothing
+/// was or it could not be read; then `leader_said_unread` says why).
 pub fn follower_answer(
     pool: &str,
     leader: Option<&dyn std::fmt::Display>,
-    said: Option<Value>,
+    said: LeaderSaid,
 ) -> Value {
     let leader = match leader {
         Some(l) => l.to_string(),
         None => "none right now".to_string(),
     };
+    let (said, unread) = match said {
+        LeaderSaid::Read(said) => (said, None),
+        LeaderSaid::Unread(why) => (None, Some(why)),
+    };
     // The run is what the leader last published of it, if anything.
     let run = said
         .as_ref()
         .map_or(Value::Null, |said| said["run"].clone());
-    json!({
+    let mut answer = json!({
         "pool": pool,
         "phase": "following",
         "epoch": null,
@@ -167,7 +181,11 @@ pub fn follower_answer(
         "leader": leader,
         "candidates": [],
         "leader_said": said,
-    })
+    });
+    if let Some(why) = unread {
+        answer["leader_said_unread"] = json!(why);
+    }
+    answer
 }
 
 /// What the leader among replicas publishes of its pool (the `status`
@@ -347,6 +365,8 @@ fn render_one(answer: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn status_is_answered_on_the_orchestrators_own_host_only() {
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
@@ -361,5 +381,31 @@ mod tests {
             ip("::ffff:10.0.0.2"),
             ip("::ffff:10.0.0.1")
         ));
+    }
+
+    #[test]
+    fn a_follower_says_what_the_leader_published_or_why_it_cannot_read_it() {
+        let leader = "r1 at 10.0.0.1:7947";
+        let said = json!({"state": "ready", "run": "run-7", "age_ms": 2_500});
+        let read = follower_answer("a", Some(&leader), LeaderSaid::Read(Some(said)));
+        assert_eq!(read["run"], "run-7");
+        assert!(read.get("leader_said_unread").is_none(), "{read}");
+        assert!(
+            render(&read).contains("the leader published, 2 s ago: ready; run: run-7"),
+            "{}",
+            render(&read)
+        );
+        let nothing = follower_answer("a", None, LeaderSaid::Read(None));
+        assert!(nothing["leader_said"].is_null() && nothing["run"].is_null());
+        assert!(render(&nothing).contains("the leader has published nothing"));
+        assert!(render(&nothing).contains("leader: none right now"));
+        let unread = follower_answer(
+            "a",
+            Some(&leader),
+            LeaderSaid::Unread("etcd did not answer".into()),
+        );
+        assert!(unread["leader_said"].is_null(), "{unread}");
+        assert_eq!(unread["leader_said_unread"], "etcd did not answer");
+        assert!(render(&unread).contains("cannot be read now: etcd did not answer"));
     }
 }

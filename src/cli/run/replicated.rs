@@ -146,14 +146,20 @@ impl ReplicatedKeeper {
                         (_, Some(waits)) => eprintln!(
                             "poolgate: run {run} was not committed within {within}: {waits}"
                         ),
-                        _ => match requests.leader_said().await {
+                        _ => match tokio::time::timeout(
+                            crate::live::requests::LEADER_SAID_WITHIN,
+                            requests.leader_said(),
+                        )
+                        .await
+                        {
                             // What blocks the pool, as the leader said it.
-                            Some(said) if said["state"].is_string() => eprintln!(
+                            Ok(Some(said)) if said["state"].is_string() => eprintln!(
                                 "poolgate: run {run} was not committed within {within}: {} (the leader said so {} s ago)",
                                 said["state"].as_str().unwrap_or_default(),
                                 said["age_ms"].as_u64().unwrap_or(0) / 1000
                             ),
-                            _ => eprintln!("poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
+                            Ok(_) => eprintln!("poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
+                            Err(_) => eprintln!("poolgate: run {run} was not committed within {within} (what the leader said of the pool cannot be read: etcd did not answer within {:?})", crate::live::requests::LEADER_SAID_WITHIN),
                         },
                     }
                     return Ok(Err(1));

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::live::requests::LEADER_SAID_WITHIN;
+use crate::live::status::LeaderSaid;
 use crate::live::LiveError;
 use crate::state::etcd::EtcdStore;
 
@@ -22,13 +24,6 @@ impl Drop for Following {
 
 /// At most this many follower connections are served at once.
 pub(crate) const FOLLOWER_CONNECTIONS: usize = 256;
-
-/// How long a follower's status answer waits for what the leader
-/// published (read from etcd): well within the asker's own 3 s, so that
-/// with etcd out of reach (no quorum) it still answers, saying so (an
-/// operator's trial: every follower's `status` and `/readyz` timed out
-/// while etcd had no quorum).
-pub(crate) const LEADER_SAID_WITHIN: Duration = Duration::from_secs(1);
 
 /// At most this many reads of what the leader published are under way
 /// at once (each ends within the etcd client's own timeout, after the
@@ -163,15 +158,14 @@ async fn follower_status(
         said.push((pool, leader_said_by(store, deadline, &reads).await));
     }
     let shown = leader.as_ref().map(|l| l as &dyn std::fmt::Display);
-    let mut answers = said.into_iter().map(|(pool, said)| match said {
-        Some(said) => crate::live::status::follower_answer(pool, shown, said),
-        None => {
-            let mut answer = crate::live::status::follower_answer(pool, shown, None);
-            answer["leader_said_unread"] = serde_json::json!(format!(
+    let mut answers = said.into_iter().map(|(pool, said)| {
+        let said = match said {
+            Some(said) => LeaderSaid::Read(said),
+            None => LeaderSaid::Unread(format!(
                 "etcd did not answer within {LEADER_SAID_WITHIN:?} (no quorum, or out of this replica's reach)"
-            ));
-            answer
-        }
+            )),
+        };
+        crate::live::status::follower_answer(pool, shown, said)
     });
     let Some(mut all) = answers.next() else {
         let defined: Vec<&str> = published.iter().map(|(pool, _)| pool.as_str()).collect();

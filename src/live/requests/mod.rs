@@ -54,6 +54,13 @@ pub async fn leader_said(store: Arc<EtcdStore>) -> Option<serde_json::Value> {
     Some(said)
 }
 
+/// How long an answer waits for what the leader published (read from
+/// etcd): a follower's status, a requester giving up. Well within an
+/// asker's own 3 s, so that with etcd out of reach (no quorum) they still
+/// answer, saying so (an operator's trial: every follower's `status` and
+/// `/readyz` timed out while etcd had no quorum).
+pub const LEADER_SAID_WITHIN: Duration = Duration::from_secs(1);
+
 /// How often a requester looks at what became of its run.
 pub const LOOK_EVERY: Duration = Duration::from_millis(100);
 
