@@ -283,7 +283,10 @@ fn main() -> ExitCode {
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()));
     match cli.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
+        LogFormat::Json => {
+            logs.json().init();
+            poolgate::cli::say::as_json(true);
+        }
     }
     let command = cli
         .command
@@ -309,7 +312,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(message) => {
-            eprintln!("error: {message}");
+            poolgate::say!(error, "error: {message}");
             ExitCode::from(2)
         }
     }
@@ -462,7 +465,7 @@ impl StatusArgs {
                 0
             }
             Err(why) => {
-                eprintln!("poolgate status: {why}");
+                poolgate::say!(error, "poolgate status: {why}");
                 1
             }
         })

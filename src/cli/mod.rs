@@ -10,6 +10,7 @@
 //! - [`demo`]: `cargo run`, the live story from forming to a fault.
 //! - [`cluster`]: a whole cluster on 127.0.0.1 (the demo's, the tests').
 //! - [`notify`]: systemd's readiness protocol (`Type=notify`).
+//! - [`say`]: a command's answer on stderr, as text or JSON.
 
 pub mod cluster;
 pub mod commands;
@@ -19,3 +20,4 @@ pub mod health;
 pub mod node;
 pub mod notify;
 pub mod run;
+pub mod say;

@@ -694,6 +694,29 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
         stderr.contains("not ready within 1s") && stderr.contains("n1"),
         "{stderr}"
     );
+    // The same under `--log-format json`: every line of stderr a JSON
+    // object, the command's answer among them (it was plain text amid the
+    // JSON log, an operator's trial).
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["--log-format", "json", "run", "--timeout", "1s", "--config"])
+        .arg(&config)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not ready within 1s") && m.contains("n1"))),
+        "{stderr}"
+    );
     // A hostname that does not resolve.
     write("bind = \"0.0.0.0:0\"\nadvertise = \"no-such-host.invalid:7946\"");
     let (code, stderr) = start();

@@ -52,7 +52,7 @@ pub(crate) fn sockets_free(config: &Config) -> bool {
 pub(crate) async fn stop_command(child: &mut crate::cli::guard::Guarded) {
     if let Err(left) = child.stop().await {
         tracing::error!(error = %left, "the command was not stopped");
-        eprintln!("poolgate run: {left}: the command was NOT stopped");
+        crate::say!(warn, "poolgate run: {left}: the command was NOT stopped");
     }
 }
 
@@ -105,7 +105,7 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
             .as_ref()
             .is_some_and(|o| o.status == "finished" || o.status == "ended");
         if finished || (was_active && active(requests.clone()).await?.as_ref() != Some(run)) {
-            eprintln!("poolgate run: run {run} ended");
+            crate::say!(info, "poolgate run: run {run} ended");
             return Ok(0);
         }
         taken = !requests.finish_pending(run).await.map_err(failed)?;
@@ -114,10 +114,13 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
         }
     }
     if taken {
-        eprintln!("poolgate run: --end {run}: not the active run of the leader");
+        crate::say!(
+            warn,
+            "poolgate run: --end {run}: not the active run of the leader"
+        );
         return Ok(EXIT_OTHER_RUN);
     }
-    eprintln!("poolgate run: --end {run}: no leader took it up within {END_WAIT:?} (asked; the next leader will)");
+    crate::say!(warn, "poolgate run: --end {run}: no leader took it up within {END_WAIT:?} (asked; the next leader will)");
     Ok(1)
 }
 
@@ -202,7 +205,7 @@ pub(crate) async fn plan_and_commit(
                     // The pool may be ready: what blocks the run is the
                     // refusal (a node another pool's run holds, say).
                     let within = crate::config::in_words(timeout.unwrap_or_default());
-                    eprintln!("poolgate: run {run} was not committed within {within}: {refused}");
+                    crate::say!(warn, "poolgate: run {run} was not committed within {within}: {refused}");
                     return Ok(Err(1));
                 }
             }
@@ -219,7 +222,8 @@ fn retried(error: &GateError) -> bool {
 
 /// Says that `other`, restored from the state file, stands in the way.
 pub(crate) fn in_the_way(other: &RunId) {
-    eprintln!(
+    crate::say!(
+        warn,
         "poolgate run: run {other}, restored from the state file, is still active; \
          `poolgate run --resume {other} -- COMMAND` guards it, `poolgate run --end {other}` ends it"
     );
@@ -237,11 +241,11 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
     {
         return match crate::live::control::end_run(path, pool, run).await {
             Ok(None) => {
-                eprintln!("poolgate run: run {run} ended");
+                crate::say!(info, "poolgate run: run {run} ended");
                 Ok(0)
             }
             Ok(Some(why)) => {
-                eprintln!("poolgate run: --end {run}: {why}");
+                crate::say!(warn, "poolgate run: --end {run}: {why}");
                 Ok(EXIT_OTHER_RUN)
             }
             Err(e) => Err(LiveError::Io(std::io::Error::other(e))),
@@ -255,7 +259,8 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
             .iter()
             .map(|p| p.id().clone())
             .collect();
-        eprintln!(
+        crate::say!(
+            warn,
             "poolgate run: --end {run}: {}",
             crate::live::control::not_active_in_any(&pools)
         );
@@ -289,11 +294,11 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
     };
     match gate.finish_run(run.clone()).await {
         Ok(()) => {
-            eprintln!("poolgate run: run {run} ended");
+            crate::say!(info, "poolgate run: run {run} ended");
             Ok(0)
         }
         Err(GateError::Refused(refused)) => {
-            eprintln!("poolgate run: --end {run}: {refused}");
+            crate::say!(warn, "poolgate run: --end {run}: {refused}");
             Ok(EXIT_OTHER_RUN)
         }
         Err(e) => Err(e.into()),
@@ -327,10 +332,11 @@ pub(crate) async fn not_ready_within(gate: &Gate, timeout: Option<Duration>) {
         .map(|t| crate::config::in_words(t).to_string())
         .unwrap_or_default();
     match gate.report().await {
-        Ok(report) => eprintln!(
+        Ok(report) => crate::say!(
+            warn,
             "poolgate: not ready within {within}: {}",
             crate::replay::explain::state_line(&report)
         ),
-        Err(_) => eprintln!("poolgate: not ready within {within}"),
+        Err(_) => crate::say!(warn, "poolgate: not ready within {within}"),
     }
 }

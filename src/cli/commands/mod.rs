@@ -101,7 +101,7 @@ pub async fn watch(
                 }
                 _ = &mut limit => {
                     if watching.until_ready {
-                        eprintln!("poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", crate::config::in_words(watching.timeout.unwrap_or_default()), leadership.leader());
+                        crate::say!(warn, "poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", crate::config::in_words(watching.timeout.unwrap_or_default()), leadership.leader());
                     }
                     leadership.resign();
                     return Ok(WatchEnd::TimedOut);

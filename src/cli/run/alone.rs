@@ -21,7 +21,8 @@ impl AloneKeeper {
                 let active = gate.report().await?.run;
                 if active.as_ref() != Some(run) {
                     let active = active.map_or("none".to_string(), |r| r.to_string());
-                    eprintln!(
+                    crate::say!(
+                        warn,
                         "poolgate run: --resume {run}: no such active run (the active run: {active})"
                     );
                     return Ok(Err(EXIT_OTHER_RUN));

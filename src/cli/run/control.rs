@@ -56,8 +56,8 @@ impl ControlKeeper {
                     // Closing the connection withdraws the request.
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
                     match waits {
-                        Some(detail) => eprintln!("poolgate: run {run} was not committed within {within}: {detail}"),
-                        None => eprintln!("poolgate: run {run} was not committed within {within} (ask poolgate status what blocks the pool)"),
+                        Some(detail) => crate::say!(warn, "poolgate: run {run} was not committed within {within}: {detail}"),
+                        None => crate::say!(warn, "poolgate: run {run} was not committed within {within} (ask poolgate status what blocks the pool)"),
                     }
                     return Ok(Err(1));
                 }
@@ -66,7 +66,7 @@ impl ControlKeeper {
             match reply {
                 Some(Reply::Event { event }) => self.print(event),
                 Some(Reply::Waiting { detail }) => {
-                    eprintln!("poolgate run: run {run} waits: {detail}");
+                    crate::say!(info, "poolgate run: run {run} waits: {detail}");
                     waits = Some(detail);
                 }
                 // The run committed is the one named (a run its last
@@ -75,7 +75,8 @@ impl ControlKeeper {
                     return Ok(Ok(RunId::new(&committed).unwrap_or(run)))
                 }
                 Some(Reply::Refused { code, detail }) => {
-                    eprintln!(
+                    crate::say!(
+                        warn,
                         "poolgate run: run {run} refused by the orchestrator: {detail} ({code})"
                     );
                     return Ok(Err(if code == "run_in_progress" {
@@ -86,7 +87,7 @@ impl ControlKeeper {
                 }
                 Some(_) => {}
                 None => {
-                    eprintln!("poolgate run: the orchestrator serving the control socket closed the connection before the run was committed");
+                    crate::say!(warn, "poolgate run: the orchestrator serving the control socket closed the connection before the run was committed");
                     return Ok(Err(1));
                 }
             }
@@ -105,7 +106,8 @@ impl ControlKeeper {
         // The orchestrator beats every half second; a frozen or hung one
         // guards nothing.
         let Ok(reply) = tokio::time::timeout(self.silence, self.client.next()).await else {
-            eprintln!(
+            crate::say!(
+                warn,
                 "poolgate run: the orchestrator serving the control socket said nothing for {}: the run is no longer confirmed guarded; its command is stopped",
                 crate::config::in_words(self.silence)
             );
@@ -121,7 +123,8 @@ impl ControlKeeper {
                 node,
                 reason,
             }) if status == "faulted" => {
-                eprintln!(
+                crate::say!(
+                    warn,
                     "poolgate run: run faulted: {} {}",
                     node.unwrap_or_default(),
                     reason.unwrap_or_default()
@@ -129,7 +132,8 @@ impl ControlKeeper {
                 Some(Ended::Told(3))
             }
             Some(Reply::Ended { reason, .. }) => {
-                eprintln!(
+                crate::say!(
+                    warn,
                     "poolgate run: the run ended ({}): its command is stopped",
                     reason.unwrap_or_default()
                 );
@@ -137,7 +141,7 @@ impl ControlKeeper {
             }
             Some(_) => None,
             None => {
-                eprintln!("poolgate run: the orchestrator serving the control socket is gone: the run is no longer guarded; its command is stopped");
+                crate::say!(warn, "poolgate run: the orchestrator serving the control socket is gone: the run is no longer guarded; its command is stopped");
                 Some(Ended::Told(EXIT_UNGUARDED))
             }
         }

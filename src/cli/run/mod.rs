@@ -115,10 +115,10 @@ pub async fn run(
                 let gave_up = super::guard::gave_up(status);
                 let killed = super::guard::killed_by(status);
                 if gave_up {
-                    eprintln!("poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
+                    crate::say!(warn, "poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
                 }
                 if let Some(signal) = killed {
-                    eprintln!("poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
+                    crate::say!(warn, "poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
                 }
                 // A run that faulted meanwhile (this process frozen while
                 // its node went) exits 3, its fault printed by the end.

@@ -81,7 +81,7 @@ impl ReplicatedKeeper {
                         Ok(Some(outcome)) if outcome.status == "aborted" && withdrawn(&outcome) => {
                             // Withdrawn while it planned (`run --end` named
                             // it): not asked again.
-                            eprintln!("poolgate run: run {run} was withdrawn before it was committed (poolgate run --end): its command was not started");
+                            crate::say!(warn, "poolgate run: run {run} was withdrawn before it was committed (poolgate run --end): its command was not started");
                             self.printer.print_told(outcome.event);
                             let _ = requests.forget(&run).await;
                             return Ok(Err(EXIT_UNGUARDED));
@@ -101,7 +101,7 @@ impl ReplicatedKeeper {
                                 .map_err(failed)?;
                         }
                         Ok(Some(outcome)) if outcome.status == "refused" => {
-                            eprintln!("poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
+                            crate::say!(warn, "poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
                             return Ok(Err(2));
                         }
                         Ok(Some(outcome)) => {
@@ -111,7 +111,7 @@ impl ReplicatedKeeper {
                             // fault: the command never ran guarded.
                             let faulted = outcome.status == "faulted";
                             if !faulted {
-                                eprintln!("poolgate run: run {run} was {} by the leader before this process saw it committed{}: its command was not started", outcome.status, why(&outcome));
+                                crate::say!(warn, "poolgate run: run {run} was {} by the leader before this process saw it committed{}: its command was not started", outcome.status, why(&outcome));
                             }
                             self.printer.print_told(outcome.event);
                             let _ = requests.forget(&run).await;
@@ -120,7 +120,7 @@ impl ReplicatedKeeper {
                         Ok(None) if session.is_lost() => {
                             // The request went with the session: nobody will
                             // commit it.
-                            eprintln!("poolgate run: run {run}: this process's etcd session expired before the run was committed (the request went with it): its command was not started");
+                            crate::say!(warn, "poolgate run: run {run}: this process's etcd session expired before the run was committed (the request went with it): its command was not started");
                             let _ = requests.withdraw(&run).await;
                             return Ok(Err(EXIT_UNGUARDED));
                         }
@@ -139,11 +139,11 @@ impl ReplicatedKeeper {
                     drop(session);
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
                     match (requests.active_run().await, waits) {
-                        (Ok(Some(other)), _) if other != run => eprintln!(
+                        (Ok(Some(other)), _) if other != run => crate::say!(warn,
                             "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
                         ),
                         // What the leader said the run waits for.
-                        (_, Some(waits)) => eprintln!(
+                        (_, Some(waits)) => crate::say!(warn,
                             "poolgate: run {run} was not committed within {within}: {waits}"
                         ),
                         _ => match tokio::time::timeout(
@@ -153,13 +153,13 @@ impl ReplicatedKeeper {
                         .await
                         {
                             // What blocks the pool, as the leader said it.
-                            Ok(Some(said)) if said["state"].is_string() => eprintln!(
+                            Ok(Some(said)) if said["state"].is_string() => crate::say!(warn,
                                 "poolgate: run {run} was not committed within {within}: {} (the leader said so {} s ago)",
                                 said["state"].as_str().unwrap_or_default(),
                                 said["age_ms"].as_u64().unwrap_or(0) / 1000
                             ),
-                            Ok(_) => eprintln!("poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
-                            Err(_) => eprintln!("poolgate: run {run} was not committed within {within} (what the leader said of the pool cannot be read: etcd did not answer within {:?})", crate::live::requests::LEADER_SAID_WITHIN),
+                            Ok(_) => crate::say!(warn, "poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
+                            Err(_) => crate::say!(warn, "poolgate: run {run} was not committed within {within} (what the leader said of the pool cannot be read: etcd did not answer within {:?})", crate::live::requests::LEADER_SAID_WITHIN),
                         },
                     }
                     return Ok(Err(1));
@@ -185,7 +185,7 @@ impl ReplicatedKeeper {
                     3
                 }
                 outcome => {
-                    eprintln!("poolgate run: run {run} ended before its command started ({}): the command was not started", outcome.and_then(|o| o.reason).unwrap_or_else(|| "no longer held by the stored state".into()));
+                    crate::say!(warn, "poolgate run: run {run} ended before its command started ({}): the command was not started", outcome.and_then(|o| o.reason).unwrap_or_else(|| "no longer held by the stored state".into()));
                     EXIT_UNGUARDED
                 }
             };
@@ -211,7 +211,8 @@ impl ReplicatedKeeper {
                     EXIT_UNGUARDED
                 };
                 if code == EXIT_UNGUARDED {
-                    eprintln!(
+                    crate::say!(
+                        warn,
                         "poolgate run: run {run} was {} by the leader{}: its command is stopped",
                         outcome.status,
                         why(&outcome)
@@ -248,7 +249,7 @@ impl ReplicatedKeeper {
                     crate::config::in_words(unconfirmed)
                 )
             };
-            eprintln!("poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", crate::config::in_words(self.unguarded_after));
+            crate::say!(warn, "poolgate run: run {run}: {why}; its command is stopped ([run] unguarded_after = {})", crate::config::in_words(self.unguarded_after));
             return Ok(Some(Ended::Told(EXIT_UNGUARDED)));
         }
         Ok(None)
@@ -261,7 +262,7 @@ impl ReplicatedKeeper {
                 3
             }
             _ => {
-                eprintln!("poolgate run: run {run} is no longer held by the stored state (it ended, its outcome unwritten): its command is stopped");
+                crate::say!(warn, "poolgate run: run {run} is no longer held by the stored state (it ended, its outcome unwritten): its command is stopped");
                 EXIT_UNGUARDED
             }
         };
