@@ -681,40 +681,34 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
     // `run --timeout` with no node running: exit 1, saying what blocks.
     write("bind = \"127.0.0.1:0\"");
     drop(taken);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["run", "--timeout", "1s", "--config"])
-        .arg(&config)
-        .args(["--", "true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("not ready within 1s") && stderr.contains("n1"),
-        "{stderr}"
-    );
+    let run_for_1s = |format: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["--log-format", format, "run", "--timeout", "1s", "--config"])
+            .arg(&config)
+            .args(["--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        stderr
+    };
+    let what_blocks = |said: &str| said.contains("not ready within 1s") && said.contains("n1");
+    let stderr = run_for_1s("text");
+    assert!(what_blocks(&stderr), "{stderr}");
     // The same under `--log-format json`: every line of stderr a JSON
     // object, the command's answer among them (it was plain text amid the
     // JSON log, an operator's trial).
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["--log-format", "json", "run", "--timeout", "1s", "--config"])
-        .arg(&config)
-        .args(["--", "true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let stderr = run_for_1s("json");
     let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     assert!(
-        lines.iter().any(|l| l["level"] == "WARN"
-            && l["fields"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("not ready within 1s") && m.contains("n1"))),
+        lines
+            .iter()
+            .any(|l| l["level"] == "WARN"
+                && l["fields"]["message"].as_str().is_some_and(what_blocks)),
         "{stderr}"
     );
     // A hostname that does not resolve.

@@ -661,6 +661,14 @@ fn fitting_frame(
 mod tests {
     use super::*;
 
+    /// Two replicas' addresses, on `port`.
+    fn two_replicas(port: u16) -> (SocketAddr, SocketAddr) {
+        (
+            SocketAddr::from(([10, 0, 0, 1], port)),
+            SocketAddr::from(([10, 0, 0, 2], port)),
+        )
+    }
+
     #[test]
     fn a_replay_refusal_waits_behind_another_signer_and_takes_the_node_back_at_once_only_once() {
         assert_eq!(after_replay(true, false), AfterReplay::Wait);
@@ -678,10 +686,7 @@ mod tests {
 
     #[test]
     fn the_leader_that_refused_a_replay_is_asked_again_first_alone() {
-        let (leader, down) = (
-            SocketAddr::from(([10, 0, 0, 1], 7947)),
-            SocketAddr::from(([10, 0, 0, 2], 7947)),
-        );
+        let (leader, down) = two_replicas(7947);
         let mut rotation = Rotation::default();
         let refused = Session::Refused {
             code: wire::REPLAYED.into(),
@@ -706,10 +711,7 @@ mod tests {
 
     #[test]
     fn a_follower_is_followed_only_to_another_listed_address() {
-        let (a, b) = (
-            SocketAddr::from(([10, 0, 0, 1], 1)),
-            SocketAddr::from(([10, 0, 0, 2], 1)),
-        );
+        let (a, b) = two_replicas(1);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -733,10 +735,7 @@ mod tests {
 
     #[test]
     fn an_address_that_accepted_nothing_is_tried_after_the_others() {
-        let (a, b) = (
-            SocketAddr::from(([10, 0, 0, 1], 1)),
-            SocketAddr::from(([10, 0, 0, 2], 1)),
-        );
+        let (a, b) = two_replicas(1);
         let mut rotation = Rotation::default();
         assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], Round::Every));
         rotation.ended(
@@ -764,10 +763,7 @@ mod tests {
     fn a_connection_that_went_silent_is_shunned() {
         // A frozen replica whose kernel still completes handshakes must
         // not hold the node.
-        let (a, b) = (
-            SocketAddr::from(([10, 0, 0, 1], 1)),
-            SocketAddr::from(([10, 0, 0, 2], 1)),
-        );
+        let (a, b) = two_replicas(1);
         let mut rotation = Rotation::default();
         rotation.ended(
             a,
@@ -784,10 +780,7 @@ mod tests {
         // Issue 28, reproduction 6: after a reset, the node tried the
         // follower first (listed first), was refused, and came back 3 ms
         // after the orchestrator's 100 ms grace: the run faulted.
-        let (follower, leader) = (
-            SocketAddr::from(([10, 0, 0, 1], 1)),
-            SocketAddr::from(([10, 0, 0, 2], 1)),
-        );
+        let (follower, leader) = two_replicas(1);
         let mut rotation = Rotation::default();
         rotation.ended(
             leader,
@@ -828,10 +821,7 @@ mod tests {
 
     #[test]
     fn a_leader_a_follower_names_is_tried_next_alone_as_named_and_only_once() {
-        let (follower, leader) = (
-            SocketAddr::from(([10, 0, 0, 1], 1)),
-            SocketAddr::from(([10, 0, 0, 2], 1)),
-        );
+        let (follower, leader) = two_replicas(1);
         let mut rotation = Rotation::default();
         rotation.try_first(leader, First::Named);
         // What the round is tells a gone leader (a failover under way)
