@@ -3490,3 +3490,99 @@ fn a_leader_that_stepped_down_unable_to_revoke_its_lease_revokes_it_once_etcd_an
         );
     });
 }
+
+/// An operator's trial (q39): `run --timeout 4s`, whose etcd lost its
+/// quorum while it waited, exited 15.4 s after it began, silent for 11 s:
+/// giving up, it withdrew its request and read what blocks the pool, each
+/// etcd call waiting out the client's own timeout, and the process then
+/// waited for those calls to end. Now what it says at `--timeout` is said
+/// within a bound of its own (2 s), naming etcd.
+#[test]
+fn run_gives_up_at_its_timeout_while_etcd_answers_nothing() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("give-up");
+    let proxy = etcd::Proxy::start(server.port());
+    let leader_config = pools_config(&server.endpoint, "gu", "20ms", &[("a", &["node-1"])]);
+    let dir = std::env::temp_dir().join(format!("poolgate-give-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pools.a]\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"gu\"\n\
+             [agents]\nlisten = \"127.0.0.1:{}\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+            etcd::free_port(),
+            proxy.endpoint()
+        ),
+    )
+    .unwrap();
+    let log = dir.join("run.log");
+    let direct = server.client();
+    let prefix = leader_config.etcd_prefix();
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&leader_config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--pool", "a", "--config"])
+            .arg(&config)
+            .args(["--timeout", "4s", "--", "true"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // Asked (the pool is never ready: node-1 runs nowhere); then etcd
+        // answers nothing.
+        let asked = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let keys = direct.keys_under(prefix.as_bytes()).unwrap_or_default();
+                if keys
+                    .iter()
+                    .any(|k| String::from_utf8_lossy(k).contains("requests/"))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        proxy.set_stalled(true);
+        let stalled = tokio::time::Instant::now();
+        let exited = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(Some(status)) = run.try_wait() {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let took = stalled.elapsed();
+        proxy.set_stalled(false);
+        let _ = run.kill();
+        let _ = run.wait();
+        live.shutdown();
+        a.resign();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            asked.is_ok(),
+            "the run's request never reached etcd: {text}"
+        );
+        let status = exited.unwrap_or_else(|_| panic!("run did not exit: {text}"));
+        assert_eq!(status.code(), Some(1), "{text}");
+        // Its 4 s (counted from before the stall began), then at most 2 s.
+        assert!(
+            took < Duration::from_secs(7),
+            "run exited {took:?} after etcd stopped answering, with --timeout 4s: {text}"
+        );
+        assert!(
+            text.contains("was not committed within 4s") && text.contains("etcd did not answer"),
+            "{text}"
+        );
+    });
+}

@@ -8,6 +8,7 @@ use poolgate_actors::GateError;
 
 use crate::cli::commands::{told_end, Leadership, RunRequest, END_WAIT, EXIT_UNGUARDED};
 use crate::config::Config;
+use crate::live::requests::GaveUp;
 use crate::live::LiveError;
 
 use super::{Ended, ReplicatedKeeper};
@@ -71,9 +72,17 @@ impl ReplicatedKeeper {
         let limit = tokio::time::sleep(request.timeout.unwrap_or(Duration::MAX / 4));
         tokio::pin!(limit);
         loop {
+            // The look at what became of the run is raced against the
+            // timeout and the signals: etcd not answering holds neither
+            // (an operator's trial: a look that waited out the etcd
+            // client's timeout, three in a row, held `--timeout` 6 s).
+            let look = async {
+                tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+                requests.outcome(&run).await
+            };
             tokio::select! {
-                _ = tokio::time::sleep(crate::live::requests::LOOK_EVERY) => {
-                    match requests.outcome(&run).await {
+                read = look => {
+                    match read {
                         Ok(Some(outcome)) if outcome.status == "committed" => {
                             self.printer.print_told(outcome.event);
                             break;
@@ -134,38 +143,31 @@ impl ReplicatedKeeper {
                     }
                 }
                 _ = &mut limit => {
-                    let waits = requests.waits(&run).await;
-                    let _ = requests.withdraw(&run).await;
-                    drop(session);
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
-                    match (requests.active_run().await, waits) {
-                        (Ok(Some(other)), _) if other != run => crate::say!(warn,
-                            "poolgate: run {run} was not committed within {within}: run {other} is active (end it with poolgate run --end {other})"
+                    let bound = crate::live::requests::LEADER_SAID_WITHIN;
+                    let gave_up = requests.give_up(&run, session, bound).await;
+                    let why = match gave_up {
+                        GaveUp { active: Some(Some(other)), .. } if other != run => format!(
+                            ": run {other} is active (end it with poolgate run --end {other})"
                         ),
                         // What the leader said the run waits for.
-                        (_, Some(waits)) => crate::say!(warn,
-                            "poolgate: run {run} was not committed within {within}: {waits}"
+                        GaveUp { waits: Some(waits), .. } => format!(": {waits}"),
+                        // What blocks the pool, as the leader said it.
+                        GaveUp { said: Some(Some(said)), .. } if said["state"].is_string() => format!(
+                            ": {} (the leader said so {} s ago)",
+                            said["state"].as_str().unwrap_or_default(),
+                            said["age_ms"].as_u64().unwrap_or(0) / 1000
                         ),
-                        _ => match tokio::time::timeout(
-                            crate::live::requests::LEADER_SAID_WITHIN,
-                            requests.leader_said(),
-                        )
-                        .await
-                        {
-                            // What blocks the pool, as the leader said it.
-                            Ok(Some(said)) if said["state"].is_string() => crate::say!(warn,
-                                "poolgate: run {run} was not committed within {within}: {} (the leader said so {} s ago)",
-                                said["state"].as_str().unwrap_or_default(),
-                                said["age_ms"].as_u64().unwrap_or(0) / 1000
-                            ),
-                            Ok(_) => crate::say!(warn, "poolgate: run {run} was not committed within {within} (no replica led, or none said what blocks the pool)"),
-                            Err(_) => crate::say!(warn, "poolgate: run {run} was not committed within {within} (what the leader said of the pool cannot be read: etcd did not answer within {:?})", crate::live::requests::LEADER_SAID_WITHIN),
-                        },
-                    }
+                        GaveUp { active: Some(_), said: Some(_), .. } => {
+                            " (no replica led, or none said what blocks the pool)".to_string()
+                        }
+                        _ => format!(" (what blocks the pool cannot be read: etcd did not answer within {bound:?})"),
+                    };
+                    crate::say!(warn, "poolgate: run {run} was not committed within {within}{why}");
                     return Ok(Err(1));
                 }
                 signal = &mut stop => {
-                    let _ = requests.withdraw(&run).await;
+                    requests.leave(&run, session, crate::live::requests::LEADER_SAID_WITHIN).await;
                     return Ok(Err(128 + signal));
                 }
             }

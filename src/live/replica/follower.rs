@@ -116,22 +116,33 @@ async fn refuse_as_follower(
         tokio::time::timeout(crate::live::listener::FIRST_FRAME, stream.write_all(&reply)).await;
 }
 
-/// What the leader published of a pool, read from `store` by `deadline`:
-/// `None` when etcd did not answer by then (or too many reads are under
-/// way already); the read itself goes on to its own end, holding one of
-/// `reads`.
+/// What the leader published of a pool, read from `store` by `deadline`,
+/// or why it was not: etcd did not answer by then, or too many reads are
+/// under way already (each goes on to its own end, holding one of
+/// `reads`), or etcd refused.
 async fn leader_said_by(
     store: &Arc<EtcdStore>,
     deadline: tokio::time::Instant,
     reads: &Arc<tokio::sync::Semaphore>,
-) -> Option<Option<serde_json::Value>> {
-    let read = Arc::clone(reads).try_acquire_owned().ok()?;
+) -> LeaderSaid {
+    let Ok(read) = Arc::clone(reads).try_acquire_owned() else {
+        return LeaderSaid::Unread(format!(
+            "etcd has not answered the {LEADER_SAID_READS} reads already under way (no quorum, or out of this replica's reach)"
+        ));
+    };
     let store = Arc::clone(store);
     let reading = tokio::spawn(async move {
         let _read = read;
         crate::live::requests::leader_said(store).await
     });
-    tokio::time::timeout_at(deadline, reading).await.ok()?.ok()
+    match tokio::time::timeout_at(deadline, reading).await {
+        Ok(Ok(Ok(said))) => LeaderSaid::Read(said),
+        Ok(Ok(Err(e))) => LeaderSaid::Unread(format!("etcd: {e}")),
+        Ok(Err(e)) => LeaderSaid::Unread(format!("the read of etcd failed: {e}")),
+        Err(_) => LeaderSaid::Unread(format!(
+            "etcd did not answer within {LEADER_SAID_WITHIN:?} (no quorum, or out of this replica's reach)"
+        )),
+    }
 }
 
 /// A follower's status answer: each pool (or `only`) with what the leader
@@ -158,15 +169,9 @@ async fn follower_status(
         said.push((pool, leader_said_by(store, deadline, &reads).await));
     }
     let shown = leader.as_ref().map(|l| l as &dyn std::fmt::Display);
-    let mut answers = said.into_iter().map(|(pool, said)| {
-        let said = match said {
-            Some(said) => LeaderSaid::Read(said),
-            None => LeaderSaid::Unread(format!(
-                "etcd did not answer within {LEADER_SAID_WITHIN:?} (no quorum, or out of this replica's reach)"
-            )),
-        };
-        crate::live::status::follower_answer(pool, shown, said)
-    });
+    let mut answers = said
+        .into_iter()
+        .map(|(pool, said)| crate::live::status::follower_answer(pool, shown, said));
     let Some(mut all) = answers.next() else {
         let defined: Vec<&str> = published.iter().map(|(pool, _)| pool.as_str()).collect();
         return match only {

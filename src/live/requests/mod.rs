@@ -37,21 +37,25 @@ use crate::state::etcd::EtcdStore;
 mod requester;
 mod server;
 
-pub use requester::{Requests, Session};
+pub use requester::{GaveUp, Requests, Session};
 pub use server::{serve, serve_in, RequestServer, REQUESTER_GONE};
 
 /// The key of the pool's state the leader publishes.
 pub const STATUS: &str = "status";
 
 /// What the leader last published of the pool, with `age_ms` (how long
-/// ago, by this host's clock); `None` when nothing was, or it is not
-/// readable.
-pub async fn leader_said(store: Arc<EtcdStore>) -> Option<serde_json::Value> {
-    let bytes = blocking(move || store.get_raw(STATUS)).await.ok()??;
-    let mut said: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+/// ago, by this host's clock); `Ok(None)` when nothing was (or what was
+/// is not JSON), an error when etcd could not be read.
+pub async fn leader_said(store: Arc<EtcdStore>) -> Result<Option<serde_json::Value>, StoreError> {
+    let Some(bytes) = apart(move || store.get_raw(STATUS)).await? else {
+        return Ok(None);
+    };
+    let Ok(mut said) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(None);
+    };
     let written = said["written_unix_ms"].as_u64().unwrap_or(0);
     said["age_ms"] = serde_json::json!(super::generation::unix_ms().saturating_sub(written));
-    Some(said)
+    Ok(Some(said))
 }
 
 /// How long an answer waits for what the leader published (read from
@@ -116,7 +120,31 @@ pub enum RunStanding {
     NotHeld,
 }
 
-/// Runs an etcd call off the actors' thread.
+/// Runs an etcd call off the actors' thread, on a thread of its own that
+/// nothing waits for once its caller stops waiting: a requester that
+/// gives up on etcd (out of reach, no quorum) exits at once, where the
+/// runtime's blocking pool would have held the process until each call
+/// it left ran out its own timeout (an operator's trial: `run --timeout
+/// 4s` exited after 15 s). The leader's writes go through [`blocking`].
+pub(super) async fn apart<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("poolgate-etcd-call".into())
+        .spawn(move || {
+            let _ = answer.send(f());
+        })
+        .map_err(|e| StoreError(format!("no thread for an etcd call: {e}")))?;
+    answered.await.unwrap_or_else(|_| {
+        Err(StoreError(
+            "an etcd call's thread ended without an answer".into(),
+        ))
+    })
+}
+
+/// Runs an etcd call off the actors' thread; a process stopping waits
+/// for it to end (a leader's write is not cut short).
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {

@@ -10,7 +10,7 @@ use poolgate_actors::StoreError;
 
 use crate::state::etcd::EtcdStore;
 
-use super::{blocking, leader_said, Outcome, Request, RunStanding};
+use super::{apart, leader_said, Outcome, Request, RunStanding};
 
 /// The requester's side.
 #[derive(Debug, Clone)]
@@ -113,7 +113,7 @@ impl Requests {
     ) -> Result<Session, StoreError> {
         let etcd = Arc::clone(self.store.etcd());
         let (lease, granted) =
-            blocking(move || etcd.grant(ttl).map_err(|e| StoreError(e.to_string()))).await?;
+            apart(move || etcd.grant(ttl).map_err(|e| StoreError(e.to_string()))).await?;
         let alive = self.store.key(&format!("alive/{run}"));
         let session = keep(Arc::clone(self.store.etcd()), lease, granted, alive);
         let body = serde_json::to_vec(&Request {
@@ -124,7 +124,7 @@ impl Requests {
         .map_err(|e| StoreError(e.to_string()))?;
         let (store, run) = (Arc::clone(&self.store), run.clone());
         // Both at once: a leader never sees one without the other.
-        blocking(move || {
+        apart(move || {
             store.put_raw_all(
                 &[
                     (&format!("alive/{run}"), b"{}"),
@@ -143,7 +143,7 @@ impl Requests {
         let (store, run) = (Arc::clone(&self.store), run.clone());
         // The request goes first: a leader that sees the end sees no
         // request to commit.
-        blocking(move || {
+        apart(move || {
             store.delete_raw(&format!("requests/{run}"))?;
             store.delete_raw(&format!("waiting/{run}"))?;
             store.put_raw(&format!("finish/{run}"), b"{}", 0)
@@ -155,7 +155,7 @@ impl Requests {
     /// waits for (`waiting/<run>`: a node another pool's run holds, say).
     pub async fn waits(&self, run: &RunId) -> Option<String> {
         let (store, run) = (Arc::clone(&self.store), run.clone());
-        let said = blocking(move || store.get_raw(&format!("waiting/{run}")))
+        let said = apart(move || store.get_raw(&format!("waiting/{run}")))
             .await
             .ok()??;
         Some(String::from_utf8_lossy(&said).into_owned())
@@ -164,19 +164,19 @@ impl Requests {
     /// Asks the leader to end `run` (its command ended).
     pub async fn finish(&self, run: &RunId) -> Result<(), StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("finish/{run}"));
-        blocking(move || store.put_raw(&name, b"{}", 0)).await
+        apart(move || store.put_raw(&name, b"{}", 0)).await
     }
 
     /// Whether the leader has yet to take up the end of `run`.
     pub async fn finish_pending(&self, run: &RunId) -> Result<bool, StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("finish/{run}"));
-        Ok(blocking(move || store.get_raw(&name)).await?.is_some())
+        Ok(apart(move || store.get_raw(&name)).await?.is_some())
     }
 
     /// What became of `run`, if anything yet.
     pub async fn outcome(&self, run: &RunId) -> Result<Option<Outcome>, StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("runs/{run}"));
-        let raw = blocking(move || store.get_raw(&name)).await?;
+        let raw = apart(move || store.get_raw(&name)).await?;
         raw.map(|bytes| {
             serde_json::from_slice(&bytes)
                 .map_err(|e| StoreError(format!("runs/{run}: damaged ({e})")))
@@ -187,7 +187,7 @@ impl Requests {
     /// Forgets what became of `run` (read to its end by its requester).
     pub async fn forget(&self, run: &RunId) -> Result<(), StoreError> {
         let (store, run) = (Arc::clone(&self.store), run.clone());
-        blocking(move || {
+        apart(move || {
             store.delete_raw(&format!("runs/{run}"))?;
             store.delete_raw(&format!("alive/{run}"))
         })
@@ -199,7 +199,7 @@ impl Requests {
     pub async fn standing(&self, run: &RunId) -> Result<RunStanding, StoreError> {
         let (store, name) = (Arc::clone(&self.store), run.to_string());
         let standing =
-            blocking(move || store.standing(&name).map_err(|e| StoreError(e.to_string()))).await?;
+            apart(move || store.standing(&name).map_err(|e| StoreError(e.to_string()))).await?;
         let outcome = standing
             .outcome
             .map(|bytes| {
@@ -223,14 +223,76 @@ impl Requests {
     pub async fn active_run(&self) -> Result<Option<RunId>, StoreError> {
         let store = Arc::clone(&self.store);
         let (durable, _) =
-            blocking(move || store.read().map_err(|e| StoreError(e.to_string()))).await?;
+            apart(move || store.read().map_err(|e| StoreError(e.to_string()))).await?;
         Ok(durable.run.map(|run| run.run))
     }
 
     /// What the leader last published of the pool (see [`leader_said`]).
-    pub async fn leader_said(&self) -> Option<serde_json::Value> {
+    pub async fn leader_said(&self) -> Result<Option<serde_json::Value>, StoreError> {
         leader_said(Arc::clone(&self.store)).await
     }
+
+    /// Gives `run` up (not committed in the requester's time): reads what
+    /// tells why, then leaves ([`Requests::leave`]), each step within
+    /// `within` whatever etcd does (`None`: not read in time), so that a
+    /// requester whose etcd answers nothing still says so and exits.
+    pub async fn give_up(&self, run: &RunId, session: Session, within: Duration) -> GaveUp {
+        let by = tokio::time::Instant::now() + within;
+        // Read first: what the leader said the run waits for goes with
+        // the request.
+        let (waits, active, said) = tokio::join!(
+            tokio::time::timeout_at(by, self.waits(run)),
+            tokio::time::timeout_at(by, self.active_run()),
+            tokio::time::timeout_at(by, self.leader_said()),
+        );
+        self.leave(run, session, within).await;
+        GaveUp {
+            waits: waits.ok().flatten(),
+            active: active.ok().and_then(Result::ok),
+            said: said.ok().and_then(Result::ok),
+        }
+    }
+}
+
+impl Requests {
+    /// Withdraws `run` and ends `session` (its lease revoked), within
+    /// `within` whatever etcd does; whether the request was withdrawn
+    /// (else it goes with the session's lease, once that expires: said).
+    pub async fn leave(&self, run: &RunId, session: Session, within: Duration) -> bool {
+        // The session ends on a thread of its own, begun at once: its end
+        // revokes its lease (the leader sees the requester gone at once)
+        // and waits on etcd, which must not hold this thread.
+        let (ended, ending) = tokio::sync::oneshot::channel::<()>();
+        let _ = std::thread::Builder::new()
+            .name("poolgate-run-session-end".into())
+            .spawn(move || {
+                drop(session);
+                let _ = ended.send(());
+            });
+        let by = tokio::time::Instant::now() + within;
+        let (withdrawn, _) = tokio::join!(
+            tokio::time::timeout_at(by, self.withdraw(run)),
+            tokio::time::timeout_at(by, ending),
+        );
+        let withdrawn = matches!(withdrawn, Ok(Ok(())));
+        if !withdrawn {
+            tracing::warn!(%run, "the request could not be withdrawn (etcd did not answer): it goes once this process's etcd session expires ([run] unguarded_after)");
+        }
+        withdrawn
+    }
+}
+
+/// What a requester giving up its run could read of why
+/// ([`Requests::give_up`]).
+#[derive(Debug)]
+pub struct GaveUp {
+    /// What the leader said the run waits for, if it said.
+    pub waits: Option<String>,
+    /// The pool's active run, `None` when unread; `Some(None)`: none.
+    pub active: Option<Option<RunId>>,
+    /// What the leader last published of the pool, `None` when unread;
+    /// `Some(None)`: nothing.
+    pub said: Option<Option<serde_json::Value>>,
 }
 
 /// Keeps `lease` alive (every tenth of its TTL, again 100 ms after a
