@@ -260,7 +260,7 @@ pub async fn ask_pool(addr: SocketAddr, pool: Option<&str>) -> Result<Value, Str
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("no orchestrator answers at {addr}: {e}"))?;
+            .map_err(|e| format!("no orchestrator answers at {addr} (none runs there, or a replica is between following and leading): {e}"))?;
         let query = serde_json::to_vec(&Query {
             v: 1,
             query: "status".into(),
@@ -279,7 +279,7 @@ pub async fn ask_pool(addr: SocketAddr, pool: Option<&str>) -> Result<Value, Str
         let bytes = wire::read_prefixed(&mut stream, MAX_STATUS)
             .await
             .map_err(|e| format!("{addr}: {e}"))?
-            .ok_or_else(|| format!("{addr} closed without an answer (not a poolgate orchestrator of this version?)"))?;
+            .ok_or_else(|| format!("{addr} closed without an answer (a replica between following and leading, a process stopping, or not a poolgate orchestrator of this version)"))?;
         let answer: Value = serde_json::from_slice(&bytes)
             .map_err(|_| format!("{addr}: the answer is not a status"))?;
         if answer["reply"] == "refused" {

@@ -278,15 +278,16 @@ impl Elector {
 
     /// Revokes `lease`, a lease of this replica's that holds no term; if
     /// etcd cannot be told, the lease is remembered, so that the leader
-    /// key found on it later is revoked then.
-    fn revoke(&mut self, lease: i64) {
+    /// key found on it later is revoked then. Whether it was revoked.
+    fn revoke(&mut self, lease: i64) -> bool {
         if self.etcd.revoke(lease).is_ok() {
-            return;
+            return true;
         }
         if self.unrevoked.len() == UNREVOKED_HELD {
             self.unrevoked.remove(0);
         }
         self.unrevoked.push(lease);
+        false
     }
 
     fn pause(&self, d: Duration) {
@@ -374,7 +375,7 @@ impl Elector {
                 };
                 if Instant::now() >= term.until {
                     // Won too slowly to act on it.
-                    self.revoke(lease);
+                    let _ = self.revoke(lease);
                     return None;
                 }
                 self.fence.set(LeaderTerm {
@@ -388,7 +389,7 @@ impl Elector {
             Ok((false, _)) | Err(_) => {
                 // Not won, or not known to be (an error may follow a
                 // write that was made).
-                self.revoke(lease);
+                let _ = self.revoke(lease);
                 None
             }
         }
@@ -451,8 +452,12 @@ impl Elector {
             },
             Ok(None) => self.step_down(term, SteppedDown::LeaseGone),
             Err(e) => {
-                if let Some(held) = self.said.allow(Instant::now()) {
-                    tracing::warn!(error = %e, held, "leadership: the lease not renewed; acting until the renew deadline");
+                // Not said once the deadline has passed (a renewal that
+                // waited out its call): the step down is, next.
+                if Instant::now() < term.until {
+                    if let Some(held) = self.said.allow(Instant::now()) {
+                        tracing::warn!(error = %e, held, "leadership: the lease not renewed; acting until the renew deadline");
+                    }
                 }
                 self.failed_renewal = true;
                 Some(term)
@@ -470,7 +475,11 @@ impl Elector {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         self.tx.send_replace(Role::Following(None));
-        self.revoke(term.lease);
+        if !self.revoke(term.lease) {
+            // etcd may apply the revoke later, or, electing a leader of
+            // its own, give the lease a fresh TTL.
+            tracing::warn!("leadership: the lease of the term that ended not revoked (etcd out of reach): revoked once etcd answers, should the leader key still be on it; until then no replica leads");
+        }
         // Not at once a candidate again: the orchestrator of the term
         // that ended must see it end first.
         self.pause(POLL * 2);
