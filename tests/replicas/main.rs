@@ -3304,6 +3304,14 @@ fn pools_config(endpoint: &str, label: &str, window: &str, pools: &[(&str, &[&st
     Config::parse(&text, "config.toml").expect("config")
 }
 
+/// An etcd of its own, `name`, and a proxy to it (which the test cuts or
+/// stalls).
+fn behind_proxy(name: &str) -> (etcd::Etcd, etcd::Proxy) {
+    let server = etcd::Etcd::start(name);
+    let proxy = etcd::Proxy::start(server.port());
+    (server, proxy)
+}
+
 /// `run`'s outcome once its requester sees it committed.
 async fn committed(
     requests: poolgate::live::requests::Requests,
@@ -3377,8 +3385,7 @@ fn a_follower_reloaded_with_a_pool_answers_status_for_it() {
 fn a_follower_answers_status_while_etcd_answers_nothing() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
-    let server = etcd::Etcd::start("follower-stalled");
-    let proxy = etcd::Proxy::start(server.port());
+    let (server, proxy) = behind_proxy("follower-stalled");
     let config = pools_config(&server.endpoint, "fs", "20ms", &[("a", &["node-1"])]);
     let mut follower_config = pools_config(&proxy.endpoint(), "fs", "20ms", &[("a", &["node-1"])]);
     follower_config.agents.listen = ([127, 0, 0, 1], etcd::free_port()).into();
@@ -3431,14 +3438,13 @@ fn a_follower_answers_status_while_etcd_answers_nothing() {
 /// which followed itself, and nobody led until that lease expired (12.5 s).
 /// Here the replica is cut from etcd (its revoke refused, where a proxy
 /// that holds what it read would deliver it later) and the test keeps the
-/// lease alive, as etcd's election did: the replica must revoke the lease of the term it stepped down from once
-/// etcd answers, and lead again.
+/// lease alive, as etcd's election did: the replica must revoke the lease
+/// of the term it stepped down from once etcd answers, and lead again.
 #[test]
 fn a_leader_that_stepped_down_unable_to_revoke_its_lease_revokes_it_once_etcd_answers() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
-    let server = etcd::Etcd::start("unrevoked");
-    let proxy = etcd::Proxy::start(server.port());
+    let (server, proxy) = behind_proxy("unrevoked");
     let config = pools_config(&proxy.endpoint(), "ur", "20ms", &[("a", &["node-1"])]);
     let direct = server.client();
     live_for(Duration::from_secs(60), async {
@@ -3501,8 +3507,7 @@ fn a_leader_that_stepped_down_unable_to_revoke_its_lease_revokes_it_once_etcd_an
 fn run_gives_up_at_its_timeout_while_etcd_answers_nothing() {
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
-    let server = etcd::Etcd::start("give-up");
-    let proxy = etcd::Proxy::start(server.port());
+    let (server, proxy) = behind_proxy("give-up");
     let leader_config = pools_config(&server.endpoint, "gu", "20ms", &[("a", &["node-1"])]);
     let dir = std::env::temp_dir().join(format!("poolgate-give-up-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
