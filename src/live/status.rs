@@ -260,7 +260,7 @@ pub async fn ask_pool(addr: SocketAddr, pool: Option<&str>) -> Result<Value, Str
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("no orchestrator answers at {addr} (none runs there, or a replica is between following and leading): {e}"))?;
+            .map_err(|e| format!("no orchestrator answers at {addr} (a replica between following and leading, or none runs there): {e}"))?;
         let query = serde_json::to_vec(&Query {
             v: 1,
             query: "status".into(),
@@ -343,6 +343,12 @@ fn render_one(answer: &Value) -> String {
     }
     match answer["run"].as_str() {
         Some(run) => out.push_str(&format!("run: {run}\n")),
+        // A follower that could not read what the leader published does
+        // not know of any run (an operator's trial: "run: none" while a
+        // run was committed).
+        None if answer["leader_said_unread"].is_string() => {
+            out.push_str("run: unknown (what the leader published cannot be read now)\n")
+        }
         None => out.push_str("run: none\n"),
     }
     out.push_str(&format!(
@@ -407,5 +413,11 @@ mod tests {
         assert!(unread["leader_said"].is_null(), "{unread}");
         assert_eq!(unread["leader_said_unread"], "etcd did not answer");
         assert!(render(&unread).contains("cannot be read now: etcd did not answer"));
+        assert!(
+            render(&unread).contains("run: unknown"),
+            "{}",
+            render(&unread)
+        );
+        assert!(render(&nothing).contains("run: none"));
     }
 }

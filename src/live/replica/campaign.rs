@@ -333,7 +333,12 @@ impl Elector {
                 None
             }
             Ok(None) => {
-                self.unrevoked.clear();
+                if !self.unrevoked.is_empty() {
+                    // Revoked late (a revoke etcd held through its outage)
+                    // or expired: said, as the revoke here is.
+                    tracing::info!("leadership: the leader key is free again (the lease of the term this replica stepped down from ended: revoked late, or expired)");
+                    self.unrevoked.clear();
+                }
                 self.campaign()
             }
             Err(e) => {

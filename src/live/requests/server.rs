@@ -84,14 +84,14 @@ pub async fn serve_in(
             _ = tick.tick() => {
                 let looked = serving.look().await;
                 if let Err(e) = serving.publish_status().await {
-                    tracing::debug!(error = %e, "the pool's status not published (tried again)");
+                    tracing::debug!(pool = %pool.id(), error = %e, "the pool's status not published (tried again)");
                 }
                 looked
             }
         };
         if let Err(e) = result {
             if let Some(held) = said.allow(std::time::Instant::now()) {
-                tracing::warn!(error = %e, held, "run requests: not served (tried again)");
+                tracing::warn!(pool = %pool.id(), error = %e, held, "run requests: not served (tried again)");
             }
         }
     }
