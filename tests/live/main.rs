@@ -711,6 +711,35 @@ fn start_errors_name_the_socket_and_the_address_or_the_key() {
                 && l["fields"]["message"].as_str().is_some_and(what_blocks)),
         "{stderr}"
     );
+    // A signal while the run waits ends it, saying so (it exited 143 in
+    // silence, an operator's trial).
+    let said = dir.join("waiting.log");
+    let mut waiting = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["run", "--timeout", "60s", "--config"])
+        .arg(&config)
+        .args(["--", "true"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&said).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&said)
+        .unwrap_or_default()
+        .contains("orchestrator started")
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = nix::unistd::Pid::from_raw(waiting.id() as i32);
+    let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+    let status = waiting.wait().unwrap();
+    let stderr = std::fs::read_to_string(&said).unwrap_or_default();
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    assert!(
+        stderr.contains("was not committed: stopped by signal 15 while it waited"),
+        "{stderr}"
+    );
     // A hostname that does not resolve.
     write("bind = \"0.0.0.0:0\"\nadvertise = \"no-such-host.invalid:7946\"");
     let (code, stderr) = start();

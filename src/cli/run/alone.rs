@@ -39,7 +39,7 @@ impl AloneKeeper {
                     RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
                 let committed = tokio::select! {
                     committed = plan_and_commit(&gate, &mut self.events, &mut self.printer, &mut run, required, request.timeout) => committed?,
-                    signal = stop => return Ok(Err(128 + signal)),
+                    signal = stop => return Ok(Err(super::stopped_while_waiting(None, signal))),
                 };
                 if let Err(code) = committed {
                     return Ok(Err(code));

@@ -61,7 +61,7 @@ impl ControlKeeper {
                     }
                     return Ok(Err(1));
                 }
-                signal = &mut stop => return Ok(Err(128 + signal)),
+                signal = &mut stop => return Ok(Err(super::stopped_while_waiting(Some(&run), signal))),
             };
             match reply {
                 Some(Reply::Event { event }) => self.print(event),

@@ -334,3 +334,11 @@ impl Keeper {
         }
     }
 }
+
+/// Says that a signal stopped `run` while it waited to be committed (its
+/// command not started), and gives the exit code: 128 + `signal`.
+pub(super) fn stopped_while_waiting(run: Option<&RunId>, signal: i32) -> i32 {
+    let run = run.map_or_else(|| "its run".to_string(), |run| format!("run {run}"));
+    crate::say!(warn, "poolgate run: {run} was not committed: stopped by signal {signal} while it waited (its command was not started)");
+    128 + signal
+}

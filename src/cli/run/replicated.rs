@@ -168,7 +168,7 @@ impl ReplicatedKeeper {
                 }
                 signal = &mut stop => {
                     requests.leave(&run, session, crate::live::requests::LEADER_SAID_WITHIN).await;
-                    return Ok(Err(128 + signal));
+                    return Ok(Err(super::stopped_while_waiting(Some(&run), signal)));
                 }
             }
         }
