@@ -226,8 +226,7 @@ pub(super) async fn announce(
                 // The address tried again first is gone: the others, now.
                 // A leader a follower named and gone is a failover under
                 // way: said, or the node says nothing until it is over.
-                if round == Round::Alone(First::Named) {
-                    let leader = candidates[0];
+                if let (Round::Alone(First::Named), Some(leader)) = (round, candidates.first()) {
                     if let Some(held) = said.allow(&Said::LeaderGone, now) {
                         tracing::warn!(node = %to.node, %leader, error = %e, held, "the leader the followers name does not answer: a failover under way (another replica leads once its lease ends, [state] lease), or this host cut off from the leader alone; trying every address meanwhile");
                     }

@@ -73,9 +73,8 @@ impl ReplicatedKeeper {
         tokio::pin!(limit);
         loop {
             // The look at what became of the run is raced against the
-            // timeout and the signals: etcd not answering holds neither
-            // (an operator's trial: a look that waited out the etcd
-            // client's timeout, three in a row, held `--timeout` 6 s).
+            // timeout and the signals: with etcd answering nothing, a look
+            // waits out the etcd client's timeout, and holds neither.
             let look = async {
                 tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
                 requests.outcome(&run).await

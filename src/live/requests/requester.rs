@@ -252,9 +252,7 @@ impl Requests {
             said: said.ok().and_then(Result::ok),
         }
     }
-}
 
-impl Requests {
     /// Withdraws `run` and ends `session` (its lease revoked), within
     /// `within` whatever etcd does; whether the request was withdrawn
     /// (else it goes with the session's lease, once that expires: said).
