@@ -86,11 +86,11 @@ fn tracker(c: &mut Criterion) {
     use std::net::SocketAddr;
 
     let member = |i: usize, incarnation: u16| {
-        let id = SwimIdentity {
-            node: format!("n{i}"),
-            addr: SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 7946)),
-            generation: 1,
-        };
+        let id = SwimIdentity::new(
+            format!("n{i}"),
+            SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 7946)),
+            1,
+        );
         Member::new(id, incarnation, State::Alive)
     };
     let none = Vec::<(SwimIdentity, SwimIdentity)>::new;

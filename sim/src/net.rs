@@ -206,7 +206,7 @@ impl Network {
     /// `nodes` node members plus the orchestrator's member 0, each running
     /// foca with `config`; nobody has joined yet.
     pub fn new(nodes: usize, config: foca::Config, model: NetworkModel, seed: u64) -> Self {
-        let (codec, changes) = WatchingCodec::watched();
+        let (codec, changes) = WatchingCodec::watched(Default::default());
         let mut network = Network {
             now: 0,
             queue: Queue::default(),
@@ -251,11 +251,7 @@ impl Network {
     }
 
     fn foca(&self, index: usize, node: String, generation: u64, codec: WatchingCodec) -> Member {
-        let identity = SwimIdentity {
-            node,
-            addr: address(index),
-            generation,
-        };
+        let identity = SwimIdentity::new(node, address(index), generation);
         let seed = self
             .seed
             .wrapping_mul(0x9e37_79b9_7f4a_7c15)

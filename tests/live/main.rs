@@ -1074,11 +1074,7 @@ suspicion_timeout = "10s"
         let keyring = Keyring::new(&[key], &cluster.config.swim.label);
         let target = cluster.orchestrator().unwrap().swim_addr;
         let insider = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let own = SwimIdentity {
-            node: "insider".into(),
-            addr: insider.local_addr().unwrap(),
-            generation: 1,
-        };
+        let own = SwimIdentity::new("insider", insider.local_addr().unwrap(), 1);
         let send = |dst: SwimIdentity, message, updates: &[Member<SwimIdentity>]| {
             let header = Header {
                 src: own.clone(),

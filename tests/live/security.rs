@@ -1164,11 +1164,7 @@ fn a_hundred_thousand_invented_members_at_one_address_leave_the_orchestrators_me
         let from = flooder.local_addr().unwrap();
         let datagram = |i: u64| {
             let header = Header {
-                src: SwimIdentity {
-                    node: format!("made-up-{i}"),
-                    addr: from,
-                    generation: i + 1,
-                },
+                src: SwimIdentity::new(format!("made-up-{i}"), from, i + 1),
                 src_incarnation: 0,
                 dst: SwimIdentity::seed(target),
                 message: Message::Announce,

@@ -589,11 +589,7 @@ async fn session(
             reply = replies.recv() => match reply {
                 Some(Ok(Some(Reply::Accepted { vouch, .. }))) => {
                     if let Some(wire::Vouch { ask, alive }) = vouch {
-                        let probed = SwimIdentity {
-                            node: ask.node,
-                            addr: ask.swim,
-                            generation: ask.generation,
-                        };
+                        let probed = SwimIdentity::new(ask.node, ask.swim, ask.generation);
                         to.swim.do_send(Vouched { probed, probe: ask.probe, alive });
                     }
                     if !accepted {

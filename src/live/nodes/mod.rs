@@ -716,11 +716,7 @@ impl Nodes {
         // vain live, by its own agent connection (design §15)?
         let vouch = ask.map(|ask| {
             let ask = *ask;
-            let probed = super::swim::SwimIdentity {
-                node: ask.node.clone(),
-                addr: ask.swim,
-                generation: ask.generation,
-            };
+            let probed = super::swim::SwimIdentity::new(ask.node.clone(), ask.swim, ask.generation);
             let own = probed.node == super::swim::member::ORCHESTRATOR && probed.addr == own_swim;
             let alive = own || self.vouches(&probed, now);
             metrics::counter!("poolgate_agent_vouches_total", "alive" => if alive { "yes" } else { "no" }).increment(1);

@@ -504,10 +504,12 @@ fn an_orchestrator_hearing_nobody_since_a_node_was_due_doubts_itself() {
     let ms = std::time::Duration::from_millis;
     let start = std::time::Instant::now();
     let mut nodes = Nodes::default();
-    let member = |i: u8| crate::live::swim::SwimIdentity {
-        node: format!("node-{i}"),
-        addr: SocketAddr::from(([10, 0, 0, i], 7946)),
-        generation: 5,
+    let member = |i: u8| {
+        crate::live::swim::SwimIdentity::new(
+            format!("node-{i}"),
+            SocketAddr::from(([10, 0, 0, i], 7946)),
+            5,
+        )
     };
     let hear = |nodes: &mut Nodes, i: u8, at| {
         let node = NodeId::new(&format!("node-{i}")).unwrap();
@@ -562,9 +564,9 @@ fn an_orchestrator_hearing_nobody_since_a_node_was_due_doubts_itself() {
     assert!(!nodes.vouches(&member(2), closed));
     // An identity the node did not sign is vouched for only when
     // nobody is heard at all.
-    let impostor = crate::live::swim::SwimIdentity {
-        generation: 9,
-        ..member(3)
+    let impostor = {
+        let same = member(3);
+        crate::live::swim::SwimIdentity::new(same.node, same.addr, 9)
     };
     assert!(!nodes.vouches(&impostor, closed));
     assert!(nodes.vouches(&impostor, closed + heartbeat * 2));
@@ -655,11 +657,7 @@ fn frames_of_one_node_on_two_live_connections_are_told_apart_from_a_reconnect() 
 fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection() {
     let node = NodeId::new("node-4").unwrap();
     let addr = SocketAddr::from(([10, 0, 0, 4], 7946));
-    let probed = crate::live::swim::SwimIdentity {
-        node: "node-4".into(),
-        addr,
-        generation: 5,
-    };
+    let probed = crate::live::swim::SwimIdentity::new("node-4", addr, 5);
     let heartbeat = std::time::Duration::from_millis(500);
     let start = std::time::Instant::now();
     let mut nodes = Nodes::default();
@@ -679,10 +677,7 @@ fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection()
     let late = start + heartbeat + VOUCH_SLACK + std::time::Duration::from_millis(1);
     assert!(!nodes.vouches(&probed, late), "the frames stopped");
     // Not heard from in a term that just began: vouched for a while.
-    let unheard = crate::live::swim::SwimIdentity {
-        node: "node-9".into(),
-        ..probed.clone()
-    };
+    let unheard = crate::live::swim::SwimIdentity::new("node-9", probed.addr, probed.generation);
     assert!(!nodes.vouches(&unheard, start), "no term");
     nodes.term_started = Some(start);
     assert!(nodes.vouches(&unheard, start + TERM_GRACE / 2));
@@ -700,9 +695,9 @@ fn a_member_is_vouched_for_only_by_its_own_fresh_frames_on_its_live_connection()
     hear(&mut nodes, heartbeat);
     // Another identity at the address (an impostor, an older life).
     for other in [6, 4] {
-        let impostor = crate::live::swim::SwimIdentity {
-            generation: other,
-            ..probed.clone()
+        let impostor = {
+            let same = probed.clone();
+            crate::live::swim::SwimIdentity::new(same.node, same.addr, other)
         };
         assert!(!nodes.vouches(&impostor, start));
     }

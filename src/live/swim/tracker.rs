@@ -217,11 +217,7 @@ mod tests {
     }
 
     fn member(node: &str, generation: u64, state: State) -> Member<SwimIdentity> {
-        let id = SwimIdentity {
-            node: node.to_string(),
-            addr: addr(1),
-            generation,
-        };
+        let id = SwimIdentity::new(node, addr(1), generation);
         Member::new(id, 0, state)
     }
 
@@ -328,10 +324,11 @@ mod tests {
         let real = member("n1", 5, State::Alive);
         let mut impostor = member("n1", 9, State::Alive);
         impostor = Member::new(
-            SwimIdentity {
-                addr: addr(2),
-                ..impostor.id().clone()
-            },
+            SwimIdentity::new(
+                impostor.id().node.clone(),
+                addr(2),
+                impostor.id().generation,
+            ),
             0,
             State::Alive,
         );

@@ -14,6 +14,11 @@
 //!
 //! The cost of a call is then in proportion to the members it touched (the
 //! updates a datagram carried), not to the size of the cluster.
+//!
+//! The codec is also where identities enter foca from the wire: it gives
+//! each one it decodes the member's [`Arbiter`], by which foca's address
+//! conflicts are decided (foca asks the identities and gives them nothing
+//! else).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -21,7 +26,7 @@ use std::rc::Rc;
 use bytes::{Buf, BufMut};
 use foca::{Codec, Header, Member, PostcardCodec};
 
-use super::identity::SwimIdentity;
+use super::identity::{Arbiter, SwimIdentity};
 
 /// The members encoded since the last [`Changes::take`], shared between
 /// the codec (inside foca) and the adapter that drains them.
@@ -39,30 +44,41 @@ impl Changes {
     }
 }
 
-/// foca's postcard codec, noting every member it encodes when watched.
+/// foca's postcard codec, noting every member it encodes when watched,
+/// and giving every identity it decodes its member's arbiter.
 #[derive(Debug)]
 pub struct WatchingCodec {
     inner: PostcardCodec,
     changes: Option<Changes>,
+    arbiter: Arbiter,
 }
 
 impl WatchingCodec {
-    /// A codec that notes into the returned [`Changes`].
-    pub fn watched() -> (Self, Changes) {
+    /// A codec that notes into the returned [`Changes`], for a member
+    /// that decides address conflicts by `arbiter`.
+    pub fn watched(arbiter: Arbiter) -> (Self, Changes) {
         let changes = Changes::default();
         let codec = Self {
             inner: PostcardCodec,
             changes: Some(changes.clone()),
+            arbiter,
         };
         (codec, changes)
     }
 
-    /// A codec that notes nothing (a member whose view nobody reads).
+    /// A codec that notes nothing (a member whose view nobody reads, which
+    /// decides address conflicts by generation).
     pub fn unwatched() -> Self {
         Self {
             inner: PostcardCodec,
             changes: None,
+            arbiter: Arbiter::default(),
         }
+    }
+
+    /// `id`, deciding its address conflicts by this member's arbiter.
+    fn judged(&self, id: SwimIdentity) -> SwimIdentity {
+        id.judged_by(&self.arbiter)
     }
 }
 
@@ -78,7 +94,50 @@ impl Codec<SwimIdentity> for WatchingCodec {
     }
 
     fn decode_header(&mut self, buf: impl Buf) -> Result<Header<SwimIdentity>, Self::Error> {
-        self.inner.decode_header(buf)
+        use foca::Message;
+        let Header {
+            src,
+            src_incarnation,
+            dst,
+            message,
+        } = self.inner.decode_header(buf)?;
+        let message = match message {
+            Message::PingReq {
+                target,
+                probe_number,
+            } => Message::PingReq {
+                target: self.judged(target),
+                probe_number,
+            },
+            Message::IndirectPing {
+                origin,
+                probe_number,
+            } => Message::IndirectPing {
+                origin: self.judged(origin),
+                probe_number,
+            },
+            Message::IndirectAck {
+                target,
+                probe_number,
+            } => Message::IndirectAck {
+                target: self.judged(target),
+                probe_number,
+            },
+            Message::ForwardedAck {
+                origin,
+                probe_number,
+            } => Message::ForwardedAck {
+                origin: self.judged(origin),
+                probe_number,
+            },
+            other => other,
+        };
+        Ok(Header {
+            src: self.judged(src),
+            src_incarnation,
+            dst: self.judged(dst),
+            message,
+        })
     }
 
     fn encode_member(
@@ -93,6 +152,11 @@ impl Codec<SwimIdentity> for WatchingCodec {
     }
 
     fn decode_member(&mut self, buf: impl Buf) -> Result<Member<SwimIdentity>, Self::Error> {
-        self.inner.decode_member(buf)
+        let member: Member<SwimIdentity> = self.inner.decode_member(buf)?;
+        Ok(Member::new(
+            self.judged(member.id().clone()),
+            member.incarnation(),
+            member.state(),
+        ))
     }
 }

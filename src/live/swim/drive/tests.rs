@@ -12,7 +12,13 @@ fn identity(node: &str, port: u16) -> SwimIdentity {
 
 /// The orchestrator's foca, alone.
 fn orchestrators_foca() -> SwimFoca {
-    let (codec, _changes) = WatchingCodec::watched();
+    judged_by(Default::default())
+}
+
+/// The orchestrator's foca, alone, deciding address conflicts by
+/// `arbiter`.
+fn judged_by(arbiter: crate::live::swim::identity::Arbiter) -> SwimFoca {
+    let (codec, _changes) = WatchingCodec::watched(arbiter);
     foca::Foca::new(
         identity("orchestrator", 1),
         SwimTimings::default().foca_config(4),
@@ -262,14 +268,14 @@ fn only_the_probe_under_way_unanswered_is_offered_for_vouching() {
 /// [`join_again`] has it; otherwise it only announces, as it did.
 fn a_late_verdict(again: bool) -> [(SwimState, u64); 2] {
     let node = identity("node-1", 5);
-    let (codec, changes) = WatchingCodec::watched();
+    let (codec, changes) = WatchingCodec::watched(Default::default());
     let mut leader = foca::Foca::new(
         identity("orchestrator", 1),
         SwimTimings::default().foca_config(4),
         StdRng::seed_from_u64(1),
         codec,
     );
-    let (codec, _) = WatchingCodec::watched();
+    let (codec, _) = WatchingCodec::watched(Default::default());
     let mut back = foca::Foca::new(
         node.clone(),
         SwimTimings::default().foca_config(4),
@@ -419,18 +425,17 @@ fn only_a_member_held_down_is_told_it_is_down() {
 /// it renew again. It is not told.
 #[test]
 fn a_renewed_identity_not_signed_yet_is_not_told_it_is_down() {
-    use crate::live::swim::identity::{with_signed, SignedView};
-    let mut foca = orchestrators_foca();
+    use crate::live::swim::identity::{Arbiter, SignedView};
+    let arbiter = Arbiter::default();
+    let mut foca = judged_by(arbiter.clone());
     let mut runtime = AccumulatingRuntime::new();
     let signed = identity("node-1", 2);
-    let renewed = SwimIdentity {
-        generation: 2,
-        ..signed.clone()
-    };
+    let renewed = SwimIdentity::new(signed.node.clone(), signed.addr, 2);
     let view: SignedView = Default::default();
     view.write()
         .unwrap()
         .insert(signed.addr, ("node-1".into(), signed.generation));
+    arbiter.by_signed(view, None);
     foca.apply_many(
         [Member::new(signed.clone(), 0, State::Alive)].into_iter(),
         true,
@@ -439,7 +444,7 @@ fn a_renewed_identity_not_signed_yet_is_not_told_it_is_down() {
     .unwrap();
     asked_and_sent(&foca, &mut runtime);
     let datagram = ping(renewed, 0, foca.identity());
-    with_signed(Some(&view), || foca.handle_data(&datagram, &mut runtime)).unwrap();
+    foca.handle_data(&datagram, &mut runtime).unwrap();
     let (asked, sent) = asked_and_sent(&foca, &mut runtime);
     assert!(asked.contains(&foca::Message::TurnUndead), "{asked:?}");
     assert!(!sent.contains(&foca::Message::TurnUndead), "{sent:?}");
@@ -475,10 +480,7 @@ fn a_refuted_suspicion_starts_over() {
 fn the_whole_view_gives_each_name_and_address_once_at_its_newest_generation() {
     let own = identity("orchestrator", 1);
     let old = identity("node-4", 2);
-    let new = SwimIdentity {
-        generation: 2,
-        ..old.clone()
-    };
+    let new = SwimIdentity::new(old.node.clone(), old.addr, 2);
     let members = [
         Member::new(own.clone(), 0, State::Alive),
         Member::new(old.clone(), 7, State::Down),

@@ -160,8 +160,8 @@ impl Handler<Renew> for SwimMember {
     }
 }
 
-/// Decide address conflicts by the identities nodes signed (the
-/// orchestrator's member; see [`crate::live::swim::identity::with_signed`]).
+/// Decide address conflicts by the identities nodes signed, for as long as
+/// the member lives (see [`crate::live::swim::identity::Arbiter`]).
 #[derive(Debug)]
 pub struct UseSigned(pub crate::live::swim::identity::SignedView);
 
@@ -173,8 +173,7 @@ impl Handler<UseSigned> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: UseSigned, _ctx: &mut Context<Self>) {
-        self.signed = Some(msg.0);
-        self.term_lasts = None;
+        self.arbiter.by_signed(msg.0, None);
     }
 }
 
@@ -226,8 +225,7 @@ impl Handler<Attach> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Attach, _ctx: &mut Context<Self>) {
-        self.signed = Some(msg.signed);
-        self.term_lasts = Some(msg.term_lasts);
+        self.arbiter.by_signed(msg.signed, Some(msg.term_lasts));
         self.tracker.only(msg.only);
         self.sink = Some(msg.sink);
         self.attached = Some(msg.token);
@@ -270,8 +268,7 @@ impl Handler<Detach> for SwimMember {
             // node's last life (a node restarted under the next leader
             // would lose every conflict here, and renew, and lose again).
             // A follower decides them as every other member does.
-            self.signed = None;
-            self.term_lasts = None;
+            self.arbiter.by_generation();
             self.before_term = crate::live::swim::fresh::BeforeTerm::default();
             // Kept warm for a later term, it follows: it accuses nobody.
             self.vouching = Vouching::Everyone;
@@ -351,9 +348,7 @@ impl Handler<Datagram> for SwimMember {
                 self.probes.received(&header);
             }
         }
-        let signed = self.signed_now();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || foca.handle_data(&msg.data, runtime));
+        let result = self.foca.handle_data(&msg.data, &mut self.runtime);
         self.report("datagram", result);
         self.drain(ctx);
     }
@@ -393,7 +388,6 @@ impl SwimMember {
     /// Hands foca one of its timers (the member's own agent connection
     /// asked about a probe about to turn indirect first).
     fn run_timer(&mut self, timer: foca::Timer<SwimIdentity>, ctx: &mut Context<Self>) {
-        let signed = self.signed_now();
         // A probe unanswered over UDP when foca turns to indirect probes:
         // the member's own agent connection may vouch for it.
         if let Some((probed, number)) = self.probes.unanswered(&timer) {
@@ -426,8 +420,7 @@ impl SwimMember {
                 }
             }
         }
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || foca.handle_timer(timer, runtime));
+        let result = self.foca.handle_timer(timer, &mut self.runtime);
         self.report("timer", result);
         self.drain(ctx);
     }
@@ -437,11 +430,7 @@ impl SwimMember {
     /// Hands foca `probed`'s ack to probe `number` (its life vouched for,
     /// or nobody to accuse it: see [`Vouching`]).
     fn hand_ack(&mut self, probed: &SwimIdentity, number: foca::ProbeNumber) {
-        let signed = self.signed_now();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || {
-            drive::vouched(foca, probed, number, runtime)
-        });
+        let result = drive::vouched(&mut self.foca, probed, number, &mut self.runtime);
         self.report("vouch", result);
     }
 

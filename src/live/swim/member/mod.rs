@@ -30,7 +30,7 @@ use super::tracker::{MembershipTracker, SwimFact, GENERATION_LIMIT};
 use super::watch::{Changes, WatchingCodec};
 use crate::config::endpoint::Endpoint;
 pub use crate::config::{SwimTimings, DEFAULT_INDIRECT_PROBES};
-use crate::live::swim::identity::{with_signed, SwimIdentity};
+use crate::live::swim::identity::{Arbiter, SwimIdentity};
 use crate::live::wire::Keyring;
 use crate::live::LiveError;
 
@@ -133,12 +133,11 @@ pub struct SwimMember {
     /// Told to leave: foca's "defunct" that follows is the leave, said as
     /// such, not a death.
     leaving: bool,
-    /// The identities nodes signed, deciding address conflicts (the
-    /// orchestrator's member only), while the term they belong to lasts.
-    signed: Option<crate::live::swim::identity::SignedView>,
-    /// Whether the attached term still lasts (see [`Attach`]); none: for
-    /// as long as the view is kept.
-    term_lasts: Option<TermLasts>,
+    /// How this member decides address conflicts: by the identities its
+    /// nodes signed while an attached term lasts (the orchestrator's
+    /// member), else by generation. Its codec hands it to every identity
+    /// foca decodes.
+    arbiter: Arbiter,
     /// Rejoins are logged at most this often (a storm of them means
     /// another member claims this one's address).
     rejoins: crate::live::throttle::Throttle,
@@ -237,12 +236,9 @@ impl SwimMember {
         let local = sender.local_addr().map_err(bound)?;
         let receiving = sender.try_clone().map_err(bound)?;
         let addr = advertised(local, advertise)?;
-        let identity = SwimIdentity {
-            node: node.to_string(),
-            addr,
-            generation,
-        };
-        let (codec, changes) = WatchingCodec::watched();
+        let identity = SwimIdentity::new(node, addr, generation);
+        let arbiter = Arbiter::default();
+        let (codec, changes) = WatchingCodec::watched(arbiter.clone());
         let repair = drive::Repair::for_config(&config);
         let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
         let probe_period = config.probe_period;
@@ -260,8 +256,7 @@ impl SwimMember {
             started: std::time::Instant::now(),
             own_generation: None,
             leaving: false,
-            signed: None,
-            term_lasts: None,
+            arbiter,
             rejoins: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
             attached: None,
             before_term: crate::live::swim::fresh::BeforeTerm::default(),
@@ -362,11 +357,9 @@ impl SwimMember {
             count = expired.len(),
             "suspicions held past the timeout: declared down"
         );
-        let signed = self.signed_now();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
-        let result = with_signed(signed.as_ref(), || {
-            foca.apply_many(expired.into_iter(), true, runtime)
-        });
+        let result = self
+            .foca
+            .apply_many(expired.into_iter(), true, &mut self.runtime);
         self.report("expire", result);
         self.drain(ctx);
     }
@@ -469,7 +462,7 @@ fn receive(
 /// Whether a term still lasts, by its own clock (a leader frozen past its
 /// lease knows on waking that it no longer leads, before it has stepped
 /// down).
-pub type TermLasts = Arc<dyn Fn() -> bool + Send + Sync>;
+pub use crate::live::swim::identity::TermLasts;
 
 impl SwimMember {
     /// `seeds` but this member's own address (replicas list one another,
@@ -494,29 +487,11 @@ impl SwimMember {
     /// Refutes at once any suspicion of this member raised while it was
     /// away, then announces it to `seeds` (see [`drive::join_again`]).
     fn join_again(&mut self, seeds: Vec<SocketAddr>) {
-        let signed = self.signed_now();
         let incarnation = self.probes.incarnation();
-        let (foca, runtime) = (&mut self.foca, &mut self.runtime);
         let seeds = seeds.into_iter().map(SwimIdentity::seed);
-        let result = with_signed(signed.as_ref(), || {
-            drive::join_again(foca, incarnation, seeds, runtime)
-        });
+        let result = drive::join_again(&mut self.foca, incarnation, seeds, &mut self.runtime);
         metrics::counter!("poolgate_swim_refuted_on_return_total").increment(1);
         self.report("join again", result);
-    }
-
-    /// The signed view that decides address conflicts now: none once the
-    /// attached term is over. A deposed leader woken from a freeze reads
-    /// the datagrams that waited before its term is detached; decided by
-    /// its nodes' last lives, a node restarted under the next leader would
-    /// lose the conflict here and be declared down (an operator's finding:
-    /// the next leader faulted a run over it).
-    fn signed_now(&self) -> Option<crate::live::swim::identity::SignedView> {
-        // The term's clock is asked only when there is a view to decide by
-        // (a follower's member, and every node's, has none).
-        let signed = self.signed.as_ref()?;
-        let lasts = self.term_lasts.as_ref().is_none_or(|lasts| lasts());
-        lasts.then(|| Arc::clone(signed))
     }
 }
 

@@ -5,17 +5,9 @@ use rand::SeedableRng;
 /// a datagram.
 fn ping_from_node2(from: SocketAddr, to: SocketAddr, generation: u64) -> Vec<u8> {
     let header = foca::Header {
-        src: SwimIdentity {
-            node: "node-2".into(),
-            addr: from,
-            generation: 1,
-        },
+        src: SwimIdentity::new("node-2", from, 1),
         src_incarnation: 0,
-        dst: SwimIdentity {
-            node: "node-1".into(),
-            addr: to,
-            generation,
-        },
+        dst: SwimIdentity::new("node-1", to, generation),
         message: foca::Message::Ping(7),
     };
     let mut datagram = Vec::new();
