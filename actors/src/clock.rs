@@ -20,6 +20,9 @@ pub const SUBMIT_AHEAD: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     origin: Instant,
+    /// The wall clock's time at `origin`, to say a point of the timeline
+    /// where the timeline itself means nothing (see [`Clock::wall`]).
+    origin_wall: std::time::SystemTime,
 }
 
 /// Where a timer beyond the clock's range is put.
@@ -30,6 +33,7 @@ impl Clock {
     pub fn start() -> Self {
         Self {
             origin: Instant::now(),
+            origin_wall: std::time::SystemTime::now(),
         }
     }
 
@@ -49,6 +53,15 @@ impl Clock {
             .checked_add(at.offset())
             .or_else(|| Instant::now().checked_add(FAR_FUTURE))
             .unwrap_or_else(Instant::now)
+    }
+
+    /// The wall clock's time at `at`, as it read when the timeline began
+    /// (one mapping for the clock's life, so a point always reads the
+    /// same). Under a paused clock the timeline runs apart from the wall.
+    pub fn wall(&self, at: Time) -> std::time::SystemTime {
+        self.origin_wall
+            .checked_add(at.offset())
+            .unwrap_or(self.origin_wall)
     }
 
     /// How long from now until `at` (zero if it has passed).

@@ -191,9 +191,10 @@ pub fn follower_answer(
 /// What the leader among replicas publishes of its pool (the `status`
 /// record), for every replica's `status` and a requester that gives up
 /// to tell: the pool, its phase, epoch and run, and its state in words
-/// ([`crate::report::state_line`]: the blockers, grouped past eight).
-/// Small whatever the pool's size; the caller adds when it was written.
-pub fn published(report: &PoolReport) -> Value {
+/// ([`crate::report::state_line_live`]: the blockers, grouped past eight,
+/// its instants as UTC times by the gate's `clock`). Small whatever the
+/// pool's size; the caller adds when it was written.
+pub fn published(report: &PoolReport, clock: &poolgate_actors::Clock) -> Value {
     let (phase, epoch) = match report.phase {
         PoolPhase::Forming => ("forming", None),
         PoolPhase::Converging { .. } => ("converging", None),
@@ -204,7 +205,7 @@ pub fn published(report: &PoolReport) -> Value {
         "phase": phase,
         "epoch": epoch,
         "run": report.run.as_ref().map(|r| r.as_str()),
-        "state": crate::report::state_line(report),
+        "state": crate::report::state_line_live(report, clock),
     })
 }
 

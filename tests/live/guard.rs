@@ -899,6 +899,14 @@ fn a_requester_that_gives_up_and_a_follower_tell_what_blocks_the_pool() {
             said.contains("forming: node-1 "),
             "the requester names what blocks the pool: {said}"
         );
+        // Since when, as a UTC time: the gate's own timeline ("since
+        // 92.233s") read as a duration (an operator's trial).
+        let utc_since = |line: &str| {
+            line.split("(since ")
+                .nth(1)
+                .is_some_and(|rest| rest.starts_with("20") && rest.contains("Z)"))
+        };
+        assert!(utc_since(&said), "{said}");
         let mut second = cluster.config.clone();
         second.agents.listen = free_tcp();
         second.swim.bind = {
@@ -922,6 +930,7 @@ fn a_requester_that_gives_up_and_a_follower_tell_what_blocks_the_pool() {
         assert_eq!(answer["phase"], "following", "{answer}");
         let state = answer["leader_said"]["state"].as_str().unwrap_or_default();
         assert!(state.contains("forming: node-1 "), "{answer}");
+        assert!(utc_since(state), "{answer}");
         assert_eq!(answer["leader_said"]["phase"], "forming", "{answer}");
         assert!(
             poolgate::live::status::render(&answer).contains("the leader published"),

@@ -335,7 +335,7 @@ pub(crate) async fn not_ready_within(gate: &Gate, timeout: Option<Duration>) {
         Ok(report) => crate::say!(
             warn,
             "poolgate: not ready within {within}: {}",
-            crate::replay::explain::state_line(&report)
+            crate::report::state_line_live(&report, &gate.clock())
         ),
         Err(_) => crate::say!(warn, "poolgate: not ready within {within}"),
     }

@@ -205,7 +205,7 @@ impl RequestServer {
             .report()
             .await
             .map_err(|e| StoreError(e.to_string()))?;
-        let said = crate::live::status::published(&report);
+        let said = crate::live::status::published(&report, &self.gate.clock());
         if self.published.as_ref() == Some(&said) {
             return Ok(());
         }
@@ -548,7 +548,7 @@ pub(super) async fn look(
                 lease: request.lease,
                 detail: format!(
                     "the pool is not ready: {}",
-                    crate::report::state_line(&report)
+                    crate::report::state_line_live(&report, &gate.clock())
                 ),
             })
         });
