@@ -84,6 +84,18 @@ pub struct Etcd {
     auth: Option<Auth>,
     /// The HTTP client: kept-alive connections, and the TLS of `https`.
     agent: ureq::Agent,
+    /// etcd's raft term as this client's answers told it.
+    terms: std::sync::Mutex<Terms>,
+}
+
+/// etcd's raft term as a client saw it: the highest any answer's header
+/// named, and when it last rose. etcd's new raft leader gives every lease a
+/// fresh TTL as it takes over, so a lease read soon after a rise may be
+/// alive by etcd's hand, not its holder's.
+#[derive(Debug, Default)]
+struct Terms {
+    seen: u64,
+    rose_at: Option<Instant>,
 }
 
 /// etcd's own authentication (its `Debug` shows no password or token).
@@ -116,6 +128,7 @@ impl Etcd {
             timeout,
             auth: None,
             agent: agent(ureq::tls::TlsConfig::default()),
+            terms: std::sync::Mutex::default(),
         })
     }
 
@@ -434,6 +447,29 @@ impl Etcd {
     /// equal share of what remains, so a member that accepts connections
     /// and never answers (paused, partitioned) costs a share, not the
     /// call.
+    /// Notes the raft term `answer`'s header names.
+    fn saw_term(&self, answer: &Value) {
+        let Ok(term) = u64::try_from(int(&answer["header"]["raft_term"])) else {
+            return;
+        };
+        let mut terms = lock(&self.terms);
+        if term > terms.seen {
+            // The first term this client sees is where it starts, not a
+            // rise.
+            if terms.seen > 0 {
+                terms.rose_at = Some(Instant::now());
+            }
+            terms.seen = term;
+        }
+    }
+
+    /// When this client last saw etcd's raft term rise (etcd elected a
+    /// raft leader, which gave every lease a fresh TTL); none if every
+    /// answer it had named one term.
+    pub fn raft_term_rose_at(&self) -> Option<Instant> {
+        lock(&self.terms).rose_at
+    }
+
     fn call_with(
         &self,
         path: &'static str,
@@ -459,6 +495,7 @@ impl Etcd {
             match post(&self.agent, endpoint, path, body, token, share) {
                 Ok((200, answer)) => {
                     self.preferred.store(index, Ordering::Relaxed);
+                    self.saw_term(&answer);
                     return Ok(answer);
                 }
                 Ok((status, answer)) => {

@@ -853,12 +853,10 @@ async fn committed_then_taken_over(
 /// presence on a lease of `ttl`), and leaves the lease to expire as a
 /// requester SIGKILLed right after would (a dropped `Session` revokes it).
 fn asked_by_a_requester_killed_at_once(
-    server: &etcd::Etcd,
-    config: &Config,
+    store: &EtcdStore,
     run: &poolgate::core::RunId,
     ttl: Duration,
-) {
-    let store = store_of(server, config);
+) -> i64 {
     let (lease, _) = store.etcd().grant(ttl).unwrap();
     let body = serde_json::json!({ "required": ["node-1"], "lease": lease }).to_string();
     store
@@ -870,14 +868,20 @@ fn asked_by_a_requester_killed_at_once(
             lease,
         )
         .unwrap();
+    lease
 }
 
 /// A store on `config`'s prefix, bound to no term (it reads, and writes
 /// what needs no term).
 fn store_of(server: &etcd::Etcd, config: &Config) -> EtcdStore {
+    store_on(server.client(), config)
+}
+
+/// A store on `config`'s prefix through `etcd`, bound to no term.
+fn store_on(etcd: poolgate::etcd::Etcd, config: &Config) -> EtcdStore {
     let prefix = format!("/poolgate/{}/{}/", config.swim.label, pool_of(config));
     EtcdStore::new(
-        Arc::new(server.client()),
+        Arc::new(etcd),
         &prefix,
         &config.swim.label,
         &pool_of(config),
@@ -1237,7 +1241,8 @@ fn a_run_whose_requester_stopped_renewing_its_session_is_not_planned_when_the_po
         // The pool is not ready (node-1 never seen); a requester asks and
         // is killed at once (its lease lives on, renewed by nobody), and
         // the pool is ready 3 s later.
-        asked_by_a_requester_killed_at_once(&server, &config, &gone, Duration::from_secs(6));
+        let store = store_of(&server, &config);
+        asked_by_a_requester_killed_at_once(&store, &gone, Duration::from_secs(6));
         tokio::time::sleep(Duration::from_secs(3)).await;
         make_ready(&live.gate, "node-1").await;
         let planned = tokio::time::timeout(
@@ -1253,6 +1258,93 @@ fn a_run_whose_requester_stopped_renewing_its_session_is_not_planned_when_the_po
         let next = poolgate::core::RunId::new("next").unwrap();
         let _session = requests
             .ask(&next, &[common::node("node-1")], Duration::from_secs(6))
+            .await
+            .unwrap();
+        common::live::until(&mut events, |e| match e {
+            Event::RunCommitted { run, .. } if *run == next => Some(()),
+            _ => None,
+        })
+        .await;
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+/// An operator's trial: a requester stopped while etcd had no quorum
+/// could not withdraw its request; etcd, electing a raft leader once it
+/// had one again, gave every lease a fresh TTL, its session's too, which
+/// read as its requester renewing it: the leader committed its run, held
+/// by nobody until the session expired. Here the requester is gone before
+/// etcd's one member restarts (a new raft term): its lease reads stale,
+/// then fresh by etcd's hand alone. It is not planned; a requester that
+/// renews is, soon after.
+#[test]
+fn a_requester_gone_before_etcd_elected_anew_is_not_planned_though_etcd_renewed_its_lease() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let mut cluster = etcd::Cluster::start("renewed-by-etcd", 1);
+    // A lease the leader's renewals ride through etcd's restart on.
+    let config = config_of(&cluster.endpoints(), "", "20s");
+    live_for(Duration::from_secs(90), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let mut events = live.fleet.subscribe();
+        let gone = poolgate::core::RunId::new("gone").unwrap();
+        let store = store_on(cluster.client(Duration::from_secs(1)), &config);
+        let ttl = Duration::from_secs(6);
+        let lease = asked_by_a_requester_killed_at_once(&store, &gone, ttl);
+        // Until its lease reads stale (renewed by nobody for three tenths
+        // of its TTL and a second).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = store
+                .etcd()
+                .time_to_live(lease)
+                .unwrap()
+                .map(|(left, _)| left);
+            if left.is_some_and(|left| left <= Duration::from_secs(3)) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{left:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // etcd's member restarts on its data: a new raft term, and every
+        // lease a fresh TTL.
+        cluster.kill(0);
+        cluster.restart(0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let refreshed = loop {
+            if let Ok(Some((left, _))) = store.etcd().time_to_live(lease) {
+                break left;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd did not answer again"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            refreshed >= Duration::from_secs(5),
+            "etcd's new term gave the lease a fresh TTL: {refreshed:?} left"
+        );
+        make_ready(&live.gate, "node-1").await;
+        let planned = tokio::time::timeout(
+            Duration::from_secs(8),
+            common::live::until(&mut events, |e| match e {
+                Event::PlanningStarted { run, .. } if *run == gone => Some(()),
+                _ => None,
+            }),
+        )
+        .await;
+        assert!(
+            planned.is_err(),
+            "the run of a requester gone was planned once etcd renewed its lease"
+        );
+        // A requester that renews its session is planned and committed.
+        let next = poolgate::core::RunId::new("next").unwrap();
+        let _session = requests
+            .ask(&next, &[common::node("node-1")], ttl)
             .await
             .unwrap();
         common::live::until(&mut events, |e| match e {

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::etcd::EtcdStore;
 
+mod renewals;
 mod requester;
 mod server;
 

@@ -8,6 +8,7 @@ use poolgate_actors::{Gate, StoreError};
 
 use crate::state::etcd::EtcdStore;
 
+use super::renewals::Renewal;
 use super::{blocking, Outcome, Request, LEADER_LOOK_EVERY, STATUS, WATCH_SPAN};
 
 /// The leader's side, for one term: serves the requests on `gate` until
@@ -156,6 +157,9 @@ pub(super) struct Looked {
     said_stale: crate::live::throttle::Throttle,
     /// Committed runs whose requester is gone, said once each.
     orphans: std::collections::BTreeSet<RunId>,
+    /// What was read of the requesters' leases since etcd's raft term
+    /// last rose.
+    renewals: super::renewals::Renewals,
     /// The active run, last seen asked for (its request or its requester
     /// there): withdrawn if both go before its commit.
     asked: Option<RunId>,
@@ -188,6 +192,7 @@ impl RequestServer {
                 ),
                 said_stale: crate::live::throttle::Throttle::new(crate::live::throttle::LOG_EVERY),
                 orphans: Default::default(),
+                renewals: Default::default(),
                 asked: None,
             },
             published: None,
@@ -332,7 +337,7 @@ async fn requester_renews(
     store: &Arc<EtcdStore>,
     run: &str,
     body: &[u8],
-    said: &mut crate::live::throttle::Throttle,
+    looked: &mut Looked,
 ) -> bool {
     let Ok(request) = serde_json::from_slice::<Request>(body) else {
         return true;
@@ -345,16 +350,29 @@ async fn requester_renews(
     .await;
     match lived {
         Ok(Some((left, granted))) => {
-            // etcd says what is left in whole seconds, rounded down: a
-            // lease renewed a moment ago reads a second short.
-            let unrenewed = granted.saturating_sub(left);
-            let renews = unrenewed < stale_after(granted);
-            if !renews {
-                if let Some(held) = said.allow(std::time::Instant::now()) {
-                    tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session");
+            let reading = super::renewals::Reading {
+                lease,
+                left,
+                granted,
+            };
+            // Read after the answer, which may be the first to tell of a
+            // rise.
+            let rose_at = store.etcd().raft_term_rose_at();
+            let now = std::time::Instant::now();
+            let renewal = looked.renewals.renewal(reading, rose_at, now);
+            if renewal != Renewal::Renews {
+                if let Some(held) = looked.said_stale.allow(now) {
+                    match renewal {
+                        Renewal::Stopped(unrenewed) => {
+                            tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session")
+                        }
+                        _ => {
+                            tracing::info!(%run, held, "etcd elected a raft leader, which gave every lease a fresh TTL: a run's requester is not planned until it is seen renewing its session itself")
+                        }
+                    }
                 }
             }
-            renews
+            renewal == Renewal::Renews
         }
         Ok(None) => false,
         Err(e) => {
@@ -362,14 +380,6 @@ async fn requester_renews(
             true
         }
     }
-}
-
-/// How long a requester's lease of `granted` may read unrenewed (what
-/// etcd says is left, in whole seconds rounded down, against the TTL)
-/// before its requester counts as stopped: three of its renewals (a tenth
-/// of the TTL each) and the second etcd's rounding takes.
-fn stale_after(granted: std::time::Duration) -> std::time::Duration {
-    granted * 3 / 10 + std::time::Duration::from_secs(1)
 }
 
 /// Writes `runs/<run>` on its requester's lease (read from its request, or
@@ -567,7 +577,7 @@ pub(super) async fn look(
         None => {
             let mut fresh = None;
             for (run, body) in requests.into_iter().filter(|(run, _)| present(run)) {
-                if requester_renews(store, &run, &body, &mut looked.said_stale).await {
+                if requester_renews(store, &run, &body, looked).await {
                     fresh = Some((run, body));
                     break;
                 }
@@ -662,40 +672,6 @@ pub(super) async fn look(
                 lease,
                 detail: e.to_string(),
             }))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stale_after;
-    use std::time::Duration;
-
-    /// How long a lease of `granted` renewed `ago` reads unrenewed: the
-    /// TTL against what etcd says is left (whole seconds, rounded down).
-    fn unrenewed_read(granted: Duration, ago: Duration) -> Duration {
-        granted - Duration::from_secs(granted.saturating_sub(ago).as_secs())
-    }
-
-    #[test]
-    fn a_requester_renewing_every_tenth_is_never_stale_and_one_gone_three_tenths_and_a_second_is() {
-        for secs in [2, 3, 5, 6, 10, 30] {
-            let granted = Duration::from_secs(secs);
-            // Renewed a moment ago, or up to two renewals ago (one lost).
-            let every = granted / 10;
-            let mut ago = Duration::ZERO;
-            while ago <= every * 2 {
-                assert!(
-                    unrenewed_read(granted, ago) < stale_after(granted),
-                    "a {secs} s lease renewed {ago:?} ago"
-                );
-                ago += Duration::from_millis(10);
-            }
-            let gone = granted * 3 / 10 + Duration::from_secs(1);
-            assert!(
-                unrenewed_read(granted, gone) >= stale_after(granted),
-                "a {secs} s lease unrenewed for {gone:?}"
-            );
         }
     }
 }
