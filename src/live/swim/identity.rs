@@ -104,9 +104,10 @@ pub struct SwimIdentity {
     /// it was declared down, so it can rejoin.
     pub generation: u64,
     /// The rule of the member holding this identity (see [`Arbiter`]):
-    /// neither sent nor compared.
+    /// neither sent nor compared; none (no allocation) for an identity no
+    /// member's codec decoded, or one deciding by generation alone.
     #[serde(skip)]
-    arbiter: Arbiter,
+    arbiter: Option<Arbiter>,
 }
 
 impl SwimIdentity {
@@ -116,7 +117,7 @@ impl SwimIdentity {
             node: node.into(),
             addr,
             generation,
-            arbiter: Arbiter::default(),
+            arbiter: None,
         }
     }
 
@@ -128,14 +129,14 @@ impl SwimIdentity {
 
     /// This identity, deciding its address conflicts by `arbiter`.
     pub(crate) fn judged_by(mut self, arbiter: &Arbiter) -> Self {
-        self.arbiter = arbiter.clone();
+        self.arbiter = Some(arbiter.clone());
         self
     }
 }
 
 impl PartialEq for SwimIdentity {
     fn eq(&self, other: &Self) -> bool {
-        (&self.node, self.addr, self.generation) == (&other.node, other.addr, other.generation)
+        self.node == other.node && self.addr == other.addr && self.generation == other.generation
     }
 }
 
@@ -143,7 +144,9 @@ impl Eq for SwimIdentity {}
 
 impl Hash for SwimIdentity {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        (&self.node, self.addr, self.generation).hash(state);
+        self.node.hash(state);
+        self.addr.hash(state);
+        self.generation.hash(state);
     }
 }
 
@@ -180,9 +183,10 @@ impl foca::Identity for SwimIdentity {
     }
 
     fn win_addr_conflict(&self, adversary: &Self) -> bool {
-        self.arbiter
-            .verdict(self, adversary)
-            .or_else(|| adversary.arbiter.verdict(self, adversary))
+        [&self.arbiter, &adversary.arbiter]
+            .into_iter()
+            .flatten()
+            .find_map(|arbiter| arbiter.verdict(self, adversary))
             .unwrap_or(self.generation > adversary.generation)
     }
 }

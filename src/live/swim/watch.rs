@@ -50,7 +50,8 @@ impl Changes {
 pub struct WatchingCodec {
     inner: PostcardCodec,
     changes: Option<Changes>,
-    arbiter: Arbiter,
+    /// None: the member decides by generation alone (nothing to hand).
+    arbiter: Option<Arbiter>,
 }
 
 impl WatchingCodec {
@@ -61,7 +62,7 @@ impl WatchingCodec {
         let codec = Self {
             inner: PostcardCodec,
             changes: Some(changes.clone()),
-            arbiter,
+            arbiter: Some(arbiter),
         };
         (codec, changes)
     }
@@ -72,13 +73,16 @@ impl WatchingCodec {
         Self {
             inner: PostcardCodec,
             changes: None,
-            arbiter: Arbiter::default(),
+            arbiter: None,
         }
     }
 
     /// `id`, deciding its address conflicts by this member's arbiter.
     fn judged(&self, id: SwimIdentity) -> SwimIdentity {
-        id.judged_by(&self.arbiter)
+        match &self.arbiter {
+            Some(arbiter) => id.judged_by(arbiter),
+            None => id,
+        }
     }
 }
 
@@ -153,6 +157,9 @@ impl Codec<SwimIdentity> for WatchingCodec {
 
     fn decode_member(&mut self, buf: impl Buf) -> Result<Member<SwimIdentity>, Self::Error> {
         let member: Member<SwimIdentity> = self.inner.decode_member(buf)?;
+        if self.arbiter.is_none() {
+            return Ok(member);
+        }
         Ok(Member::new(
             self.judged(member.id().clone()),
             member.incarnation(),
