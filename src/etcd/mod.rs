@@ -440,13 +440,6 @@ impl Etcd {
         Ok(token)
     }
 
-    /// POSTs `body` to `path` (with `token`, if any), trying the endpoint
-    /// that answered last first, then the others.
-    ///
-    /// One deadline covers the whole call: each endpoint left gets an
-    /// equal share of what remains, so a member that accepts connections
-    /// and never answers (paused, partitioned) costs a share, not the
-    /// call.
     /// Notes the raft term `answer`'s header names.
     fn saw_term(&self, answer: &Value) {
         let Ok(term) = u64::try_from(int(&answer["header"]["raft_term"])) else {
@@ -470,6 +463,13 @@ impl Etcd {
         lock(&self.terms).rose_at
     }
 
+    /// POSTs `body` to `path` (with `token`, if any), trying the endpoint
+    /// that answered last first, then the others.
+    ///
+    /// One deadline covers the whole call: each endpoint left gets an
+    /// equal share of what remains, so a member that accepts connections
+    /// and never answers (paused, partitioned) costs a share, not the
+    /// call.
     fn call_with(
         &self,
         path: &'static str,

@@ -177,3 +177,37 @@ fn no_endpoint_answering_names_them_all() {
         other => panic!("{other:?}"),
     }
 }
+
+/// etcd's raft term, as each answer's header names it: a rise is noted
+/// with its instant; the first term seen, the same again, or a lower one
+/// (a member behind) is not a rise.
+#[test]
+fn a_rise_of_etcds_raft_term_is_noted_when_an_answer_first_names_it() {
+    use std::sync::atomic::AtomicI64;
+    static TERM: AtomicI64 = AtomicI64::new(3);
+    let etcd = Etcd::new(
+        &[scripted(|_| {
+            let term = TERM.load(Ordering::SeqCst);
+            format!(r#"{{"header":{{"raft_term":"{term}"}},"kvs":[]}}"#)
+        })],
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    etcd.get(b"k").unwrap();
+    assert_eq!(etcd.raft_term_rose_at(), None, "the first term seen");
+    etcd.get(b"k").unwrap();
+    assert_eq!(etcd.raft_term_rose_at(), None);
+    TERM.store(4, Ordering::SeqCst);
+    let before = Instant::now();
+    etcd.get(b"k").unwrap();
+    let rose = etcd.raft_term_rose_at().expect("a rise");
+    assert!(rose >= before, "{rose:?}");
+    TERM.store(2, Ordering::SeqCst);
+    etcd.get(b"k").unwrap();
+    etcd.get(b"k").unwrap();
+    assert_eq!(
+        etcd.raft_term_rose_at(),
+        Some(rose),
+        "a lower term is no rise"
+    );
+}

@@ -871,6 +871,40 @@ fn asked_by_a_requester_killed_at_once(
     lease
 }
 
+/// Whether `run` is planned (`planning_started`) within `within`.
+async fn planned_within(
+    events: &mut poolgate_actors::EventStream,
+    run: &poolgate::core::RunId,
+    within: Duration,
+) -> bool {
+    let planned = common::live::until(events, |e| match e {
+        Event::PlanningStarted { run: started, .. } if started == run => Some(()),
+        _ => None,
+    });
+    tokio::time::timeout(within, planned).await.is_ok()
+}
+
+/// Asks `run` over node-1 as a requester that renews its session (of
+/// `ttl`), and waits for its commit; the session.
+async fn committed_for(
+    requests: &poolgate::live::requests::Requests,
+    events: &mut poolgate_actors::EventStream,
+    run: &str,
+    ttl: Duration,
+) -> poolgate::live::requests::Session {
+    let run = poolgate::core::RunId::new(run).unwrap();
+    let session = requests
+        .ask(&run, &[common::node("node-1")], ttl)
+        .await
+        .unwrap();
+    common::live::until(events, |e| match e {
+        Event::RunCommitted { run: committed, .. } if *committed == run => Some(()),
+        _ => None,
+    })
+    .await;
+    session
+}
+
 /// A store on `config`'s prefix, bound to no term (it reads, and writes
 /// what needs no term).
 fn store_of(server: &etcd::Etcd, config: &Config) -> EtcdStore {
@@ -1245,26 +1279,12 @@ fn a_run_whose_requester_stopped_renewing_its_session_is_not_planned_when_the_po
         asked_by_a_requester_killed_at_once(&store, &gone, Duration::from_secs(6));
         tokio::time::sleep(Duration::from_secs(3)).await;
         make_ready(&live.gate, "node-1").await;
-        let planned = tokio::time::timeout(
-            Duration::from_secs(5),
-            common::live::until(&mut events, |e| match e {
-                Event::PlanningStarted { run, .. } if *run == gone => Some(()),
-                _ => None,
-            }),
-        )
-        .await;
-        assert!(planned.is_err(), "the run of a requester gone was planned");
+        assert!(
+            !planned_within(&mut events, &gone, Duration::from_secs(5)).await,
+            "the run of a requester gone was planned"
+        );
         // Its request went with its session; the pool serves the next.
-        let next = poolgate::core::RunId::new("next").unwrap();
-        let _session = requests
-            .ask(&next, &[common::node("node-1")], Duration::from_secs(6))
-            .await
-            .unwrap();
-        common::live::until(&mut events, |e| match e {
-            Event::RunCommitted { run, .. } if *run == next => Some(()),
-            _ => None,
-        })
-        .await;
+        let _session = committed_for(&requests, &mut events, "next", Duration::from_secs(6)).await;
         live.shutdown();
         leader.resign();
     });
@@ -1329,29 +1349,12 @@ fn a_requester_gone_before_etcd_elected_anew_is_not_planned_though_etcd_renewed_
             "etcd's new term gave the lease a fresh TTL: {refreshed:?} left"
         );
         make_ready(&live.gate, "node-1").await;
-        let planned = tokio::time::timeout(
-            Duration::from_secs(8),
-            common::live::until(&mut events, |e| match e {
-                Event::PlanningStarted { run, .. } if *run == gone => Some(()),
-                _ => None,
-            }),
-        )
-        .await;
         assert!(
-            planned.is_err(),
+            !planned_within(&mut events, &gone, Duration::from_secs(8)).await,
             "the run of a requester gone was planned once etcd renewed its lease"
         );
         // A requester that renews its session is planned and committed.
-        let next = poolgate::core::RunId::new("next").unwrap();
-        let _session = requests
-            .ask(&next, &[common::node("node-1")], ttl)
-            .await
-            .unwrap();
-        common::live::until(&mut events, |e| match e {
-            Event::RunCommitted { run, .. } if *run == next => Some(()),
-            _ => None,
-        })
-        .await;
+        let _session = committed_for(&requests, &mut events, "next", ttl).await;
         live.shutdown();
         leader.resign();
     });
