@@ -84,18 +84,25 @@ pub struct Etcd {
     auth: Option<Auth>,
     /// The HTTP client: kept-alive connections, and the TLS of `https`.
     agent: ureq::Agent,
-    /// etcd's raft term as this client's answers told it.
+    /// What this client's answers told of etcd's raft term and outages.
     terms: std::sync::Mutex<Terms>,
 }
 
-/// etcd's raft term as a client saw it: the highest any answer's header
-/// named, and when it last rose. etcd's new raft leader gives every lease a
-/// fresh TTL as it takes over, so a lease read soon after a rise may be
-/// alive by etcd's hand, not its holder's.
+/// What a client saw of etcd that puts a lease's time left in doubt: the
+/// highest raft term any answer's header named, when it last rose, whether
+/// its last call went unanswered, and when etcd last answered again after
+/// that. etcd's new raft leader gives every lease a fresh TTL as it takes
+/// over, and renewals a member held while etcd could not apply them land
+/// when it can (an operator's trial: a requester gone for 4 s had its
+/// lease renewed as a paused etcd leader resumed): a lease read soon after
+/// either may be alive by etcd's hand, or its holder's past, not its
+/// holder's present.
 #[derive(Debug, Default)]
 struct Terms {
     seen: u64,
     rose_at: Option<Instant>,
+    unanswered: bool,
+    back_at: Option<Instant>,
 }
 
 /// etcd's own authentication (its `Debug` shows no password or token).
@@ -440,12 +447,15 @@ impl Etcd {
         Ok(token)
     }
 
-    /// Notes the raft term `answer`'s header names.
+    /// Notes the raft term `answer`'s header names, and that etcd answered.
     fn saw_term(&self, answer: &Value) {
+        let mut terms = lock(&self.terms);
+        if std::mem::take(&mut terms.unanswered) {
+            terms.back_at = Some(Instant::now());
+        }
         let Ok(term) = u64::try_from(int(&answer["header"]["raft_term"])) else {
             return;
         };
-        let mut terms = lock(&self.terms);
         if term > terms.seen {
             // The first term this client sees is where it starts, not a
             // rise.
@@ -461,6 +471,16 @@ impl Etcd {
     /// answer it had named one term.
     pub fn raft_term_rose_at(&self) -> Option<Instant> {
         lock(&self.terms).rose_at
+    }
+
+    /// Since when what etcd says is left of a lease may not be its
+    /// holder's doing now: the later of the last rise of etcd's raft term
+    /// and the last time etcd answered this client again after a call of
+    /// it went unanswered (renewals held meanwhile land then); none if
+    /// neither happened since this client began.
+    pub fn leases_in_doubt_since(&self) -> Option<Instant> {
+        let terms = lock(&self.terms);
+        terms.rose_at.max(terms.back_at)
     }
 
     /// POSTs `body` to `path` (with `token`, if any), trying the endpoint
@@ -516,6 +536,7 @@ impl Etcd {
                 Err(e) => failures.push(format!("{}: {e}", endpoint.text)),
             }
         }
+        lock(&self.terms).unanswered = true;
         Err(EtcdError::Unreachable(failures.join("; ")))
     }
 }

@@ -3,8 +3,12 @@ use super::*;
 /// A scripted etcd on 127.0.0.1: answers each call by its path with
 /// `answer(path)` (HTTP 200, JSON), for as long as the test runs.
 fn scripted(answer: fn(&str) -> String) -> String {
+    scripted_on(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), answer)
+}
+
+/// [`scripted`] on `listener`.
+fn scripted_on(listener: std::net::TcpListener, answer: fn(&str) -> String) -> String {
     use std::io::{BufRead as _, Read as _, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -210,4 +214,39 @@ fn a_rise_of_etcds_raft_term_is_noted_when_an_answer_first_names_it() {
         Some(rose),
         "a lower term is no rise"
     );
+}
+
+/// A call that no endpoint answered, then an answer: the leases are in
+/// doubt from that answer on (renewals etcd held meanwhile land then).
+#[test]
+fn etcd_answering_again_after_an_unanswered_call_puts_leases_in_doubt() {
+    // A port nobody listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let etcd = Etcd::new(
+        &[format!("http://127.0.0.1:{port}")],
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    assert_eq!(etcd.leases_in_doubt_since(), None);
+    assert!(etcd.get(b"k").is_err());
+    assert_eq!(etcd.leases_in_doubt_since(), None, "not answered yet");
+    scripted_on(
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+        |_| r#"{"header":{"raft_term":"3"},"kvs":[]}"#.into(),
+    );
+    let before = Instant::now();
+    etcd.get(b"k").unwrap();
+    let back = etcd.leases_in_doubt_since().expect("etcd back");
+    assert!(back >= before);
+    etcd.get(b"k").unwrap();
+    assert_eq!(
+        etcd.leases_in_doubt_since(),
+        Some(back),
+        "answered all along"
+    );
+    assert_eq!(etcd.raft_term_rose_at(), None);
 }

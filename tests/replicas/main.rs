@@ -871,6 +871,24 @@ fn asked_by_a_requester_killed_at_once(
     lease
 }
 
+/// Waits (bounded) until `lease`, of 6 s, reads stale: renewed by nobody
+/// for three tenths of its TTL and a second.
+async fn until_stale(store: &EtcdStore, lease: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = store
+            .etcd()
+            .time_to_live(lease)
+            .unwrap()
+            .map(|(left, _)| left);
+        if left.is_some_and(|left| left <= Duration::from_secs(3)) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Whether `run` is planned (`planning_started`) within `within`.
 async fn planned_within(
     events: &mut poolgate_actors::EventStream,
@@ -1314,21 +1332,7 @@ fn a_requester_gone_before_etcd_elected_anew_is_not_planned_though_etcd_renewed_
         let store = store_on(cluster.client(Duration::from_secs(1)), &config);
         let ttl = Duration::from_secs(6);
         let lease = asked_by_a_requester_killed_at_once(&store, &gone, ttl);
-        // Until its lease reads stale (renewed by nobody for three tenths
-        // of its TTL and a second).
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = store
-                .etcd()
-                .time_to_live(lease)
-                .unwrap()
-                .map(|(left, _)| left);
-            if left.is_some_and(|left| left <= Duration::from_secs(3)) {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "{left:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until_stale(&store, lease).await;
         // etcd's member restarts on its data: a new raft term, and every
         // lease a fresh TTL.
         cluster.kill(0);
@@ -1354,6 +1358,48 @@ fn a_requester_gone_before_etcd_elected_anew_is_not_planned_though_etcd_renewed_
             "the run of a requester gone was planned once etcd renewed its lease"
         );
         // A requester that renews its session is planned and committed.
+        let _session = committed_for(&requests, &mut events, "next", ttl).await;
+        live.shutdown();
+        leader.resign();
+    });
+}
+
+/// Another operator's trial: etcd's raft leader and another member
+/// paused for 5 s, a waiting requester stopped 2 s into it; the renewals
+/// it had sent the paused leader were applied as it resumed, so its
+/// lease read fresh 4 s after it had gone, with no new raft term, and the
+/// leader committed its run. Here the leader is cut from etcd (through a
+/// proxy) while the gone requester's lease is renewed once, as such a
+/// held renewal lands; once etcd answers the leader again, the requester
+/// is not planned, and one that renews is.
+#[test]
+fn a_requester_whose_last_renewal_landed_late_is_not_planned_once_etcd_answers_again() {
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let (server, proxy) = behind_proxy("late-renewal");
+    let config = config_of(&[proxy.endpoint()], "", "20s");
+    live_for(Duration::from_secs(90), async {
+        let mut leader = Replica::start(&config).unwrap();
+        let live = leader.lead(None).await.unwrap();
+        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let mut events = live.fleet.subscribe();
+        let gone = poolgate::core::RunId::new("gone").unwrap();
+        let store = store_of(&server, &config);
+        let ttl = Duration::from_secs(6);
+        let lease = asked_by_a_requester_killed_at_once(&store, &gone, ttl);
+        until_stale(&store, lease).await;
+        // The leader's calls go unanswered for 2 s (its looks, every
+        // second, among them); the gone requester's held renewal lands
+        // as etcd answers again.
+        proxy.set_cut(true);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(matches!(store.etcd().keep_alive(lease), Ok(Some(_))));
+        proxy.set_cut(false);
+        make_ready(&live.gate, "node-1").await;
+        assert!(
+            !planned_within(&mut events, &gone, Duration::from_secs(8)).await,
+            "the run of a requester gone was planned once its held renewal landed"
+        );
         let _session = committed_for(&requests, &mut events, "next", ttl).await;
         live.shutdown();
         leader.resign();

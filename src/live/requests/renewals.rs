@@ -8,9 +8,13 @@
 //! killed while etcd had no quorum reads as renewing once etcd has one
 //! again, for about three tenths of its TTL (an operator's trial: its run
 //! was committed, held by nobody, then ended when the session expired).
-//! So for one TTL after etcd's raft term rose, a lease counts as renewed
-//! only once seen renewed: its time left shrinking by less than the time
-//! between two readings.
+//! And a renewal an etcd member held while etcd could not apply it lands
+//! when it can, after its sender is gone (another trial: etcd's paused
+//! raft leader resumed). So for one TTL after either (etcd's raft term
+//! rose, or etcd answered the leader again after an outage: see
+//! `Etcd::leases_in_doubt_since`), a lease counts as renewed only once
+//! seen renewed: its time left shrinking by less than the time between
+//! two readings.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -39,16 +43,16 @@ pub(super) enum Renewal {
     Renews,
     /// It stopped: not renewed for this long.
     Stopped(Duration),
-    /// Its lease reads fresh, but etcd's raft term rose less than a TTL
-    /// ago and its holder has not been seen renewing it since.
+    /// Its lease reads fresh, but the leases were in doubt less than a
+    /// TTL ago and its holder has not been seen renewing it since.
     Unproven,
 }
 
-/// What the leader has read of its requesters' leases since etcd's raft
-/// term last rose.
+/// What the leader has read of its requesters' leases since they were
+/// last in doubt.
 #[derive(Debug, Default)]
 pub(super) struct Renewals {
-    /// The rise these readings follow.
+    /// The doubt these readings follow.
     after: Option<Instant>,
     /// The first reading of each lease since then, and when.
     first: HashMap<i64, (Instant, Duration)>,
@@ -56,26 +60,26 @@ pub(super) struct Renewals {
 
 impl Renewals {
     /// Whether the holder of `reading`'s lease renews it, read at `now`;
-    /// `rose_at`: when etcd's raft term last rose, as far as this replica
+    /// `doubt`: since when the leases are in doubt, as far as this replica
     /// saw (none: not since it started).
     pub(super) fn renewal(
         &mut self,
         reading: Reading,
-        rose_at: Option<Instant>,
+        doubt: Option<Instant>,
         now: Instant,
     ) -> Renewal {
         let unrenewed = reading.granted.saturating_sub(reading.left);
         if unrenewed >= stale_after(reading.granted) {
             return Renewal::Stopped(unrenewed);
         }
-        if self.after != rose_at {
-            self.after = rose_at;
+        if self.after != doubt {
+            self.after = doubt;
             self.first.clear();
         }
-        // Past one TTL (and etcd's rounding) since the rise, a lease only
-        // etcd's takeover renewed has expired: what is left was renewed
-        // by its holder.
-        let refreshed_by_etcd = rose_at.is_some_and(|at| {
+        // Past one TTL (and etcd's rounding) since then, a lease only
+        // etcd's takeover, or a renewal held back, renewed has expired:
+        // what is left was renewed by its holder.
+        let refreshed_by_etcd = doubt.is_some_and(|at| {
             now.saturating_duration_since(at) < reading.granted + Duration::from_secs(1)
         });
         if !refreshed_by_etcd {

@@ -157,8 +157,8 @@ pub(super) struct Looked {
     said_stale: crate::live::throttle::Throttle,
     /// Committed runs whose requester is gone, said once each.
     orphans: std::collections::BTreeSet<RunId>,
-    /// What was read of the requesters' leases since etcd's raft term
-    /// last rose.
+    /// What was read of the requesters' leases since they were last in
+    /// doubt (etcd's raft term rose, or etcd answered again).
     renewals: super::renewals::Renewals,
     /// The active run, last seen asked for (its request or its requester
     /// there): withdrawn if both go before its commit.
@@ -356,10 +356,10 @@ async fn requester_renews(
                 granted,
             };
             // Read after the answer, which may be the first to tell of a
-            // rise.
-            let rose_at = store.etcd().raft_term_rose_at();
+            // rise, or of etcd back.
+            let doubt = store.etcd().leases_in_doubt_since();
             let now = std::time::Instant::now();
-            let renewal = looked.renewals.renewal(reading, rose_at, now);
+            let renewal = looked.renewals.renewal(reading, doubt, now);
             if renewal != Renewal::Renews {
                 if let Some(held) = looked.said_stale.allow(now) {
                     match renewal {
@@ -367,7 +367,7 @@ async fn requester_renews(
                             tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session")
                         }
                         _ => {
-                            tracing::info!(%run, held, "etcd elected a raft leader, which gave every lease a fresh TTL: a run's requester is not planned until it is seen renewing its session itself")
+                            tracing::info!(%run, held, "etcd elected a raft leader (which gives every lease a fresh TTL) or answered again after an outage (renewals it held land late): a run's requester is not planned until it is seen renewing its session itself")
                         }
                     }
                 }
