@@ -1323,44 +1323,30 @@ fn a_requester_gone_before_etcd_elected_anew_is_not_planned_though_etcd_renewed_
     let mut cluster = etcd::Cluster::start("renewed-by-etcd", 1);
     // A lease the leader's renewals ride through etcd's restart on.
     let config = config_of(&cluster.endpoints(), "", "20s");
+    let store = store_on(cluster.client(Duration::from_secs(1)), &config);
     live_for(Duration::from_secs(90), async {
-        let mut leader = Replica::start(&config).unwrap();
-        let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
-        let mut events = live.fleet.subscribe();
-        let gone = poolgate::core::RunId::new("gone").unwrap();
-        let store = store_on(cluster.client(Duration::from_secs(1)), &config);
-        let ttl = Duration::from_secs(6);
-        let lease = asked_by_a_requester_killed_at_once(&store, &gone, ttl);
-        until_stale(&store, lease).await;
-        // etcd's member restarts on its data: a new raft term, and every
-        // lease a fresh TTL.
-        cluster.kill(0);
-        cluster.restart(0);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let refreshed = loop {
-            if let Ok(Some((left, _))) = store.etcd().time_to_live(lease) {
-                break left;
-            }
+        a_gone_requester_is_not_planned_after(&config, &store, async |store, lease| {
+            // etcd's member restarts on its data: a new raft term, and
+            // every lease a fresh TTL.
+            cluster.kill(0);
+            cluster.restart(0);
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let refreshed = loop {
+                if let Ok(Some((left, _))) = store.etcd().time_to_live(lease) {
+                    break left;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "etcd did not answer again"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             assert!(
-                std::time::Instant::now() < deadline,
-                "etcd did not answer again"
+                refreshed >= Duration::from_secs(5),
+                "etcd's new term gave the lease a fresh TTL: {refreshed:?} left"
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        assert!(
-            refreshed >= Duration::from_secs(5),
-            "etcd's new term gave the lease a fresh TTL: {refreshed:?} left"
-        );
-        make_ready(&live.gate, "node-1").await;
-        assert!(
-            !planned_within(&mut events, &gone, Duration::from_secs(8)).await,
-            "the run of a requester gone was planned once etcd renewed its lease"
-        );
-        // A requester that renews its session is planned and committed.
-        let _session = committed_for(&requests, &mut events, "next", ttl).await;
-        live.shutdown();
-        leader.resign();
+        })
+        .await;
     });
 }
 
@@ -1378,32 +1364,49 @@ fn a_requester_whose_last_renewal_landed_late_is_not_planned_once_etcd_answers_a
     let _one_at_a_time = one_at_a_time();
     let (server, proxy) = behind_proxy("late-renewal");
     let config = config_of(&[proxy.endpoint()], "", "20s");
+    let store = store_of(&server, &config);
     live_for(Duration::from_secs(90), async {
-        let mut leader = Replica::start(&config).unwrap();
-        let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
-        let mut events = live.fleet.subscribe();
-        let gone = poolgate::core::RunId::new("gone").unwrap();
-        let store = store_of(&server, &config);
-        let ttl = Duration::from_secs(6);
-        let lease = asked_by_a_requester_killed_at_once(&store, &gone, ttl);
-        until_stale(&store, lease).await;
-        // The leader's calls go unanswered for 2 s (its looks, every
-        // second, among them); the gone requester's held renewal lands
-        // as etcd answers again.
-        proxy.set_cut(true);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(matches!(store.etcd().keep_alive(lease), Ok(Some(_))));
-        proxy.set_cut(false);
-        make_ready(&live.gate, "node-1").await;
-        assert!(
-            !planned_within(&mut events, &gone, Duration::from_secs(8)).await,
-            "the run of a requester gone was planned once its held renewal landed"
-        );
-        let _session = committed_for(&requests, &mut events, "next", ttl).await;
-        live.shutdown();
-        leader.resign();
+        a_gone_requester_is_not_planned_after(&config, &store, async |store, lease| {
+            // The leader's calls go unanswered for 2 s (its looks, every
+            // second, among them); the gone requester's held renewal
+            // lands as etcd answers again.
+            proxy.set_cut(true);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(matches!(store.etcd().keep_alive(lease), Ok(Some(_))));
+            proxy.set_cut(false);
+        })
+        .await;
     });
+}
+
+/// Leads on `config`; a requester asks for a run over node-1 and is gone
+/// at once (its lease of 6 s, in `store`, renewed by nobody) until its
+/// lease reads stale; then `doubt` (given the lease) makes etcd renew it
+/// without its holder. Once the pool is ready, the run of the requester
+/// gone is not planned, and one that renews is.
+async fn a_gone_requester_is_not_planned_after(
+    config: &Config,
+    store: &EtcdStore,
+    doubt: impl AsyncFnOnce(&EtcdStore, i64),
+) {
+    let mut leader = Replica::start(config).unwrap();
+    let live = leader.lead(None).await.unwrap();
+    let requests = poolgate::live::replica::requests_of(config).unwrap();
+    let mut events = live.fleet.subscribe();
+    let gone = poolgate::core::RunId::new("gone").unwrap();
+    let ttl = Duration::from_secs(6);
+    let lease = asked_by_a_requester_killed_at_once(store, &gone, ttl);
+    until_stale(store, lease).await;
+    doubt(store, lease).await;
+    make_ready(&live.gate, "node-1").await;
+    assert!(
+        !planned_within(&mut events, &gone, Duration::from_secs(8)).await,
+        "the run of a requester gone was planned once etcd renewed its lease"
+    );
+    // A requester that renews its session is planned and committed.
+    let _session = committed_for(&requests, &mut events, "next", ttl).await;
+    live.shutdown();
+    leader.resign();
 }
 
 #[test]
