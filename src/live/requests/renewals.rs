@@ -83,7 +83,8 @@ impl Renewals {
             now.saturating_duration_since(at) < reading.granted + Duration::from_secs(1)
         });
         if !refreshed_by_etcd {
-            self.first.clear();
+            // Another lease, of a longer TTL, may still be in doubt.
+            self.first.remove(&reading.lease);
             return Renewal::Renews;
         }
         let &mut (then, left_then) = self
@@ -214,5 +215,30 @@ mod tests {
                 "a {secs} s lease unrenewed for {gone:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_lease_past_its_doubt_does_not_erase_what_was_seen_of_a_longer_one() {
+        let doubt = Instant::now();
+        let mut renewals = Renewals::default();
+        let long = |since: Duration| Reading {
+            lease: 2,
+            left: Duration::from_secs(30 - since.as_secs()),
+            granted: Duration::from_secs(30),
+        };
+        let at = doubt + Duration::from_secs(12);
+        assert_eq!(
+            renewals.renewal(long(Duration::ZERO), Some(doubt), at),
+            Renewal::Unproven
+        );
+        // The 10 s lease, past its doubt, read in between.
+        let short = reading(1, Duration::ZERO);
+        let later = at + Duration::from_secs(2);
+        assert_eq!(renewals.renewal(short, Some(doubt), later), Renewal::Renews);
+        // The 30 s lease renewed meanwhile: full again two seconds on.
+        assert_eq!(
+            renewals.renewal(long(Duration::ZERO), Some(doubt), later),
+            Renewal::Renews
+        );
     }
 }
