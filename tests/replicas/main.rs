@@ -1650,7 +1650,8 @@ fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
             })
             .unwrap();
         let gate = poolgate::Gate::try_start(settings).unwrap();
-        let serving = actix::spawn(poolgate::live::requests::serve(
+        let serving = actix::spawn(poolgate::live::requests::serve_in(
+            None,
             gate.clone(),
             Arc::clone(&store),
             config.pool.clone(),

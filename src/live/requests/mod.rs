@@ -39,7 +39,7 @@ mod requester;
 mod server;
 
 pub use requester::{GaveUp, Requests, Session};
-pub use server::{serve, serve_in, RequestServer, REQUESTER_GONE};
+pub use server::{serve_in, RequestServer, REQUESTER_GONE};
 
 /// The key of the pool's state the leader publishes.
 pub const STATUS: &str = "status";

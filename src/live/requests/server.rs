@@ -11,25 +11,16 @@ use crate::state::etcd::EtcdStore;
 use super::renewals::Renewal;
 use super::{blocking, Outcome, Request, LEADER_LOOK_EVERY, STATUS, WATCH_SPAN};
 
-/// The leader's side, for one term: serves the requests on `gate` until
-/// the task is aborted (the term ends).
+/// The leader's side, for one term: serves the requests on `gate` (a
+/// pool of `fleet`, if given) until the task is aborted (the term ends).
 ///
 /// `aborted_at_start` is the run the term found planning in etcd: the
 /// gate aborted it as it started (`planning_aborted`, `restarted`),
-/// before this task could subscribe; its end is written first.
-pub async fn serve(
-    gate: Gate,
-    store: Arc<EtcdStore>,
-    pool: poolgate_actors::core::PoolDefinition,
-    aborted_at_start: Option<RunId>,
-) {
-    serve_in(None, gate, store, pool, aborted_at_start).await;
-}
-
-/// As [`serve`], for a pool of `fleet`: a run asked of it whose nodes
-/// another pool's committed run holds waits for them before its planning
-/// begins (a planning begun then refused `reserved`, and left by a
-/// requester that gave up, would hold the pool until a takeover).
+/// before this task could subscribe; its end is written first. A run
+/// asked of a pool of `fleet` whose nodes another pool's committed run
+/// holds waits for them before its planning begins (a planning begun
+/// then refused `reserved`, and left by a requester that gave up, would
+/// hold the pool until a takeover).
 pub async fn serve_in(
     fleet: Option<poolgate_actors::Fleet>,
     gate: Gate,
@@ -127,7 +118,7 @@ pub(super) fn watch_requests(store: Arc<EtcdStore>) -> tokio::sync::mpsc::Receiv
     changed
 }
 
-/// What the leader's side keeps for one term (see [`serve`]).
+/// What the leader's side keeps for one term (see [`serve_in`]).
 #[derive(Debug)]
 pub struct RequestServer {
     gate: Gate,
@@ -360,19 +351,22 @@ async fn requester_renews(
             let doubt = store.etcd().leases_in_doubt_since();
             let now = std::time::Instant::now();
             let renewal = looked.renewals.renewal(reading, doubt, now);
-            if renewal != Renewal::Renews {
-                if let Some(held) = looked.said_stale.allow(now) {
-                    match renewal {
-                        Renewal::Stopped(unrenewed) => {
-                            tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session")
-                        }
-                        _ => {
-                            tracing::info!(%run, held, "etcd elected a raft leader (which gives every lease a fresh TTL) or answered again after an outage (renewals it held land late): a run's requester is not planned until it is seen renewing its session itself")
-                        }
+            let said = |looked: &mut Looked| looked.said_stale.allow(now);
+            match renewal {
+                Renewal::Renews => true,
+                Renewal::Stopped(unrenewed) => {
+                    if let Some(held) = said(looked) {
+                        tracing::info!(%run, unrenewed = %crate::config::in_words(unrenewed), held, "a run's requester stopped renewing its session (killed or paused): not planned until it renews, or its request goes with the session");
                     }
+                    false
+                }
+                Renewal::Unproven => {
+                    if let Some(held) = said(looked) {
+                        tracing::info!(%run, held, "etcd elected a raft leader (which gives every lease a fresh TTL) or answered again after an outage (renewals it held land late): a run's requester is not planned until it is seen renewing its session itself");
+                    }
+                    false
                 }
             }
-            renewal == Renewal::Renews
         }
         Ok(None) => false,
         Err(e) => {
