@@ -132,7 +132,10 @@ pub mod core {
 /// message.
 #[cfg(feature = "testing")]
 pub use poolgate_actors::testing;
+/// What [`Gate::submit`] did (the replay's way in).
+#[doc(hidden)]
+pub use poolgate_actors::Accepted;
 pub use poolgate_actors::{
-    Accepted, Clock, DurableSettings, EventStream, Fleet, Gate, GateError, GateSettings, Outcome,
-    ReadyProof, Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
+    Clock, DurableSettings, EventStream, Fleet, Gate, GateError, GateSettings, Outcome, ReadyProof,
+    Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
 };

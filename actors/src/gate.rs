@@ -527,7 +527,10 @@ impl Gate {
     /// an input stamped `T` must arrive before the clock reaches `T` for it
     /// to be applied before timers due at `T`, and no more than
     /// [`SUBMIT_AHEAD`] before ([`GateError::StampAhead`]: applied, it
-    /// would move the gate's time on by as much).
+    /// would move the gate's time on by as much). The replay's way in
+    /// (`poolgate replay`); an embedder feeds the gate with the typed
+    /// calls above.
+    #[doc(hidden)]
     pub async fn submit(&self, at: Time, input: Input) -> Result<Accepted, GateError> {
         stamp_not_ahead(self.clock, at)?;
         match input {
@@ -569,6 +572,7 @@ impl Gate {
 
     /// Counts a refusal made before the input reached the gate (the replay
     /// reads invalid identity material and pool definitions as such).
+    #[doc(hidden)]
     pub fn count_rejection(&self, refused: &GateError) {
         telemetry::rejected(refused.code());
     }

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 mod json;
 mod tls;
 
-pub use json::{b64, created_at, kvs, modified_at, prefix_range, put, range, revision};
+pub(crate) use json::{b64, created_at, kvs, modified_at, prefix_range, put, range, revision};
 use json::{int, prefix_end};
 pub use tls::TlsFiles;
 

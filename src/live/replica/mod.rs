@@ -255,6 +255,7 @@ impl Replica {
     /// Runs asked of whichever replica leads, through this replica's etcd
     /// (of its first pool: `run --pool` narrows the configuration to the
     /// pool it asks of).
+    #[doc(hidden)]
     pub fn requests(&self) -> super::requests::Requests {
         let store = self.records.first().map_or(&self.store, |r| &r.store);
         super::requests::Requests::new(Arc::clone(store))
