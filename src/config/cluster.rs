@@ -17,6 +17,27 @@ use super::endpoint::Endpoint;
 use super::ConfigError;
 use crate::keys::PublicKey;
 
+/// `[agents] max_connections`: how many agent connections may be open at
+/// once.
+pub(crate) const MAX_CONNECTIONS: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+
+/// What a whole number outside `range` is told.
+pub(crate) fn range_problem(range: &std::ops::RangeInclusive<u64>) -> String {
+    format!(
+        "must be a whole number from {} to {}",
+        range.start(),
+        range.end()
+    )
+}
+
+/// Why `timings` cannot hold together, if they cannot: the key at fault
+/// and what it must be. The one rule for `config.toml` and for a `Config`
+/// built in code.
+pub(crate) fn timings_problem(timings: &SwimTimings) -> Option<(&'static str, &'static str)> {
+    (timings.probe_rtt >= timings.probe_period)
+        .then_some(("swim.probe_rtt", "must be shorter than swim.probe_period"))
+}
+
 /// Members asked to probe a silent member before it is suspected. foca's
 /// default is 3; with 3, 1% packet loss made a false suspicion about once
 /// per 125 node-hours in simulation, and the gate faults a committed run on a
@@ -284,12 +305,8 @@ impl Doc<'_> {
         if let Some(value) = table.get("indirect_probes") {
             timings.indirect_probes = self.whole(value, "swim.indirect_probes", 1..=16)? as usize;
         }
-        if timings.probe_rtt >= timings.probe_period {
-            return Err(self.error(
-                rtt_span.unwrap_or(0..0),
-                "swim.probe_rtt",
-                "must be shorter than swim.probe_period",
-            ));
+        if let Some((key, problem)) = timings_problem(timings) {
+            return Err(self.error(rtt_span.unwrap_or(0..0), key, problem));
         }
         Ok(swim)
     }
@@ -306,7 +323,7 @@ impl Doc<'_> {
         }
         if let Some(value) = table.get("max_connections") {
             agents.max_connections =
-                self.whole(value, "agents.max_connections", 1..=1_000_000)? as usize;
+                self.whole(value, "agents.max_connections", MAX_CONNECTIONS)? as usize;
         }
         if let Some(value) = table.get("idle_timeout") {
             agents.idle_timeout = self.duration(value, "agents.idle_timeout")?.0;
@@ -358,6 +375,8 @@ impl Doc<'_> {
         Endpoint::parse(&text).map_err(|e| self.error(span, key, e))
     }
 
+    /// A whole number in `range`, else "must be a whole number from … to
+    /// …" ([`range_problem`]).
     pub(super) fn whole(
         &self,
         value: &Value<'_>,
@@ -369,17 +388,7 @@ impl Doc<'_> {
             .as_integer()
             .and_then(|n| u64::from_str_radix(&n.as_str().replace('_', ""), n.radix()).ok())
             .filter(|n| range.contains(n))
-            .ok_or_else(|| {
-                self.error(
-                    value.span(),
-                    key,
-                    format!(
-                        "must be a whole number from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                )
-            })
+            .ok_or_else(|| self.error(value.span(), key, range_problem(&range)))
     }
 
     pub(super) fn socket_addr(

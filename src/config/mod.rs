@@ -17,7 +17,7 @@ use poolgate_actors::core::{OnReadinessLost, PlanningPolicy, PoolDefinition};
 use poolgate_actors::GateSettings;
 
 #[cfg(feature = "live")]
-mod cluster;
+pub(crate) mod cluster;
 mod doc;
 pub mod endpoint;
 #[cfg(feature = "live")]
@@ -27,6 +27,8 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
+/// The TLS files `[state] ca_file`, `cert_file` and `key_file` name.
+pub use crate::etcd::TlsFiles;
 #[cfg(feature = "live")]
 pub use cluster::{
     label_problem, AgentsConfig, DemoConfig, Registry, SwimConfig, SwimTimings,
@@ -174,7 +176,7 @@ pub struct StateConfig {
     /// `ca_file`, `cert_file`, `key_file`: TLS to `https://` endpoints
     /// (the authorities that sign etcd's certificates; the client's
     /// certificate and key, for etcd's `--client-cert-auth`).
-    pub tls: crate::etcd::TlsFiles,
+    pub tls: TlsFiles,
 }
 
 /// `[state] lease`'s default.
@@ -198,7 +200,7 @@ impl Default for StateConfig {
             username: None,
             password_file: None,
             insecure: false,
-            tls: crate::etcd::TlsFiles::default(),
+            tls: TlsFiles::default(),
         }
     }
 }

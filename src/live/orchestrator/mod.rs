@@ -454,8 +454,12 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
         })
     };
     let agents = &config.agents;
-    if !(1..=1_000_000).contains(&agents.max_connections) {
-        return wrong("agents.max_connections", "must be 1 to 1,000,000");
+    let limit = crate::config::cluster::MAX_CONNECTIONS;
+    if !u64::try_from(agents.max_connections).is_ok_and(|n| limit.contains(&n)) {
+        return wrong(
+            "agents.max_connections",
+            &crate::config::cluster::range_problem(&limit),
+        );
     }
     if let Some(problem) = crate::config::label_problem(&config.swim.label) {
         return wrong("swim.label", problem);
@@ -472,8 +476,8 @@ fn check_live(config: &Config) -> Result<(), LiveError> {
             return wrong(key, problem);
         }
     }
-    if timings.probe_rtt >= timings.probe_period {
-        return wrong("swim.probe_rtt", "must be shorter than swim.probe_period");
+    if let Some((key, problem)) = crate::config::cluster::timings_problem(timings) {
+        return wrong(key, problem);
     }
     Ok(())
 }
