@@ -187,9 +187,16 @@ impl RequiredNodes {
     /// The plan's nodes, sorted and each once; `None` for an empty plan
     /// (`invalid_plan`).
     pub fn new(mut nodes: Vec<NodeId>) -> Option<Self> {
-        nodes.sort();
-        nodes.dedup();
+        Self::in_order(&mut nodes, |node| node);
         (!nodes.is_empty()).then_some(Self(nodes))
+    }
+
+    /// Puts `entries` in a required set's order: sorted by node, each
+    /// node once (its first entry). The one rule, for the set and for a
+    /// stored run's entries (node and fingerprint).
+    pub(crate) fn in_order<T>(entries: &mut Vec<T>, node: impl Fn(&T) -> &NodeId) {
+        entries.sort_by(|a, b| node(a).cmp(node(b)));
+        entries.dedup_by(|a, b| node(a) == node(b));
     }
 
     /// Whether `node` is one of them.

@@ -657,8 +657,7 @@ impl PoolMachine {
         // Kept as stored (its required set in order, as a commit keeps
         // it): the next durable write (an epoch) must keep it.
         let mut kept = stored.clone();
-        kept.required.sort_by(|a, b| a.0.cmp(&b.0));
-        kept.required.dedup_by(|a, b| a.0 == b.0);
+        RequiredNodes::in_order(&mut kept.required, |(node, _)| node);
         let guard = RunGuard::restored(
             kept.run.clone(),
             self.readiness.id().clone(),
