@@ -5,7 +5,7 @@
 //! are fed, the clock is moved to 1 ms before `T` (everything due earlier
 //! has then fired and settled, because a paused clock only moves when the
 //! runtime is idle); the records are stamped `T` explicitly. So inputs at
-//! `T` are applied before timers due at `T`, as the spec requires. After the
+//! `T` are applied before timers due at `T` (design §5). After the
 //! last record, the clock moves on until no timer is pending.
 //!
 //! Events are printed in time order: each is held until no earlier one can
