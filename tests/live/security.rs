@@ -796,14 +796,18 @@ fn a_frame_captured_before_an_orchestrator_restart_is_refused_after_it() {
             let (answer, _) =
                 announce_once(live.agents_addr, &key, "poolgate", "n1", 5, &state).await;
             assert_eq!(answer, None, "accepted");
-            // Past the interval at which sequences are written.
+            // The process ends (no stop: as a crash) three of the
+            // intervals at which sequences are written after the frame.
             tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
         }
     });
     live(async move {
         let live = Orchestrator::start(&config).await.unwrap();
-        assert!(
-            send(live.agents_addr, &captured).await,
+        // Refused as a replay (a sequence not kept would have it answered
+        // with the connection's challenge: refused too, but not for this).
+        assert_eq!(
+            refusal_code(live.agents_addr, &captured).await.as_deref(),
+            Some(wire::REPLAYED),
             "the replay is refused after a restart"
         );
         let (answer, _) = announce_once(live.agents_addr, &key, "poolgate", "n1", 6, &state).await;
@@ -1212,6 +1216,18 @@ async fn answer_to(agents: SocketAddr, frame: &[u8]) -> Option<String> {
     }
 }
 
+/// The code of the refusal `frame` is answered with on a new connection
+/// (`None`: it was not refused; answered with a challenge, say).
+async fn refusal_code(agents: SocketAddr, frame: &[u8]) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(agents).await.unwrap();
+    stream.write_all(frame).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(2), wire::read_reply(&mut stream)).await;
+    match reply {
+        Ok(Ok(Some(wire::Reply::Refused { code, .. }))) => Some(code),
+        _ => None,
+    }
+}
+
 fn announcing(name: &str) -> Announcement {
     Announcement {
         available: true,
@@ -1259,8 +1275,7 @@ fn a_stolen_keys_last_sequence_does_not_lock_out_the_key_registered_in_its_place
         // The old key's frames are refused from now on.
         let again = wire::encode(&thief, &label, "n1", 5, None, &announcing("n1"));
         assert!(answer_to(live.agents_addr, &again).await.is_some());
-        // Written (every 100 ms) before the stop.
-        tokio::time::sleep(poolgate::live::orchestrator::SEQUENCES_EVERY * 3).await;
+        // Stopped at once: a stop writes the last sequences.
         live.stop().await;
     });
     // Restarted with the new key pinned: its next frame counts.
@@ -1269,8 +1284,9 @@ fn a_stolen_keys_last_sequence_does_not_lock_out_the_key_registered_in_its_place
         let live = Orchestrator::start(&config).await.unwrap();
         let label = config.swim.label.clone();
         let replayed = wire::encode(&fresh, &label, "n1", 1000, None, &announcing("n1"));
-        assert!(
-            answer_to(live.agents_addr, &replayed).await.is_some(),
+        assert_eq!(
+            refusal_code(live.agents_addr, &replayed).await.as_deref(),
+            Some(wire::REPLAYED),
             "the new key's own sequences hold across the restart"
         );
         let (answer, _) = announce_once(

@@ -385,7 +385,10 @@ impl Orchestrator {
     /// same addresses can be bound again at once (a replica's next term),
     /// and once the state file is let go (the pool actors and any write
     /// in flight done with it), so it can be opened again at once; each
-    /// wait at most 2 s.
+    /// wait at most 2 s. With a state file, the agents' last sequences are
+    /// written first (a frame accepted just before the stop cannot be
+    /// replayed after it; [`Orchestrator::shutdown`] and a crash keep
+    /// those written up to [`SEQUENCES_EVERY`] before).
     pub async fn stop(self) {
         self.fleet.stop();
         for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
@@ -402,6 +405,8 @@ impl Orchestrator {
             swim,
             owns_swim,
             store,
+            nodes,
+            registry,
             ..
         } = self;
         drop((fleet, gate));
@@ -411,6 +416,18 @@ impl Orchestrator {
         for task in tasks.into_iter().chain(pool_tasks) {
             let _ = task.await;
         }
+        // No frame is taken any more: the last sequences go to a state
+        // file (bounded, as the waits below).
+        if let Some(store) = store.as_ref().filter(|s| s.exclusive()) {
+            let last = sequences::save_last(store, &nodes, &registry);
+            if tokio::time::timeout(std::time::Duration::from_secs(2), last)
+                .await
+                .is_err()
+            {
+                tracing::warn!("agent sequences not written at the stop within 2s");
+            }
+        }
+        drop(nodes);
         // A state file is let go once the last of its handles is.
         let store = store.filter(|s| s.exclusive()).map(|s| Arc::downgrade(&s));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);

@@ -2,7 +2,7 @@
 //! protection): written to the state store as they rise, read back at
 //! start for the registry's keys.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use poolgate_actors::core::NodeId;
@@ -34,27 +34,10 @@ pub(super) async fn keep_sequences(
     let mut failing_since: Option<std::time::Instant> = None;
     loop {
         tokio::time::sleep(SEQUENCES_EVERY).await;
-        // Labelled with their keys under the nodes' lock, where a key is
-        // replaced: a sequence is never stored under a key that did not
-        // sign it.
-        let (current, sequences) = {
-            let held = lock(&nodes);
-            if *held.sequences() == written {
-                continue;
-            }
-            let sequences: std::collections::BTreeMap<String, u64> = held
-                .sequences()
-                .iter()
-                .map(|(node, seq)| (sequence_key(node, pinned(&registry, node).as_ref()), *seq))
-                .collect();
-            (held.sequences().clone(), sequences)
+        let Some((current, sequences)) = labelled(&nodes, &registry, &written) else {
+            continue;
         };
-        // Off the actors' thread (a write ends with an fsync, every 100 ms
-        // while nodes send frames), one at a time, in order.
-        let writer = Arc::clone(&store);
-        let saved = tokio::task::spawn_blocking(move || writer.save_sequences(&sequences)).await;
-        let saved = saved.unwrap_or_else(|e| Err(crate::StoreError(e.to_string())));
-        match saved {
+        match save(&store, sequences).await {
             Ok(()) => {
                 written = current;
                 if let Some(since) = failing_since.take() {
@@ -73,6 +56,58 @@ pub(super) async fn keep_sequences(
                 }
             }
         }
+    }
+}
+
+/// The sequences as they are now, if they differ from `written`: as held,
+/// and as stored (each labelled with its node's key). Labelled under the
+/// nodes' lock, where a key is replaced: a sequence is never stored under
+/// a key that did not sign it.
+fn labelled(
+    nodes: &Mutex<Nodes>,
+    registry: &Registry,
+    written: &HashMap<NodeId, u64>,
+) -> Option<(HashMap<NodeId, u64>, BTreeMap<String, u64>)> {
+    let held = lock(nodes);
+    if held.sequences() == written {
+        return None;
+    }
+    let sequences = held
+        .sequences()
+        .iter()
+        .map(|(node, seq)| (sequence_key(node, pinned(registry, node).as_ref()), *seq))
+        .collect();
+    Some((held.sequences().clone(), sequences))
+}
+
+/// Writes `sequences` off the actors' thread (a write ends with an fsync,
+/// every 100 ms while nodes send frames).
+async fn save(
+    store: &Arc<dyn crate::state::OrchestratorStore>,
+    sequences: BTreeMap<String, u64>,
+) -> Result<(), crate::StoreError> {
+    let writer = Arc::clone(store);
+    tokio::task::spawn_blocking(move || writer.save_sequences(&sequences))
+        .await
+        .unwrap_or_else(|e| Err(crate::StoreError(e.to_string())))
+}
+
+/// At a stop (the writer and the listener ended): writes the sequences
+/// once more, so a frame accepted in the last interval before a clean stop
+/// cannot be replayed after it either. For a state file only: among
+/// replicas the next leader reads what the term wrote, and a term that
+/// ended cannot write.
+pub(super) async fn save_last(
+    store: &Arc<dyn crate::state::OrchestratorStore>,
+    nodes: &Mutex<Nodes>,
+    registry: &Registry,
+) {
+    let Some((_, sequences)) = labelled(nodes, registry, &HashMap::new()) else {
+        return;
+    };
+    if let Err(e) = save(store, sequences).await {
+        metrics::counter!("poolgate_state_write_errors_total").increment(1);
+        tracing::warn!(error = %e, "agent sequences not written at the stop");
     }
 }
 
