@@ -460,8 +460,13 @@ fn a_replayed_frame_and_an_older_sequence_are_refused_and_change_nothing() {
             }
             other => panic!("the replay was not refused: {other:?}"),
         }
-        assert!(send(live.agents_addr, &up).await, "the replay is refused");
-        assert!(send(live.agents_addr, &older).await, "the older one too");
+        for (frame, what) in [(&up, "the replay"), (&older, "an older sequence")] {
+            assert_eq!(
+                refusal_code(live.agents_addr, frame).await.as_deref(),
+                Some(wire::REPLAYED),
+                "{what} is refused as a replay"
+            );
+        }
         assert!(
             blocked(live.gate.report().await.unwrap()),
             "nothing changed"
