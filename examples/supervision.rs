@@ -20,7 +20,7 @@ use poolgate::core::{
     MembershipUpdate, NodeId, OnReadinessLost, PlanningPolicy, PoolDefinition, PoolId,
     RegistryFact, SwimState,
 };
-use poolgate::{Gate, GateSettings, Outcome};
+use poolgate::{Gate, GateSettings, ObservationOutcome};
 use poolgate_actors::core::Observation;
 use poolgate_actors::testing::{fail_next, Actor};
 
@@ -158,7 +158,7 @@ async fn recovery(actor: Option<&str>, rounds: usize) -> Vec<f64> {
                 // applied by the restarted one (its facts start over).
                 fail_next(&gate, Actor::Node(node.clone()));
                 let applied = gate.membership(update).await.expect("answered");
-                assert_eq!(applied, Outcome::Changed);
+                assert_eq!(applied, ObservationOutcome::Changed);
                 samples.push(began.elapsed().as_secs_f64() * 1e6);
                 make_ready(&gate, &node).await;
             }

@@ -136,6 +136,6 @@ pub use poolgate_actors::testing;
 #[doc(hidden)]
 pub use poolgate_actors::Accepted;
 pub use poolgate_actors::{
-    Clock, DurableSettings, EventStream, Fleet, Gate, GateError, GateSettings, Outcome, ReadyProof,
-    Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
+    Clock, DurableSettings, EventStream, Fleet, Gate, GateError, GateSettings, ObservationOutcome,
+    ReadyProof, Recording, StateStore, StoreError, TryRecvError, EVENT_QUEUE,
 };

@@ -10,8 +10,8 @@ use actix::Addr;
 use crate::clock::Clock;
 use crate::error::GateError;
 use crate::messages::{
-    ApplyObservation, BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault, Outcome,
-    TimerDue,
+    ApplyObservation, BeginPlanning, CommitPlan, GetReport, InjectFault, InjectPoolFault,
+    ObservationOutcome, TimerDue,
 };
 use crate::pool_actor::PoolActor;
 use crate::publisher::Publisher;
@@ -82,7 +82,7 @@ async fn ready(members: &[&str]) -> Subsystem {
 }
 
 impl Subsystem {
-    async fn observe(&self, name: &str, observation: Observation) -> Outcome {
+    async fn observe(&self, name: &str, observation: Observation) -> ObservationOutcome {
         let addr = self.router.route(&node(name)).expect("a candidate");
         addr.send(ApplyObservation {
             at: self.clock.now(),
@@ -153,7 +153,7 @@ fn a_failed_node_actor_counts_as_not_ready_and_is_restarted_empty() {
             // The restarted actor starts empty and works: b reports again.
             assert_eq!(
                 gate.observe("b", Observation::Known).await,
-                Outcome::Changed
+                ObservationOutcome::Changed
             );
             gate.make_ready("b").await;
             gate.advance_to(6001).await;
@@ -257,7 +257,7 @@ fn a_convergence_timer_that_fires_after_the_view_changed_is_ignored() {
             incarnation: 2,
         };
         // The armed timer (due at 1 s) is kept: re-arming is lazy.
-        assert_eq!(gate.observe("a", bump).await, Outcome::Changed);
+        assert_eq!(gate.observe("a", bump).await, ObservationOutcome::Changed);
         // Messages of other generations arrive late: none fires anything.
         for generation in [0, 2, 7] {
             gate.pool.do_send(TimerDue { generation });
@@ -319,7 +319,7 @@ fn a_run_actor_that_fails_faults_its_run_internal_and_never_drops_it() {
                 }
             )
             .await,
-            Outcome::Changed
+            ObservationOutcome::Changed
         );
         gate.advance_to(1200).await;
         let events = gate.drain();

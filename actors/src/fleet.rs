@@ -58,7 +58,7 @@ use poolgate_core::{
 use crate::clock::Clock;
 use crate::error::GateError;
 use crate::gate::{Accepted, Gate};
-use crate::messages::{Fanout, Outcome};
+use crate::messages::{Fanout, ObservationOutcome};
 use crate::publisher::{EventStream, Publisher};
 use crate::recording::Recording;
 use crate::reservations::Reservations;
@@ -494,8 +494,8 @@ impl Fleet {
             Input::Observation { node, observation } => {
                 let reached = self.observe(at, node, observation).await?;
                 Ok(Accepted::Observation(match reached {
-                    0 => Outcome::NotCandidate,
-                    _ => Outcome::Changed,
+                    0 => ObservationOutcome::NotCandidate,
+                    _ => ObservationOutcome::Changed,
                 }))
             }
             Input::Command(Command::DefinePool(definition)) => {

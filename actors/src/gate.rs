@@ -27,7 +27,7 @@ use actix::Addr;
 use crate::clock::Clock;
 use crate::messages::{
     AbortPlanning, ApplyObservation, ApplyObservations, BeginPlanning, CommitPlan, DefinePool,
-    Fanout, FinishRun, GetReport, Outcome, PendingDeadline,
+    Fanout, FinishRun, GetReport, ObservationOutcome, PendingDeadline,
 };
 use crate::node_actor::NodeActor;
 use crate::pool_actor::PoolActor;
@@ -46,7 +46,7 @@ pub use crate::error::GateError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accepted {
     /// An observation, and what became of it.
-    Observation(Outcome),
+    Observation(ObservationOutcome),
     /// Planning began on this epoch.
     Planning(Epoch),
     /// A command was carried out.
@@ -304,14 +304,17 @@ impl Gate {
     /// source that keeps no incarnations (heartbeats, a cloud API) goes
     /// through [`core::PlainMembership`](crate::core::PlainMembership),
     /// which gives each change the incarnation the gate admits.
-    pub async fn membership(&self, update: MembershipUpdate) -> Result<Outcome, GateError> {
+    pub async fn membership(
+        &self,
+        update: MembershipUpdate,
+    ) -> Result<ObservationOutcome, GateError> {
         let (node, observation) = update.into_observation();
         self.route(self.clock.now(), Fanout::Own, node, observation)
             .await
     }
 
     /// Feeds a node agent's report.
-    pub async fn agent(&self, report: AgentReport) -> Result<Outcome, GateError> {
+    pub async fn agent(&self, report: AgentReport) -> Result<ObservationOutcome, GateError> {
         let (node, observation) = report.into_observation();
         self.route(self.clock.now(), Fanout::Own, node, observation)
             .await
@@ -320,7 +323,11 @@ impl Gate {
     /// Feeds a node agent's identity material as the agent sent it: bytes
     /// that are not valid material (empty, over 16 KiB) are refused with
     /// [`GateError::InvalidIdentity`] and the node keeps the identity it had.
-    pub async fn identity(&self, node: NodeId, bytes: Vec<u8>) -> Result<Outcome, GateError> {
+    pub async fn identity(
+        &self,
+        node: NodeId,
+        bytes: Vec<u8>,
+    ) -> Result<ObservationOutcome, GateError> {
         match AgentReport::identity(node, bytes) {
             Ok(report) => self.agent(report).await,
             Err(invalid) => Err(Self::counted(invalid.into())),
@@ -338,7 +345,7 @@ impl Gate {
         &self,
         node: NodeId,
         observations: Vec<Observation>,
-    ) -> Result<Vec<Outcome>, GateError> {
+    ) -> Result<Vec<ObservationOutcome>, GateError> {
         self.observe_all_at(self.clock.now(), Fanout::Own, node, observations)
             .await
     }
@@ -350,7 +357,7 @@ impl Gate {
         fanout: Fanout,
         node: NodeId,
         observations: Vec<Observation>,
-    ) -> Result<Vec<Outcome>, GateError> {
+    ) -> Result<Vec<ObservationOutcome>, GateError> {
         if self.is_stopped() {
             return Err(GateError::Stopped);
         }
@@ -363,7 +370,7 @@ impl Gate {
             for _ in 0..count {
                 self.not_candidate(&node);
             }
-            return Ok(vec![Outcome::NotCandidate; count]);
+            return Ok(vec![ObservationOutcome::NotCandidate; count]);
         };
         match self
             .to_node(
@@ -379,20 +386,20 @@ impl Gate {
         {
             Some(mut outcomes) => {
                 // The actor failed part way: the rest was not applied.
-                outcomes.resize(count, Outcome::Failed);
+                outcomes.resize(count, ObservationOutcome::Failed);
                 Ok(outcomes)
             }
             None => {
                 for _ in 0..count {
                     IgnoredCounts::bump(&self.router.ignored.non_candidate);
                 }
-                Ok(vec![Outcome::NotCandidate; count])
+                Ok(vec![ObservationOutcome::NotCandidate; count])
             }
         }
     }
 
     /// Feeds a registry fact.
-    pub async fn registry(&self, fact: RegistryFact) -> Result<Outcome, GateError> {
+    pub async fn registry(&self, fact: RegistryFact) -> Result<ObservationOutcome, GateError> {
         let (node, observation) = fact.into_observation();
         self.route(self.clock.now(), Fanout::Own, node, observation)
             .await
@@ -586,13 +593,13 @@ impl Gate {
         fanout: Fanout,
         node: NodeId,
         observation: Observation,
-    ) -> Result<Outcome, GateError> {
+    ) -> Result<ObservationOutcome, GateError> {
         if self.is_stopped() {
             return Err(GateError::Stopped);
         }
         let Some(addr) = self.router.route(&node) else {
             self.not_candidate(&node);
-            return Ok(Outcome::NotCandidate);
+            return Ok(ObservationOutcome::NotCandidate);
         };
         match self
             .to_node(
@@ -610,7 +617,7 @@ impl Gate {
             // The node left the pool while the observation was in flight.
             None => {
                 IgnoredCounts::bump(&self.router.ignored.non_candidate);
-                Ok(Outcome::NotCandidate)
+                Ok(ObservationOutcome::NotCandidate)
             }
         }
     }

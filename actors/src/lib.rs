@@ -103,7 +103,7 @@ pub use clock::Clock;
 pub use error::GateError;
 pub use fleet::Fleet;
 pub use gate::{Accepted, EventStream, Gate, ReadyProof, TryRecvError, EVENT_QUEUE};
-pub use messages::Outcome;
+pub use messages::ObservationOutcome;
 pub use settings::{duration_problem, wait_timeout_problem, GateSettings, MAX_SETTING};
 /// The gate's core: its ids, inputs, events, reasons and refusals
 /// (`poolgate-core`, re-exported whole, with its pages here).

@@ -19,7 +19,7 @@ use poolgate_core::{
 
 /// What became of one observation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Outcome {
+pub enum ObservationOutcome {
     /// The node's view changed; the pool was told.
     Changed,
     /// The observation repeated the view.
@@ -53,7 +53,7 @@ macro_rules! answered_as_is {
     };
 }
 
-answered_as_is!(Outcome);
+answered_as_is!(ObservationOutcome);
 
 /// Which way an observation came, for a fleet's recording (design §14).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub struct ApplyObservation {
 }
 
 impl Message for ApplyObservation {
-    type Result = Outcome;
+    type Result = ObservationOutcome;
 }
 
 /// Handle → `NodeActor`: apply several observations of the node in order,
@@ -105,7 +105,7 @@ pub struct ApplyObservations {
 }
 
 impl Message for ApplyObservations {
-    type Result = Vec<Outcome>;
+    type Result = Vec<ObservationOutcome>;
 }
 
 /// `Gate` → `PoolActor`: the gate stops for good (`Gate::stop`, or the

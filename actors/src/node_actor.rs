@@ -6,8 +6,8 @@ use std::sync::Arc;
 use actix::{Actor, ActorContext, Context, Handler, Recipient};
 
 use crate::messages::{
-    ApplyObservation, ApplyObservations, Fanout, FromNode, NodeActorStopped, NodeChanged, Outcome,
-    Resync,
+    ApplyObservation, ApplyObservations, Fanout, FromNode, NodeActorStopped, NodeChanged,
+    ObservationOutcome, Resync,
 };
 use crate::telemetry::{self, IgnoredCounts};
 use poolgate_core::{Applied, NodeChange, NodeDetail, NodeFacts, NodeId, SlotKey, Verdict};
@@ -142,23 +142,27 @@ impl Handler<Resync> for NodeActor {
 }
 
 impl Handler<ApplyObservation> for NodeActor {
-    type Result = Outcome;
+    type Result = ObservationOutcome;
 
-    fn handle(&mut self, msg: ApplyObservation, ctx: &mut Context<Self>) -> Outcome {
+    fn handle(&mut self, msg: ApplyObservation, ctx: &mut Context<Self>) -> ObservationOutcome {
         self.apply(ctx, msg.at, msg.observation, msg.fanout)
     }
 }
 
 impl Handler<ApplyObservations> for NodeActor {
-    type Result = Vec<Outcome>;
+    type Result = Vec<ObservationOutcome>;
 
-    fn handle(&mut self, msg: ApplyObservations, ctx: &mut Context<Self>) -> Vec<Outcome> {
+    fn handle(
+        &mut self,
+        msg: ApplyObservations,
+        ctx: &mut Context<Self>,
+    ) -> Vec<ObservationOutcome> {
         let mut outcomes = Vec::with_capacity(msg.observations.len());
         for (i, observation) in msg.observations.into_iter().enumerate() {
             let fanout = msg.fanout.nth(i);
             let outcome = self.apply(ctx, msg.at, observation, fanout);
             outcomes.push(outcome);
-            if outcome == Outcome::Failed {
+            if outcome == ObservationOutcome::Failed {
                 // The actor is stopping; what follows is not applied.
                 break;
             }
@@ -175,9 +179,9 @@ impl NodeActor {
         at: poolgate_core::Time,
         observation: poolgate_core::Observation,
         fanout: Fanout,
-    ) -> Outcome {
+    ) -> ObservationOutcome {
         let Some(applied) = self.guarded(ctx, |facts| facts.observe(&observation)) else {
-            return Outcome::Failed;
+            return ObservationOutcome::Failed;
         };
         match applied {
             Applied::Changed(change) => {
@@ -191,17 +195,17 @@ impl NodeActor {
                     fanout,
                 }));
                 telemetry::observation("applied");
-                Outcome::Changed
+                ObservationOutcome::Changed
             }
             Applied::Duplicate => {
                 telemetry::observation("duplicate");
-                Outcome::Duplicate
+                ObservationOutcome::Duplicate
             }
             Applied::Stale => {
                 IgnoredCounts::bump(&self.ignored.stale);
                 telemetry::observation("stale");
                 crate::telemetry::said!(debug, node = %self.node, "stale SWIM observation ignored");
-                Outcome::Stale
+                ObservationOutcome::Stale
             }
         }
     }

@@ -6,7 +6,7 @@ mod fleet;
 
 use crate::common::*;
 use poolgate::core::{AgentReport, RegistryFact};
-use poolgate::Outcome;
+use poolgate::ObservationOutcome;
 use poolgate::{Gate, GateError};
 use poolgate_actors::core::{
     AbortReason, Blocker, Epoch, Event, Fingerprint, Membership, OnReadinessLost, PoolDefinition,
@@ -217,7 +217,7 @@ fn duplicates_and_stale_observations_do_not_restart_the_window() {
             .agent(AgentReport::Available { node: node("n1") })
             .await
             .unwrap();
-        assert_eq!(outcome, Outcome::Duplicate);
+        assert_eq!(outcome, ObservationOutcome::Duplicate);
         swim(&gate, "n1", SwimState::Alive, 2).await;
         advance_to(&gate, 4000).await;
         let stale = gate
@@ -228,7 +228,7 @@ fn duplicates_and_stale_observations_do_not_restart_the_window() {
             })
             .await
             .unwrap();
-        assert_eq!(stale, Outcome::Stale);
+        assert_eq!(stale, ObservationOutcome::Stale);
         advance_to(&gate, 8001).await;
         assert_eq!(names(&drain(&mut events)), ["pool_ready"]);
         assert_eq!(gate.report().await.unwrap().ignored_stale, 1);
@@ -250,7 +250,7 @@ fn observations_about_non_candidates_are_ignored() {
             })
             .await
             .unwrap();
-        assert_eq!(outcome, Outcome::NotCandidate);
+        assert_eq!(outcome, ObservationOutcome::NotCandidate);
         advance_to(&gate, 5001).await;
         assert_eq!(names(&drain(&mut events)), ["pool_ready"]);
         let report = gate.report().await.unwrap();
@@ -585,7 +585,7 @@ fn redefining_the_pool_restarts_readiness_and_is_refused_under_a_committed_run()
             .agent(AgentReport::Unavailable { node: node("n3") })
             .await
             .unwrap();
-        assert_eq!(outcome, Outcome::NotCandidate);
+        assert_eq!(outcome, ObservationOutcome::NotCandidate);
     });
 }
 
@@ -634,7 +634,7 @@ fn invalid_identity_material_is_refused_and_the_node_keeps_its_identity() {
         }
         // Valid material of the same node goes through the same door.
         let kept = gate.identity(node("n1"), b"key-of-n1".to_vec()).await;
-        assert_eq!(kept.unwrap(), Outcome::Duplicate);
+        assert_eq!(kept.unwrap(), ObservationOutcome::Duplicate);
         advance_to(&gate, 60_000).await;
         assert!(drain(&mut events).is_empty(), "the view did not change");
         let report = gate.report().await.unwrap();
@@ -700,7 +700,7 @@ fn a_fault_is_never_lost_to_its_wording() {
                 reason: wording,
             })
             .await;
-        assert_eq!(outcome.unwrap(), Outcome::Changed);
+        assert_eq!(outcome.unwrap(), ObservationOutcome::Changed);
         let faulted: Vec<_> = drain(&mut events)
             .into_iter()
             .filter(|e| matches!(e, Event::RunFaulted { .. }))
@@ -1230,7 +1230,7 @@ fn an_input_sent_as_its_node_actor_fails_is_applied_by_the_restarted_actor() {
             })
             .await
             .unwrap();
-        assert_eq!(outcome, Outcome::Changed);
+        assert_eq!(outcome, ObservationOutcome::Changed);
         let report = gate.report().await.unwrap();
         assert_eq!(report.ignored_non_candidate, 0);
         let n1 = report
@@ -1639,7 +1639,7 @@ mod a_panicking_tracing_layer {
     use std::time::Duration;
 
     use poolgate::core::MembershipUpdate;
-    use poolgate::{Gate, GateError, Outcome};
+    use poolgate::{Gate, GateError, ObservationOutcome};
     use poolgate_actors::core::{Event, OnReadinessLost, Reason, Refusal, RunId, SwimState};
     use poolgate_actors::testing::{advance_by, fail_next, Actor};
 
@@ -1685,7 +1685,10 @@ mod a_panicking_tracing_layer {
             let gate = gate(&["n1"]);
             armed.store(1, Ordering::SeqCst);
             let outcome = gate.membership(swim("stranger", SwimState::Alive, 1)).await;
-            assert!(matches!(outcome, Ok(Outcome::NotCandidate)), "{outcome:?}");
+            assert!(
+                matches!(outcome, Ok(ObservationOutcome::NotCandidate)),
+                "{outcome:?}"
+            );
             assert_eq!(armed.load(Ordering::SeqCst), 0, "the layer panicked");
         });
     }
@@ -1701,7 +1704,7 @@ mod a_panicking_tracing_layer {
             drain(&mut events);
             armed.store(u32::MAX, Ordering::SeqCst);
             let stale = gate.membership(swim("n1", SwimState::Suspect, 0)).await;
-            assert!(matches!(stale, Ok(Outcome::Stale)), "{stale:?}");
+            assert!(matches!(stale, Ok(ObservationOutcome::Stale)), "{stale:?}");
             advance_by(Duration::from_millis(10)).await;
             assert!(drain(&mut events).is_empty());
             assert_eq!(gate.report().await.unwrap().run, Some(run));

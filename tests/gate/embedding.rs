@@ -181,7 +181,7 @@ fn one_agent_frame_is_one_input_applied_in_order() {
     // applied in order at one instant: here the four facts of readiness,
     // then the same again (all duplicates), then to a non-candidate.
     use poolgate::core::{Fingerprint, NodeId, Observation, SwimState};
-    use poolgate::Outcome;
+    use poolgate::ObservationOutcome;
     let config = Config::parse(
         "[pool]\nid = \"p\"\nmembers = [\"node-1\"]\n[readiness]\nconvergence_window = \"20ms\"\n",
         "inline",
@@ -200,14 +200,14 @@ fn one_agent_frame_is_one_input_applied_in_order() {
             Observation::Identity(Fingerprint::of(b"key")),
         ];
         let outcomes = gate.observe_all(node.clone(), frame.clone()).await.unwrap();
-        assert_eq!(outcomes, vec![Outcome::Changed; 4]);
+        assert_eq!(outcomes, vec![ObservationOutcome::Changed; 4]);
         let report = gate.report().await.unwrap();
         assert!(report.candidates[0].verdict.is_ready());
         let again = gate.observe_all(node, frame.clone()).await.unwrap();
-        assert_eq!(again, vec![Outcome::Duplicate; 4]);
+        assert_eq!(again, vec![ObservationOutcome::Duplicate; 4]);
         let stranger = NodeId::new("node-9").unwrap();
         let ignored = gate.observe_all(stranger, frame).await.unwrap();
-        assert_eq!(ignored, vec![Outcome::NotCandidate; 4]);
+        assert_eq!(ignored, vec![ObservationOutcome::NotCandidate; 4]);
         gate.wait_ready().await.unwrap();
         gate.stop();
     });

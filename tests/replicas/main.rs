@@ -189,7 +189,7 @@ async fn outcome_of(
     requests: &poolgate::live::requests::Requests,
     run: &poolgate::core::RunId,
     status: &str,
-) -> poolgate::live::requests::Outcome {
+) -> poolgate::live::requests::RunOutcome {
     loop {
         if let Ok(Some(o)) = requests.outcome(run).await {
             if o.status == status {
@@ -2422,7 +2422,7 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
                 .await
                 .unwrap();
         }
-        let epoch_of = |o: poolgate::live::requests::Outcome| match o.event {
+        let epoch_of = |o: poolgate::live::requests::RunOutcome| match o.event {
             Some(Event::RunCommitted { epoch, pool: p, .. }) => (p, epoch),
             other => panic!("not a commit: {other:?}"),
         };
@@ -3461,7 +3461,7 @@ fn behind_proxy(name: &str) -> (etcd::Etcd, etcd::Proxy) {
 async fn committed(
     requests: poolgate::live::requests::Requests,
     run: poolgate::core::RunId,
-) -> poolgate::live::requests::Outcome {
+) -> poolgate::live::requests::RunOutcome {
     loop {
         if let Some(o) = requests.outcome(&run).await.unwrap() {
             if o.status == "committed" {

@@ -65,7 +65,7 @@ pub const EXIT_UNGUARDED: i32 = 5;
 pub(crate) async fn told_end(
     requests: &crate::live::requests::Requests,
     run: &RunId,
-) -> Option<crate::live::requests::Outcome> {
+) -> Option<crate::live::requests::RunOutcome> {
     for _ in 0..10 {
         if let Ok(Some(outcome)) = requests.outcome(run).await {
             if outcome.status != "committed" {

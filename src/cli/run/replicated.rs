@@ -314,7 +314,7 @@ impl ReplicatedKeeper {
 /// Why the leader ended a run, as a requester says it: the outcome's
 /// reason in parentheses; a run finished with no reason had its end asked
 /// (`run --end`); nothing when there is nothing to say.
-fn why(outcome: &crate::live::requests::Outcome) -> String {
+fn why(outcome: &crate::live::requests::RunOutcome) -> String {
     match (&outcome.reason, outcome.status.as_str()) {
         (Some(reason), _) if !reason.is_empty() => format!(" ({reason})"),
         (_, "finished") => " (its end was asked: `run --end`)".to_string(),
@@ -325,7 +325,7 @@ fn why(outcome: &crate::live::requests::Outcome) -> String {
 /// Whether an `aborted` outcome is a withdrawal (`planning_aborted`,
 /// `withdrawn`: an end asked of the run while it planned), which the
 /// requester must not answer by asking again.
-fn withdrawn(outcome: &crate::live::requests::Outcome) -> bool {
+fn withdrawn(outcome: &crate::live::requests::RunOutcome) -> bool {
     matches!(
         outcome.event,
         Some(poolgate_actors::core::Event::PlanningAborted {
@@ -343,7 +343,7 @@ mod tests {
     fn a_run_ended_by_the_leader_is_said_with_its_reason_and_never_with_empty_parentheses() {
         // An operator's trial: `run --end RUN` of a committed run; its
         // requester said "was finished by the leader (): …".
-        let outcome = |status: &str, reason: Option<&str>| crate::live::requests::Outcome {
+        let outcome = |status: &str, reason: Option<&str>| crate::live::requests::RunOutcome {
             status: status.into(),
             event: None,
             reason: reason.map(str::to_string),
@@ -365,7 +365,7 @@ mod tests {
         // An operator's trial: `run --end RUN` of a run still planning
         // withdrew it, and its requester asked again under a new id and
         // ran its command once the pool was free.
-        let outcome = |reason| crate::live::requests::Outcome {
+        let outcome = |reason| crate::live::requests::RunOutcome {
             status: "aborted".into(),
             event: Some(poolgate_actors::core::Event::PlanningAborted {
                 at: poolgate_actors::core::Time::ZERO,
@@ -384,7 +384,7 @@ mod tests {
         ] {
             assert!(!withdrawn(&outcome(asked_again)), "{asked_again:?}");
         }
-        let unwritten = crate::live::requests::Outcome {
+        let unwritten = crate::live::requests::RunOutcome {
             event: None,
             ..outcome(AbortReason::Withdrawn)
         };

@@ -94,7 +94,7 @@ pub struct Request {
 
 /// What became of a requested run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
+pub struct RunOutcome {
     /// `committed`, `faulted`, `finished`, or `refused` (it can never be
     /// committed: `reason` says why).
     pub status: String,
@@ -115,7 +115,7 @@ pub enum RunStanding {
     /// right now (a takeover under way).
     Unled,
     /// The leader wrote the run's end.
-    Ended(Outcome),
+    Ended(RunOutcome),
     /// The stored state no longer holds the run: it ended (the state is
     /// written before any outcome is told), its outcome not written yet.
     NotHeld,

@@ -10,7 +10,7 @@ use poolgate_actors::StoreError;
 
 use crate::state::etcd::EtcdStore;
 
-use super::{apart, leader_said, Outcome, Request, RunStanding};
+use super::{apart, leader_said, Request, RunOutcome, RunStanding};
 
 /// The requester's side.
 #[derive(Debug, Clone)]
@@ -174,7 +174,7 @@ impl Requests {
     }
 
     /// What became of `run`, if anything yet.
-    pub async fn outcome(&self, run: &RunId) -> Result<Option<Outcome>, StoreError> {
+    pub async fn outcome(&self, run: &RunId) -> Result<Option<RunOutcome>, StoreError> {
         let (store, name) = (Arc::clone(&self.store), format!("runs/{run}"));
         let raw = apart(move || store.get_raw(&name)).await?;
         raw.map(|bytes| {
@@ -203,7 +203,7 @@ impl Requests {
         let outcome = standing
             .outcome
             .map(|bytes| {
-                serde_json::from_slice::<Outcome>(&bytes)
+                serde_json::from_slice::<RunOutcome>(&bytes)
                     .map_err(|e| StoreError(format!("runs/{run}: damaged ({e})")))
             })
             .transpose()?;

@@ -9,7 +9,7 @@ use poolgate_actors::{Gate, StoreError};
 use crate::state::etcd::EtcdStore;
 
 use super::renewals::Renewal;
-use super::{blocking, Outcome, Request, LEADER_LOOK_EVERY, STATUS, WATCH_SPAN};
+use super::{blocking, Request, RunOutcome, LEADER_LOOK_EVERY, STATUS, WATCH_SPAN};
 
 /// The leader's side, for one term: serves the requests on `gate` (a
 /// pool of `fleet`, if given) until the task is aborted (the term ends).
@@ -399,12 +399,12 @@ pub(super) async fn write_outcome(
             && store.get_raw(&format!("finish/{run}"))?.is_none()
             && store.get_raw(&format!("alive/{run}"))?.is_none();
         let outcome = match gone {
-            true => Outcome {
+            true => RunOutcome {
                 status: "ended".to_string(),
                 event,
                 reason: Some(REQUESTER_GONE.to_string()),
             },
-            false => Outcome {
+            false => RunOutcome {
                 status: status.clone(),
                 event,
                 reason,
