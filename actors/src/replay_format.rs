@@ -368,6 +368,9 @@ fn check_field_types(object: &serde_json::Map<String, Value>) -> Result<(), Stri
 /// The object of a line whose `type` is `kind`; `None` for any other line
 /// (which [`read`] reports on, if it is wrong).
 fn object_of_type(text: &str, kind: &str) -> Option<serde_json::Map<String, Value>> {
+    if !may_be_of_type(text, kind) {
+        return None;
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(object)) if object.get("type").and_then(Value::as_str) == Some(kind) => {
             Some(object)
@@ -477,12 +480,25 @@ pub fn read_removal(text: &str) -> Result<Option<(u64, PoolId)>, String> {
 /// Whether `text` is an object of record type `kind`, however wrong the
 /// rest of it.
 pub fn is_of_type(text: &str, kind: &str) -> bool {
+    if !may_be_of_type(text, kind) {
+        return false;
+    }
     #[derive(Deserialize)]
     struct Kind<'a> {
         #[serde(rename = "type", borrow)]
         kind: Cow<'a, str>,
     }
     serde_json::from_str::<Kind<'_>>(text).is_ok_and(|k| k.kind == kind)
+}
+
+/// Whether `text` may be a record of type `kind` (letters and `_`): it
+/// spells `kind` out, or it escapes characters (`\u…`, which may spell
+/// any of them) and must be read to tell. Checked before a line is parsed
+/// to look at its type, so a record of another type costs one parse, not
+/// one more per look (the replay looks for a fleet's removals and headers
+/// on every line).
+fn may_be_of_type(text: &str, kind: &str) -> bool {
+    text.contains(kind) || text.contains("\\u")
 }
 
 /// Every field a gate input's record may have, typed: the fast path for
@@ -809,6 +825,56 @@ impl<'a> Line<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_records_type_is_told_however_it_is_spelled_and_only_its_own() {
+        for (text, kind, is) in [
+            (
+                r#"{"at_ms":1,"type":"remove_pool","pool":"a"}"#,
+                "remove_pool",
+                true,
+            ),
+            // Escaped, its type spells `remove_pool` all the same.
+            (
+                r#"{"at_ms":1,"type":"remove\u005fpool","pool":"a"}"#,
+                "remove_pool",
+                true,
+            ),
+            (
+                r#"{"at_ms":1,"type":"\u0072emove_pool","pool":"a"}"#,
+                "remove_pool",
+                true,
+            ),
+            (
+                r#"{"at_ms":0,"type":"s\u0065ttings","window_ms":5}"#,
+                "settings",
+                true,
+            ),
+            // Another type, or the word in another field.
+            (
+                r#"{"at_ms":1,"type":"swim","node":"n","state":"alive","incarnation":1}"#,
+                "remove_pool",
+                false,
+            ),
+            (
+                r#"{"at_ms":1,"type":"available","node":"remove_pool"}"#,
+                "remove_pool",
+                false,
+            ),
+            (
+                r#"{"at_ms":1,"type":"avail\u0061ble","node":"n"}"#,
+                "remove_pool",
+                false,
+            ),
+        ] {
+            assert_eq!(is_of_type(text, kind), is, "{text}");
+            assert_eq!(object_of_type(text, kind).is_some(), is, "{text}");
+        }
+        assert_eq!(
+            read_removal(r#"{"at_ms":7,"type":"remove\u005fpool","pool":"a"}"#),
+            Ok(Some((7, PoolId::new("a").unwrap())))
+        );
+    }
 
     /// One record of every type, as the recording or a scenario has it.
     fn one_of_each() -> Vec<Line<'static>> {
