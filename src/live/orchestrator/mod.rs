@@ -110,6 +110,13 @@ pub struct Orchestrator {
     registry: Registry,
     /// What the listener keeps per node (sequences, signed identities).
     nodes: Arc<Mutex<Nodes>>,
+    /// With a store: the task that writes the agents' sequences to it,
+    /// and the word that has it write them a last time and end
+    /// ([`Orchestrator::stop`]).
+    sequences: Option<(
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Sender<()>,
+    )>,
     /// This orchestrator's attachment to its SWIM member (a warm one is
     /// detached only by the term that attached it).
     attachment: u64,
@@ -224,13 +231,16 @@ impl Orchestrator {
         let registry: Registry = Arc::new(std::sync::RwLock::new(registered));
         let mut tasks = Vec::new();
         let kept = store.clone();
-        if let Some(store) = store {
-            tasks.push(actix::spawn(keep_sequences(
+        let sequences = store.map(|store| {
+            let (last, told) = tokio::sync::oneshot::channel();
+            let writer = actix::spawn(keep_sequences(
                 store,
                 Arc::clone(&nodes),
                 Arc::clone(&registry),
-            )));
-        }
+                told,
+            ));
+            (writer, last)
+        });
         let sink: super::swim::member::MembershipSink = {
             let (fleet, nodes) = (fleet.clone(), Arc::clone(&nodes));
             Box::new(move |fact: SwimFact| {
@@ -322,6 +332,7 @@ impl Orchestrator {
             tasks,
             registry,
             nodes,
+            sequences,
             attachment,
             store: kept,
             registry_changes: tokio::sync::Mutex::new(()),
@@ -359,6 +370,9 @@ impl Orchestrator {
         self.fleet.stop();
         for task in self.tasks.iter().chain(lock(&self.pool_tasks).iter()) {
             task.abort();
+        }
+        if let Some((writer, _)) = &self.sequences {
+            writer.abort();
         }
         // The gauge's own task, aborted, cannot say so.
         metrics::gauge!("poolgate_leading").set(0.0);
@@ -405,8 +419,7 @@ impl Orchestrator {
             swim,
             owns_swim,
             store,
-            nodes,
-            registry,
+            sequences,
             ..
         } = self;
         drop((fleet, gate));
@@ -416,18 +429,25 @@ impl Orchestrator {
         for task in tasks.into_iter().chain(pool_tasks) {
             let _ = task.await;
         }
-        // No frame is taken any more: the last sequences go to a state
-        // file (bounded, as the waits below).
-        if let Some(store) = store.as_ref().filter(|s| s.exclusive()) {
-            let last = sequences::save_last(store, &nodes, &registry);
-            if tokio::time::timeout(std::time::Duration::from_secs(2), last)
-                .await
-                .is_err()
-            {
-                tracing::warn!("agent sequences not written at the stop within 2s");
+        // No frame is taken any more: the writer writes the last sequences
+        // to a state file, after any write under way, and ends (bounded, as
+        // the waits below). Among replicas the next leader reads what the
+        // term wrote, and a term that ended cannot write: stopped there.
+        if let Some((mut writer, last)) = sequences {
+            let exclusive = store.as_ref().is_some_and(|s| s.exclusive());
+            let mut ended = false;
+            if exclusive && last.send(()).is_ok() {
+                let wait = std::time::Duration::from_secs(2);
+                ended = tokio::time::timeout(wait, &mut writer).await.is_ok();
+                if !ended {
+                    tracing::warn!("agent sequences not written at the stop within 2s");
+                }
+            }
+            if !ended {
+                writer.abort();
+                let _ = writer.await;
             }
         }
-        drop(nodes);
         // A state file is let go once the last of its handles is.
         let store = store.filter(|s| s.exclusive()).map(|s| Arc::downgrade(&s));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);

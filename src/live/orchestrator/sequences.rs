@@ -22,22 +22,56 @@ pub const SEQUENCES_EVERY: std::time::Duration = std::time::Duration::from_milli
 /// warning: longer than an etcd election.
 const SEQUENCES_FAILING_IS_AN_ERROR: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Writes the sequences to `store` every [`SEQUENCES_EVERY`] while they
+/// rise; told on `last` (the orchestrator stopping, no frame taken any
+/// more), writes them once more, after any write under way, and ends.
 pub(super) async fn keep_sequences(
     store: Arc<dyn crate::state::OrchestratorStore>,
     nodes: Arc<Mutex<Nodes>>,
     registry: Registry,
+    last: tokio::sync::oneshot::Receiver<()>,
 ) {
     let mut written = HashMap::new();
     let mut said = crate::live::throttle::Throttle::new(LOG_EVERY);
     // Since when writing has failed: a write held up by an etcd election
     // is a warning; one failing for longer, an error.
     let mut failing_since: Option<std::time::Instant> = None;
+    // None once its sender is gone without a word (the orchestrator
+    // dropped, its tasks left running): the writer goes on.
+    let mut last = Some(last);
     loop {
-        tokio::time::sleep(SEQUENCES_EVERY).await;
+        let mut unheard = false;
+        let stopping = match last.as_mut() {
+            None => {
+                tokio::time::sleep(SEQUENCES_EVERY).await;
+                false
+            }
+            Some(told) => tokio::select! {
+                () = tokio::time::sleep(SEQUENCES_EVERY) => false,
+                result = told => {
+                    unheard = result.is_err();
+                    result.is_ok()
+                }
+            },
+        };
+        if unheard {
+            last = None;
+        }
         let Some((current, sequences)) = labelled(&nodes, &registry, &written) else {
+            if stopping {
+                return;
+            }
             continue;
         };
-        match save(&store, sequences).await {
+        let saved = save(&store, sequences).await;
+        if stopping {
+            if let Err(e) = saved {
+                metrics::counter!("poolgate_state_write_errors_total").increment(1);
+                tracing::warn!(error = %e, "agent sequences not written at the stop");
+            }
+            return;
+        }
+        match saved {
             Ok(()) => {
                 written = current;
                 if let Some(since) = failing_since.take() {
@@ -90,25 +124,6 @@ async fn save(
     tokio::task::spawn_blocking(move || writer.save_sequences(&sequences))
         .await
         .unwrap_or_else(|e| Err(crate::StoreError(e.to_string())))
-}
-
-/// At a stop (the writer and the listener ended): writes the sequences
-/// once more, so a frame accepted in the last interval before a clean stop
-/// cannot be replayed after it either. For a state file only: among
-/// replicas the next leader reads what the term wrote, and a term that
-/// ended cannot write.
-pub(super) async fn save_last(
-    store: &Arc<dyn crate::state::OrchestratorStore>,
-    nodes: &Mutex<Nodes>,
-    registry: &Registry,
-) {
-    let Some((_, sequences)) = labelled(nodes, registry, &HashMap::new()) else {
-        return;
-    };
-    if let Err(e) = save(store, sequences).await {
-        metrics::counter!("poolgate_state_write_errors_total").increment(1);
-        tracing::warn!(error = %e, "agent sequences not written at the stop");
-    }
 }
 
 /// How a node's last sequence is stored: `node@<key id>`, so that it
