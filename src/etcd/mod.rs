@@ -25,6 +25,11 @@ pub(crate) use json::{b64, created_at, kvs, modified_at, prefix_range, put, rang
 use json::{int, prefix_end};
 pub use tls::TlsFiles;
 
+/// How many renewals a lease gets per TTL (a leader's and a requester's
+/// session alike): a renewal is never more than a tenth of the TTL old
+/// when an etcd election begins.
+pub(crate) const RENEWALS_PER_TTL: u32 = 10;
+
 /// The longest response read, in bytes (the records are a few KiB).
 pub const MAX_RESPONSE: usize = 4 << 20;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::etcd::{self, Etcd};
+use crate::etcd::{self, Etcd, RENEWALS_PER_TTL};
 use crate::state::etcd::{Fence, LeaderTerm};
 
 /// How often a follower looks at the leader key.
@@ -187,11 +187,6 @@ struct Elector {
 /// How many unrevoked leases a replica remembers; an older one ends by
 /// its TTL.
 const UNREVOKED_HELD: usize = 4;
-
-/// How many renewals a lease gets per TTL (a leader's and a requester's
-/// session alike): a renewal is never more than a tenth of the TTL old
-/// when an etcd election begins.
-pub(crate) const RENEWALS_PER_TTL: u32 = 10;
 
 /// The longest an election of etcd's own keeps renewals from going
 /// through, at etcd's default election timeout (1 s): the followers

@@ -22,7 +22,6 @@ mod campaign;
 mod follower;
 mod store;
 
-pub(crate) use campaign::RENEWALS_PER_TTL;
 use campaign::{Campaign, CampaignSettings};
 pub use campaign::{Leader, Role, SteppedDown};
 use follower::{follow, Following};
@@ -354,7 +353,7 @@ impl Replica {
                     // cut, not the nodes' (design §15).
                     let (fence, doubt_after) = (
                         Arc::clone(&self.fence),
-                        self.config.state.lease / campaign::RENEWALS_PER_TTL * 3 / 2,
+                        self.config.state.lease / crate::etcd::RENEWALS_PER_TTL * 3 / 2,
                     );
                     live.doubt_term_when(Arc::new(move || {
                         fence.since_renewed().is_none_or(|d| d > doubt_after)

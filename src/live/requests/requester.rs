@@ -320,7 +320,7 @@ pub(super) fn keep(
             // most of the half-TTL before the session counts as at risk
             // (an operator's trial: renewing every third, 4 of 15 runs
             // stopped when etcd's leader was killed).
-            let every = ttl / crate::live::replica::RENEWALS_PER_TTL;
+            let every = ttl / crate::etcd::RENEWALS_PER_TTL;
             let mut next = std::time::Instant::now() + every;
             while !stopping.load(Ordering::Relaxed) {
                 if std::time::Instant::now() >= next {
