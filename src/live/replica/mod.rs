@@ -384,7 +384,7 @@ impl Replica {
                         )));
                     }
                     self.terms += 1;
-                    tracing::info!(replica = %self.me.replica, terms_led = self.terms, term = ?self.term, "leading: the orchestrator started");
+                    tracing::info!(replica = %self.me.replica, terms_led = self.terms, term, "leading: the orchestrator started");
                     return Ok(live);
                 }
                 // Lost the term while starting (the first write refused):
