@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
-use foca::{AccumulatingRuntime, Foca, Timer};
+use foca::Timer;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -24,7 +24,6 @@ pub use super::stats::NetStats;
 use super::timing::TimedTracker;
 pub use super::timing::{TrackerReplay, BASELINE_EVERY};
 use poolgate::live::swim::drive;
-use poolgate::live::swim::member::SwimFoca;
 use poolgate::live::swim::tracker::SwimFact;
 use poolgate::live::swim::watch::{Changes, WatchingCodec};
 use poolgate::live::swim::SwimIdentity;
@@ -125,7 +124,7 @@ impl Queue {
 /// What a member's foca asked for, held until the network takes it.
 #[derive(Default)]
 struct Asked {
-    outgoing: Vec<(SocketAddr, Vec<u8>, Option<foca::Header<SwimIdentity>>)>,
+    outgoing: Vec<(SocketAddr, Vec<u8>)>,
     timers: Vec<(Duration, Timer<SwimIdentity>)>,
 }
 
@@ -134,10 +133,9 @@ impl drive::Host for Asked {
         &mut self,
         to: SwimIdentity,
         data: bytes::Bytes,
-        header: Option<&foca::Header<SwimIdentity>>,
+        _header: Option<&foca::Header<SwimIdentity>>,
     ) {
-        self.outgoing
-            .push((to.addr, data.to_vec(), header.cloned()));
+        self.outgoing.push((to.addr, data.to_vec()));
     }
 
     fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>) {
@@ -146,15 +144,13 @@ impl drive::Host for Asked {
 }
 
 struct Member {
-    foca: SwimFoca,
-    runtime: AccumulatingRuntime<SwimIdentity>,
-    repair: drive::Repair,
+    /// foca, the probe under way and the repair, driven as the live
+    /// member drives its own.
+    driver: drive::Driver,
     up: bool,
     /// Bumped at each restart: timers of an earlier life are ignored.
     life: u32,
     generation: u64,
-    /// The probe under way, as this member's datagrams show it.
-    probes: drive::Probes,
     /// Stopped until this instant (SIGSTOP, a paused VM): what comes for
     /// it meanwhile waits (see [`Network::pause`]).
     paused_until: u64,
@@ -258,18 +254,15 @@ impl Network {
             .wrapping_add((index as u64) << 20)
             .wrapping_add(generation);
         Member {
-            foca: Foca::new(
+            driver: drive::Driver::new(
                 identity,
                 self.config.clone(),
                 StdRng::seed_from_u64(seed),
                 codec,
             ),
-            runtime: AccumulatingRuntime::new(),
-            repair: drive::Repair::for_config(&self.config),
             up: true,
             life: 0,
             generation,
-            probes: drive::Probes::default(),
             paused_until: 0,
         }
     }
@@ -328,7 +321,7 @@ impl Network {
     /// The generation of member `index`'s SWIM identity now: its life's,
     /// or higher once it renewed it after being declared down.
     pub fn identity_generation(&self, index: usize) -> Option<u64> {
-        Some(self.members.get(index)?.foca.identity().generation)
+        Some(self.members.get(index)?.driver.identity().generation)
     }
 
     /// The virtual instant, in milliseconds.
@@ -410,18 +403,16 @@ impl Network {
         let everyone: Vec<foca::Member<SwimIdentity>> = self
             .members
             .iter()
-            .map(|m| foca::Member::alive(m.foca.identity().clone()))
+            .map(|m| foca::Member::alive(m.driver.identity().clone()))
             .collect();
         for index in 0..self.members.len() {
             let member = &mut self.members[index];
-            let own = member.foca.identity().clone();
+            let own = member.driver.identity().clone();
             let others = everyone.iter().filter(|m| *m.id() != own).cloned();
             // Told by the simulation: nothing to gossip on, but for member
             // 0, whose foca must note the states for its tracker (it then
             // gossips what everyone knows, which changes nothing).
-            let _ = member
-                .foca
-                .apply_many(others, index == 0, &mut member.runtime);
+            let _ = member.driver.apply(others.collect(), index == 0);
             self.drain(index);
         }
     }
@@ -440,9 +431,7 @@ impl Network {
             return;
         }
         // A refused announce (to ourselves) changes nothing.
-        let _ = member
-            .foca
-            .announce(SwimIdentity::seed(address(to)), &mut member.runtime);
+        let _ = member.driver.announce(SwimIdentity::seed(address(to)));
         self.drain(from);
     }
 
@@ -482,7 +471,7 @@ impl Network {
             return;
         };
         let (node, generation, life) = (
-            old.foca.identity().node.clone(),
+            old.driver.identity().node.clone(),
             old.generation + 1,
             old.life + 1,
         );
@@ -500,7 +489,9 @@ impl Network {
 
     /// How many members member `index` counts as active.
     pub fn active_members(&self, index: usize) -> usize {
-        self.members.get(index).map_or(0, |m| m.foca.num_members())
+        self.members
+            .get(index)
+            .map_or(0, |m| m.driver.foca().num_members())
     }
 
     /// The instant of the next scheduled event, if any.
@@ -538,7 +529,8 @@ impl Network {
             return Vec::new();
         };
         orchestrator
-            .foca
+            .driver
+            .foca()
             .iter_membership_state()
             .map(|member| {
                 let id = member.id().clone();
@@ -572,13 +564,8 @@ impl Network {
                     self.stats.undeliverable += 1;
                     return;
                 }
-                if member.probes.awaits_ack() {
-                    if let Some(header) = drive::header(&data) {
-                        member.probes.received(&header);
-                    }
-                }
                 // foca refuses what it cannot use; the network may carry it.
-                let _ = member.foca.handle_data(&data, &mut member.runtime);
+                let _ = member.driver.datagram(&data);
                 self.drain(to);
             }
             Event::Timer {
@@ -592,35 +579,34 @@ impl Network {
                 if !member.up || member.life != life {
                     return;
                 }
-                let unanswered = member.probes.unanswered(&timer);
+                let unanswered = member.driver.unanswered(&timer);
+                let mut ack_now = false;
                 if let Some((probed, number)) = unanswered.filter(|_| self.vouching) {
                     if index == 0 {
-                        if self.vouches(&probed) {
-                            self.vouch(0, &probed, number);
-                        }
+                        ack_now = self.vouches(&probed);
                     } else if !self.connected(index) {
                         // No orchestrator to ask: no accusation.
-                        self.vouch(index, &probed, number);
-                    } else {
+                        ack_now = true;
+                    } else if self.vouches(&probed) {
                         // Asked over the agent connection; answered from
                         // the evidence the orchestrator holds then (a no
                         // lets the suspicion stand).
-                        let at = self.now + 1;
-                        if self.vouches(&probed) {
-                            self.schedule(
-                                at + 1,
-                                Event::Vouched {
-                                    member: index,
-                                    life,
-                                    probed,
-                                    number,
-                                },
-                            );
-                        }
+                        self.schedule(
+                            self.now + 2,
+                            Event::Vouched {
+                                member: index,
+                                life,
+                                probed,
+                                number,
+                            },
+                        );
                     }
                 }
+                if ack_now {
+                    self.stats.vouched += 1;
+                }
                 let member = &mut self.members[index];
-                let _ = member.foca.handle_timer(timer, &mut member.runtime);
+                let _ = member.driver.timer(timer, |_, _| ack_now);
                 self.drain(index);
             }
             Event::Vouched {
@@ -629,12 +615,17 @@ impl Network {
                 probed,
                 number,
             } => {
-                let current = self.members.get(index).is_some_and(|m| {
-                    m.up && m.life == life && m.probes.is_current(&probed, number)
-                });
+                let current = self
+                    .members
+                    .get(index)
+                    .is_some_and(|m| m.up && m.life == life);
                 if current && self.connected(index) {
-                    self.vouch(index, &probed, number);
-                    self.drain(index);
+                    let member = &mut self.members[index];
+                    // A late answer (its probe over) changes nothing.
+                    if !matches!(member.driver.vouched(&probed, number), Ok(false)) {
+                        self.stats.vouched += 1;
+                        self.drain(index);
+                    }
                 }
             }
             Event::Repair {
@@ -657,37 +648,20 @@ impl Network {
         }
     }
 
-    /// Hands member `index`'s foca the ack of `probed` for probe `number`.
-    fn vouch(&mut self, index: usize, probed: &SwimIdentity, number: foca::ProbeNumber) {
-        self.stats.vouched += 1;
-        let member = &mut self.members[index];
-        // foca refuses what it cannot use; nothing else to do then.
-        let _ = drive::vouched(&mut member.foca, probed, number, &mut member.runtime);
-    }
-
     /// Member `index`'s repair: its expired suspicions declared down (and
     /// gossiped), and for member 0 its whole view told to the tracker.
     fn repair(&mut self, index: usize) {
         let now = Duration::from_millis(self.now);
         let member = &mut self.members[index];
-        let expired = member
-            .repair
-            .expired(member.foca.iter_membership_state(), now);
-        if !expired.is_empty() {
-            self.stats.suspicions_expired += expired.len() as u64;
-            // foca refuses what it cannot use; nothing else to do then.
-            let _ = member
-                .foca
-                .apply_many(expired.into_iter(), true, &mut member.runtime);
+        // foca refuses what it cannot use; nothing else to do then.
+        if let Ok(expired @ 1..) = member.driver.expire_suspicions(now) {
+            self.stats.suspicions_expired += expired as u64;
             self.drain(index);
         }
         if index == 0 {
-            let member = &self.members[0];
-            let facts = drive::whole_view(
-                self.tracker.tracker_mut(),
-                member.foca.iter_membership_state(),
-                member.foca.identity(),
-            );
+            let facts = self.members[0]
+                .driver
+                .whole_view(self.tracker.tracker_mut());
             self.observed.extend(facts);
         }
     }
@@ -702,13 +676,13 @@ impl Network {
         let member = &mut self.members[index];
         let life = member.life;
         let mut asked = Asked::default();
-        let replaced = drive::drain(&mut member.runtime, &mut asked, &member.foca);
+        let replaced = member.driver.drain(&mut asked);
         let Asked { outgoing, timers } = asked;
         if index == 0 {
             let noted = self.changes.take();
             let changed = self
                 .tracker
-                .call(&mut self.stats, noted, replaced, &member.foca);
+                .call(&mut self.stats, noted, replaced, member.driver.foca());
             self.observed.extend(changed);
         }
         for (after, timer) in timers {
@@ -722,10 +696,7 @@ impl Network {
                 },
             );
         }
-        for (to, data, header) in outgoing {
-            if let Some(header) = header {
-                self.members[index].probes.sent(&header);
-            }
+        for (to, data) in outgoing {
             self.send(index, to, data);
         }
     }

@@ -3,14 +3,19 @@
 //! time), as one transport seam serves a gossip library over UDP and in
 //! memory alike.
 //!
-//! foca asks for what it needs through an [`AccumulatingRuntime`]: datagrams
-//! to send, timers to set, notifications. [`drain`] hands each to a
-//! [`Host`] in foca's order and gives back the renames, and [`track`]
-//! turns what foca applied since into the tracker's facts. Once every
-//! [`REPAIR_EVERY`] of the member's own clock, [`Repair`] does what foca
-//! leaves undone: a suspicion learnt by gossip timed out here too, and
-//! (for the member that feeds a gate) foca's whole view checked against
-//! what the tracker told.
+//! A [`Driver`] is one member as a value: its foca, the probe under way
+//! ([`Probes`]) and the repair ([`Repair`]). Each input is one call (a
+//! datagram, a timer, the repair's tick, an answer about a probe); what
+//! foca asked for meanwhile ([`AccumulatingRuntime`]: datagrams to send,
+//! timers to set, notifications) goes to a [`Host`] in foca's order on
+//! [`Driver::drain`], which gives back the renames, and [`track`] turns
+//! what foca applied since into the tracker's facts. The hosts do only
+//! their I/O: the live member (`member/`) seals and sends over UDP and
+//! sets actix timers; the simulator queues datagrams and timers on its
+//! virtual clock. Once every [`REPAIR_EVERY`] of the member's own clock,
+//! the repair does what foca leaves undone: a suspicion learnt by gossip
+//! timed out here too, and (for the member that feeds a gate) foca's whole
+//! view checked against what the tracker told.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,6 +26,9 @@ use foca::{AccumulatingRuntime, Member, OwnedNotification, State, Timer};
 use super::identity::SwimIdentity;
 use super::tracker::{MembershipTracker, SwimFact};
 use super::watch::{Changes, WatchingCodec};
+
+mod driver;
+pub use driver::{Driven, Driver, Refused};
 
 /// A foca instance as poolgate runs it: postcard on the wire, the codec
 /// noting the membership changes.
@@ -51,7 +59,7 @@ pub type Replaced = (SwimIdentity, SwimIdentity);
 /// then the notifications; returns the renames among them. `view` is the
 /// foca that asked: "you are down" goes only to a member it holds down
 /// ([`told_down`]).
-pub fn drain(
+fn drain(
     runtime: &mut AccumulatingRuntime<SwimIdentity>,
     host: &mut impl Host,
     view: &SwimFoca,
@@ -88,7 +96,7 @@ pub fn drain(
 /// a `dead` that would fault a run, when the signature caught up with a
 /// renewal while the identity before it was gossiped down). A member
 /// really held down here is still told, and renews to come back.
-pub fn told_down(
+fn told_down(
     view: &SwimFoca,
     to: &SwimIdentity,
     header: Option<&foca::Header<SwimIdentity>>,
@@ -204,7 +212,7 @@ pub fn header(data: &[u8]) -> Option<foca::Header<SwimIdentity>> {
 /// life vouched for by other evidence: see [`Probes`]), as the datagram it
 /// would have been, from `probed` at the incarnation `foca` holds for it.
 /// Nothing when `foca` does not hold `probed` as an active member.
-pub fn vouched(
+fn vouched(
     foca: &mut SwimFoca,
     probed: &SwimIdentity,
     number: foca::ProbeNumber,
@@ -247,7 +255,7 @@ pub fn vouched(
 /// to (the seeds at once), and that late verdict is stale there (design
 /// §15; `tests/live/main.rs` has an insider say such a verdict after a
 /// node's stop: without this, the run committed since faulted `dead`).
-pub fn join_again(
+fn join_again(
     foca: &mut SwimFoca,
     incarnation: foca::Incarnation,
     seeds: impl IntoIterator<Item = SwimIdentity>,
@@ -409,7 +417,7 @@ impl Repair {
 /// out, as the tracker gives them: the newest generation of each name and
 /// address (an earlier life still listed as down must not speak over it).
 /// The table the facts go to keeps those that differ from what it holds.
-pub fn whole_view<'m>(
+fn whole_view<'m>(
     tracker: &mut MembershipTracker,
     members: impl Iterator<Item = &'m Member<SwimIdentity>>,
     own: &SwimIdentity,

@@ -152,32 +152,40 @@ fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down()
     assert_eq!(state, Some(State::Down));
 }
 
-/// One probe of `x` by a member that holds only `x`, its ping lost:
-/// `vouch` says whether `x`'s life is vouched for when foca turns to
-/// indirect probes. Returns `x`'s state once the next probe began.
+/// Every datagram lost; the timers asked for kept.
+#[derive(Default)]
+struct Lossy {
+    timers: Vec<Timer<SwimIdentity>>,
+}
+
+impl Host for Lossy {
+    fn send(&mut self, _: SwimIdentity, _: bytes::Bytes, _: Option<&foca::Header<SwimIdentity>>) {}
+
+    fn schedule(&mut self, _: Duration, timer: Timer<SwimIdentity>) {
+        self.timers.push(timer);
+    }
+}
+
+/// One probe of `x` by a member that holds only `x`, its ping lost, as
+/// the [`Driver`] runs it: `vouch` says whether `x`'s life is vouched for
+/// when foca turns to indirect probes. Returns `x`'s state once the next
+/// probe began.
 fn one_lost_probe(vouch: bool) -> State {
-    let mut foca = orchestrators_foca();
-    let mut runtime = AccumulatingRuntime::new();
+    let (codec, _changes) = WatchingCodec::watched(Default::default());
+    let mut driver = Driver::new(
+        identity("orchestrator", 1),
+        SwimTimings::default().foca_config(4),
+        StdRng::seed_from_u64(1),
+        codec,
+    );
     let x = identity("node-4", 2);
-    foca.apply_many(
-        [Member::new(x.clone(), 0, State::Alive)].into_iter(),
-        true,
-        &mut runtime,
-    )
-    .unwrap();
-    let mut probes = Probes::default();
-    let mut timers = Vec::new();
-    let mut take = |runtime: &mut AccumulatingRuntime<SwimIdentity>, probes: &mut Probes| {
-        // Every datagram is lost; the pings are noted as sent.
-        while let Some((_, data)) = runtime.to_send() {
-            let header = foca::Codec::decode_header(&mut foca::PostcardCodec, &data[..]).unwrap();
-            probes.sent(&header);
-        }
-        while let Some((_, timer)) = runtime.to_schedule() {
-            timers.push(timer);
-        }
-        while runtime.to_notify().is_some() {}
-        std::mem::take(&mut timers)
+    driver
+        .apply(vec![Member::new(x.clone(), 0, State::Alive)], true)
+        .unwrap();
+    let take = |driver: &mut Driver| {
+        let mut lossy = Lossy::default();
+        driver.drain(&mut lossy);
+        lossy.timers
     };
     let first = |timers: &[Timer<SwimIdentity>], probe: bool| {
         timers
@@ -192,32 +200,29 @@ fn one_lost_probe(vouch: bool) -> State {
             .cloned()
             .unwrap()
     };
-    let scheduled = take(&mut runtime, &mut probes);
-    foca.handle_timer(first(&scheduled, true), &mut runtime)
-        .unwrap();
-    let scheduled = take(&mut runtime, &mut probes);
+    let never = |_: &SwimIdentity, _: foca::ProbeNumber| -> bool { panic!("no probe under way") };
+    let scheduled = take(&mut driver);
+    driver.timer(first(&scheduled, true), never).unwrap();
+    let scheduled = take(&mut driver);
     let indirect = first(&scheduled, false);
     let next_probe = first(&scheduled, true);
-    let (probed, number) = probes
-        .unanswered(&indirect)
-        .expect("the ping went unanswered");
-    assert_eq!(probed, x);
-    if vouch {
-        vouched(&mut foca, &probed, number, &mut runtime).unwrap();
-        assert!(
-            probes.unanswered(&indirect).is_some(),
-            "the note is of datagrams only"
-        );
-    }
-    foca.handle_timer(indirect, &mut runtime).unwrap();
-    take(&mut runtime, &mut probes);
-    foca.handle_timer(next_probe, &mut runtime).unwrap();
-    let state = foca
-        .iter_membership_state()
-        .find(|m| m.id() == &x)
-        .map(|m| m.state())
+    let mut asked = None;
+    driver
+        .timer(indirect, |probed, number| {
+            asked = Some((probed.clone(), number));
+            vouch
+        })
         .unwrap();
-    state
+    let (probed, number) = asked.expect("the ping went unanswered: the driver asks");
+    assert_eq!(probed, x);
+    take(&mut driver);
+    driver.timer(next_probe, |_, _| false).unwrap();
+    take(&mut driver);
+    assert!(
+        !driver.vouched(&probed, number).unwrap(),
+        "an answer once the next probe began comes too late"
+    );
+    driver.state_of(&x).unwrap()
 }
 
 #[test]

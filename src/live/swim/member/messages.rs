@@ -17,7 +17,7 @@ impl Message for Join {
 /// lost its orchestrator sends this. A member back from an absence (it
 /// stalled: its timers ran late within the last second, or it was cut
 /// off: it heard no datagram for a probe period) refutes first whatever
-/// suspicion of it was raised meanwhile (see [`drive::join_again`]); one
+/// suspicion of it was raised meanwhile (see [`drive::Driver::join_again`]); one
 /// whose SWIM went on (only its agent connection was cut, or its
 /// orchestrator froze) was suspected of nothing, and only announces: a
 /// refutation is a change of the node in the gate, which would come
@@ -125,7 +125,7 @@ impl Handler<WatchGeneration> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: WatchGeneration, _ctx: &mut Context<Self>) {
-        msg.0.send_replace(self.foca.identity().generation);
+        msg.0.send_replace(self.driver.identity().generation);
         self.own_generation = Some(msg.0);
     }
 }
@@ -148,11 +148,9 @@ impl Handler<Renew> for SwimMember {
     type Result = ();
 
     fn handle(&mut self, msg: Renew, ctx: &mut Context<Self>) {
-        let mut renewed = self.foca.identity().clone();
-        renewed.generation = msg.generation;
-        let result = self.foca.change_identity(renewed, &mut self.runtime);
+        let result = self.driver.renew(msg.generation);
         let changed = result.is_ok();
-        self.report("renew", result);
+        self.report(result);
         if let (true, Some(own)) = (changed, &self.own_generation) {
             own.send_replace(msg.generation);
         }
@@ -288,7 +286,7 @@ impl Handler<MemberCount> for SwimMember {
     type Result = usize;
 
     fn handle(&mut self, _msg: MemberCount, _ctx: &mut Context<Self>) -> usize {
-        self.foca.num_members()
+        self.driver.foca().num_members()
     }
 }
 
@@ -341,15 +339,8 @@ impl Handler<Datagram> for SwimMember {
         let now = std::time::Instant::now();
         self.heard_at = now;
         self.bound.heard(msg.from, now);
-        // Only a datagram that may answer the probe under way is read
-        // for it (the rest go to foca alone, as before).
-        if self.probes.awaits_ack() {
-            if let Some(header) = drive::header(&msg.data) {
-                self.probes.received(&header);
-            }
-        }
-        let result = self.foca.handle_data(&msg.data, &mut self.runtime);
-        self.report("datagram", result);
+        let result = self.driver.datagram(&msg.data);
+        self.report(result);
         self.drain(ctx);
     }
 }
@@ -390,50 +381,40 @@ impl SwimMember {
     fn run_timer(&mut self, timer: foca::Timer<SwimIdentity>, ctx: &mut Context<Self>) {
         // A probe unanswered over UDP when foca turns to indirect probes:
         // the member's own agent connection may vouch for it.
-        if let Some((probed, number)) = self.probes.unanswered(&timer) {
-            match &self.vouching {
-                Vouching::Nobody => {}
-                Vouching::Everyone | Vouching::Here(_) => {
-                    let lives = match &self.vouching {
-                        Vouching::Here(lives) => lives(&probed),
-                        _ => true,
-                    };
-                    if lives && matches!(self.vouching, Vouching::Here(_)) {
-                        metrics::counter!("poolgate_swim_vouched_total").increment(1);
-                    }
-                    if lives {
-                        self.hand_ack(&probed, number);
-                    }
+        let (vouching, asked, answer_within) =
+            (&self.vouching, &mut self.asked, self.answer_within);
+        let result = self.driver.timer(timer, |probed, number| match vouching {
+            Vouching::Nobody => false,
+            Vouching::Everyone => true,
+            Vouching::Here(lives) => {
+                let lives = lives(probed);
+                if lives {
+                    metrics::counter!("poolgate_swim_vouched_total").increment(1);
                 }
-                Vouching::Orchestrator(ask) => {
-                    if ask.try_send((probed.clone(), number)).is_ok() {
-                        self.asked = Some((probed.clone(), number));
-                        ctx.run_later(self.answer_within, move |member, ctx| {
-                            member.unanswered(probed, number, ctx);
-                        });
-                    } else {
-                        // Not asked: no word from the orchestrator, so no
-                        // accusation.
-                        metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
-                        self.hand_ack(&probed, number);
-                    }
+                lives
+            }
+            Vouching::Orchestrator(ask) => {
+                if ask.try_send((probed.clone(), number)).is_ok() {
+                    *asked = Some((probed.clone(), number));
+                    let probed = probed.clone();
+                    ctx.run_later(answer_within, move |member, ctx| {
+                        member.unanswered(probed, number, ctx);
+                    });
+                    false
+                } else {
+                    // Not asked: no word from the orchestrator, so no
+                    // accusation.
+                    metrics::counter!("poolgate_swim_vouch_unasked_total").increment(1);
+                    true
                 }
             }
-        }
-        let result = self.foca.handle_timer(timer, &mut self.runtime);
-        self.report("timer", result);
+        });
+        self.report(result);
         self.drain(ctx);
     }
 }
 
 impl SwimMember {
-    /// Hands foca `probed`'s ack to probe `number` (its life vouched for,
-    /// or nobody to accuse it: see [`Vouching`]).
-    fn hand_ack(&mut self, probed: &SwimIdentity, number: foca::ProbeNumber) {
-        let result = drive::vouched(&mut self.foca, probed, number, &mut self.runtime);
-        self.report("vouch", result);
-    }
-
     /// The orchestrator did not answer about probe `number` of `probed` in
     /// time: with no word that the member's connection is silent, it is
     /// not accused.
@@ -444,13 +425,14 @@ impl SwimMember {
         ctx: &mut Context<Self>,
     ) {
         if self.asked.as_ref() != Some(&(probed.clone(), number))
-            || !self.probes.is_current(&probed, number)
+            || !self.driver.probing(&probed, number)
         {
             return;
         }
         self.asked = None;
         metrics::counter!("poolgate_swim_vouch_unanswered_total").increment(1);
-        self.hand_ack(&probed, number);
+        let result = self.driver.vouched(&probed, number);
+        self.report(result);
         self.drain(ctx);
     }
 }
@@ -488,12 +470,14 @@ impl Handler<Vouched> for SwimMember {
         if !alive {
             return;
         }
-        if !self.probes.is_current(&probed, number) {
-            metrics::counter!("poolgate_swim_vouched_late_total").increment(1);
-            return;
+        match self.driver.vouched(&probed, number) {
+            Ok(false) => {
+                metrics::counter!("poolgate_swim_vouched_late_total").increment(1);
+                return;
+            }
+            Ok(true) => metrics::counter!("poolgate_swim_vouched_total").increment(1),
+            refused => self.report(refused),
         }
-        metrics::counter!("poolgate_swim_vouched_total").increment(1);
-        self.hand_ack(&probed, number);
         self.drain(ctx);
     }
 }
@@ -528,8 +512,8 @@ impl Handler<Leave> for SwimMember {
 
     fn handle(&mut self, _msg: Leave, ctx: &mut Context<Self>) {
         self.leaving = true;
-        let result = self.foca.leave_cluster(&mut self.runtime);
-        self.report("leave", result);
+        let result = self.driver.leave();
+        self.report(result);
         self.drain(ctx);
         ctx.stop();
     }

@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
-use foca::{AccumulatingRuntime, Foca, OwnedNotification, Timer};
+use foca::{OwnedNotification, Timer};
 use rand::rngs::StdRng;
 use tokio::net::UdpSocket;
 
@@ -109,8 +109,10 @@ pub use super::drive::SwimFoca;
 
 /// One SWIM member on a UDP socket.
 pub struct SwimMember {
-    foca: SwimFoca,
-    runtime: AccumulatingRuntime<SwimIdentity>,
+    /// foca, the probe under way and the repair, driven as one value.
+    driver: drive::Driver,
+    /// This member's node id, for its log lines.
+    node: String,
     /// Sends go through a plain non-blocking socket (a datagram is sent or
     /// lost at once); receives through a tokio clone of it.
     sender: std::net::UdpSocket,
@@ -123,9 +125,6 @@ pub struct SwimMember {
     receiver: Option<tokio::sync::oneshot::Sender<()>>,
     /// Shared with the receiving task; replaced whole on rotation.
     keyring: Arc<RwLock<Keyring>>,
-    /// What this member repairs on top of foca, once every
-    /// [`drive::REPAIR_EVERY`].
-    repair: drive::Repair,
     /// The origin of the repair's clock.
     started: std::time::Instant,
     /// Told this member's generation whenever foca renews its identity.
@@ -147,8 +146,6 @@ pub struct SwimMember {
     before_term: crate::live::swim::fresh::BeforeTerm,
     /// Where this member may send, by what it has heard.
     bound: crate::live::swim::reflect::SendBound,
-    /// The probe under way, as this member's datagrams show it.
-    probes: drive::Probes,
     /// Who vouches for a member whose probe went unanswered.
     vouching: Vouching,
     /// The probe the orchestrator was asked about, its answer awaited.
@@ -239,12 +236,11 @@ impl SwimMember {
         let identity = SwimIdentity::new(node, addr, generation);
         let arbiter = Arbiter::default();
         let (codec, changes) = WatchingCodec::watched(arbiter.clone());
-        let repair = drive::Repair::for_config(&config);
         let answer_within = config.probe_period.saturating_sub(config.probe_rtt) / 2;
         let probe_period = config.probe_period;
         let member = SwimMember {
-            foca: Foca::new(identity, config, rng, codec),
-            runtime: AccumulatingRuntime::new(),
+            node: identity.node.clone(),
+            driver: drive::Driver::new(identity, config, rng, codec),
             sender,
             receiving: Some(receiving),
             tracker: MembershipTracker::default(),
@@ -252,7 +248,6 @@ impl SwimMember {
             sink,
             receiver: None,
             keyring: Arc::new(RwLock::new(keyring)),
-            repair,
             started: std::time::Instant::now(),
             own_generation: None,
             leaving: false,
@@ -261,7 +256,6 @@ impl SwimMember {
             attached: None,
             before_term: crate::live::swim::fresh::BeforeTerm::default(),
             bound: crate::live::swim::reflect::SendBound::default(),
-            probes: drive::Probes::default(),
             vouching: Vouching::Nobody,
             asked: None,
             answer_within,
@@ -279,19 +273,18 @@ impl SwimMember {
             sender: &self.sender,
             keyring: &self.keyring,
             ctx,
-            node: &self.foca.identity().node,
+            node: &self.node,
             rejoins: &mut self.rejoins,
             own_generation: self.own_generation.as_ref(),
             bound: &mut self.bound,
             leaving: self.leaving,
-            probes: &mut self.probes,
             started: self.started,
         };
-        let replaced = drive::drain(&mut self.runtime, &mut host, &self.foca);
+        let replaced = self.driver.drain(&mut host);
         let changed = drive::track(
             &mut self.tracker,
             &self.changes,
-            self.foca.identity(),
+            self.driver.identity(),
             replaced,
         );
         self.emit(changed);
@@ -314,10 +307,10 @@ impl SwimMember {
         new
     }
 
-    fn report(&self, what: &'static str, result: Result<(), foca::Error>) {
-        if let Err(e) = result {
-            metrics::counter!("poolgate_swim_errors_total", "call" => what).increment(1);
-            tracing::debug!(node = %self.foca.identity().node, error = %e, "{what} refused");
+    fn report<T>(&self, result: Result<T, drive::Refused>) {
+        if let Err(drive::Refused { call, error }) = result {
+            metrics::counter!("poolgate_swim_errors_total", "call" => call).increment(1);
+            tracing::debug!(node = %self.node, %error, "{call} refused");
         }
     }
 }
@@ -334,34 +327,27 @@ impl SwimMember {
         }
     }
 
-    /// One fact per member of foca's whole membership ([`drive::whole_view`]).
+    /// One fact per member of foca's whole membership ([`drive::Driver::whole_view`]).
     fn whole_view(&mut self) -> Vec<SwimFact> {
-        drive::whole_view(
-            &mut self.tracker,
-            self.foca.iter_membership_state(),
-            self.foca.identity(),
-        )
+        self.driver.whole_view(&mut self.tracker)
     }
 
-    /// Declares down every member held suspect past the limit
-    /// ([`drive::Repair`]).
-    fn expire_suspicions(&mut self, ctx: &mut Context<Self>) {
-        let expired = self
-            .repair
-            .expired(self.foca.iter_membership_state(), self.started.elapsed());
-        if expired.is_empty() {
-            return;
+    /// The repair's tick ([`drive::Repair`]): every member held suspect
+    /// past the limit declared down, then, for the member that feeds a
+    /// gate, the whole view checked against what the tracker told.
+    fn repair(&mut self, ctx: &mut Context<Self>) {
+        match self.driver.expire_suspicions(self.started.elapsed()) {
+            Ok(0) => {}
+            Ok(count) => {
+                metrics::counter!("poolgate_swim_suspicions_expired_total").increment(count as u64);
+                tracing::debug!(count, "suspicions held past the timeout: declared down");
+                self.drain(ctx);
+            }
+            refused => self.report(refused),
         }
-        metrics::counter!("poolgate_swim_suspicions_expired_total").increment(expired.len() as u64);
-        tracing::debug!(
-            count = expired.len(),
-            "suspicions held past the timeout: declared down"
-        );
-        let result = self
-            .foca
-            .apply_many(expired.into_iter(), true, &mut self.runtime);
-        self.report("expire", result);
-        self.drain(ctx);
+        if self.sink.is_some() {
+            self.reconcile();
+        }
     }
 }
 
@@ -378,12 +364,7 @@ impl Actor for SwimMember {
             // after start): no timers can be set, and nothing to do.
             return ctx.stop();
         }
-        ctx.run_interval(drive::REPAIR_EVERY, |member, ctx| {
-            if member.sink.is_some() {
-                member.reconcile();
-            }
-            member.expire_suspicions(ctx);
-        });
+        ctx.run_interval(drive::REPAIR_EVERY, |member, ctx| member.repair(ctx));
         let Some(socket) = self.receiving.take() else {
             return;
         };
@@ -469,7 +450,7 @@ impl SwimMember {
     /// each itself among them: foca refuses its own announce as data from
     /// itself, an error counted for nothing).
     fn others(&self, mut seeds: Vec<SocketAddr>) -> Vec<SocketAddr> {
-        let own = self.foca.identity().addr;
+        let own = self.driver.identity().addr;
         seeds.retain(|seed| *seed != own);
         seeds
     }
@@ -477,21 +458,18 @@ impl SwimMember {
     /// Announces this member to `seeds`.
     fn announce_to(&mut self, seeds: Vec<SocketAddr>) {
         for seed in seeds {
-            let result = self
-                .foca
-                .announce(SwimIdentity::seed(seed), &mut self.runtime);
-            self.report("announce", result);
+            let result = self.driver.announce(SwimIdentity::seed(seed));
+            self.report(result);
         }
     }
 
     /// Refutes at once any suspicion of this member raised while it was
-    /// away, then announces it to `seeds` (see [`drive::join_again`]).
+    /// away, then announces it to `seeds` (see [`drive::Driver::join_again`]).
     fn join_again(&mut self, seeds: Vec<SocketAddr>) {
-        let incarnation = self.probes.incarnation();
         let seeds = seeds.into_iter().map(SwimIdentity::seed);
-        let result = drive::join_again(&mut self.foca, incarnation, seeds, &mut self.runtime);
+        let result = self.driver.join_again(seeds);
         metrics::counter!("poolgate_swim_refuted_on_return_total").increment(1);
-        self.report("join again", result);
+        self.report(result);
     }
 }
 

@@ -99,7 +99,6 @@ pub(super) struct UdpHost<'a, 'c> {
     pub(super) own_generation: Option<&'a tokio::sync::watch::Sender<u64>>,
     pub(super) bound: &'a mut crate::live::swim::reflect::SendBound,
     pub(super) leaving: bool,
-    pub(super) probes: &'a mut drive::Probes,
     /// When the member started.
     pub(super) started: std::time::Instant,
 }
@@ -111,11 +110,8 @@ impl drive::Host for UdpHost<'_, '_> {
         data: bytes::Bytes,
         header: Option<&foca::Header<SwimIdentity>>,
     ) {
-        // A ping is noted as sent even when withheld: unanswered, it may
-        // be vouched for.
-        if let Some(header) = header {
-            self.probes.sent(header);
-        }
+        // A ping withheld is still noted as sent (by the driver):
+        // unanswered, it may be vouched for.
         if !self.bound.may_send(to.addr, std::time::Instant::now()) {
             metrics::counter!("poolgate_swim_sends_withheld_total").increment(1);
             return;
