@@ -46,7 +46,7 @@ pub trait Host {
     );
     /// A timer foca wants back after `after`.
     fn schedule(&mut self, after: Duration, timer: Timer<SwimIdentity>);
-    /// What else foca says (renames are [`drain`]'s answer instead).
+    /// What else foca says (renames are [`Driver::drain`]'s answer instead).
     fn notified(&mut self, notification: OwnedNotification<SwimIdentity>) {
         let _ = notification;
     }
@@ -58,7 +58,7 @@ pub type Replaced = (SwimIdentity, SwimIdentity);
 /// Hands what foca asked for to `host`: the datagrams, then the timers,
 /// then the notifications; returns the renames among them. `view` is the
 /// foca that asked: "you are down" goes only to a member it holds down
-/// ([`told_down`]).
+/// (`told_down`).
 fn drain(
     runtime: &mut AccumulatingRuntime<SwimIdentity>,
     host: &mut impl Host,
@@ -128,12 +128,12 @@ pub fn track(
 /// What a member's own datagrams show: the probe it has under way (the
 /// member its latest ping went to, foca's number for that probe, and
 /// whether the member's ack came back), and the incarnation it speaks at
-/// (foca does not say it otherwise; see [`join_again`]).
+/// (foca does not say it otherwise; see [`Driver::join_again`]).
 ///
 /// When foca turns to indirect probes (`Timer::SendIndirectProbe`), a
 /// probe still unanswered ([`Probes::unanswered`]) may be vouched for by
 /// other evidence of the member's life: its agent connection's signed
-/// heartbeats, which the orchestrator holds (design §15). [`vouched`] then
+/// heartbeats, which the orchestrator holds (design §15). [`Driver::vouched`] then
 /// hands foca the ack the member would have sent, and foca counts the
 /// probe answered: no suspicion is raised of a member that proves it
 /// lives over TCP while UDP loses its probes, as memberlist falls back on
@@ -346,7 +346,7 @@ pub const REPAIR_EVERY: Duration = Duration::from_secs(1);
 ///   healed host suspect, never ready again. SWIM's rule is that every
 ///   member times a suspicion out; down, the member is told so when it
 ///   next speaks and rejoins under a renewed identity.
-/// - **The whole view, checked** ([`whole_view`]): the tracker follows
+/// - **The whole view, checked** ([`Driver::whole_view`]): the tracker follows
 ///   what foca encodes as it applies it; a state foca applied without
 ///   encoding it in that call (seen on the rig: a member first heard of
 ///   as suspect, then refuted, after a host was cut off and healed) would
