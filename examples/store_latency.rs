@@ -95,9 +95,9 @@ fn summary(name: &str, mut took: Vec<Duration>) -> serde_json::Value {
 
 /// A store on the etcd at `endpoints`, fenced by a leader key this
 /// process makes (it leads for the whole run).
-fn etcd_store(endpoints: &[String], tls: &poolgate::etcd::TlsFiles) -> Arc<dyn StateStore> {
+fn etcd_store(endpoints: &[String], tls: &poolgate::ha::etcd::TlsFiles) -> Arc<dyn StateStore> {
     let api = Arc::new(
-        poolgate::etcd::Etcd::new(endpoints, Duration::from_secs(2))
+        poolgate::ha::etcd::Etcd::new(endpoints, Duration::from_secs(2))
             .and_then(|etcd| etcd.with_tls(tls))
             .expect("endpoint"),
     );
@@ -145,7 +145,7 @@ fn main() {
         .unwrap_or(10u64);
     let certs = etcd::Certs::make("bench");
     let tls = certs.client();
-    let plain = poolgate::etcd::TlsFiles::default();
+    let plain = poolgate::ha::etcd::TlsFiles::default();
     let one = etcd::Etcd::start("bench-one");
     let secure = etcd::Etcd::start_tls("bench-tls", &certs);
     let three = etcd::Cluster::start("bench-three", 3);
@@ -235,7 +235,7 @@ fn quiet_leader(endpoint: &str, span: Duration) -> Vec<serde_json::Value> {
     .expect("config");
     let per_s = |before: f64, after: f64| (after - before) / span.as_secs_f64();
     let watching = actix::System::new().block_on(async {
-        let mut replica = poolgate::live::replica::Replica::start(&config).expect("replica");
+        let mut replica = poolgate::ha::replica::Replica::start(&config).expect("replica");
         let live = replica.lead(None).await.expect("leads");
         // Settled: its term begun, its first looks made.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -246,7 +246,7 @@ fn quiet_leader(endpoint: &str, span: Duration) -> Vec<serde_json::Value> {
         replica.resign();
         per_s(before, after)
     });
-    let etcd = poolgate::etcd::Etcd::new(&[endpoint.to_string()], Duration::from_secs(2))
+    let etcd = poolgate::ha::etcd::Etcd::new(&[endpoint.to_string()], Duration::from_secs(2))
         .expect("endpoint");
     let (lease, _) = etcd.grant(Duration::from_secs(6)).expect("lease");
     let before = requests_started(endpoint);

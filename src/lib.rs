@@ -53,7 +53,9 @@
 //!   `live`).
 //! - [`keys`] (feature `live`): key files, cluster keys and pinned
 //!   public keys (from files or bytes).
-//! - [`state`], [`etcd`]: the durable state (redb, etcd) and the etcd
+//! - [`state`]: the durable state (redb, etcd).
+//! - [`ha`]: replicas on etcd: the etcd client, the leadership and the
+//!   runs asked of whichever replica leads (the last two with `live`).
 //!   client.
 //! - [`replay`]: the gate on a recorded scenario and a virtual clock: the
 //!   file's reader ([`replay::scenario`]) and its renderers
@@ -61,7 +63,7 @@
 //!   records themselves, written by the recording and read here, are
 //!   `poolgate_actors::replay_format`'s.
 //! - [`live`] (feature `live`): the live cluster: the embeddable
-//!   [`live::Orchestrator`] and its replicas ([`live::replica`]); the
+//!   [`live::Orchestrator`] and its replicas ([`ha::replica`]); the
 //!   SWIM adapter (`live::swim`: foca and actix types, public for the
 //!   command line and the simulator, hidden from the docs) and the demo
 //!   (`cli::demo`).
@@ -105,8 +107,7 @@
 #[doc(hidden)]
 pub mod cli;
 pub mod config;
-#[doc(hidden)]
-pub mod etcd;
+pub mod ha;
 #[cfg(feature = "live")]
 pub mod keys;
 #[cfg(feature = "live")]

@@ -28,7 +28,7 @@ mod settings;
 mod tests;
 
 /// The TLS files `[state] ca_file`, `cert_file` and `key_file` name.
-pub use crate::etcd::TlsFiles;
+pub use crate::ha::etcd::TlsFiles;
 #[cfg(feature = "live")]
 pub use cluster::{
     label_problem, AgentsConfig, DemoConfig, Registry, SwimConfig, SwimTimings,

@@ -164,7 +164,7 @@ impl Config {
             }
             if let Some(value) = table.get("etcd") {
                 state.etcd = doc.strings(value, "state.etcd")?;
-                if let Err(e) = crate::etcd::Etcd::new(&state.etcd, Duration::from_secs(1)) {
+                if let Err(e) = crate::ha::etcd::Etcd::new(&state.etcd, Duration::from_secs(1)) {
                     return Err(doc.error(value.span(), "state.etcd", e));
                 }
                 if table.contains_key("path") {

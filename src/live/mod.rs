@@ -7,8 +7,8 @@
 //! - `nodes`: what the orchestrator remembers per node (sequences, signed
 //!   SWIM address, leaving).
 //! - [`status`]: the answer to `poolgate status`.
-//! - [`replica`], [`requests`]: replicas on etcd, and the runs asked of
-//!   whichever leads (design §12).
+//! - Replicas on etcd and the runs asked of whichever leads (design §12)
+//!   are a room of their own: [`crate::ha`].
 //! - `swim`: foca over UDP, turned into the gate's membership input
 //!   (foca's and actix's types: public for the command line and the
 //!   simulator, hidden from the docs; an embedder reaches SWIM through
@@ -23,14 +23,11 @@ pub use crate::config::endpoint;
 pub mod control;
 pub(crate) mod conversation;
 pub(crate) mod generation;
-mod listener;
+pub(crate) mod listener;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;
 pub mod orchestrator;
-pub mod replica;
-#[doc(hidden)]
-pub mod requests;
 #[doc(hidden)]
 pub mod status;
 #[doc(hidden)]

@@ -152,7 +152,7 @@ impl Etcd {
             dir,
             endpoint,
         };
-        let client = poolgate::etcd::Etcd::new(
+        let client = poolgate::ha::etcd::Etcd::new(
             std::slice::from_ref(&etcd.endpoint),
             Duration::from_millis(500),
         )
@@ -181,8 +181,8 @@ impl Etcd {
     }
 
     /// A client of it.
-    pub fn client(&self) -> poolgate::etcd::Etcd {
-        poolgate::etcd::Etcd::new(std::slice::from_ref(&self.endpoint), Duration::from_secs(2))
+    pub fn client(&self) -> poolgate::ha::etcd::Etcd {
+        poolgate::ha::etcd::Etcd::new(std::slice::from_ref(&self.endpoint), Duration::from_secs(2))
             .expect("endpoint")
     }
 
@@ -296,8 +296,8 @@ impl Certs {
 
     /// What a client of `start_tls`'s etcd is given: the CA, its
     /// certificate and key.
-    pub fn client(&self) -> poolgate::etcd::TlsFiles {
-        poolgate::etcd::TlsFiles {
+    pub fn client(&self) -> poolgate::ha::etcd::TlsFiles {
+        poolgate::ha::etcd::TlsFiles {
             ca_file: Some(self.dir.join("ca.pem")),
             cert_file: Some(self.dir.join("client.pem")),
             key_file: Some(self.dir.join("client.key")),
@@ -371,8 +371,8 @@ impl Cluster {
     }
 
     /// A client of the whole cluster.
-    pub fn client(&self, timeout: Duration) -> poolgate::etcd::Etcd {
-        poolgate::etcd::Etcd::new(&self.endpoints(), timeout).expect("endpoints")
+    pub fn client(&self, timeout: Duration) -> poolgate::ha::etcd::Etcd {
+        poolgate::ha::etcd::Etcd::new(&self.endpoints(), timeout).expect("endpoints")
     }
 
     /// SIGKILLs member `i`.

@@ -343,11 +343,7 @@ fn the_node_daemon_imports_neither_the_orchestrator_nor_the_replicas() {
         .collect();
     assert!(files.len() >= 2, "src/cli/node/ is read: {files:?}");
     let imports: Vec<_> = files.iter().flat_map(|f| &krate.imports[*f]).collect();
-    for forbidden in [
-        "src/live/orchestrator",
-        "src/live/replica",
-        "src/live/requests",
-    ] {
+    for forbidden in ["src/live/orchestrator", "src/ha"] {
         let forbidden = workspace().join(forbidden);
         assert!(
             forbidden.is_dir(),

@@ -545,7 +545,7 @@ async fn among_replicas(
     unguarded_after: Duration,
 ) -> (
     LocalCluster,
-    poolgate::live::replica::Replica,
+    poolgate::ha::replica::Replica,
     poolgate::live::Orchestrator,
     PathBuf,
 ) {
@@ -555,7 +555,7 @@ async fn among_replicas(
     plan.base.state.insecure = true;
     plan.base.run.unguarded_after = unguarded_after;
     let cluster = cluster(&plan).await;
-    let mut replica = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
+    let mut replica = poolgate::ha::replica::Replica::start(&cluster.config).unwrap();
     let live = replica.lead(None).await.unwrap();
     let text = std::fs::read_to_string(&cluster.config_file).unwrap();
     let requester = cluster.dir.join("requester.toml");
@@ -913,7 +913,7 @@ fn a_requester_that_gives_up_and_a_follower_tell_what_blocks_the_pool() {
             let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             socket.local_addr().unwrap()
         };
-        let mut follower = poolgate::live::replica::Replica::start(&second).unwrap();
+        let mut follower = poolgate::ha::replica::Replica::start(&second).unwrap();
         let following = actix::spawn(async move {
             let _ = follower.lead(None).await;
         });
@@ -993,7 +993,7 @@ fn a_reset_of_a_healthy_nodes_connection_faults_nothing_with_two_replicas_listed
         plan.base.state.lease = Duration::from_secs(2);
         plan.base.state.insecure = true;
         let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
-        let mut leader = poolgate::live::replica::Replica::start(&cluster.config).unwrap();
+        let mut leader = poolgate::ha::replica::Replica::start(&cluster.config).unwrap();
         let live = leader.lead(None).await.unwrap();
         let mut second = cluster.config.clone();
         second.agents.listen = free_tcp();
@@ -1001,7 +1001,7 @@ fn a_reset_of_a_healthy_nodes_connection_faults_nothing_with_two_replicas_listed
             let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             socket.local_addr().unwrap()
         };
-        let mut follower = poolgate::live::replica::Replica::start(&second).unwrap();
+        let mut follower = poolgate::ha::replica::Replica::start(&second).unwrap();
         let following = actix::spawn(async move {
             let _ = follower.lead(None).await;
         });

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poolgate::core::{Event, NodeId, RunId};
-use poolgate::live::replica::Replica;
+use poolgate::ha::replica::Replica;
 use poolgate::Config;
 use rand::{RngExt, SeedableRng};
 
@@ -106,7 +106,7 @@ fn a_hundred_forced_failovers_keep_one_leader_distinct_epochs_and_the_run_guarde
             let started = Instant::now();
             let live = live.unwrap_or_else(|e| panic!("failover {k}: replica {i}: {e}"));
             let won = match &*replicas[i].as_ref().expect("the leader").role().borrow() {
-                poolgate::live::replica::Role::Leading(since) => *since,
+                poolgate::ha::replica::Role::Leading(since) => *since,
                 other => panic!("failover {k}: replica {i} started an orchestrator as {other:?}"),
             };
             assert_ne!(Some(i), isolated, "an isolated replica led");
@@ -266,7 +266,7 @@ fn a_write_prepared_in_an_earlier_term_never_lands_in_a_later_one() {
     let endpoint = server.endpoint.clone();
     let stored = move || {
         let client =
-            poolgate::etcd::Etcd::new(std::slice::from_ref(&endpoint), Duration::from_secs(2));
+            poolgate::ha::etcd::Etcd::new(std::slice::from_ref(&endpoint), Duration::from_secs(2));
         let store = poolgate::state::etcd::EtcdStore::new(
             Arc::new(client.expect("client")),
             "/poolgate/failovers/pool-a/",

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use poolgate::core::{Durable, Event};
-use poolgate::live::replica::Replica;
+use poolgate::ha::replica::Replica;
 use poolgate::state::etcd::{EtcdStore, Fence, LeaderTerm};
 use poolgate::{Config, StateStore};
 
@@ -186,10 +186,10 @@ fn a_leader_stops_acting_when_its_key_is_gone_and_refuses_wiped_data() {
 
 /// What became of `run`, once it is `status`.
 async fn outcome_of(
-    requests: &poolgate::live::requests::Requests,
+    requests: &poolgate::ha::requests::Requests,
     run: &poolgate::core::RunId,
     status: &str,
-) -> poolgate::live::requests::RunOutcome {
+) -> poolgate::ha::requests::RunOutcome {
     loop {
         if let Ok(Some(o)) = requests.outcome(run).await {
             if o.status == status {
@@ -288,7 +288,8 @@ fn a_three_member_etcd_losing_one_changes_nothing_and_losing_quorum_stops_everyo
         (0..3)
             .find(|i| {
                 let one =
-                    poolgate::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_secs(2)).unwrap();
+                    poolgate::ha::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_secs(2))
+                        .unwrap();
                 !one.member_is_leader().unwrap()
             })
             .expect("a follower member")
@@ -443,7 +444,7 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
     live_for(Duration::from_secs(60), async {
         let mut leader = Replica::start(&config).unwrap();
         let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let run = poolgate::core::RunId::new("asked").unwrap();
         let node = poolgate::core::NodeId::new("node-1").unwrap();
         let session = requests
@@ -547,7 +548,7 @@ fn a_run_asked_through_etcd_is_committed_by_the_leader_and_ended_on_request() {
         .expect("the end written");
         assert_eq!(
             ended.reason.as_deref(),
-            Some(poolgate::live::requests::REQUESTER_GONE)
+            Some(poolgate::ha::requests::REQUESTER_GONE)
         );
         // A requester that withdraws after a commit it did not see (its
         // timeout raced the leader) has the run ended.
@@ -905,11 +906,11 @@ async fn planned_within(
 /// Asks `run` over node-1 as a requester that renews its session (of
 /// `ttl`), and waits for its commit; the session.
 async fn committed_for(
-    requests: &poolgate::live::requests::Requests,
+    requests: &poolgate::ha::requests::Requests,
     events: &mut poolgate_actors::EventStream,
     run: &str,
     ttl: Duration,
-) -> poolgate::live::requests::Session {
+) -> poolgate::ha::requests::Session {
     let run = poolgate::core::RunId::new(run).unwrap();
     let session = requests
         .ask(&run, &[common::node("node-1")], ttl)
@@ -930,7 +931,7 @@ fn store_of(server: &etcd::Etcd, config: &Config) -> EtcdStore {
 }
 
 /// A store on `config`'s prefix through `etcd`, bound to no term.
-fn store_on(etcd: poolgate::etcd::Etcd, config: &Config) -> EtcdStore {
+fn store_on(etcd: poolgate::ha::etcd::Etcd, config: &Config) -> EtcdStore {
     let prefix = format!("/poolgate/{}/{}/", config.swim.label, pool_of(config));
     EtcdStore::new(
         Arc::new(etcd),
@@ -1124,7 +1125,7 @@ fn run_end_of_a_run_whose_requester_is_gone_ends_it_and_says_so() {
     live_for(Duration::from_secs(60), async {
         let mut leader = Replica::start(&config).unwrap();
         let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let node = poolgate::core::NodeId::new("node-1").unwrap();
         make_ready(&live.gate, "node-1").await;
         let ghost = poolgate::core::RunId::new("ghost").unwrap();
@@ -1161,12 +1162,12 @@ async fn a_suspended_run_asked_for(
     planning: &poolgate::core::RunId,
 ) -> (
     poolgate::live::Orchestrator,
-    poolgate::live::requests::Requests,
-    poolgate::live::requests::Session,
+    poolgate::ha::requests::Requests,
+    poolgate::ha::requests::Session,
     poolgate_actors::EventStream,
 ) {
     let live = leader.lead(None).await.unwrap();
-    let requests = poolgate::live::replica::requests_of(config).unwrap();
+    let requests = poolgate::ha::replica::requests_of(config).unwrap();
     let node = poolgate::core::NodeId::new("node-1").unwrap();
     make_ready(&live.gate, "node-1").await;
     let epoch = live.gate.wait_ready().await.unwrap().epoch;
@@ -1287,7 +1288,7 @@ fn a_run_whose_requester_stopped_renewing_its_session_is_not_planned_when_the_po
     live_for(Duration::from_secs(60), async {
         let mut leader = Replica::start(&config).unwrap();
         let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let mut events = live.fleet.subscribe();
         let gone = poolgate::core::RunId::new("gone").unwrap();
         // The pool is not ready (node-1 never seen); a requester asks and
@@ -1391,7 +1392,7 @@ async fn a_gone_requester_is_not_planned_after(
 ) {
     let mut leader = Replica::start(config).unwrap();
     let live = leader.lead(None).await.unwrap();
-    let requests = poolgate::live::replica::requests_of(config).unwrap();
+    let requests = poolgate::ha::replica::requests_of(config).unwrap();
     let mut events = live.fleet.subscribe();
     let gone = poolgate::core::RunId::new("gone").unwrap();
     let ttl = Duration::from_secs(6);
@@ -1535,17 +1536,17 @@ fn a_term_of(server: &etcd::Etcd, label: &str) -> Arc<EtcdStore> {
 /// requester whose session lives `ttl`), before its first look.
 struct LeaderAsked {
     gate: poolgate::Gate,
-    serving: poolgate::live::requests::RequestServer,
-    requests: poolgate::live::requests::Requests,
+    serving: poolgate::ha::requests::RequestServer,
+    requests: poolgate::ha::requests::Requests,
     run: poolgate::core::RunId,
-    _session: poolgate::live::requests::Session,
+    _session: poolgate::ha::requests::Session,
 }
 
 async fn leader_asked(config: &Config, store: &Arc<EtcdStore>, ttl: Duration) -> LeaderAsked {
     let gate = poolgate::Gate::try_start(config.gate_settings().unwrap()).unwrap();
     let node = poolgate::core::NodeId::new("node-1").unwrap();
-    let serving = poolgate::live::requests::RequestServer::new(gate.clone(), Arc::clone(store));
-    let requests = poolgate::live::requests::Requests::new(Arc::clone(store));
+    let serving = poolgate::ha::requests::RequestServer::new(gate.clone(), Arc::clone(store));
+    let requests = poolgate::ha::requests::Requests::new(Arc::clone(store));
     let run = poolgate::core::RunId::new("r1").unwrap();
     let session = requests
         .ask(&run, std::slice::from_ref(&node), ttl)
@@ -1625,7 +1626,7 @@ fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
     live_for(Duration::from_secs(60), async {
         let node = poolgate::core::NodeId::new("node-1").unwrap();
         let run = poolgate::core::RunId::new("r1").unwrap();
-        let requests = poolgate::live::requests::Requests::new(Arc::clone(&store));
+        let requests = poolgate::ha::requests::Requests::new(Arc::clone(&store));
         let _session = requests
             .ask(&run, std::slice::from_ref(&node), Duration::from_secs(30))
             .await
@@ -1650,7 +1651,7 @@ fn a_run_a_new_term_finds_planning_is_told_aborted_not_planned_again() {
             })
             .unwrap();
         let gate = poolgate::Gate::try_start(settings).unwrap();
-        let serving = actix::spawn(poolgate::live::requests::serve_in(
+        let serving = actix::spawn(poolgate::ha::requests::serve_in(
             None,
             gate.clone(),
             Arc::clone(&store),
@@ -1690,7 +1691,7 @@ fn a_term_by_hand(
     server: &etcd::Etcd,
     prefix: &str,
     label: &str,
-) -> (Arc<poolgate::etcd::Etcd>, Arc<Fence>, i64, EtcdStore) {
+) -> (Arc<poolgate::ha::etcd::Etcd>, Arc<Fence>, i64, EtcdStore) {
     let api = Arc::new(server.client());
     let key = format!("{prefix}leader");
     api.put(key.as_bytes(), b"{}").unwrap();
@@ -1777,7 +1778,7 @@ fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
     live_for(Duration::from_secs(60), async {
         let mut leader = Replica::start(&config).unwrap();
         let live = leader.lead(None).await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let node = poolgate::core::NodeId::new("node-1").unwrap();
         make_ready(&live.gate, "node-1").await;
         let run = poolgate::core::RunId::new("r1").unwrap();
@@ -1804,7 +1805,7 @@ fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
         put("requests/evil", br#"{"required":["node-1"],"lease":0}"#);
         // Looked at once (the leader watches the requests), and then
         // some: nothing of it was believed.
-        tokio::time::sleep(poolgate::live::requests::LEADER_LOOK_EVERY * 2).await;
+        tokio::time::sleep(poolgate::ha::requests::LEADER_LOOK_EVERY * 2).await;
         assert_eq!(live.gate.report().await.unwrap().run, Some(run.clone()));
         assert_eq!(
             requests.outcome(&run).await.unwrap().map(|o| o.status),
@@ -1821,7 +1822,7 @@ fn under_a_state_key_what_anyone_else_writes_into_etcd_changes_nothing() {
         })
         .await
         .expect("the requester's own end is taken");
-        tokio::time::sleep(poolgate::live::requests::LEADER_LOOK_EVERY * 2).await;
+        tokio::time::sleep(poolgate::ha::requests::LEADER_LOOK_EVERY * 2).await;
         assert_eq!(
             live.gate.report().await.unwrap().run,
             None,
@@ -1865,7 +1866,7 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
     let config = config_of(&endpoints, "", &lease);
     let raft_leader = |endpoints: &[String]| {
         (0..endpoints.len()).find(|i| {
-            poolgate::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_millis(500))
+            poolgate::ha::etcd::Etcd::new(&endpoints[*i..=*i], Duration::from_millis(500))
                 .ok()
                 .and_then(|one| one.member_is_leader().ok())
                 .unwrap_or(false)
@@ -1893,7 +1894,7 @@ fn etcds_own_elections_move_neither_our_leader_nor_readiness_on_the_default_leas
         // etcd's elections must not put it at risk either (an operator's
         // trial: renewing every third of the TTL, 4 of 15 runs stopped
         // with exit 5 when etcd's leader was killed).
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let session = requests
             .ask(
                 &poolgate::core::RunId::new("through-elections").unwrap(),
@@ -2392,7 +2393,7 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
         assert_eq!(live.fleet.pools(), vec![pool("a"), pool("b")]);
         // A requester of each pool, as `run --pool` would ask.
         let of = |id: &str| {
-            poolgate::live::replica::requests_of(&config.with_only_pool(Some(id)).unwrap()).unwrap()
+            poolgate::ha::replica::requests_of(&config.with_only_pool(Some(id)).unwrap()).unwrap()
         };
         let (asks_a, asks_b) = (of("a"), of("b"));
         let (ra, rb) = (
@@ -2422,7 +2423,7 @@ fn several_pools_among_replicas_each_keep_their_runs_and_epochs_across_a_takeove
                 .await
                 .unwrap();
         }
-        let epoch_of = |o: poolgate::live::requests::RunOutcome| match o.event {
+        let epoch_of = |o: poolgate::ha::requests::RunOutcome| match o.event {
             Some(Event::RunCommitted { epoch, pool: p, .. }) => (p, epoch),
             other => panic!("not a commit: {other:?}"),
         };
@@ -3129,8 +3130,8 @@ fn a_pool_added_on_the_leader_among_replicas_is_served_at_once_and_kept() {
         assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
         assert_eq!(live.fleet.pools(), vec![pool("a"), pool("c")]);
         // A run asked of pool c through etcd, as `run --pool c` would.
-        let asks = poolgate::live::replica::requests_of(&grown.with_only_pool(Some("c")).unwrap())
-            .unwrap();
+        let asks =
+            poolgate::ha::replica::requests_of(&grown.with_only_pool(Some("c")).unwrap()).unwrap();
         let rc = poolgate::core::RunId::new("rc").unwrap();
         let _session = asks
             .ask_of(
@@ -3256,7 +3257,7 @@ fn a_run_over_a_node_a_reload_took_out_of_the_pool_is_refused_at_once() {
             .pool(&poolgate::core::PoolId::new("a").unwrap())
             .unwrap();
         a.wait_ready().await.unwrap();
-        let requests = poolgate::live::replica::requests_of(&config).unwrap();
+        let requests = poolgate::ha::replica::requests_of(&config).unwrap();
         let run = poolgate::core::RunId::new("over-node-2").unwrap();
         let _session = requests
             .ask(&run, &[node("node-2")], Duration::from_secs(5))
@@ -3459,9 +3460,9 @@ fn behind_proxy(name: &str) -> (etcd::Etcd, etcd::Proxy) {
 
 /// `run`'s outcome once its requester sees it committed.
 async fn committed(
-    requests: poolgate::live::requests::Requests,
+    requests: poolgate::ha::requests::Requests,
     run: poolgate::core::RunId,
-) -> poolgate::live::requests::RunOutcome {
+) -> poolgate::ha::requests::RunOutcome {
     loop {
         if let Some(o) = requests.outcome(&run).await.unwrap() {
             if o.status == "committed" {
@@ -3603,7 +3604,8 @@ fn a_leader_that_stepped_down_unable_to_revoke_its_lease_revokes_it_once_etcd_an
             .expect("the leader key");
         let lease = key.lease;
         // Renewed as etcd's new raft leader would renew it, until revoked.
-        let keep = |direct: &poolgate::etcd::Etcd| matches!(direct.keep_alive(lease), Ok(Some(_)));
+        let keep =
+            |direct: &poolgate::ha::etcd::Etcd| matches!(direct.keep_alive(lease), Ok(Some(_)));
         proxy.set_cut(true);
         let deposed = tokio::time::timeout(Duration::from_secs(15), async {
             while a.leads() {

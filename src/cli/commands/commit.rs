@@ -63,16 +63,16 @@ pub const EXIT_UNGUARDED: i32 = 5;
 /// What became of `run`, read for up to a second (the leader writes it
 /// right after the state that ended it).
 pub(crate) async fn told_end(
-    requests: &crate::live::requests::Requests,
+    requests: &crate::ha::requests::Requests,
     run: &RunId,
-) -> Option<crate::live::requests::RunOutcome> {
+) -> Option<crate::ha::requests::RunOutcome> {
     for _ in 0..10 {
         if let Ok(Some(outcome)) = requests.outcome(run).await {
             if outcome.status != "committed" {
                 return Some(outcome);
             }
         }
-        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+        tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await;
     }
     None
 }
@@ -86,10 +86,10 @@ pub const END_WAIT: Duration = Duration::from_secs(10);
 async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveError> {
     let failed =
         |e: poolgate_actors::StoreError| LiveError::Io(std::io::Error::other(e.to_string()));
-    let requests = crate::live::replica::requests_of(config)?;
+    let requests = crate::ha::replica::requests_of(config)?;
     // A run whose requester is gone has no outcome to read: what is
     // stored says whether it ended.
-    let active = |requests: crate::live::requests::Requests| async move {
+    let active = |requests: crate::ha::requests::Requests| async move {
         requests.active_run().await.map_err(failed)
     };
     let was_active = active(requests.clone()).await?.as_ref() == Some(run);
@@ -97,7 +97,7 @@ async fn end_replicated_run(config: &Config, run: &RunId) -> Result<i32, LiveErr
     let deadline = tokio::time::Instant::now() + END_WAIT;
     let mut taken = false;
     while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+        tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await;
         let outcome = requests.outcome(run).await.map_err(failed)?;
         // Finished on this request, or ended already by the leader (its
         // requester gone for good).
@@ -274,7 +274,7 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
             let narrowed = config
                 .with_only_pool(Some(definition.id().as_str()))
                 .map_err(|e| LiveError::Io(std::io::Error::other(e)))?;
-            let active = crate::live::replica::requests_of(&narrowed)?
+            let active = crate::ha::replica::requests_of(&narrowed)?
                 .active_run()
                 .await
                 .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))?;

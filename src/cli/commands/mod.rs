@@ -157,7 +157,7 @@ pub async fn watch(
 /// when it wins the lease, and follows again when it loses it).
 pub(super) enum Leadership<'a> {
     Alone { config: &'a Config, led: bool },
-    Replica(Box<crate::live::replica::Replica>),
+    Replica(Box<crate::ha::replica::Replica>),
 }
 
 impl<'a> Leadership<'a> {
@@ -168,7 +168,7 @@ impl<'a> Leadership<'a> {
             warn_without_state(config);
             return Ok(Leadership::Alone { config, led: false });
         }
-        let mut replica = crate::live::replica::Replica::start(config)?;
+        let mut replica = crate::ha::replica::Replica::start(config)?;
         replica.warm_up().await?;
         // Following until it leads (the gate's gauges set it to 1 then).
         metrics::gauge!("poolgate_leading").set(0.0);
@@ -248,7 +248,7 @@ impl<'a> Leadership<'a> {
         match self {
             Leadership::Alone { .. } => "this orchestrator".to_string(),
             Leadership::Replica(replica) => match &*replica.role().borrow() {
-                crate::live::replica::Role::Following(Some(l)) => l.to_string(),
+                crate::ha::replica::Role::Following(Some(l)) => l.to_string(),
                 _ => "none right now".to_string(),
             },
         }

@@ -17,7 +17,7 @@ use super::commit::AbortOnDrop;
 /// replica's next term. A file that does not load changes nothing.
 pub(crate) fn reload_on_hangup(
     keys: Option<crate::live::orchestrator::SwimKeys>,
-    reloads: crate::live::replica::Reloads,
+    reloads: crate::ha::replica::Reloads,
     path: &Path,
     mut hangup: tokio::signal::unix::Signal,
 ) -> AbortOnDrop {

@@ -263,6 +263,7 @@ async fn join(swim: &Addr<SwimMember>, seeds: &[Endpoint], said: &mut Throttle, 
 }
 
 mod check;
+mod rotation;
 mod session;
 
 use check::health;

@@ -1,9 +1,9 @@
-//! The node's agent connection: which orchestrator address to try (a
-//! rotation that tries a reset connection first, shuns a silent one and
-//! follows a follower's pointer to the leader), and one session on it:
-//! the whole state sent signed on connecting and on every change, a
-//! heartbeat meanwhile, the replies read.
+//! The node's agent connection: rounds over the orchestrator's addresses
+//! (which to try is `rotation`'s), and one session on the address that
+//! answered: the whole state sent signed on connecting and on every
+//! change, a heartbeat meanwhile, the replies read.
 
+use super::rotation::{leader_named, Ended, First, Pointers, Rotation, Round};
 use super::*;
 
 pub(super) struct AnnounceTo {
@@ -39,16 +39,16 @@ const HELD_OFF_EVERY: Duration = Duration::from_secs(1);
 
 /// Why a session ended when the connection closed or was reset (the peer
 /// is not frozen: it, or its host, closed it).
-const CLOSED: &str = "connection closed";
+pub(super) const CLOSED: &str = "connection closed";
 
 /// Why a session ended when the peer went silent for
 /// [`HEARTBEATS_MISSED`] heartbeats (frozen, or cut off).
-const SILENT: &str = "no reply for 4 heartbeats";
+pub(super) const SILENT: &str = "no reply for 4 heartbeats";
 /// Why a session ended: a frame could not be written for as long.
 const STUCK: &str = "cannot write";
 
 /// How one connection to an orchestrator ended.
-enum Session {
+pub(super) enum Session {
     /// No address could be connected to.
     Unreachable(std::io::Error),
     /// It closed, or went silent for [`HEARTBEATS_MISSED`] heartbeats;
@@ -64,6 +64,21 @@ enum Session {
     },
     /// The agent is stopping.
     Stopped,
+}
+
+impl Session {
+    /// How the rotation weighs this end of a round.
+    pub(super) fn weighed(&self) -> Ended {
+        match self {
+            Session::Lost {
+                accepted: true,
+                why: CLOSED,
+            } => Ended::Reset,
+            Session::Lost { .. } | Session::Refused { .. } => Ended::Shunned,
+            Session::Unreachable(_) => Ended::Unreachable,
+            Session::Stopped => Ended::Stopped,
+        }
+    }
 }
 
 /// Keeps an orchestrator told: the whole state on connecting, on every
@@ -104,7 +119,7 @@ pub(super) async fn announce(
         to.link.down();
         let now = std::time::Instant::now();
         let just_took_back = std::mem::replace(&mut took_back, false);
-        rotation.ended(outcome.0, &outcome.1);
+        rotation.ended(outcome.0, outcome.1.weighed());
         match outcome {
             (_, Session::Stopped) => return,
             (
@@ -318,127 +333,6 @@ fn after_replay(signed_elsewhere: bool, just_took_back: bool) -> AfterReplay {
     }
 }
 
-/// How many leaders named by followers an agent goes to at once before it
-/// pauses as after any refused round: followers that name one another
-/// (each behind on a failover) cannot keep it connecting in a loop.
-const POINTERS_FOLLOWED: u32 = 3;
-
-/// The named leaders followed at once since the agent last paused or was
-/// accepted.
-#[derive(Debug, Default)]
-struct Pointers(u32);
-
-impl Pointers {
-    /// Whether one more may be followed at once (counted if so).
-    fn follow(&mut self) -> bool {
-        self.0 += 1;
-        self.0 <= POINTERS_FOLLOWED
-    }
-
-    /// Whether the others may still be tried at once this round (not once
-    /// the named leaders followed are used up: then the round pauses).
-    fn within_round(&self) -> bool {
-        self.0 <= POINTERS_FOLLOWED
-    }
-
-    fn reset(&mut self) {
-        self.0 = 0;
-    }
-}
-
-/// The address of `[orchestrator] agents` that a follower at `from` names
-/// as the leader's (`pointer`, as the leader advertises it), if it is one
-/// of them and not `from` itself: a node goes only where its own
-/// configuration lets it, whatever a refusal says.
-async fn leader_named(
-    pointer: Option<&str>,
-    from: SocketAddr,
-    agents: &[Endpoint],
-    addrs: &[SocketAddr],
-) -> Option<SocketAddr> {
-    let pointer = pointer?;
-    let named = match pointer.parse::<SocketAddr>() {
-        Ok(addr) => Some(addr),
-        Err(_) => {
-            let listed: Vec<Endpoint> = agents
-                .iter()
-                .filter(|agent| agent.as_str() == pointer)
-                .cloned()
-                .collect();
-            lookup_all(&listed)
-                .await
-                .0
-                .into_iter()
-                .find(|addr| addrs.contains(addr))
-        }
-    };
-    named.filter(|addr| *addr != from && addrs.contains(addr))
-}
-
-/// Which of the orchestrator's addresses to try: an address that took the
-/// connection but accepted no frame, or went silent, is shunned (tried
-/// after the others), so a frozen process whose kernel still completes
-/// handshakes cannot hold the node; once no other address answers, every
-/// one is worth a try again. A connection that had frames accepted and
-/// then closed (a reset, not a freeze) is tried again first, alone: the
-/// replica it was connected to most likely still leads, and the node is
-/// back within the orchestrator's lost-connection grace (docs/failover.md
-/// §6).
-#[derive(Debug, Default)]
-struct Rotation {
-    shunned: std::collections::HashSet<SocketAddr>,
-    /// The address to try first, alone, next round, and why.
-    first: Option<(SocketAddr, First)>,
-}
-
-impl Rotation {
-    /// The addresses to try this round, and which round it is (when a
-    /// part of them fails, the others are tried at once).
-    fn candidates(&mut self, addrs: Vec<SocketAddr>) -> (Vec<SocketAddr>, Round) {
-        if let Some((first, why)) = self.first.take().filter(|(a, _)| addrs.contains(a)) {
-            return (vec![first], Round::Alone(why));
-        }
-        let fresh: Vec<SocketAddr> = addrs
-            .iter()
-            .copied()
-            .filter(|a| !self.shunned.contains(a))
-            .collect();
-        if fresh.is_empty() || fresh.len() == addrs.len() {
-            self.shunned.clear();
-            return (addrs, Round::Every);
-        }
-        (fresh, Round::Fresh)
-    }
-
-    /// A round ended with `session` (on `addr`, when one was connected).
-    fn ended(&mut self, addr: SocketAddr, session: &Session) {
-        match session {
-            Session::Lost {
-                accepted: true,
-                why: CLOSED,
-            } => {
-                self.shunned.remove(&addr);
-                self.first = Some((addr, First::Again));
-            }
-            Session::Lost { .. } | Session::Refused { .. } => {
-                self.shunned.insert(addr);
-            }
-            Session::Unreachable(_) => self.shunned.clear(),
-            Session::Stopped => {}
-        }
-    }
-
-    /// `addr` is tried first, alone, next round, for `why`.
-    fn try_first(&mut self, addr: SocketAddr, why: First) {
-        self.first = Some((addr, why));
-    }
-
-    /// Whether some of `addrs` are not shunned (worth trying at once).
-    fn has_fresh(&self, addrs: &[SocketAddr]) -> bool {
-        addrs.iter().any(|a| !self.shunned.contains(a))
-    }
-}
-
 /// Connects to every address at once; the first connection made (the
 /// others are dropped), or the last error.
 async fn connect_first(
@@ -466,26 +360,6 @@ async fn connect_first(
         }
     }
     Err(last)
-}
-
-/// Which addresses a round tries ([`Rotation::candidates`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Round {
-    /// One tried first, alone.
-    Alone(First),
-    /// Those not shunned (the others refused or lost lately).
-    Fresh,
-    /// Every address.
-    Every,
-}
-
-/// Why an address is tried first, alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum First {
-    /// The leader a follower named.
-    Named,
-    /// Tried again: it refused a replay, or its connection was reset.
-    Again,
 }
 
 /// One connection to the orchestrator at `addr`.
@@ -656,14 +530,6 @@ fn fitting_frame(
 mod tests {
     use super::*;
 
-    /// Two replicas' addresses, on `port`.
-    fn two_replicas(port: u16) -> (SocketAddr, SocketAddr) {
-        (
-            SocketAddr::from(([10, 0, 0, 1], port)),
-            SocketAddr::from(([10, 0, 0, 2], port)),
-        )
-    }
-
     #[test]
     fn a_replay_refusal_waits_behind_another_signer_and_takes_the_node_back_at_once_only_once() {
         assert_eq!(after_replay(true, false), AfterReplay::Wait);
@@ -676,164 +542,6 @@ mod tests {
         assert_eq!(
             after_replay(false, true),
             AfterReplay::TakeBack { at_once: false }
-        );
-    }
-
-    #[test]
-    fn the_leader_that_refused_a_replay_is_asked_again_first_alone() {
-        let (leader, down) = two_replicas(7947);
-        let mut rotation = Rotation::default();
-        let refused = Session::Refused {
-            code: wire::REPLAYED.into(),
-            detail: String::new(),
-            leader: None,
-            signed_elsewhere: false,
-        };
-        rotation.ended(leader, &refused);
-        // Shunned for the refusal, the leader would wait behind the
-        // replica that is down.
-        assert_eq!(
-            rotation.candidates(vec![leader, down]),
-            (vec![down], Round::Fresh)
-        );
-        rotation.ended(leader, &refused);
-        rotation.try_first(leader, First::Again);
-        assert_eq!(
-            rotation.candidates(vec![leader, down]),
-            (vec![leader], Round::Alone(First::Again))
-        );
-    }
-
-    #[test]
-    fn a_follower_is_followed_only_to_another_listed_address() {
-        let (a, b) = two_replicas(1);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let named = |pointer: Option<&str>, from| {
-            runtime.block_on(leader_named(pointer, from, &[], &[a, b]))
-        };
-        assert_eq!(named(Some("10.0.0.1:1"), b), Some(a));
-        // Not to itself, nowhere unlisted, and not on a pointer that is
-        // no address.
-        assert_eq!(named(Some("10.0.0.1:1"), a), None);
-        assert_eq!(named(Some("10.0.0.9:1"), b), None);
-        assert_eq!(named(Some("leader"), b), None);
-        assert_eq!(named(None, b), None);
-        // Followed at once a few times, then not until reset.
-        let mut pointers = Pointers::default();
-        let followed = (0..10).filter(|_| pointers.follow()).count();
-        assert_eq!(followed, POINTERS_FOLLOWED as usize);
-        pointers.reset();
-        assert!(pointers.follow());
-    }
-
-    #[test]
-    fn an_address_that_accepted_nothing_is_tried_after_the_others() {
-        let (a, b) = two_replicas(1);
-        let mut rotation = Rotation::default();
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], Round::Every));
-        rotation.ended(
-            a,
-            &Session::Lost {
-                accepted: false,
-                why: SILENT,
-            },
-        );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], Round::Fresh));
-        // Every one shunned: all of them again.
-        rotation.ended(
-            b,
-            &Session::Refused {
-                code: "x".into(),
-                detail: "y".into(),
-                leader: None,
-                signed_elsewhere: false,
-            },
-        );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![a, b], Round::Every));
-    }
-
-    #[test]
-    fn a_connection_that_went_silent_is_shunned() {
-        // A frozen replica whose kernel still completes handshakes must
-        // not hold the node.
-        let (a, b) = two_replicas(1);
-        let mut rotation = Rotation::default();
-        rotation.ended(
-            a,
-            &Session::Lost {
-                accepted: true,
-                why: SILENT,
-            },
-        );
-        assert_eq!(rotation.candidates(vec![a, b]), (vec![b], Round::Fresh));
-    }
-
-    #[test]
-    fn a_connection_reset_is_tried_again_first_alone_then_the_others() {
-        // Issue 28, reproduction 6: after a reset, the node tried the
-        // follower first (listed first), was refused, and came back 3 ms
-        // after the orchestrator's 100 ms grace: the run faulted.
-        let (follower, leader) = two_replicas(1);
-        let mut rotation = Rotation::default();
-        rotation.ended(
-            leader,
-            &Session::Lost {
-                accepted: true,
-                why: CLOSED,
-            },
-        );
-        assert_eq!(
-            rotation.candidates(vec![follower, leader]),
-            (vec![leader], Round::Alone(First::Again))
-        );
-        // Gone (a crash, not a reset): every address, at once.
-        rotation.ended(
-            leader,
-            &Session::Unreachable(std::io::ErrorKind::ConnectionRefused.into()),
-        );
-        assert_eq!(
-            rotation.candidates(vec![follower, leader]),
-            (vec![follower, leader], Round::Every)
-        );
-        // A follower's refusal leaves the other to try at once.
-        rotation.ended(
-            follower,
-            &Session::Refused {
-                code: wire::NOT_LEADER.into(),
-                detail: "not the leader".into(),
-                leader: None,
-                signed_elsewhere: false,
-            },
-        );
-        assert!(rotation.has_fresh(&[follower, leader]));
-        assert_eq!(
-            rotation.candidates(vec![follower, leader]),
-            (vec![leader], Round::Fresh)
-        );
-    }
-
-    #[test]
-    fn a_leader_a_follower_names_is_tried_next_alone_as_named_and_only_once() {
-        let (follower, leader) = two_replicas(1);
-        let mut rotation = Rotation::default();
-        rotation.try_first(leader, First::Named);
-        // What the round is tells a gone leader (a failover under way)
-        // from an address tried again.
-        assert_eq!(
-            rotation.candidates(vec![follower, leader]),
-            (vec![leader], Round::Alone(First::Named))
-        );
-        assert_eq!(
-            rotation.candidates(vec![follower, leader]),
-            (vec![follower, leader], Round::Every)
-        );
-        // Named, but no longer among the addresses resolved: not tried.
-        rotation.try_first(leader, First::Named);
-        assert_eq!(
-            rotation.candidates(vec![follower]),
-            (vec![follower], Round::Every)
         );
     }
 }

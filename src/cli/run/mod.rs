@@ -198,9 +198,9 @@ struct AloneKeeper {
 }
 
 struct ReplicatedKeeper {
-    requests: crate::live::requests::Requests,
-    /// The request's etcd session (see [`crate::live::requests::Session`]).
-    session: Option<crate::live::requests::Session>,
+    requests: crate::ha::requests::Requests,
+    /// The request's etcd session (see [`crate::ha::requests::Session`]).
+    session: Option<crate::ha::requests::Session>,
     printer: Printer,
     unguarded_after: Duration,
     /// When the run was last confirmed guarded.
@@ -260,7 +260,7 @@ impl Keeper {
         // leading with it would leave the other pools' runs unguarded, so
         // it only asks (a `watch` replica leads every pool).
         let (requests, reloading, leading) = if sockets_free(config) && config.pools.is_empty() {
-            let mut replica = crate::live::replica::Replica::start(config)?;
+            let mut replica = crate::ha::replica::Replica::start(config)?;
             replica.warm_up().await?;
             let reloading = reload_on_hangup(replica.swim_keys(), replica.reloads(), path, hangup);
             let requests = replica.requests();
@@ -272,7 +272,7 @@ impl Keeper {
             } else {
                 tracing::info!("several pools among replicas: run does not campaign (a watch replica leads every pool), it only asks the leader");
             }
-            (crate::live::replica::requests_of(config)?, None, None)
+            (crate::ha::replica::requests_of(config)?, None, None)
         };
         Ok(Keeper::Replicated(Box::new(ReplicatedKeeper {
             requests,

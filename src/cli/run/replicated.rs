@@ -8,7 +8,7 @@ use poolgate_actors::GateError;
 
 use crate::cli::commands::{told_end, Leadership, RunRequest, END_WAIT, EXIT_UNGUARDED};
 use crate::config::Config;
-use crate::live::requests::GaveUp;
+use crate::ha::requests::GaveUp;
 use crate::live::LiveError;
 
 use super::{Ended, ReplicatedKeeper};
@@ -16,7 +16,7 @@ use super::{Ended, ReplicatedKeeper};
 /// A replica's campaign for `run`: leads when it can (recording each term
 /// into `record`, `record.n` after the first), follows when it cannot.
 pub(super) async fn campaign(
-    replica: crate::live::replica::Replica,
+    replica: crate::ha::replica::Replica,
     record: Option<std::path::PathBuf>,
 ) {
     let mut leadership = Leadership::Replica(Box::new(replica));
@@ -76,7 +76,7 @@ impl ReplicatedKeeper {
             // timeout and the signals: with etcd answering nothing, a look
             // waits out the etcd client's timeout, and holds neither.
             let look = async {
-                tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+                tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await;
                 requests.outcome(&run).await
             };
             tokio::select! {
@@ -143,7 +143,7 @@ impl ReplicatedKeeper {
                 }
                 _ = &mut limit => {
                     let within = crate::config::in_words(request.timeout.unwrap_or_default());
-                    let bound = crate::live::requests::LEADER_SAID_WITHIN;
+                    let bound = crate::ha::requests::LEADER_SAID_WITHIN;
                     let gave_up = requests.give_up(&run, session, bound).await;
                     let why = match gave_up {
                         GaveUp { active: Some(Some(other)), .. } if other != run => format!(
@@ -166,7 +166,7 @@ impl ReplicatedKeeper {
                     return Ok(Err(1));
                 }
                 signal = &mut stop => {
-                    requests.leave(&run, session, crate::live::requests::LEADER_SAID_WITHIN).await;
+                    requests.leave(&run, session, crate::ha::requests::LEADER_SAID_WITHIN).await;
                     return Ok(Err(super::stopped_while_waiting(Some(&run), signal)));
                 }
             }
@@ -176,8 +176,7 @@ impl ReplicatedKeeper {
         // was paused): the command starts only on a run the state still
         // holds.
         if let Ok(
-            crate::live::requests::RunStanding::NotHeld
-            | crate::live::requests::RunStanding::Ended(_),
+            crate::ha::requests::RunStanding::NotHeld | crate::ha::requests::RunStanding::Ended(_),
         ) = requests.standing(&run).await
         {
             let code = match told_end(&requests, &run).await {
@@ -200,8 +199,8 @@ impl ReplicatedKeeper {
     }
 
     pub(super) async fn guard(&mut self, run: &RunId) -> Result<Option<Ended>, LiveError> {
-        use crate::live::requests::RunStanding;
-        tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+        use crate::ha::requests::RunStanding;
+        tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await;
         let requests = &self.requests;
         match requests.standing(run).await {
             Ok(RunStanding::Guarded) => self.confirmed = tokio::time::Instant::now(),
@@ -288,7 +287,7 @@ impl ReplicatedKeeper {
                     tracing::warn!(%run, error = %e, "the end of the run not asked of the leader: it stays guarded; end it with poolgate run --end {run}");
                     return false;
                 }
-                Err(_) => tokio::time::sleep(crate::live::requests::LOOK_EVERY).await,
+                Err(_) => tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await,
             }
         }
         let deadline = tokio::time::Instant::now() + END_WAIT;
@@ -304,7 +303,7 @@ impl ReplicatedKeeper {
                     break;
                 }
             }
-            tokio::time::sleep(crate::live::requests::LOOK_EVERY).await;
+            tokio::time::sleep(crate::ha::requests::LOOK_EVERY).await;
         }
         let _ = requests.forget(run).await;
         faulted
@@ -314,7 +313,7 @@ impl ReplicatedKeeper {
 /// Why the leader ended a run, as a requester says it: the outcome's
 /// reason in parentheses; a run finished with no reason had its end asked
 /// (`run --end`); nothing when there is nothing to say.
-fn why(outcome: &crate::live::requests::RunOutcome) -> String {
+fn why(outcome: &crate::ha::requests::RunOutcome) -> String {
     match (&outcome.reason, outcome.status.as_str()) {
         (Some(reason), _) if !reason.is_empty() => format!(" ({reason})"),
         (_, "finished") => " (its end was asked: `run --end`)".to_string(),
@@ -325,7 +324,7 @@ fn why(outcome: &crate::live::requests::RunOutcome) -> String {
 /// Whether an `aborted` outcome is a withdrawal (`planning_aborted`,
 /// `withdrawn`: an end asked of the run while it planned), which the
 /// requester must not answer by asking again.
-fn withdrawn(outcome: &crate::live::requests::RunOutcome) -> bool {
+fn withdrawn(outcome: &crate::ha::requests::RunOutcome) -> bool {
     matches!(
         outcome.event,
         Some(poolgate_actors::core::Event::PlanningAborted {
@@ -343,7 +342,7 @@ mod tests {
     fn a_run_ended_by_the_leader_is_said_with_its_reason_and_never_with_empty_parentheses() {
         // An operator's trial: `run --end RUN` of a committed run; its
         // requester said "was finished by the leader (): …".
-        let outcome = |status: &str, reason: Option<&str>| crate::live::requests::RunOutcome {
+        let outcome = |status: &str, reason: Option<&str>| crate::ha::requests::RunOutcome {
             status: status.into(),
             event: None,
             reason: reason.map(str::to_string),
@@ -365,7 +364,7 @@ mod tests {
         // An operator's trial: `run --end RUN` of a run still planning
         // withdrew it, and its requester asked again under a new id and
         // ran its command once the pool was free.
-        let outcome = |reason| crate::live::requests::RunOutcome {
+        let outcome = |reason| crate::ha::requests::RunOutcome {
             status: "aborted".into(),
             event: Some(poolgate_actors::core::Event::PlanningAborted {
                 at: poolgate_actors::core::Time::ZERO,
@@ -384,7 +383,7 @@ mod tests {
         ] {
             assert!(!withdrawn(&outcome(asked_again)), "{asked_again:?}");
         }
-        let unwritten = crate::live::requests::RunOutcome {
+        let unwritten = crate::ha::requests::RunOutcome {
             event: None,
             ..outcome(AbortReason::Withdrawn)
         };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::etcd::{self, Etcd, RENEWALS_PER_TTL};
+use crate::ha::etcd::{self, Etcd, RENEWALS_PER_TTL};
 use crate::state::etcd::{Fence, LeaderTerm};
 
 /// How often a follower looks at the leader key.

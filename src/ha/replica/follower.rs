@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::live::requests::LEADER_SAID_WITHIN;
+use crate::ha::requests::LEADER_SAID_WITHIN;
 use crate::live::status::LeaderSaid;
 use crate::live::LiveError;
 use crate::state::etcd::EtcdStore;
@@ -133,7 +133,7 @@ async fn leader_said_by(
     let store = Arc::clone(store);
     let reading = tokio::spawn(async move {
         let _read = read;
-        crate::live::requests::leader_said(store).await
+        crate::ha::requests::leader_said(store).await
     });
     match tokio::time::timeout_at(deadline, reading).await {
         Ok(Ok(Ok(said))) => LeaderSaid::Read(said),

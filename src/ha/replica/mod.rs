@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{LiveError, Orchestrator};
+use crate::live::{LiveError, Orchestrator};
 
 mod campaign;
 mod follower;
@@ -28,7 +28,7 @@ use follower::{follow, Following};
 pub use store::requests_of;
 use store::{advertised_agents, etcd_client, open_store, replica_name};
 
-use crate::etcd::Etcd;
+use crate::ha::etcd::Etcd;
 use crate::state::etcd::{EtcdStore, Fence};
 
 /// An orchestrator replica (design §12): campaigns on etcd, follows (its
@@ -37,7 +37,7 @@ use crate::state::etcd::{EtcdStore, Fence};
 ///
 /// ```no_run
 /// # async fn example(config: poolgate::Config) -> Result<(), poolgate::live::LiveError> {
-/// use poolgate::live::replica::Replica;
+/// use poolgate::ha::replica::Replica;
 ///
 /// let mut replica = Replica::start(&config)?;
 /// loop {
@@ -76,7 +76,7 @@ pub struct Replica {
     /// cluster with its view) and handed to each term's orchestrator;
     /// none if its socket was taken (another replica on this host): then
     /// each term starts its own.
-    warm: Option<super::orchestrator::WarmSwim>,
+    warm: Option<crate::live::orchestrator::WarmSwim>,
     /// Whether starting the warm member was tried.
     warmed: bool,
     /// The configuration read again by a reload (SIGHUP), for the next
@@ -353,7 +353,7 @@ impl Replica {
                     // cut, not the nodes' (design §15).
                     let (fence, doubt_after) = (
                         Arc::clone(&self.fence),
-                        self.config.state.lease / crate::etcd::RENEWALS_PER_TTL * 3 / 2,
+                        self.config.state.lease / crate::ha::etcd::RENEWALS_PER_TTL * 3 / 2,
                     );
                     live.doubt_term_when(Arc::new(move || {
                         fence.since_renewed().is_none_or(|d| d > doubt_after)
@@ -362,7 +362,7 @@ impl Replica {
                     // under this term too.
                     if !self.config.pools.is_empty() {
                         let (fence, term) = (Arc::clone(&self.fence), self.term);
-                        live.serve_added_pools(super::orchestrator::TermPools {
+                        live.serve_added_pools(crate::live::orchestrator::TermPools {
                             base,
                             prefix: self.config.etcd_prefix(),
                             term: term.unwrap_or_default(),
@@ -513,7 +513,7 @@ impl Replica {
         if self.warmed {
             return Ok(());
         }
-        let started = super::orchestrator::WarmSwim::start(&self.config).await;
+        let started = crate::live::orchestrator::WarmSwim::start(&self.config).await;
         self.warmed = true;
         match started {
             Ok(warm) => {
@@ -534,7 +534,9 @@ impl Replica {
     /// Where the warm SWIM member answers (none before
     /// [`Replica::warm_up`], or when each term starts its own).
     pub fn swim_addr(&self) -> Option<std::net::SocketAddr> {
-        self.warm.as_ref().map(super::orchestrator::WarmSwim::addr)
+        self.warm
+            .as_ref()
+            .map(crate::live::orchestrator::WarmSwim::addr)
     }
 
     /// How many other members the warm SWIM member knows (none without
@@ -548,8 +550,10 @@ impl Replica {
 
     /// What reloads the warm SWIM member's gossip keyring (SIGHUP, while
     /// following or leading: each term's orchestrator uses that member).
-    pub fn swim_keys(&self) -> Option<super::orchestrator::SwimKeys> {
-        self.warm.as_ref().map(super::orchestrator::WarmSwim::keys)
+    pub fn swim_keys(&self) -> Option<crate::live::orchestrator::SwimKeys> {
+        self.warm
+            .as_ref()
+            .map(crate::live::orchestrator::WarmSwim::keys)
     }
 
     /// The highest epoch stored that this replica knows of (of its first

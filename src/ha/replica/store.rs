@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::etcd::Etcd;
+use crate::ha::etcd::Etcd;
 use crate::live::LiveError;
 use crate::state::etcd::{EtcdStore, Fence};
 
@@ -184,7 +184,7 @@ pub(super) fn etcd_client(config: &crate::Config, timeout: Duration) -> Result<E
 /// Runs asked of whichever replica leads, by a process that is not a
 /// replica itself (`poolgate run --end`).
 #[doc(hidden)]
-pub fn requests_of(config: &crate::Config) -> Result<crate::live::requests::Requests, LiveError> {
+pub fn requests_of(config: &crate::Config) -> Result<crate::ha::requests::Requests, LiveError> {
     let (_, _, _, store, _) = open_store(config)?;
     // With [pools.<id>], the first pool's (`run --pool` narrows the
     // configuration to the pool it asks of).
@@ -192,7 +192,7 @@ pub fn requests_of(config: &crate::Config) -> Result<crate::live::requests::Requ
         Some(pool) => Arc::new(store.for_pool(pool.definition.id().as_str())),
         None => store,
     };
-    Ok(crate::live::requests::Requests::new(store))
+    Ok(crate::ha::requests::Requests::new(store))
 }
 
 /// The replica's name: `[swim] advertise`, else the agent listener.

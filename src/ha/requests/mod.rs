@@ -55,7 +55,7 @@ pub async fn leader_said(store: Arc<EtcdStore>) -> Result<Option<serde_json::Val
         return Ok(None);
     };
     let written = said["written_unix_ms"].as_u64().unwrap_or(0);
-    said["age_ms"] = serde_json::json!(super::generation::unix_ms().saturating_sub(written));
+    said["age_ms"] = serde_json::json!(crate::live::generation::unix_ms().saturating_sub(written));
     Ok(Some(said))
 }
 

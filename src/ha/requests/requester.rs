@@ -296,9 +296,9 @@ pub struct GaveUp {
 /// Keeps `lease` alive (every tenth of its TTL, again 100 ms after a
 /// failure, each call across every endpoint) until the session drops.
 /// `on` is a key on the lease: a "gone" answer is believed once it is gone
-/// too ([`crate::etcd::Etcd::keep_alive_on`]).
+/// too ([`crate::ha::etcd::Etcd::keep_alive_on`]).
 pub(super) fn keep(
-    etcd: Arc<crate::etcd::Etcd>,
+    etcd: Arc<crate::ha::etcd::Etcd>,
     lease: i64,
     ttl: Duration,
     on: Vec<u8>,
@@ -320,7 +320,7 @@ pub(super) fn keep(
             // most of the half-TTL before the session counts as at risk
             // (an operator's trial: renewing every third, 4 of 15 runs
             // stopped when etcd's leader was killed).
-            let every = ttl / crate::etcd::RENEWALS_PER_TTL;
+            let every = ttl / crate::ha::etcd::RENEWALS_PER_TTL;
             let mut next = std::time::Instant::now() + every;
             while !stopping.load(Ordering::Relaxed) {
                 if std::time::Instant::now() >= next {

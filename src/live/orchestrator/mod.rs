@@ -165,7 +165,7 @@ impl Orchestrator {
         if !config.state.etcd.is_empty() {
             return Err(LiveError::Setting {
                 key: "state.etcd",
-                message: "replicas start through live::replica::Replica (one Orchestrator per leadership term), as poolgate watch does".into(),
+                message: "replicas start through ha::replica::Replica (one Orchestrator per leadership term), as poolgate watch does".into(),
             });
         }
         let (pools, store) = config.pool_settings_with_store(None)?;

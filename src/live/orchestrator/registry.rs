@@ -118,7 +118,7 @@ impl Orchestrator {
     /// the others. Returns what changed and what did not, one line each;
     /// an error only for a pool of another id, a file whose settings do
     /// not hold, or a term that ended. Among replicas, leave `config` in
-    /// [`Replica::reloads`](crate::live::replica::Replica::reloads) too
+    /// [`Replica::reloads`](crate::ha::replica::Replica::reloads) too
     /// (as `watch` does on SIGHUP), so that later terms serve the pools
     /// this one added.
     pub async fn reload(&self, config: &Config) -> Result<Vec<String>, LiveError> {
@@ -256,7 +256,7 @@ impl Orchestrator {
         let gate = self.fleet.define_pool(settings).await?;
         let fence = Arc::clone(&term.fence);
         gate.fence_with(move || fence());
-        let serving = actix::spawn(crate::live::requests::serve_in(
+        let serving = actix::spawn(crate::ha::requests::serve_in(
             Some(self.fleet.clone()),
             gate,
             store,

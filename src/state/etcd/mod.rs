@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use poolgate_actors::core::Durable;
 use poolgate_actors::{StateStore, StoreError};
@@ -22,89 +21,12 @@ use super::records::{
     encode_sequences, encode_state, verified, FORMAT,
 };
 use super::{OrchestratorStore, StateError};
-use crate::etcd::{self, Etcd};
+use crate::ha::etcd::{self, Etcd};
 
-/// This replica's leadership as the store sees it: the revision that
-/// created the `leader` key, while this replica may act.
-#[derive(Debug, Default)]
-pub struct Fence {
-    term: Mutex<FenceState>,
-}
+mod fence;
+mod raw;
 
-#[derive(Debug, Default)]
-struct FenceState {
-    current: Option<LeaderTerm>,
-    /// A term ended by a refused write: renewing its lease does not
-    /// bring it back (the leader steps down, see [`Fence::is_ended`]).
-    ended: Option<i64>,
-    /// When the term began or was last renewed.
-    renewed: Option<Instant>,
-}
-
-/// One leadership term.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaderTerm {
-    /// The revision that created the `leader` key for this replica.
-    pub created: i64,
-    /// Acting stops here (before the lease can expire).
-    pub until: Instant,
-}
-
-impl Fence {
-    /// The term, while it lasts.
-    pub fn current(&self) -> Option<LeaderTerm> {
-        let term = self.lock().current;
-        term.filter(|t| Instant::now() < t.until)
-    }
-
-    /// A term begins or is renewed (a term ended by [`Fence::end`] is not).
-    pub fn set(&self, term: LeaderTerm) {
-        let mut state = self.lock();
-        if state.ended != Some(term.created) {
-            state.current = Some(term);
-            state.renewed = Some(Instant::now());
-        }
-    }
-
-    /// How long ago the term began or was last renewed, while it lasts:
-    /// renewals that fail or hang (etcd out of this replica's reach) make
-    /// it grow until the term ends.
-    pub fn since_renewed(&self) -> Option<std::time::Duration> {
-        let state = self.lock();
-        state
-            .current
-            .filter(|t| Instant::now() < t.until)
-            .and(state.renewed)
-            .map(|at| at.elapsed())
-    }
-
-    /// The term is over.
-    pub fn clear(&self) {
-        self.lock().current = None;
-    }
-
-    /// The term created at `created` is over for good: etcd refused one of
-    /// its writes (the leader key or a record changed under it). Its
-    /// leader stops acting at once and steps down at its next renewal.
-    pub fn end(&self, created: i64) {
-        let mut state = self.lock();
-        state.ended = Some(created);
-        if state.current.is_some_and(|t| t.created == created) {
-            state.current = None;
-        }
-    }
-
-    /// Whether the term created at `created` was ended by [`Fence::end`].
-    pub fn is_ended(&self, created: i64) -> bool {
-        self.lock().ended == Some(created)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
-        self.term
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+pub use fence::{Fence, LeaderTerm};
 
 /// Where a pool with no record yet starts, among pools kept apart under
 /// a prefix that holds `prefix_held`: above every epoch the prefix itself
@@ -493,127 +415,6 @@ impl EtcdStore {
             revisions,
             extra,
         })
-    }
-
-    /// What `name` holds under the prefix, unchecked (the run requests).
-    pub fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.etcd
-            .get(&self.key(name))
-            .map(|kv| kv.and_then(|kv| self.open(name, kv.value)))
-            .map_err(|e| StoreError(e.to_string()))
-    }
-
-    /// Every `(name, value)` under `dir` (a name ending in `/`).
-    pub fn list_raw(&self, dir: &str) -> Result<Listing, StoreError> {
-        let kvs = self
-            .etcd
-            .get_prefix(&self.key(dir))
-            .map_err(|e| StoreError(e.to_string()))?;
-        Ok(self.named(dir, kvs))
-    }
-
-    /// Watches the requests' keys (`alive/`, `finish/`, `requested/`,
-    /// `requests/`, and what sorts between them: the prefix's `cluster`,
-    /// `format` and `leader`, seldom written) for `span` at most,
-    /// calling `changed` for each batch of changes (see
-    /// [`Etcd::watch_range`]).
-    pub fn watch_requests(&self, span: Duration, changed: impl FnMut()) -> Result<(), StoreError> {
-        self.etcd
-            .watch_range(&self.key("alive/"), &self.key("requests0"), span, changed)
-            .map_err(|e| StoreError(e.to_string()))
-    }
-
-    /// What [`EtcdStore::list_raw`] gives for each of `dirs`, read in one
-    /// transaction (one request, one revision: a consistent look).
-    pub fn list_raw_all(&self, dirs: &[&str]) -> Result<Vec<Listing>, StoreError> {
-        let ranges = dirs
-            .iter()
-            .map(|dir| etcd::prefix_range(&self.key(dir)))
-            .collect();
-        let (_, answer) = self
-            .etcd
-            .txn(vec![], ranges, vec![])
-            .map_err(|e| StoreError(e.to_string()))?;
-        let responses = answer["responses"].as_array().cloned().unwrap_or_default();
-        if responses.len() != dirs.len() {
-            return Err(StoreError(format!(
-                "etcd answered {} reads of {}",
-                responses.len(),
-                dirs.len()
-            )));
-        }
-        Ok(dirs
-            .iter()
-            .zip(responses)
-            .map(|(dir, response)| self.named(dir, etcd::kvs(&response["response_range"])))
-            .collect())
-    }
-
-    /// The keys under `dir` by name, each value opened (what fails its
-    /// MAC is left out, counted and logged by `open`).
-    fn named(&self, dir: &str, kvs: Vec<etcd::KeyValue>) -> Listing {
-        let full = format!("{}{dir}", self.prefix);
-        kvs.into_iter()
-            .filter_map(|kv| {
-                let key = String::from_utf8(kv.key).ok()?;
-                let name = key.strip_prefix(&full)?.to_string();
-                let value = self.open(&format!("{dir}{name}"), kv.value)?;
-                Some((name, value))
-            })
-            .collect()
-    }
-
-    /// Puts `value` under `name`, unconditioned (a request any replica or
-    /// `run` may make), on `lease` (0: none).
-    pub fn put_raw(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
-        self.put_raw_all(&[(name, value)], lease)
-    }
-
-    /// Puts each `(name, value)` of `puts` in one transaction, as
-    /// [`EtcdStore::put_raw`] does one.
-    pub fn put_raw_all(&self, puts: &[(&str, &[u8])], lease: i64) -> Result<(), StoreError> {
-        let puts = puts
-            .iter()
-            .map(|(name, value)| etcd::put(&self.key(name), &self.seal(name, value), lease))
-            .collect();
-        self.etcd
-            .txn(vec![], puts, vec![])
-            .map(drop)
-            .map_err(|e| StoreError(e.to_string()))
-    }
-
-    /// The etcd client.
-    pub fn etcd(&self) -> &Arc<Etcd> {
-        &self.etcd
-    }
-
-    /// Deletes `name`.
-    pub fn delete_raw(&self, name: &str) -> Result<(), StoreError> {
-        self.etcd
-            .delete(&self.key(name))
-            .map_err(|e| StoreError(e.to_string()))
-    }
-
-    /// Puts `value` under `name` (on `lease`, 0: none) if this store's
-    /// term still leads.
-    pub fn put_fenced(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
-        let term = self.writing_term().map_err(StoreError)?;
-        let (succeeded, answer) = self
-            .etcd
-            .txn(
-                vec![etcd::created_at(&self.leader, term)],
-                vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
-                // On a refusal, etcd also says what the leader key is now.
-                vec![etcd::range(&self.leader)],
-            )
-            .map_err(|e| StoreError(e.to_string()))?;
-        if !succeeded {
-            let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
-            tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, "etcd refused a write of this term: the leader key is no longer this term's (created at the revision shown; none: gone)");
-            self.fence.end(term);
-            return Err(StoreError("leadership lost: nothing written".into()));
-        }
-        Ok(())
     }
 
     /// The term this store writes in, while it is the replica's current

@@ -1,0 +1,135 @@
+//! The keys the run requests use (design §12: `requests/`, `alive/`,
+//! `requested/`, `runs/`, `waiting/`, `finish/`), read and written as
+//! they are, each sealed under the state key when there is one; the
+//! gate's own records go through the checked, fenced path of the parent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolgate_actors::StoreError;
+
+use super::{refused_reads, EtcdStore, Listing};
+use crate::ha::etcd::{self, Etcd};
+
+impl EtcdStore {
+    /// What `name` holds under the prefix, unchecked (the run requests).
+    pub fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.etcd
+            .get(&self.key(name))
+            .map(|kv| kv.and_then(|kv| self.open(name, kv.value)))
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Every `(name, value)` under `dir` (a name ending in `/`).
+    pub fn list_raw(&self, dir: &str) -> Result<Listing, StoreError> {
+        let kvs = self
+            .etcd
+            .get_prefix(&self.key(dir))
+            .map_err(|e| StoreError(e.to_string()))?;
+        Ok(self.named(dir, kvs))
+    }
+
+    /// Watches the requests' keys (`alive/`, `finish/`, `requested/`,
+    /// `requests/`, and what sorts between them: the prefix's `cluster`,
+    /// `format` and `leader`, seldom written) for `span` at most,
+    /// calling `changed` for each batch of changes (see
+    /// [`Etcd::watch_range`]).
+    pub fn watch_requests(&self, span: Duration, changed: impl FnMut()) -> Result<(), StoreError> {
+        self.etcd
+            .watch_range(&self.key("alive/"), &self.key("requests0"), span, changed)
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// What [`EtcdStore::list_raw`] gives for each of `dirs`, read in one
+    /// transaction (one request, one revision: a consistent look).
+    pub fn list_raw_all(&self, dirs: &[&str]) -> Result<Vec<Listing>, StoreError> {
+        let ranges = dirs
+            .iter()
+            .map(|dir| etcd::prefix_range(&self.key(dir)))
+            .collect();
+        let (_, answer) = self
+            .etcd
+            .txn(vec![], ranges, vec![])
+            .map_err(|e| StoreError(e.to_string()))?;
+        let responses = answer["responses"].as_array().cloned().unwrap_or_default();
+        if responses.len() != dirs.len() {
+            return Err(StoreError(format!(
+                "etcd answered {} reads of {}",
+                responses.len(),
+                dirs.len()
+            )));
+        }
+        Ok(dirs
+            .iter()
+            .zip(responses)
+            .map(|(dir, response)| self.named(dir, etcd::kvs(&response["response_range"])))
+            .collect())
+    }
+
+    /// The keys under `dir` by name, each value opened (what fails its
+    /// MAC is left out, counted and logged by `open`).
+    fn named(&self, dir: &str, kvs: Vec<etcd::KeyValue>) -> Listing {
+        let full = format!("{}{dir}", self.prefix);
+        kvs.into_iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8(kv.key).ok()?;
+                let name = key.strip_prefix(&full)?.to_string();
+                let value = self.open(&format!("{dir}{name}"), kv.value)?;
+                Some((name, value))
+            })
+            .collect()
+    }
+
+    /// Puts `value` under `name`, unconditioned (a request any replica or
+    /// `run` may make), on `lease` (0: none).
+    pub fn put_raw(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
+        self.put_raw_all(&[(name, value)], lease)
+    }
+
+    /// Puts each `(name, value)` of `puts` in one transaction, as
+    /// [`EtcdStore::put_raw`] does one.
+    pub fn put_raw_all(&self, puts: &[(&str, &[u8])], lease: i64) -> Result<(), StoreError> {
+        let puts = puts
+            .iter()
+            .map(|(name, value)| etcd::put(&self.key(name), &self.seal(name, value), lease))
+            .collect();
+        self.etcd
+            .txn(vec![], puts, vec![])
+            .map(drop)
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// The etcd client.
+    pub fn etcd(&self) -> &Arc<Etcd> {
+        &self.etcd
+    }
+
+    /// Deletes `name`.
+    pub fn delete_raw(&self, name: &str) -> Result<(), StoreError> {
+        self.etcd
+            .delete(&self.key(name))
+            .map_err(|e| StoreError(e.to_string()))
+    }
+
+    /// Puts `value` under `name` (on `lease`, 0: none) if this store's
+    /// term still leads.
+    pub fn put_fenced(&self, name: &str, value: &[u8], lease: i64) -> Result<(), StoreError> {
+        let term = self.writing_term().map_err(StoreError)?;
+        let (succeeded, answer) = self
+            .etcd
+            .txn(
+                vec![etcd::created_at(&self.leader, term)],
+                vec![etcd::put(&self.key(name), &self.seal(name, value), lease)],
+                // On a refusal, etcd also says what the leader key is now.
+                vec![etcd::range(&self.leader)],
+            )
+            .map_err(|e| StoreError(e.to_string()))?;
+        if !succeeded {
+            let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
+            tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, "etcd refused a write of this term: the leader key is no longer this term's (created at the revision shown; none: gone)");
+            self.fence.end(term);
+            return Err(StoreError("leadership lost: nothing written".into()));
+        }
+        Ok(())
+    }
+}
