@@ -152,6 +152,44 @@ fn a_suspicion_learnt_by_gossip_is_timed_out_here_and_the_member_declared_down()
     assert_eq!(state, Some(State::Down));
 }
 
+#[test]
+fn the_drivers_repair_tick_declares_a_suspicion_held_past_its_limit_down_and_tells_it() {
+    let config = SwimTimings::default().foca_config(4);
+    let limit = config.suspect_to_down_after + config.probe_period;
+    let (codec, _changes) = WatchingCodec::watched(Default::default());
+    let mut driver = Driver::new(
+        identity("orchestrator", 1),
+        config,
+        StdRng::seed_from_u64(1),
+        codec,
+    );
+    let b = identity("node-4", 2);
+    driver
+        .apply(
+            vec![
+                Member::new(b.clone(), 3, State::Alive),
+                Member::new(b.clone(), 3, State::Suspect),
+            ],
+            true,
+        )
+        .unwrap();
+    let start = Duration::from_secs(100);
+    assert_eq!(driver.expire_suspicions(start).unwrap(), 0, "first seen");
+    let before = start + limit - Duration::from_millis(1);
+    assert_eq!(driver.expire_suspicions(before).unwrap(), 0, "not yet");
+    assert_eq!(driver.state_of(&b), Some(State::Suspect));
+    assert_eq!(driver.expire_suspicions(start + limit).unwrap(), 1);
+    assert_eq!(driver.state_of(&b), Some(State::Down));
+    // The whole view then tells it (a fact the table keeps once).
+    let mut tracker = MembershipTracker::default();
+    let facts = driver.whole_view(&mut tracker);
+    let told: Vec<_> = facts
+        .iter()
+        .map(|f| (f.update.node.to_string(), f.update.state))
+        .collect();
+    assert_eq!(told, vec![("node-4".to_string(), SwimState::Dead)]);
+}
+
 /// Every datagram lost; the timers asked for kept.
 #[derive(Default)]
 struct Lossy {
