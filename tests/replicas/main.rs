@@ -1068,6 +1068,73 @@ fn line_in(path: &std::path::Path, needle: &str, within: Duration) -> Option<Str
 }
 
 #[test]
+fn watch_until_ready_in_a_process_that_does_not_lead_reads_what_the_leader_published() {
+    // An operator's trial: among replicas, `watch --until-ready --timeout`
+    // on a follower ran out with the pool ready (only the leader's gate
+    // sees `PoolReady`), and beside the replica holding its host's sockets
+    // it died binding them: a readiness check worked on one host only.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("published");
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        let epoch = ready(&mut events).await;
+        // Beside the leader (its sockets held here), and as a follower.
+        for (name, config) in [("beside the leader", &first), ("a follower", &second)] {
+            let file = cluster.dir.join(format!("watch-{}.toml", name.len()));
+            std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
+            let log = cluster.dir.join(format!("watch-{}.log", name.len()));
+            let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+                .args(["watch", "--until-ready", "--timeout", "15s", "--config"])
+                .arg(&file)
+                .env("RUST_LOG", "info")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let started = tokio::time::Instant::now();
+            let code = loop {
+                if let Some(status) = watch.try_wait().unwrap() {
+                    break status.code();
+                }
+                if started.elapsed() > Duration::from_secs(30) {
+                    let _ = watch.kill();
+                    let _ = watch.wait();
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            assert_eq!(
+                code,
+                Some(0),
+                "{name}: not ready though the pool is: {said}"
+            );
+            assert!(
+                said.contains(&format!("ready, epoch {}", epoch.0)),
+                "{name}: exit {code:?} after {:?}: {said}",
+                started.elapsed()
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{name}: ready only after {:?}: {said}",
+                started.elapsed()
+            );
+            // Beside the leader it only reads; elsewhere it is a replica.
+            let campaigned = !said.contains("it does not campaign");
+            assert_eq!(campaigned, name == "a follower", "{name}: {said}");
+        }
+        live.stop().await;
+        a.resign();
+        cluster.kill(0);
+    });
+}
+
+#[test]
 fn sighup_reloads_the_keys_of_run_among_replicas_and_does_not_end_it() {
     // Adversary finding: `pkill -HUP poolgate` (the operator guide's key rotation)
     // ended `poolgate run` among replicas by the signal's default action,

@@ -9,6 +9,8 @@
 //! - `output.rs`: how events are printed.
 //! - `commit.rs`: what `run` does with a pool (plan, commit, end) and its
 //!   exit codes.
+//! - `published.rs`: `--until-ready` in a process that does not lead,
+//!   by what the leading replica publishes.
 //! - `signals.rs`: SIGHUP reloads, SIGINT and SIGTERM stop.
 
 use std::path::Path;
@@ -23,6 +25,7 @@ use crate::live::{LiveError, Orchestrator};
 
 mod commit;
 mod output;
+mod published;
 mod signals;
 
 use commit::not_ready_within;
@@ -63,6 +66,24 @@ pub async fn watch(
         until_ready,
         timeout,
     };
+    // Among replicas, beside the replica that holds this host's sockets
+    // (a `watch --until-ready` in an operator's script on a replica's
+    // host): no campaign, readiness as the leader publishes it.
+    if until_ready && !config.state.etcd.is_empty() && !sockets_free(config) {
+        tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this watch's sockets are held by another process on this host (a replica?): it does not campaign, it reads what the leading replica publishes");
+        let pools = crate::ha::replica::published_of(config)?;
+        return Ok(tokio::select! {
+            ready = published::until_ready(Some(&pools)) => {
+                published::say_ready(&ready);
+                WatchEnd::Ready
+            }
+            _ = &mut stop => WatchEnd::Stopped,
+            _ = &mut limit => {
+                published::say_not_ready(&pools, timeout.unwrap_or_default(), None).await;
+                WatchEnd::TimedOut
+            }
+        });
+    }
     // `[control] socket`: bound before anything starts (another
     // orchestrator serving it is an error to say at once).
     let mut control = match &config.control {
@@ -70,6 +91,11 @@ pub async fn watch(
         None => None,
     };
     let mut leadership = Leadership::of(config).await?;
+    // A replica that follows sees readiness as the leader publishes it.
+    let published = match until_ready && leadership.can_lose() {
+        true => Some(crate::ha::replica::published_of(config)?),
+        false => None,
+    };
     // systemd (`Type=notify`): a replica is up once it campaigns (its
     // follower answers on its sockets); alone, once its orchestrator starts.
     let mut told_ready = leadership.can_lose();
@@ -95,13 +121,19 @@ pub async fn watch(
         } else {
             tokio::select! {
                 live = leadership.lead(record) => live?,
+                ready = published::until_ready(published.as_deref()) => {
+                    published::say_ready(&ready);
+                    leadership.resign();
+                    return Ok(WatchEnd::Ready);
+                }
                 _ = &mut stop => {
                     leadership.resign();
                     return Ok(WatchEnd::Stopped);
                 }
                 _ = &mut limit => {
-                    if watching.until_ready {
-                        crate::say!(warn, "poolgate: not ready within {}: this replica follows, and only the leader sees readiness (leader: {}; ask it with poolgate status)", crate::config::in_words(watching.timeout.unwrap_or_default()), leadership.leader());
+                    if let Some(pools) = &published {
+                        let within = watching.timeout.unwrap_or_default();
+                        published::say_not_ready(pools, within, Some(leadership.leader())).await;
                     }
                     leadership.resign();
                     return Ok(WatchEnd::TimedOut);

@@ -25,8 +25,8 @@ mod store;
 use campaign::{Campaign, CampaignSettings};
 pub use campaign::{Leader, Role, SteppedDown};
 use follower::{follow, Following};
-pub use store::requests_of;
 use store::{advertised_agents, etcd_client, open_store, replica_name};
+pub use store::{published_of, requests_of};
 
 use crate::ha::etcd::Etcd;
 use crate::state::etcd::{EtcdStore, Fence};

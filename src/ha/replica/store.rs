@@ -195,6 +195,30 @@ pub fn requests_of(config: &crate::Config) -> Result<crate::ha::requests::Reques
     Ok(crate::ha::requests::Requests::new(store))
 }
 
+/// Where each pool's state is published by whichever replica leads, by
+/// pool id, as a follower's `status` reads it: with `[pool]`, the
+/// prefix's own; with `[pools.<id>]`, each pool's. For a process that
+/// does not lead (`watch --until-ready` while it follows, or beside the
+/// replica that holds this host's sockets).
+pub fn published_of(
+    config: &crate::Config,
+) -> Result<Vec<(String, crate::ha::requests::Requests)>, LiveError> {
+    let (_, _, _, store, _) = open_store(config)?;
+    let requests = |store| crate::ha::requests::Requests::new(store);
+    if config.pools.is_empty() {
+        return Ok(vec![(config.pool.id().to_string(), requests(store))]);
+    }
+    Ok(config
+        .pool_definitions()
+        .into_iter()
+        .map(|pool| {
+            let id = pool.id().to_string();
+            let of_pool = Arc::new(store.for_pool(&id));
+            (id, requests(of_pool))
+        })
+        .collect())
+}
+
 /// The replica's name: `[swim] advertise`, else the agent listener.
 pub(super) fn replica_name(config: &crate::Config) -> String {
     match &config.swim.advertise {
