@@ -147,7 +147,7 @@ impl ReplicatedKeeper {
                     let gave_up = requests.give_up(&run, session, bound).await;
                     let why = match gave_up {
                         GaveUp { active: Some(Some(other)), .. } if other != run => format!(
-                            ": run {other} is active (end it with poolgate run --end {other})"
+                            ": run {other} is active (its own poolgate run guards it; poolgate run --end {other} is for a run whose requester is gone)"
                         ),
                         // What the leader said the run waits for.
                         GaveUp { waits: Some(waits), .. } => format!(": {waits}"),
