@@ -161,6 +161,12 @@ impl Guarded {
         self.child.stderr.take()
     }
 
+    /// The keeper's exit status if it has exited already (its command
+    /// done, or stopped by the keeper itself), without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Waits for the command to exit; what it left running in its group
     /// is stopped too. With a keeper, the keeper does that and exits with
     /// the command's code; a keeper that died otherwise (killed) leaves

@@ -77,10 +77,17 @@ fn guarded_run_of(
             pid_file.display()
         ))
         .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(said_by(&pid_file)).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     (run, pid_file)
+}
+
+/// Where a [`guarded_run_of`] whose command writes `pid_file` says what
+/// it says (its stderr).
+fn said_by(pid_file: &Path) -> PathBuf {
+    pid_file.with_extension("said")
 }
 
 async fn until_line(lines: &mut Lines, event: &str) -> serde_json::Value {
@@ -675,7 +682,7 @@ async fn away_until_ended(
     name: &str,
     away: Away,
     unguarded_after: Duration,
-) -> (bool, Option<i32>) {
+) -> (bool, Option<i32>, String) {
     let server = etcd::Etcd::start(name);
     let proxy = etcd::Proxy::start(server.port());
     let (cluster, replica, live, requester) =
@@ -696,10 +703,11 @@ async fn away_until_ended(
         kill(pid, Signal::SIGCONT).unwrap();
     }
     let code = exit_code(&mut run).await;
+    let said = std::fs::read_to_string(said_by(&pid_file)).unwrap_or_default();
     kill_group(group);
     live.stop().await;
     replica.resign();
-    (alive_at_the_end, code)
+    (alive_at_the_end, code, said)
 }
 
 /// An operator's finding: a `run` frozen (SIGSTOP) past its session had
@@ -713,13 +721,20 @@ async fn away_until_ended(
 fn a_frozen_run_has_its_command_stopped_before_the_leader_ends_its_run() {
     need_etcd!();
     live_for(LIMIT, async {
-        let (alive, code) =
+        let (alive, code, said) =
             away_until_ended("frozen-run", Away::Frozen, Duration::from_secs(2)).await;
         assert!(
             !alive,
             "the command still ran when the leader ended its run"
         );
         assert_eq!(code, Some(5), "a run whose command was stopped unguarded");
+        // Continued, it says why its command stopped (an operator's trial:
+        // when the run's end was seen first, it said only that the run
+        // ended).
+        assert!(
+            said.contains("gave its keeper no sign"),
+            "not said that the keeper stopped the command: {said}"
+        );
     });
 }
 
@@ -793,7 +808,7 @@ fn a_frozen_run_whose_run_faulted_meanwhile_prints_the_fault_and_exits_3() {
 fn a_run_cut_from_etcd_has_its_command_stopped_before_the_leader_ends_its_run() {
     need_etcd!();
     live_for(LIMIT, async {
-        let (alive, code) =
+        let (alive, code, _) =
             away_until_ended("cut-requester", Away::Cut, Duration::from_secs(4)).await;
         assert!(
             !alive,

@@ -112,14 +112,7 @@ pub async fn run(
         tokio::select! {
             status = child.wait() => {
                 let status = status?;
-                let gave_up = super::guard::gave_up(status);
-                let killed = super::guard::killed_by(status);
-                if gave_up {
-                    crate::say!(warn, "poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
-                }
-                if let Some(signal) = killed {
-                    crate::say!(warn, "poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
-                }
+                let (gave_up, killed) = said_keeper_end(status, &run, watchdog);
                 // A run that faulted meanwhile (this process frozen while
                 // its node went) exits 3, its fault printed by the end.
                 let faulted = keeper.end(&run).await?;
@@ -133,6 +126,11 @@ pub async fn run(
             }
             ended = keeper.guard(&run) => {
                 let Some(ended) = ended? else { continue };
+                // Back from a freeze, the run's end and the keeper's are
+                // seen at once: what the keeper did is said either way.
+                if let Some(status) = child.exited() {
+                    said_keeper_end(status, &run, watchdog);
+                }
                 stop_command(&mut child).await;
                 let code = match ended {
                     Ended::Told(code) => code,
@@ -151,6 +149,25 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Says how the command's keeper ended (`status`) when it was not by the
+/// command's own exit: it gave up on this process (no sign for
+/// `watchdog`: stopped or hung), or it was killed. Returns both facts.
+fn said_keeper_end(
+    status: std::process::ExitStatus,
+    run: &RunId,
+    watchdog: Duration,
+) -> (bool, Option<i32>) {
+    let gave_up = super::guard::gave_up(status);
+    let killed = super::guard::killed_by(status);
+    if gave_up {
+        crate::say!(warn, "poolgate run: run {run}: this process gave its keeper no sign for {} (it was stopped or hung): the keeper stopped its command", crate::config::in_words(watchdog));
+    }
+    if let Some(signal) = killed {
+        crate::say!(warn, "poolgate run: run {run}: the command's keeper was killed (signal {signal}): its command is stopped");
+    }
+    (gave_up, killed)
 }
 
 /// How a guarded run ended, as its keeper found it: its command is to
