@@ -274,15 +274,15 @@ impl Elector {
     /// Revokes `lease`, a lease of this replica's that holds no term; if
     /// etcd cannot be told, the lease is remembered, so that the leader
     /// key found on it later is revoked then. Whether it was revoked.
-    fn revoke(&mut self, lease: i64) -> bool {
-        if self.etcd.revoke(lease).is_ok() {
-            return true;
+    fn revoke(&mut self, lease: i64) -> Result<(), etcd::EtcdError> {
+        let revoked = self.etcd.revoke(lease);
+        if revoked.is_err() {
+            if self.unrevoked.len() == UNREVOKED_HELD {
+                self.unrevoked.remove(0);
+            }
+            self.unrevoked.push(lease);
         }
-        if self.unrevoked.len() == UNREVOKED_HELD {
-            self.unrevoked.remove(0);
-        }
-        self.unrevoked.push(lease);
-        false
+        revoked
     }
 
     fn pause(&self, d: Duration) {
@@ -475,10 +475,21 @@ impl Elector {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         self.tx.send_replace(Role::Following(None));
-        if !self.revoke(term.lease) {
+        match self.revoke(term.lease) {
+            Ok(()) => {}
+            // Expired already while it went unrenewed (this process
+            // frozen past it), or a member's lessor behind its log: looked
+            // at again while following, as any lease not revoked.
+            Err(etcd::EtcdError::Refused { message, .. })
+                if message.contains("lease not found") =>
+            {
+                tracing::info!("leadership: the lease of the term that ended is gone already (it expired unrenewed)");
+            }
             // etcd may apply the revoke later, or, electing a leader of
             // its own, give the lease a fresh TTL.
-            tracing::warn!("leadership: the lease of the term that ended not revoked (etcd out of reach): revoked once etcd answers, should the leader key still be on it; until then no replica leads");
+            Err(e) => {
+                tracing::warn!(error = %e, "leadership: the lease of the term that ended not revoked (etcd out of reach): revoked once etcd answers, should the leader key still be on it; until then no replica leads")
+            }
         }
         // Not at once a candidate again: the orchestrator of the term
         // that ended must see it end first.
