@@ -435,6 +435,11 @@ impl WatchArgs {
         })?;
         Ok(match end {
             WatchEnd::TimedOut if self.until_ready => 1,
+            // Stopped first: not the answer `--until-ready` asks for.
+            WatchEnd::Stopped if self.until_ready => {
+                poolgate::say!(warn, "poolgate: stopped before the pool was ready");
+                1
+            }
             _ => 0,
         })
     }

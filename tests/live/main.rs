@@ -311,6 +311,32 @@ fn poolgate_watch_until_ready_exits_0_at_pool_ready_and_1_at_its_timeout() {
         // No node runs: no PoolReady before the timeout.
         let early = watch("1s").await.unwrap();
         assert_eq!(early.status.code(), Some(1));
+        // Stopped before the pool is ready: not the answer asked for
+        // (an operator's trial: `timeout 30 poolgate watch --until-ready
+        // ... && next` read a SIGTERM as "ready").
+        let stopped = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("watch")
+            .arg("--config")
+            .arg(&config_file)
+            .args(["--json", "--until-ready", "--timeout", "60s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Up once its agent listener answers (its signals are taken first).
+        while tokio::net::TcpStream::connect(cluster.config.agents.listen)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pid = nix::unistd::Pid::from_raw(stopped.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let stopped = stopped.wait_with_output().await.unwrap();
+        let said = String::from_utf8_lossy(&stopped.stderr);
+        assert_eq!(stopped.status.code(), Some(1), "{said}");
+        assert!(said.contains("stopped before the pool was ready"), "{said}");
         for i in 0..cluster.nodes.len() {
             cluster.spawn(i).unwrap();
         }

@@ -1119,11 +1119,6 @@ fn watch_until_ready_in_a_process_that_does_not_lead_reads_what_the_leader_publi
                 "{name}: exit {code:?} after {:?}: {said}",
                 started.elapsed()
             );
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{name}: ready only after {:?}: {said}",
-                started.elapsed()
-            );
             // Beside the leader it only reads; elsewhere it is a replica.
             let campaigned = !said.contains("it does not campaign");
             assert_eq!(campaigned, name == "a follower", "{name}: {said}");
