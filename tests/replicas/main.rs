@@ -1073,42 +1073,25 @@ fn watch_until_ready_in_a_process_that_does_not_lead_reads_what_the_leader_publi
     // on a follower ran out with the pool ready (only the leader's gate
     // sees `PoolReady`), and beside the replica holding its host's sockets
     // it died binding them: a readiness check worked on one host only.
+    // The next trial: with the leader frozen, its last record ("ready",
+    // written only when the pool changes) was taken as said.
     need_etcd!();
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("published");
+    let proxy = etcd::Proxy::start(server.port());
     live_for(Duration::from_secs(90), async {
-        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let (mut cluster, direct, second) = two_replicas_one_node(&server).await;
+        // The leader reaches etcd through a proxy, to be cut off.
+        let mut first = direct.clone();
+        first.state.etcd = vec![proxy.endpoint()];
         let mut a = Replica::start(&first).unwrap();
         let live = a.lead(None).await.unwrap();
         let mut events = live.gate.subscribe();
         cluster.spawn(0).unwrap();
         let epoch = ready(&mut events).await;
         // Beside the leader (its sockets held here), and as a follower.
-        for (name, config) in [("beside the leader", &first), ("a follower", &second)] {
-            let file = cluster.dir.join(format!("watch-{}.toml", name.len()));
-            std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
-            let log = cluster.dir.join(format!("watch-{}.log", name.len()));
-            let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-                .args(["watch", "--until-ready", "--timeout", "15s", "--config"])
-                .arg(&file)
-                .env("RUST_LOG", "info")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(&log).unwrap())
-                .spawn()
-                .unwrap();
-            let started = tokio::time::Instant::now();
-            let code = loop {
-                if let Some(status) = watch.try_wait().unwrap() {
-                    break status.code();
-                }
-                if started.elapsed() > Duration::from_secs(30) {
-                    let _ = watch.kill();
-                    let _ = watch.wait();
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            let said = std::fs::read_to_string(&log).unwrap_or_default();
+        for (name, config) in [("beside the leader", &direct), ("a follower", &second)] {
+            let (code, said) = until_ready_probe(&cluster, name, config, "15s").await;
             assert_eq!(
                 code,
                 Some(0),
@@ -1116,17 +1099,66 @@ fn watch_until_ready_in_a_process_that_does_not_lead_reads_what_the_leader_publi
             );
             assert!(
                 said.contains(&format!("ready, epoch {}", epoch.0)),
-                "{name}: exit {code:?} after {:?}: {said}",
-                started.elapsed()
+                "{name}: {said}"
             );
             // Beside the leader it only reads; elsewhere it is a replica.
             let campaigned = !said.contains("it does not campaign");
             assert_eq!(campaigned, name == "a follower", "{name}: {said}");
         }
+        // The leader cut off from etcd: its record says "ready" still, but
+        // its lease goes unrenewed, then is gone.
+        proxy.set_cut(true);
+        let store = store_of(&server, &direct);
+        let cut = tokio::time::Instant::now();
+        while store.leader_lease().ok().flatten().is_some() {
+            assert!(
+                cut.elapsed() < Duration::from_secs(20),
+                "the lease never went"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (code, said) = until_ready_probe(&cluster, "beside a gone leader", &direct, "2s").await;
+        assert_eq!(code, Some(1), "a stale ready taken as said: {said}");
+        assert!(said.contains("no replica leads now"), "{said}");
+        proxy.set_cut(false);
         live.stop().await;
         a.resign();
         cluster.kill(0);
     });
+}
+
+/// `watch --until-ready --timeout timeout` with `config`, named `name`:
+/// its exit code and what it said (bounded: killed after 30 s).
+async fn until_ready_probe(
+    cluster: &poolgate::cli::cluster::LocalCluster,
+    name: &str,
+    config: &Config,
+    timeout: &str,
+) -> (Option<i32>, String) {
+    let file = cluster.dir.join(format!("watch-{}.toml", name.len()));
+    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
+    let log = cluster.dir.join(format!("watch-{}.log", name.len()));
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["watch", "--until-ready", "--timeout", timeout, "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let code = loop {
+        if let Some(status) = watch.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = watch.kill();
+            let _ = watch.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (code, std::fs::read_to_string(&log).unwrap_or_default())
 }
 
 #[test]

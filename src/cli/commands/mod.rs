@@ -72,14 +72,15 @@ pub async fn watch(
     if until_ready && !config.state.etcd.is_empty() && !sockets_free(config) {
         tracing::info!(agents = %config.agents.listen, swim = %config.swim.bind, "this watch's sockets are held by another process on this host (a replica?): it does not campaign, it reads what the leading replica publishes");
         let pools = crate::ha::replica::published_of(config)?;
+        let last = std::cell::RefCell::default();
         return Ok(tokio::select! {
-            ready = published::until_ready(Some(&pools)) => {
+            ready = published::until_ready(Some(&pools), &last) => {
                 published::say_ready(&ready);
                 WatchEnd::Ready
             }
             _ = &mut stop => WatchEnd::Stopped,
             _ = &mut limit => {
-                published::say_not_ready(&pools, timeout.unwrap_or_default(), None).await;
+                published::say_not_ready(&last, timeout.unwrap_or_default(), None);
                 WatchEnd::TimedOut
             }
         });
@@ -96,6 +97,7 @@ pub async fn watch(
         true => Some(crate::ha::replica::published_of(config)?),
         false => None,
     };
+    let last_read = std::cell::RefCell::default();
     // systemd (`Type=notify`): a replica is up once it campaigns (its
     // follower answers on its sockets); alone, once its orchestrator starts.
     let mut told_ready = leadership.can_lose();
@@ -121,7 +123,7 @@ pub async fn watch(
         } else {
             tokio::select! {
                 live = leadership.lead(record) => live?,
-                ready = published::until_ready(published.as_deref()) => {
+                ready = published::until_ready(published.as_deref(), &last_read) => {
                     published::say_ready(&ready);
                     leadership.resign();
                     return Ok(WatchEnd::Ready);
@@ -131,9 +133,9 @@ pub async fn watch(
                     return Ok(WatchEnd::Stopped);
                 }
                 _ = &mut limit => {
-                    if let Some(pools) = &published {
+                    if published.is_some() {
                         let within = watching.timeout.unwrap_or_default();
-                        published::say_not_ready(pools, within, Some(leadership.leader())).await;
+                        published::say_not_ready(&last_read, within, Some(leadership.leader()));
                     }
                     leadership.resign();
                     return Ok(WatchEnd::TimedOut);

@@ -227,6 +227,13 @@ impl Requests {
         Ok(durable.run.map(|run| run.run))
     }
 
+    /// The leader key's lease: what is left of it and its TTL (see
+    /// [`EtcdStore::leader_lease`]).
+    pub async fn leader_lease(&self) -> Result<Option<(Duration, Duration)>, StoreError> {
+        let store = Arc::clone(&self.store);
+        apart(move || store.leader_lease()).await
+    }
+
     /// What the leader last published of the pool (see [`leader_said`]).
     pub async fn leader_said(&self) -> Result<Option<serde_json::Value>, StoreError> {
         leader_said(Arc::clone(&self.store)).await

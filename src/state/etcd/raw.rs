@@ -99,6 +99,24 @@ impl EtcdStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
+    /// The lease the `leader` key is on: what is left of it and the TTL
+    /// it was granted (whole seconds, as etcd says them; full again at
+    /// each renewal); `None` when no replica holds the key, or its lease
+    /// is gone.
+    pub fn leader_lease(&self) -> Result<Option<(Duration, Duration)>, StoreError> {
+        let held = self
+            .etcd
+            .get(&self.leader)
+            .map_err(|e| StoreError(e.to_string()))?;
+        match held {
+            Some(kv) if kv.lease != 0 => self
+                .etcd
+                .time_to_live(kv.lease)
+                .map_err(|e| StoreError(e.to_string())),
+            _ => Ok(None),
+        }
+    }
+
     /// The etcd client.
     pub fn etcd(&self) -> &Arc<Etcd> {
         &self.etcd
