@@ -67,6 +67,8 @@ pub fn free_port() -> u16 {
 /// One etcd member on 127.0.0.1.
 pub struct Etcd {
     child: Option<Child>,
+    /// What it was started with, to start it again.
+    command: Vec<std::ffi::OsString>,
     dir: PathBuf,
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
@@ -116,6 +118,7 @@ impl Etcd {
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
         let mut command = Command::new("etcd");
+        command.stdin(Stdio::null()).stdout(Stdio::null());
         if let Some(certs) = tls {
             command
                 .arg("--cert-file")
@@ -126,7 +129,7 @@ impl Etcd {
                 .arg(certs.dir.join("ca.pem"))
                 .arg("--client-cert-auth");
         }
-        let child = command
+        command
             .args(["--name", "e0", "--data-dir"])
             .arg(dir.join("data"))
             .args([
@@ -141,14 +144,15 @@ impl Etcd {
                 "--initial-advertise-peer-urls",
                 &peer_url,
             ])
-            .args(["--initial-cluster", &format!("e0={peer_url}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .args(["--initial-cluster", &format!("e0={peer_url}")]);
+        let args = command.get_args().map(ToOwned::to_owned).collect();
+        let child = command
             .stderr(Stdio::from(log))
             .spawn()
             .expect("etcd starts");
         let mut etcd = Etcd {
             child: Some(child),
+            command: args,
             dir,
             endpoint,
         };
@@ -178,6 +182,28 @@ impl Etcd {
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(etcd)
+    }
+
+    /// SIGKILLs it and starts it again on its data, without waiting for
+    /// it to answer: its raft term rises, and etcd gives every lease a
+    /// fresh TTL.
+    pub fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .expect("etcd log");
+        let child = Command::new("etcd")
+            .args(&self.command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("etcd starts again");
+        self.child = Some(child);
     }
 
     /// A client of it.

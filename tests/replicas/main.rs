@@ -1127,6 +1127,91 @@ fn watch_until_ready_in_a_process_that_does_not_lead_reads_what_the_leader_publi
     });
 }
 
+#[test]
+fn a_frozen_leaders_ready_is_not_taken_when_etcds_new_raft_term_renewed_its_lease() {
+    // An operator's trial: the leader's host cut off while it also held
+    // etcd's raft leadership. etcd's next raft leader gave every lease a
+    // fresh TTL, the frozen leader's too, which read as renewed: a probe
+    // among replicas took its last "ready" for 6 s. Here etcd's one member
+    // restarts (a new raft term) while the leader is cut off and a probe
+    // waits; the lease reads fresh by etcd's hand alone.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let mut server = etcd::Etcd::start("renewed-leader");
+    let proxy = etcd::Proxy::start(server.port());
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, mut direct, _) = two_replicas_one_node(&server).await;
+        // A lease that outlives the cut and etcd's restart.
+        direct.state.lease = Duration::from_secs(20);
+        let mut first = direct.clone();
+        first.state.etcd = vec![proxy.endpoint()];
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        // Published ready (within a second of `PoolReady`), then cut off.
+        let store = Arc::new(store_of(&server, &direct));
+        let began = tokio::time::Instant::now();
+        while poolgate::ha::requests::leader_said(Arc::clone(&store))
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|said| said["phase"] != "ready")
+        {
+            assert!(began.elapsed() < Duration::from_secs(10), "not published");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxy.set_cut(true);
+        // Unrenewed for more than three tenths of the TTL and a second:
+        // stale.
+        let cut = tokio::time::Instant::now();
+        while store
+            .leader_lease()
+            .ok()
+            .flatten()
+            .is_none_or(|(_, left, _)| left > Duration::from_secs(11))
+        {
+            assert!(cut.elapsed() < Duration::from_secs(16), "never stale");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A probe beside the leader (a reader) waits; etcd restarts once
+        // it reads.
+        let log = cluster.dir.join(format!("watch-{}.log", "beside".len()));
+        let probe = until_ready_probe(&cluster, "beside", &direct, "6s");
+        let restart = async {
+            let began = tokio::time::Instant::now();
+            while !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("it does not campaign")
+            {
+                assert!(began.elapsed() < Duration::from_secs(10), "no probe");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            server.restart();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let refreshed = loop {
+                if let Ok(Some((_, left, _))) = store.leader_lease() {
+                    break left;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "etcd not back");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert!(
+                refreshed > Duration::from_secs(13),
+                "etcd's new term renewed the lease: {refreshed:?} left"
+            );
+        };
+        let ((code, said), ()) = tokio::join!(probe, restart);
+        assert_eq!(code, Some(1), "a frozen leader's ready taken: {said}");
+        assert!(said.contains("not seen renewing"), "{said}");
+        proxy.set_cut(false);
+        live.stop().await;
+        a.resign();
+        cluster.kill(0);
+    });
+}
+
 /// `watch --until-ready --timeout timeout` with `config`, named `name`:
 /// its exit code and what it said (bounded: killed after 30 s).
 async fn until_ready_probe(

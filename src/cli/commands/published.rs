@@ -6,72 +6,189 @@
 //! wrote it renews its lease.
 
 use std::cell::RefCell;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::ha::requests::renewals::{Reading, Renewal, Renewals};
 use crate::ha::requests::{Requests, LEADER_SAID_WITHIN};
 
 /// How often a process that does not lead reads what the leader
 /// published.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
-/// Whether a leader whose lease has `left` of its `granted` TTL renewed
-/// it lately: it renews every tenth of the TTL, so three renewals missed
-/// (and etcd's whole seconds) mean it is frozen or cut off, and its last
-/// record (written only when the pool changes) may be stale.
-fn renewed_lately(left: Duration, granted: Duration) -> bool {
-    granted.saturating_sub(left) <= granted * 3 / 10 + Duration::from_secs(1)
+/// What the leader published of one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Said {
+    /// Ready, at this epoch.
+    Ready(u64),
+    /// Not ready: what it says of the pool.
+    Not(String),
 }
 
-/// Every pool ready, as the leader last published it: each with its
-/// epoch; otherwise what it published of each pool that is not, or why
-/// it is not taken as said.
-async fn read(pools: &[(String, Requests)]) -> Result<Vec<(String, u64)>, Vec<String>> {
-    let mut ready = Vec::with_capacity(pools.len());
-    let mut not = Vec::new();
-    for (pool, requests) in pools {
-        match tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_said()).await {
-            Ok(Ok(Some(said))) => match (said["phase"].as_str(), said["epoch"].as_u64()) {
-                (Some("ready"), Some(epoch)) => ready.push((pool.clone(), epoch)),
-                _ => not.push(
-                    said["state"]
-                        .as_str()
-                        .map_or_else(|| format!("{pool}: {}", said["phase"]), str::to_string),
-                ),
-            },
-            Ok(Ok(None)) => not.push(format!("{pool}: nothing published by a leader yet")),
-            Ok(Err(e)) => not.push(format!("{pool}: etcd: {e}")),
-            Err(_) => not.push(format!(
-                "{pool}: etcd did not answer within {LEADER_SAID_WITHIN:?}"
-            )),
+/// What a process that does not lead has read of what the leader
+/// publishes: each pool's state as last read, why the latest read was
+/// not taken as ready, and the leader's lease as seen over time. No I/O:
+/// [`until_ready`] feeds it.
+#[derive(Debug, Default)]
+pub(super) struct Looks {
+    /// Each pool's state as last read: kept when a later read fails, as
+    /// with etcd out of quorum.
+    states: Vec<(String, Said)>,
+    /// Why the latest read was not taken as ready, beyond the states.
+    why: Vec<String>,
+    /// The leader's lease: renewed by its holder, or by etcd's hand?
+    renewals: Renewals,
+}
+
+impl Looks {
+    /// A read begins: what the last one found wrong is forgotten.
+    fn begin(&mut self) {
+        self.why.clear();
+    }
+
+    /// Notes what the leader published of `pool`.
+    fn pool(&mut self, pool: &str, said: Said) {
+        match self.states.iter_mut().find(|(p, _)| p == pool) {
+            Some((_, last)) => *last = said,
+            None => self.states.push((pool.to_string(), said)),
         }
     }
-    if !not.is_empty() {
-        return Err(not);
+
+    /// Notes why this read is not taken as ready (`pool`'s, when it is
+    /// one pool's).
+    fn not(&mut self, pool: Option<&str>, why: String) {
+        self.why.push(match pool {
+            Some(pool) => format!("{pool}: {why}"),
+            None => why,
+        });
+    }
+
+    /// Whether the leader whose lease reads `reading` (at `now`; `doubt`:
+    /// since when leases are in doubt, as this process saw) renews it:
+    /// three renewals missed (and etcd's whole second) mean it is frozen
+    /// or cut off, and its last record (written only when the pool
+    /// changes) may be stale; after etcd elected a raft leader (which
+    /// gives every lease a fresh TTL) or answered again after an outage,
+    /// only once seen renewing it (the rule a leader holds its requesters
+    /// to).
+    fn leader(&mut self, reading: Reading, doubt: Option<Instant>, now: Instant) -> bool {
+        let why = match self.renewals.renewal(reading, doubt, now) {
+            Renewal::Renews => return true,
+            Renewal::Stopped(unrenewed) => format!(
+                "published ready, but its leader has not renewed its lease for {} (frozen or cut off?)",
+                crate::config::in_words(unrenewed)
+            ),
+            Renewal::Unproven => "published ready, but etcd elected a raft leader or answered again lately (which renews every lease), and its leader is not seen renewing its lease since".to_string(),
+        };
+        self.not(None, why);
+        false
+    }
+
+    /// Every pool of `pools` ready as this read found it, each with its
+    /// epoch; none if anything this read found is wrong.
+    fn ready<'a>(&self, pools: impl IntoIterator<Item = &'a str>) -> Option<Vec<(String, u64)>> {
+        if !self.why.is_empty() {
+            return None;
+        }
+        pools
+            .into_iter()
+            .map(|pool| match self.states.iter().find(|(p, _)| p == pool) {
+                Some((_, Said::Ready(epoch))) => Some((pool.to_string(), *epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// What the latest reads found, to say at a timeout: each pool's
+    /// state as last read, then what the latest read found wrong.
+    fn said(&self) -> String {
+        let parts: Vec<String> = self
+            .states
+            .iter()
+            .map(|(pool, said)| match said {
+                Said::Ready(epoch) => format!("{pool}: published ready, epoch {epoch}"),
+                Said::Not(state) => state.clone(),
+            })
+            .collect();
+        let why = self.why.join("; ");
+        match (parts.is_empty(), why.is_empty()) {
+            (true, true) => "nothing read from etcd yet".to_string(),
+            (false, true) => parts.join("; "),
+            (true, false) => why,
+            (false, false) => format!("{}; then {why}", parts.join("; ")),
+        }
+    }
+}
+
+/// Reads what the leader published of each pool of `pools`, and its
+/// lease when every pool reads ready, into `looks`.
+async fn read(pools: &[(String, Requests)], looks: &RefCell<Looks>) {
+    looks.borrow_mut().begin();
+    for (pool, requests) in pools {
+        let read = tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_said()).await;
+        let mut looks = looks.borrow_mut();
+        match read {
+            Ok(Ok(Some(said))) => match (said["phase"].as_str(), said["epoch"].as_u64()) {
+                (Some("ready"), Some(epoch)) => looks.pool(pool, Said::Ready(epoch)),
+                _ => looks.pool(
+                    pool,
+                    Said::Not(
+                        said["state"]
+                            .as_str()
+                            .map_or_else(|| format!("{pool}: {}", said["phase"]), str::to_string),
+                    ),
+                ),
+            },
+            Ok(Ok(None)) => looks.pool(
+                pool,
+                Said::Not(format!("{pool}: nothing published by a leader yet")),
+            ),
+            Ok(Err(e)) => looks.not(Some(pool), format!("etcd: {e}")),
+            Err(_) => looks.not(
+                Some(pool),
+                format!("etcd did not answer within {LEADER_SAID_WITHIN:?}"),
+            ),
+        }
     }
     // The leader key is the prefix's, the same for every pool.
     let Some((_, requests)) = pools.first() else {
-        return Ok(ready);
+        return;
     };
+    let names = || pools.iter().map(|(pool, _)| pool.as_str());
+    if looks.borrow().ready(names()).is_none() {
+        return;
+    }
     let lease = tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_lease()).await;
-    let why = match lease {
-        Ok(Ok(Some((left, granted)))) if renewed_lately(left, granted) => return Ok(ready),
-        Ok(Ok(Some((left, granted)))) => format!(
-            "published ready, but its leader has not renewed its lease for {} (frozen or cut off?)",
-            crate::config::in_words(granted.saturating_sub(left))
+    // Read after the answer, which may be the first to tell of a rise of
+    // etcd's raft term, or of etcd back.
+    let doubt = requests.leases_in_doubt_since();
+    let mut looks = looks.borrow_mut();
+    match lease {
+        Ok(Ok(Some((lease, left, granted)))) => {
+            let reading = Reading {
+                lease,
+                left,
+                granted,
+            };
+            looks.leader(reading, doubt, Instant::now());
+        }
+        Ok(Ok(None)) => looks.not(
+            None,
+            "published ready, but no replica leads now".to_string(),
         ),
-        Ok(Ok(None)) => "published ready, but no replica leads now".to_string(),
-        Ok(Err(e)) => format!("the leader's lease: etcd: {e}"),
-        Err(_) => format!("the leader's lease: etcd did not answer within {LEADER_SAID_WITHIN:?}"),
-    };
-    Err(vec![why])
+        Ok(Err(e)) => looks.not(None, format!("the leader's lease: etcd: {e}")),
+        Err(_) => looks.not(
+            None,
+            format!("the leader's lease: etcd did not answer within {LEADER_SAID_WITHIN:?}"),
+        ),
+    }
 }
 
 /// Completes once every pool of `pools` is ready as the leader published
-/// it (each with its epoch); never when there are none to read. `last`
-/// keeps what the latest read found instead.
+/// it (each with its epoch); never when there are none to read. `looks`
+/// keeps what the reads found instead.
 pub(super) async fn until_ready(
     pools: Option<&[(String, Requests)]>,
-    last: &RefCell<Vec<String>>,
+    looks: &RefCell<Looks>,
 ) -> Vec<(String, u64)> {
     let Some(pools) = pools else {
         return std::future::pending().await;
@@ -79,9 +196,9 @@ pub(super) async fn until_ready(
     let mut look = tokio::time::interval(LOOK_EVERY);
     loop {
         look.tick().await;
-        match read(pools).await {
-            Ok(ready) => return ready,
-            Err(not) => *last.borrow_mut() = not,
+        read(pools, looks).await;
+        if let Some(ready) = looks.borrow().ready(pools.iter().map(|(p, _)| p.as_str())) {
+            return ready;
         }
     }
 }
@@ -96,16 +213,12 @@ pub(super) fn say_ready(ready: &[(String, u64)]) {
     }
 }
 
-/// Says that `within` ran out, with what the latest read found (`last`),
-/// and who leads when known.
-pub(super) fn say_not_ready(last: &RefCell<Vec<String>>, within: Duration, leader: Option<String>) {
+/// Says that `within` ran out, with what the reads found (`looks`), and
+/// who leads when known.
+pub(super) fn say_not_ready(looks: &RefCell<Looks>, within: Duration, leader: Option<String>) {
     let within = crate::config::in_words(within);
     let leader = leader.map_or_else(String::new, |l| format!("; leader: {l}"));
-    let last = last.borrow();
-    let states = match last.is_empty() {
-        true => "nothing read from etcd yet".to_string(),
-        false => last.join("; "),
-    };
+    let states = looks.borrow().said();
     crate::say!(
         warn,
         "poolgate: not ready within {within}: {states} (read from what the leading replica publishes{leader})"
@@ -116,16 +229,99 @@ pub(super) fn say_not_ready(last: &RefCell<Vec<String>>, within: Duration, leade
 mod tests {
     use super::*;
 
+    const TTL: Duration = Duration::from_secs(10);
+
+    /// The leader's lease as etcd says it `since` its last renewal.
+    fn lease(since: Duration) -> Reading {
+        Reading {
+            lease: 7,
+            left: Duration::from_secs(TTL.saturating_sub(since).as_secs()),
+            granted: TTL,
+        }
+    }
+
+    fn read_ready(looks: &mut Looks, epoch: u64) {
+        looks.begin();
+        looks.pool("pool-a", Said::Ready(epoch));
+    }
+
     #[test]
     fn a_leader_is_taken_as_renewing_for_three_renewals_and_a_second_of_its_lease() {
-        let s = Duration::from_secs;
-        // A 10 s lease, renewed every second: 4 s without, not any more.
-        assert!(renewed_lately(s(10), s(10)));
-        assert!(renewed_lately(s(6), s(10)));
-        assert!(!renewed_lately(s(5), s(10)));
-        // A 2 s lease, in etcd's whole seconds: one renewal's rounding
-        // is not a missed renewal.
-        assert!(renewed_lately(s(1), s(2)));
-        assert!(!renewed_lately(s(0), s(2)));
+        let now = Instant::now();
+        let mut looks = Looks::default();
+        read_ready(&mut looks, 3);
+        assert!(looks.leader(lease(Duration::from_millis(2_900)), None, now));
+        assert_eq!(looks.ready(["pool-a"]), Some(vec![("pool-a".into(), 3)]));
+        read_ready(&mut looks, 3);
+        assert!(!looks.leader(lease(Duration::from_millis(4_100)), None, now));
+        assert_eq!(looks.ready(["pool-a"]), None);
+        assert!(
+            looks.said().contains("has not renewed its lease for 5s"),
+            "{}",
+            looks.said()
+        );
+    }
+
+    #[test]
+    fn after_etcd_renewed_every_lease_a_fresh_lease_is_taken_only_once_seen_renewed() {
+        // An operator's trial: the leader's host, cut off, also held
+        // etcd's raft leadership; etcd's next raft leader gave every lease
+        // a fresh TTL, and the frozen leader's last ready was taken for
+        // 6 s.
+        let rose = Instant::now();
+        let mut looks = Looks::default();
+        // Read every 250 ms while it reads fresh (three tenths of its
+        // TTL): never taken.
+        let mut at = Duration::ZERO;
+        while at < TTL * 3 / 10 {
+            read_ready(&mut looks, 3);
+            assert!(!looks.leader(lease(at), Some(rose), rose + at), "at {at:?}");
+            at += Duration::from_millis(250);
+        }
+        assert!(
+            looks.said().contains("not seen renewing"),
+            "{}",
+            looks.said()
+        );
+        // A leader renewing every tenth of its TTL is seen doing so.
+        let mut looks = Looks::default();
+        let renewing = (0..16u64)
+            .map(|step| Duration::from_millis(step * 250))
+            .find(|at| {
+                read_ready(&mut looks, 3);
+                let since = Duration::from_millis(at.as_millis() as u64 % 1_000);
+                looks.leader(lease(since), Some(rose), rose + *at)
+            });
+        assert!(
+            renewing.is_some_and(|at| at <= Duration::from_millis(2_500)),
+            "{renewing:?}"
+        );
+    }
+
+    #[test]
+    fn a_read_that_fails_keeps_each_pools_last_state_beside_why() {
+        // An operator's trial: with etcd out of quorum, the timeout said
+        // only etcd's errors, not what had last been read of each pool.
+        let mut looks = Looks::default();
+        assert_eq!(looks.said(), "nothing read from etcd yet");
+        looks.begin();
+        looks.pool("pool-a", Said::Ready(4));
+        looks.pool("pool-b", Said::Not("pool-b converging".into()));
+        assert_eq!(looks.ready(["pool-a", "pool-b"]), None);
+        looks.begin();
+        looks.not(Some("pool-a"), "etcd: no quorum".into());
+        looks.not(Some("pool-b"), "etcd: no quorum".into());
+        assert_eq!(
+            looks.said(),
+            "pool-a: published ready, epoch 4; pool-b converging; then pool-a: etcd: no quorum; pool-b: etcd: no quorum"
+        );
+        assert_eq!(looks.ready(["pool-a"]), None, "a failed read is not ready");
+        // A read that works again forgets the errors.
+        looks.begin();
+        looks.pool("pool-b", Said::Ready(2));
+        assert_eq!(
+            looks.said(),
+            "pool-a: published ready, epoch 4; pool-b: published ready, epoch 2"
+        );
     }
 }

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::etcd::EtcdStore;
 
-mod renewals;
+pub(crate) mod renewals;
 mod requester;
 mod server;
 

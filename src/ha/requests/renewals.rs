@@ -27,7 +27,7 @@ const RENEWED_BY: Duration = Duration::from_millis(1500);
 
 /// One reading of a requester's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Reading {
+pub(crate) struct Reading {
     /// The lease.
     pub lease: i64,
     /// What etcd says is left of it.
@@ -38,7 +38,7 @@ pub(super) struct Reading {
 
 /// Whether a requester renews its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Renewal {
+pub(crate) enum Renewal {
     /// It does.
     Renews,
     /// It stopped: not renewed for this long.
@@ -51,7 +51,7 @@ pub(super) enum Renewal {
 /// What the leader has read of its requesters' leases since they were
 /// last in doubt.
 #[derive(Debug, Default)]
-pub(super) struct Renewals {
+pub(crate) struct Renewals {
     /// The doubt these readings follow.
     after: Option<Instant>,
     /// The first reading of each lease since then, and when.
@@ -62,7 +62,7 @@ impl Renewals {
     /// Whether the holder of `reading`'s lease renews it, read at `now`;
     /// `doubt`: since when the leases are in doubt, as far as this replica
     /// saw (none: not since it started).
-    pub(super) fn renewal(
+    pub(crate) fn renewal(
         &mut self,
         reading: Reading,
         doubt: Option<Instant>,
@@ -103,7 +103,7 @@ impl Renewals {
 /// etcd says is left, in whole seconds rounded down, against the TTL)
 /// before its requester counts as stopped: three of its renewals (a tenth
 /// of the TTL each) and the second etcd's rounding takes.
-pub(super) fn stale_after(granted: Duration) -> Duration {
+pub(crate) fn stale_after(granted: Duration) -> Duration {
     granted * 3 / 10 + Duration::from_secs(1)
 }
 

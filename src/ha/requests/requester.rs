@@ -227,11 +227,18 @@ impl Requests {
         Ok(durable.run.map(|run| run.run))
     }
 
-    /// The leader key's lease: what is left of it and its TTL (see
-    /// [`EtcdStore::leader_lease`]).
-    pub async fn leader_lease(&self) -> Result<Option<(Duration, Duration)>, StoreError> {
+    /// The leader key's lease: its id, what is left of it and its TTL
+    /// (see [`EtcdStore::leader_lease`]).
+    pub async fn leader_lease(&self) -> Result<Option<(i64, Duration, Duration)>, StoreError> {
         let store = Arc::clone(&self.store);
         apart(move || store.leader_lease()).await
+    }
+
+    /// Since when what etcd says is left of a lease may be etcd's doing,
+    /// not its holder's, as this process saw (see
+    /// [`crate::ha::etcd::Etcd::leases_in_doubt_since`]).
+    pub fn leases_in_doubt_since(&self) -> Option<std::time::Instant> {
+        self.store.etcd().leases_in_doubt_since()
     }
 
     /// What the leader last published of the pool (see [`leader_said`]).

@@ -99,11 +99,11 @@ impl EtcdStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
-    /// The lease the `leader` key is on: what is left of it and the TTL
-    /// it was granted (whole seconds, as etcd says them; full again at
-    /// each renewal); `None` when no replica holds the key, or its lease
-    /// is gone.
-    pub fn leader_lease(&self) -> Result<Option<(Duration, Duration)>, StoreError> {
+    /// The lease the `leader` key is on: its id, what is left of it and
+    /// the TTL it was granted (whole seconds, as etcd says them; full
+    /// again at each renewal); `None` when no replica holds the key, or
+    /// its lease is gone.
+    pub fn leader_lease(&self) -> Result<Option<(i64, Duration, Duration)>, StoreError> {
         let held = self
             .etcd
             .get(&self.leader)
@@ -112,6 +112,7 @@ impl EtcdStore {
             Some(kv) if kv.lease != 0 => self
                 .etcd
                 .time_to_live(kv.lease)
+                .map(|lived| lived.map(|(left, granted)| (kv.lease, left, granted)))
                 .map_err(|e| StoreError(e.to_string())),
             _ => Ok(None),
         }
