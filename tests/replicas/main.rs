@@ -1212,6 +1212,86 @@ fn a_frozen_leaders_ready_is_not_taken_when_etcds_new_raft_term_renewed_its_leas
     });
 }
 
+#[test]
+fn a_ready_published_by_the_leader_before_is_not_taken_once_another_leads() {
+    // An operator's trial: probes waiting through a takeover took the
+    // previous leader's "ready" 12-85 ms after the next leader took the
+    // key, before it had published anything: its lease was renewed, the
+    // record was not its own. Here the next leader has not published
+    // when the probe reads (this thread, which runs its publisher, waits
+    // on the probe).
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("previous-leader");
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, first, second) = two_replicas_one_node(&server).await;
+        let mut a = Replica::start(&first).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        ready(&mut events).await;
+        let store = Arc::new(store_of(&server, &first));
+        let began = tokio::time::Instant::now();
+        while poolgate::ha::requests::leader_said(Arc::clone(&store))
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|said| said["phase"] != "ready")
+        {
+            assert!(began.elapsed() < Duration::from_secs(10), "not published");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The first leader crashes (its lease left to expire); the second
+        // takes over.
+        let mut b = Replica::start(&second).unwrap();
+        a.abandon();
+        let next = tokio::time::timeout(Duration::from_secs(15), b.lead(None))
+            .await
+            .expect("the second replica leads")
+            .unwrap();
+        let (code, said) = until_ready_probe_blocking(&cluster, "after", &first, "2s");
+        assert_eq!(code, Some(1), "the previous leader's ready taken: {said}");
+        assert!(said.contains("before the one leading now"), "{said}");
+        next.stop().await;
+        live.stop().await;
+        cluster.kill(0);
+    });
+}
+
+/// [`until_ready_probe`], waited for on this thread: nothing else this
+/// thread runs (an orchestrator started here) moves meanwhile.
+fn until_ready_probe_blocking(
+    cluster: &poolgate::cli::cluster::LocalCluster,
+    name: &str,
+    config: &Config,
+    timeout: &str,
+) -> (Option<i32>, String) {
+    let file = cluster.dir.join(format!("watch-blocking-{name}.toml"));
+    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
+    let log = cluster.dir.join(format!("watch-blocking-{name}.log"));
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .args(["watch", "--until-ready", "--timeout", timeout, "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = watch.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = watch.kill();
+            let _ = watch.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 /// `watch --until-ready --timeout timeout` with `config`, named `name`:
 /// its exit code and what it said (bounded: killed after 30 s).
 async fn until_ready_probe(

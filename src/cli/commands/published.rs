@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use crate::ha::requests::renewals::{Reading, Renewal, Renewals};
-use crate::ha::requests::{Requests, LEADER_SAID_WITHIN};
+use crate::ha::requests::{Published, Requests, LEADER_SAID_WITHIN};
 
 /// How often a process that does not lead reads what the leader
 /// published.
@@ -33,8 +33,12 @@ pub(super) struct Looks {
     /// Each pool's state as last read: kept when a later read fails, as
     /// with etcd out of quorum.
     states: Vec<(String, Said)>,
-    /// Why the latest read was not taken as ready, beyond the states.
+    /// Why the latest read that ended was not taken as ready, beyond the
+    /// states: kept while the next read is under way (with etcd out of
+    /// quorum, each read waits out its bound, and a timeout comes mid-read).
     why: Vec<String>,
+    /// What the read under way found wrong so far.
+    wrong: Vec<String>,
     /// The leader's lease: renewed by its holder, or by etcd's hand?
     renewals: Renewals,
 }
@@ -42,7 +46,12 @@ pub(super) struct Looks {
 impl Looks {
     /// A read begins: what the last one found wrong is forgotten.
     fn begin(&mut self) {
-        self.why.clear();
+        self.wrong.clear();
+    }
+
+    /// The read under way ended: what it found wrong is what to say.
+    fn end(&mut self) {
+        self.why = std::mem::take(&mut self.wrong);
     }
 
     /// Notes what the leader published of `pool`.
@@ -56,7 +65,7 @@ impl Looks {
     /// Notes why this read is not taken as ready (`pool`'s, when it is
     /// one pool's).
     fn not(&mut self, pool: Option<&str>, why: String) {
-        self.why.push(match pool {
+        self.wrong.push(match pool {
             Some(pool) => format!("{pool}: {why}"),
             None => why,
         });
@@ -83,12 +92,26 @@ impl Looks {
         false
     }
 
-    /// Every pool of `pools` ready as this read found it, each with its
-    /// epoch; none if anything this read found is wrong.
+    /// Every pool of `pools` ready as the last read that ended found it,
+    /// each with its epoch; none if anything it found is wrong.
     fn ready<'a>(&self, pools: impl IntoIterator<Item = &'a str>) -> Option<Vec<(String, u64)>> {
-        if !self.why.is_empty() {
-            return None;
+        match self.why.is_empty() {
+            true => self.all_ready(pools),
+            false => None,
         }
+    }
+
+    /// Whether the read under way found every pool of `pools` ready so
+    /// far, with nothing wrong.
+    fn reading_ready<'a>(&self, pools: impl IntoIterator<Item = &'a str>) -> bool {
+        self.wrong.is_empty() && self.all_ready(pools).is_some()
+    }
+
+    /// Every pool of `pools` ready as last read, each with its epoch.
+    fn all_ready<'a>(
+        &self,
+        pools: impl IntoIterator<Item = &'a str>,
+    ) -> Option<Vec<(String, u64)>> {
         pools
             .into_iter()
             .map(|pool| match self.states.iter().find(|(p, _)| p == pool) {
@@ -123,21 +146,22 @@ impl Looks {
 /// lease when every pool reads ready, into `looks`.
 async fn read(pools: &[(String, Requests)], looks: &RefCell<Looks>) {
     looks.borrow_mut().begin();
+    read_into(pools, looks).await;
+    looks.borrow_mut().end();
+}
+
+/// [`read`]'s reads, between its beginning and its end.
+async fn read_into(pools: &[(String, Requests)], looks: &RefCell<Looks>) {
+    // The leader key is the prefix's, the same for every pool.
+    let mut leader = None;
     for (pool, requests) in pools {
-        let read = tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_said()).await;
+        let read = tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_published()).await;
         let mut looks = looks.borrow_mut();
         match read {
-            Ok(Ok(Some(said))) => match (said["phase"].as_str(), said["epoch"].as_u64()) {
-                (Some("ready"), Some(epoch)) => looks.pool(pool, Said::Ready(epoch)),
-                _ => looks.pool(
-                    pool,
-                    Said::Not(
-                        said["state"]
-                            .as_str()
-                            .map_or_else(|| format!("{pool}: {}", said["phase"]), str::to_string),
-                    ),
-                ),
-            },
+            Ok(Ok(Some(published))) => {
+                leader = leader.or(published.leader_lease);
+                looks.pool(pool, said_of(pool, &published));
+            }
             Ok(Ok(None)) => looks.pool(
                 pool,
                 Said::Not(format!("{pool}: nothing published by a leader yet")),
@@ -149,21 +173,27 @@ async fn read(pools: &[(String, Requests)], looks: &RefCell<Looks>) {
             ),
         }
     }
-    // The leader key is the prefix's, the same for every pool.
     let Some((_, requests)) = pools.first() else {
         return;
     };
-    let names = || pools.iter().map(|(pool, _)| pool.as_str());
-    if looks.borrow().ready(names()).is_none() {
+    if !looks
+        .borrow()
+        .reading_ready(pools.iter().map(|(p, _)| p.as_str()))
+    {
         return;
     }
-    let lease = tokio::time::timeout(LEADER_SAID_WITHIN, requests.leader_lease()).await;
+    let Some(lease) = leader else {
+        let why = "published ready, but no replica leads now".to_string();
+        looks.borrow_mut().not(None, why);
+        return;
+    };
+    let lived = tokio::time::timeout(LEADER_SAID_WITHIN, requests.lease_left(lease)).await;
     // Read after the answer, which may be the first to tell of a rise of
     // etcd's raft term, or of etcd back.
     let doubt = requests.leases_in_doubt_since();
     let mut looks = looks.borrow_mut();
-    match lease {
-        Ok(Ok(Some((lease, left, granted)))) => {
+    match lived {
+        Ok(Ok(Some((left, granted)))) => {
             let reading = Reading {
                 lease,
                 left,
@@ -180,6 +210,26 @@ async fn read(pools: &[(String, Requests)], looks: &RefCell<Looks>) {
             None,
             format!("the leader's lease: etcd did not answer within {LEADER_SAID_WITHIN:?}"),
         ),
+    }
+}
+
+/// What `published` says of `pool`: ready only as the replica leading
+/// now published it (a takeover leaves the record of the leader before,
+/// until the next one publishes its own).
+fn said_of(pool: &str, published: &Published) -> Said {
+    let said = &published.said;
+    let state = || {
+        said["state"]
+            .as_str()
+            .map_or_else(|| format!("{pool}: {}", said["phase"]), str::to_string)
+    };
+    match (said["phase"].as_str(), said["epoch"].as_u64()) {
+        _ if published.leader_lease.is_some() && !published.by_leader_now => Said::Not(format!(
+            "{}, as published by a leader before the one leading now (which has published nothing yet)",
+            state()
+        )),
+        (Some("ready"), Some(epoch)) => Said::Ready(epoch),
+        _ => Said::Not(state()),
     }
 }
 
@@ -240,21 +290,42 @@ mod tests {
         }
     }
 
-    fn read_ready(looks: &mut Looks, epoch: u64) {
+    /// A read that finds pool-a published ready at `epoch` and its
+    /// leader's lease `lease` at `now`; whether it is taken as ready.
+    fn read_ready(
+        looks: &mut Looks,
+        epoch: u64,
+        lease: Reading,
+        doubt: Option<Instant>,
+        now: Instant,
+    ) -> bool {
         looks.begin();
         looks.pool("pool-a", Said::Ready(epoch));
+        let renewed = looks.leader(lease, doubt, now);
+        looks.end();
+        assert_eq!(renewed, looks.ready(["pool-a"]).is_some());
+        renewed
     }
 
     #[test]
     fn a_leader_is_taken_as_renewing_for_three_renewals_and_a_second_of_its_lease() {
         let now = Instant::now();
         let mut looks = Looks::default();
-        read_ready(&mut looks, 3);
-        assert!(looks.leader(lease(Duration::from_millis(2_900)), None, now));
+        assert!(read_ready(
+            &mut looks,
+            3,
+            lease(Duration::from_millis(2_900)),
+            None,
+            now
+        ));
         assert_eq!(looks.ready(["pool-a"]), Some(vec![("pool-a".into(), 3)]));
-        read_ready(&mut looks, 3);
-        assert!(!looks.leader(lease(Duration::from_millis(4_100)), None, now));
-        assert_eq!(looks.ready(["pool-a"]), None);
+        assert!(!read_ready(
+            &mut looks,
+            3,
+            lease(Duration::from_millis(4_100)),
+            None,
+            now
+        ));
         assert!(
             looks.said().contains("has not renewed its lease for 5s"),
             "{}",
@@ -274,8 +345,10 @@ mod tests {
         // TTL): never taken.
         let mut at = Duration::ZERO;
         while at < TTL * 3 / 10 {
-            read_ready(&mut looks, 3);
-            assert!(!looks.leader(lease(at), Some(rose), rose + at), "at {at:?}");
+            assert!(
+                !read_ready(&mut looks, 3, lease(at), Some(rose), rose + at),
+                "at {at:?}"
+            );
             at += Duration::from_millis(250);
         }
         assert!(
@@ -288,9 +361,8 @@ mod tests {
         let renewing = (0..16u64)
             .map(|step| Duration::from_millis(step * 250))
             .find(|at| {
-                read_ready(&mut looks, 3);
                 let since = Duration::from_millis(at.as_millis() as u64 % 1_000);
-                looks.leader(lease(since), Some(rose), rose + *at)
+                read_ready(&mut looks, 3, lease(since), Some(rose), rose + *at)
             });
         assert!(
             renewing.is_some_and(|at| at <= Duration::from_millis(2_500)),
@@ -301,27 +373,57 @@ mod tests {
     #[test]
     fn a_read_that_fails_keeps_each_pools_last_state_beside_why() {
         // An operator's trial: with etcd out of quorum, the timeout said
-        // only etcd's errors, not what had last been read of each pool.
+        // only etcd's errors, not what had last been read of each pool;
+        // the next said the states, but not etcd's errors (the timeout
+        // came while a read waited out its bound).
         let mut looks = Looks::default();
         assert_eq!(looks.said(), "nothing read from etcd yet");
         looks.begin();
         looks.pool("pool-a", Said::Ready(4));
         looks.pool("pool-b", Said::Not("pool-b converging".into()));
+        looks.end();
         assert_eq!(looks.ready(["pool-a", "pool-b"]), None);
         looks.begin();
         looks.not(Some("pool-a"), "etcd: no quorum".into());
         looks.not(Some("pool-b"), "etcd: no quorum".into());
-        assert_eq!(
-            looks.said(),
-            "pool-a: published ready, epoch 4; pool-b converging; then pool-a: etcd: no quorum; pool-b: etcd: no quorum"
-        );
+        looks.end();
+        let said = "pool-a: published ready, epoch 4; pool-b converging; then pool-a: etcd: no quorum; pool-b: etcd: no quorum";
+        assert_eq!(looks.said(), said);
         assert_eq!(looks.ready(["pool-a"]), None, "a failed read is not ready");
-        // A read that works again forgets the errors.
+        // The next read under way (waiting on etcd) when the time runs
+        // out: what the last one found is said.
         looks.begin();
+        assert_eq!(looks.said(), said);
+        // A read that works again forgets the errors.
+        looks.pool("pool-a", Said::Ready(4));
         looks.pool("pool-b", Said::Ready(2));
+        looks.end();
         assert_eq!(
             looks.said(),
             "pool-a: published ready, epoch 4; pool-b: published ready, epoch 2"
         );
+        assert_eq!(
+            looks.ready(["pool-a", "pool-b"]),
+            Some(vec![("pool-a".into(), 4), ("pool-b".into(), 2)])
+        );
+    }
+
+    #[test]
+    fn a_record_of_the_leader_before_is_not_ready() {
+        let published = |by_leader_now, leader_lease| Published {
+            said: serde_json::json!({"pool": "pool-a", "phase": "ready", "epoch": 3, "state": "pool-a ready, epoch 3"}),
+            by_leader_now,
+            leader_lease,
+        };
+        assert_eq!(said_of("pool-a", &published(true, Some(7))), Said::Ready(3));
+        let Said::Not(before) = said_of("pool-a", &published(false, Some(7))) else {
+            panic!("the record of the leader before taken as ready");
+        };
+        assert!(
+            before.contains("a leader before the one leading now"),
+            "{before}"
+        );
+        // With none leading, the lease's read says so.
+        assert_eq!(said_of("pool-a", &published(false, None)), Said::Ready(3));
     }
 }

@@ -48,15 +48,40 @@ pub const STATUS: &str = "status";
 /// ago, by this host's clock); `Ok(None)` when nothing was (or what was
 /// is not JSON), an error when etcd could not be read.
 pub async fn leader_said(store: Arc<EtcdStore>) -> Result<Option<serde_json::Value>, StoreError> {
-    let Some(bytes) = apart(move || store.get_raw(STATUS)).await? else {
-        return Ok(None);
-    };
-    let Ok(mut said) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+    Ok(leader_published(store)
+        .await?
+        .map(|published| published.said))
+}
+
+/// What a leader last published of the pool, and by whom.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// What it said, with `age_ms` (see [`leader_said`]).
+    pub said: serde_json::Value,
+    /// Whether the replica leading now published it (not one before it).
+    pub by_leader_now: bool,
+    /// The lease of the replica leading now; none when none leads.
+    pub leader_lease: Option<i64>,
+}
+
+/// What a leader last published of the pool, read in one transaction
+/// with the leader key; `Ok(None)` when nothing was (or what was is not
+/// JSON), an error when etcd could not be read.
+pub async fn leader_published(store: Arc<EtcdStore>) -> Result<Option<Published>, StoreError> {
+    let read = apart(move || store.get_raw_of_leader(STATUS)).await?;
+    let Some(Ok(mut said)) = read
+        .value
+        .map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes))
+    else {
         return Ok(None);
     };
     let written = said["written_unix_ms"].as_u64().unwrap_or(0);
     said["age_ms"] = serde_json::json!(crate::live::generation::unix_ms().saturating_sub(written));
-    Ok(Some(said))
+    Ok(Some(Published {
+        said,
+        by_leader_now: read.by_leader_now,
+        leader_lease: read.leader_lease,
+    }))
 }
 
 /// How long an answer waits for what the leader published (read from

@@ -10,7 +10,7 @@ use poolgate_actors::StoreError;
 
 use crate::state::etcd::EtcdStore;
 
-use super::{apart, leader_said, Request, RunOutcome, RunStanding};
+use super::{apart, leader_published, leader_said, Published, Request, RunOutcome, RunStanding};
 
 /// The requester's side.
 #[derive(Debug, Clone)]
@@ -227,11 +227,17 @@ impl Requests {
         Ok(durable.run.map(|run| run.run))
     }
 
-    /// The leader key's lease: its id, what is left of it and its TTL
-    /// (see [`EtcdStore::leader_lease`]).
-    pub async fn leader_lease(&self) -> Result<Option<(i64, Duration, Duration)>, StoreError> {
+    /// What is left of `lease` and its TTL (see
+    /// [`EtcdStore::lease_left`]).
+    pub async fn lease_left(&self, lease: i64) -> Result<Option<(Duration, Duration)>, StoreError> {
         let store = Arc::clone(&self.store);
-        apart(move || store.leader_lease()).await
+        apart(move || store.lease_left(lease)).await
+    }
+
+    /// What a leader last published of the pool, and by whom (see
+    /// [`leader_published`]).
+    pub async fn leader_published(&self) -> Result<Option<Published>, StoreError> {
+        leader_published(Arc::clone(&self.store)).await
     }
 
     /// Since when what etcd says is left of a lease may be etcd's doing,

@@ -11,7 +11,44 @@ use poolgate_actors::StoreError;
 use super::{refused_reads, EtcdStore, Listing};
 use crate::ha::etcd::{self, Etcd};
 
+/// What a key holds, read in one transaction with the leader key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfLeader {
+    /// The value (as [`EtcdStore::get_raw`] reads it).
+    pub value: Option<Vec<u8>>,
+    /// Whether the replica leading now wrote it: its last change came
+    /// after the leader key was created (false with no leader).
+    pub by_leader_now: bool,
+    /// The lease the leader key is on; none when no replica leads.
+    pub leader_lease: Option<i64>,
+}
+
 impl EtcdStore {
+    /// What `name` holds, read with the leader key in one transaction:
+    /// a record a replica publishes, and whether the one leading now
+    /// wrote it.
+    pub fn get_raw_of_leader(&self, name: &str) -> Result<OfLeader, StoreError> {
+        let key = self.key(name);
+        let (_, answer) = self
+            .etcd
+            .txn(
+                vec![],
+                vec![etcd::range(&self.leader), etcd::range(&key)],
+                vec![],
+            )
+            .map_err(|e| StoreError(e.to_string()))?;
+        let leader = refused_reads(&answer, 0).filter(|kv| kv.lease != 0);
+        let held = refused_reads(&answer, 1);
+        Ok(OfLeader {
+            by_leader_now: match (&leader, &held) {
+                (Some(leader), Some(held)) => held.mod_revision > leader.create_revision,
+                _ => false,
+            },
+            leader_lease: leader.map(|kv| kv.lease),
+            value: held.and_then(|kv| self.open(name, kv.value)),
+        })
+    }
+
     /// What `name` holds under the prefix, unchecked (the run requests).
     pub fn get_raw(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.etcd
@@ -116,6 +153,14 @@ impl EtcdStore {
                 .map_err(|e| StoreError(e.to_string())),
             _ => Ok(None),
         }
+    }
+
+    /// What is left of `lease` and the TTL it was granted (whole seconds,
+    /// as etcd says them); `None` when it is gone.
+    pub fn lease_left(&self, lease: i64) -> Result<Option<(Duration, Duration)>, StoreError> {
+        self.etcd
+            .time_to_live(lease)
+            .map_err(|e| StoreError(e.to_string()))
     }
 
     /// The etcd client.
