@@ -39,13 +39,14 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 mod client;
+mod runs;
 mod server;
 #[cfg(test)]
 mod tests;
 
 pub use client::{end_run, status, Client};
 #[cfg(feature = "cli")]
-pub(crate) use server::not_active_in_any;
+pub(crate) use runs::not_active_in_any;
 pub use server::{bind, is_served, serve, Bound};
 
 /// The longest request line, in bytes.
