@@ -1266,30 +1266,13 @@ fn until_ready_probe_blocking(
     config: &Config,
     timeout: &str,
 ) -> (Option<i32>, String) {
-    let file = cluster.dir.join(format!("watch-blocking-{name}.toml"));
-    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
-    let log = cluster.dir.join(format!("watch-blocking-{name}.log"));
-    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["watch", "--until-ready", "--timeout", timeout, "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let code = loop {
-        if let Some(status) = watch.try_wait().unwrap() {
-            break status.code();
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = watch.kill();
-            let _ = watch.wait();
-            break None;
+    let mut probe = Probe::spawn(cluster, &format!("blocking-{name}"), config, timeout);
+    loop {
+        if let Some(ended) = probe.ended() {
+            return ended;
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    (code, std::fs::read_to_string(&log).unwrap_or_default())
+    }
 }
 
 /// `watch --until-ready --timeout timeout` with `config`, named `name`:
@@ -1300,30 +1283,61 @@ async fn until_ready_probe(
     config: &Config,
     timeout: &str,
 ) -> (Option<i32>, String) {
-    let file = cluster.dir.join(format!("watch-{}.toml", name.len()));
-    std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
-    let log = cluster.dir.join(format!("watch-{}.log", name.len()));
-    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-        .args(["watch", "--until-ready", "--timeout", timeout, "--config"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let started = tokio::time::Instant::now();
-    let code = loop {
-        if let Some(status) = watch.try_wait().unwrap() {
-            break status.code();
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = watch.kill();
-            let _ = watch.wait();
-            break None;
+    let mut probe = Probe::spawn(cluster, &name.len().to_string(), config, timeout);
+    loop {
+        if let Some(ended) = probe.ended() {
+            return ended;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    (code, std::fs::read_to_string(&log).unwrap_or_default())
+    }
+}
+
+/// A `watch --until-ready` process, its log in the cluster's folder.
+struct Probe {
+    watch: std::process::Child,
+    log: std::path::PathBuf,
+    started: std::time::Instant,
+}
+
+impl Probe {
+    fn spawn(
+        cluster: &poolgate::cli::cluster::LocalCluster,
+        tag: &str,
+        config: &Config,
+        timeout: &str,
+    ) -> Probe {
+        let file = cluster.dir.join(format!("watch-{tag}.toml"));
+        std::fs::write(&file, poolgate::cli::cluster::orchestrator_toml(config)).unwrap();
+        let log = cluster.dir.join(format!("watch-{tag}.log"));
+        let watch = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["watch", "--until-ready", "--timeout", timeout, "--config"])
+            .arg(&file)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Probe {
+            watch,
+            log,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Its exit code (`None`: killed after 30 s) and what it said, once it
+    /// has ended.
+    fn ended(&mut self) -> Option<(Option<i32>, String)> {
+        let code = match self.watch.try_wait().unwrap() {
+            Some(status) => status.code(),
+            None if self.started.elapsed() > Duration::from_secs(30) => {
+                let _ = self.watch.kill();
+                let _ = self.watch.wait();
+                None
+            }
+            None => return None,
+        };
+        Some((code, std::fs::read_to_string(&self.log).unwrap_or_default()))
+    }
 }
 
 #[test]
