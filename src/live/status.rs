@@ -328,7 +328,12 @@ fn render_one(answer: &Value) -> String {
                 // The run it published is the answer's `run`, said below
                 // (once: an operator's trial read `run: none` twice).
                 Some(state) => out.push_str(&format!(
-                    "the leader published, {} s ago: {state}\n",
+                    "{} published, {} s ago: {state}\n",
+                    match said["by_leader_now"].as_bool() {
+                        // A takeover: the next leader has not published yet.
+                        Some(false) => "the leader before the one leading now",
+                        _ => "the leader",
+                    },
                     said["age_ms"].as_u64().unwrap_or(0) / 1000,
                 )),
                 None => match answer["leader_said_unread"].as_str() {
@@ -410,6 +415,15 @@ mod tests {
             render(&read)
         );
         assert!(render(&read).contains("run: run-7\n"), "{}", render(&read));
+        // A takeover, the next leader yet to publish.
+        let before = json!({"state": "ready", "run": null, "age_ms": 900, "by_leader_now": false});
+        let before = follower_answer("a", Some(&leader), LeaderSaid::Read(Some(before)));
+        assert!(
+            render(&before)
+                .contains("the leader before the one leading now published, 0 s ago: ready\n"),
+            "{}",
+            render(&before)
+        );
         let nothing = follower_answer("a", None, LeaderSaid::Read(None));
         assert!(nothing["leader_said"].is_null() && nothing["run"].is_null());
         assert!(render(&nothing).contains("the leader has published nothing"));

@@ -45,12 +45,16 @@ pub use server::{serve_in, RequestServer, REQUESTER_GONE};
 pub const STATUS: &str = "status";
 
 /// What the leader last published of the pool, with `age_ms` (how long
-/// ago, by this host's clock); `Ok(None)` when nothing was (or what was
-/// is not JSON), an error when etcd could not be read.
+/// ago, by this host's clock) and `by_leader_now` (false when a leader
+/// before the one leading now wrote it: a takeover, the next leader yet
+/// to publish); `Ok(None)` when nothing was (or what was is not JSON), an
+/// error when etcd could not be read.
 pub async fn leader_said(store: Arc<EtcdStore>) -> Result<Option<serde_json::Value>, StoreError> {
-    Ok(leader_published(store)
-        .await?
-        .map(|published| published.said))
+    Ok(leader_published(store).await?.map(|published| {
+        let mut said = published.said;
+        said["by_leader_now"] = serde_json::json!(published.by_leader_now);
+        said
+    }))
 }
 
 /// What a leader last published of the pool, and by whom.
