@@ -83,10 +83,10 @@ impl Looks {
         let why = match self.renewals.renewal(reading, doubt, now) {
             Renewal::Renews => return true,
             Renewal::Stopped(unrenewed) => format!(
-                "published ready, but its leader has not renewed its lease for {} (frozen or cut off?)",
+                "published ready, but the leader has not renewed its lease for {} (frozen or cut off?)",
                 crate::config::in_words(unrenewed)
             ),
-            Renewal::Unproven => "published ready, but etcd elected a raft leader or answered again lately (which renews every lease), and its leader is not seen renewing its lease since".to_string(),
+            Renewal::Unproven => "published ready, but etcd elected a raft leader or answered again lately (which renews every lease), and the leader is not seen renewing its lease since".to_string(),
         };
         self.not(None, why);
         false
@@ -271,7 +271,7 @@ pub(super) fn say_not_ready(looks: &RefCell<Looks>, within: Duration, leader: Op
     let states = looks.borrow().said();
     crate::say!(
         warn,
-        "poolgate: not ready within {within}: {states} (read from what the leading replica publishes{leader})"
+        "poolgate: not ready within {within} (as the leading replica publishes it{leader}): {states}"
     );
 }
 
