@@ -184,14 +184,19 @@ impl Etcd {
         Some(etcd)
     }
 
-    /// SIGKILLs it and starts it again on its data, without waiting for
-    /// it to answer: its raft term rises, and etcd gives every lease a
-    /// fresh TTL.
-    pub fn restart(&mut self) {
+    /// SIGKILLs it (its data kept: [`Etcd::restart`] starts it again).
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// SIGKILLs it and starts it again on its data, without waiting for
+    /// it to answer: its raft term rises, and etcd gives every lease a
+    /// fresh TTL.
+    pub fn restart(&mut self) {
+        self.stop();
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(self.dir.join("etcd.log"))

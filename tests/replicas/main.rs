@@ -1258,6 +1258,72 @@ fn a_ready_published_by_the_leader_before_is_not_taken_once_another_leads() {
     });
 }
 
+#[test]
+fn a_readiness_check_started_while_etcd_is_down_waits_for_it_within_its_timeout() {
+    // An operator's trial: `watch --until-ready --timeout` started while
+    // etcd elected a leader, or had no quorum, exited 2 at once
+    // (`etcdserver: leader changed`, `etcd unreachable`): a deploy
+    // script's readiness gate failed where it should have waited.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let mut server = etcd::Etcd::start("etcd-down");
+    live_for(Duration::from_secs(90), async {
+        let (mut cluster, mut direct, _) = two_replicas_one_node(&server).await;
+        // A lease that rides through etcd's restart.
+        direct.state.lease = Duration::from_secs(20);
+        let mut a = Replica::start(&direct).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let mut events = live.gate.subscribe();
+        cluster.spawn(0).unwrap();
+        let epoch = ready(&mut events).await;
+        let store = Arc::new(store_of(&server, &direct));
+        let began = tokio::time::Instant::now();
+        while poolgate::ha::requests::leader_said(Arc::clone(&store))
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|said| said["phase"] != "ready")
+        {
+            assert!(began.elapsed() < Duration::from_secs(10), "not published");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server.stop();
+        let mut probe = Probe::spawn(&cluster, "etcd-down", &direct, "30s");
+        let began = tokio::time::Instant::now();
+        while !std::fs::read_to_string(&probe.log)
+            .unwrap_or_default()
+            .contains("etcd does not answer")
+        {
+            let ended = probe.ended();
+            assert!(ended.is_none(), "it did not wait for etcd: {ended:?}");
+            assert!(began.elapsed() < Duration::from_secs(10), "no word of etcd");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // One whose timeout comes first says so, and what etcd said.
+        let (code, said) = until_ready_probe(&cluster, "short", &direct, "1s").await;
+        assert_eq!(code, Some(1), "{said}");
+        assert!(
+            said.contains("not ready within 1s: etcd did not answer: etcd http"),
+            "{said}"
+        );
+        server.restart();
+        let (code, said) = loop {
+            if let Some(ended) = probe.ended() {
+                break ended;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(code, Some(0), "{said}");
+        assert!(
+            said.contains(&format!("ready, epoch {}", epoch.0)),
+            "{said}"
+        );
+        live.stop().await;
+        a.resign();
+        cluster.kill(0);
+    });
+}
+
 /// [`until_ready_probe`], waited for on this thread: nothing else this
 /// thread runs (an orchestrator started here) moves meanwhile.
 fn until_ready_probe_blocking(

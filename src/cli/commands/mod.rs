@@ -66,6 +66,21 @@ pub async fn watch(
         until_ready,
         timeout,
     };
+    // A readiness check among replicas waits out etcd's outages (an
+    // election, no quorum) within its timeout, rather than fail at its
+    // start (an operator's trial: exit 2 on `leader changed`).
+    if until_ready && !config.state.etcd.is_empty() {
+        let last = std::cell::RefCell::default();
+        tokio::select! {
+            answered = until_etcd_answers(config, &last) => answered?,
+            _ = &mut stop => return Ok(WatchEnd::Stopped),
+            _ = &mut limit => {
+                let within = crate::config::in_words(timeout.unwrap_or_default());
+                crate::say!(warn, "poolgate: not ready within {within}: etcd did not answer: {}", last.borrow());
+                return Ok(WatchEnd::TimedOut);
+            }
+        }
+    }
     // Among replicas, beside the replica that holds this host's sockets
     // (a `watch --until-ready` in an operator's script on a replica's
     // host): no campaign, readiness as the leader publishes it.
@@ -183,6 +198,31 @@ pub async fn watch(
                 return Err(e);
             }
         }
+    }
+}
+
+/// Completes once etcd answers a read of `config`'s prefix (a bad
+/// `[state]` setting: its error at once); `last` keeps why it did not
+/// yet, said once as a warning.
+async fn until_etcd_answers(
+    config: &Config,
+    last: &std::cell::RefCell<String>,
+) -> Result<(), LiveError> {
+    let config = std::sync::Arc::new(config.clone());
+    loop {
+        let asked = std::sync::Arc::clone(&config);
+        let answered =
+            tokio::task::spawn_blocking(move || crate::ha::replica::etcd_answers(&asked))
+                .await
+                .map_err(|e| LiveError::Io(std::io::Error::other(e.to_string())))??;
+        let Err(why) = answered else {
+            return Ok(());
+        };
+        if last.borrow().is_empty() {
+            tracing::warn!(error = %why, "etcd does not answer: the readiness check waits for it, until its --timeout");
+        }
+        *last.borrow_mut() = why;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 

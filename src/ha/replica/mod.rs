@@ -26,7 +26,7 @@ use campaign::{Campaign, CampaignSettings};
 pub use campaign::{Leader, Role, SteppedDown};
 use follower::{follow, Following};
 use store::{advertised_agents, etcd_client, open_store, replica_name};
-pub use store::{published_of, requests_of};
+pub use store::{etcd_answers, published_of, requests_of};
 
 use crate::ha::etcd::Etcd;
 use crate::state::etcd::{EtcdStore, Fence};

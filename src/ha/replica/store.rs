@@ -219,6 +219,19 @@ pub fn published_of(
         .collect())
 }
 
+/// An etcd client of `config`'s `[state]` (a bad setting: the error to
+/// say at once) and one read of its prefix: `Ok(Err(why))` while etcd
+/// cannot answer it (no quorum, an election, out of reach), which a
+/// readiness check waits out instead of failing at its start.
+pub fn etcd_answers(config: &crate::Config) -> Result<Result<(), String>, LiveError> {
+    let etcd = etcd_client(config, STORE_CALL)?;
+    let format = format!("{}format", config.etcd_prefix());
+    Ok(etcd
+        .get(format.as_bytes())
+        .map(drop)
+        .map_err(|e| format!("etcd {}: {e}", etcd.endpoints())))
+}
+
 /// The replica's name: `[swim] advertise`, else the agent listener.
 pub(super) fn replica_name(config: &crate::Config) -> String {
     match &config.swim.advertise {
