@@ -1151,17 +1151,7 @@ fn a_frozen_leaders_ready_is_not_taken_when_etcds_new_raft_term_renewed_its_leas
         cluster.spawn(0).unwrap();
         ready(&mut events).await;
         // Published ready (within a second of `PoolReady`), then cut off.
-        let store = Arc::new(store_of(&server, &direct));
-        let began = tokio::time::Instant::now();
-        while poolgate::ha::requests::leader_said(Arc::clone(&store))
-            .await
-            .ok()
-            .flatten()
-            .is_none_or(|said| said["phase"] != "ready")
-        {
-            assert!(began.elapsed() < Duration::from_secs(10), "not published");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let store = published_ready(&server, &direct).await;
         proxy.set_cut(true);
         // Unrenewed for more than three tenths of the TTL and a second:
         // stale.
@@ -1230,17 +1220,7 @@ fn a_ready_published_by_the_leader_before_is_not_taken_once_another_leads() {
         let mut events = live.gate.subscribe();
         cluster.spawn(0).unwrap();
         ready(&mut events).await;
-        let store = Arc::new(store_of(&server, &first));
-        let began = tokio::time::Instant::now();
-        while poolgate::ha::requests::leader_said(Arc::clone(&store))
-            .await
-            .ok()
-            .flatten()
-            .is_none_or(|said| said["phase"] != "ready")
-        {
-            assert!(began.elapsed() < Duration::from_secs(10), "not published");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        published_ready(&server, &first).await;
         // The first leader crashes (its lease left to expire); the second
         // takes over.
         let mut b = Replica::start(&second).unwrap();
@@ -1276,17 +1256,7 @@ fn a_readiness_check_started_while_etcd_is_down_waits_for_it_within_its_timeout(
         let mut events = live.gate.subscribe();
         cluster.spawn(0).unwrap();
         let epoch = ready(&mut events).await;
-        let store = Arc::new(store_of(&server, &direct));
-        let began = tokio::time::Instant::now();
-        while poolgate::ha::requests::leader_said(Arc::clone(&store))
-            .await
-            .ok()
-            .flatten()
-            .is_none_or(|said| said["phase"] != "ready")
-        {
-            assert!(began.elapsed() < Duration::from_secs(10), "not published");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        published_ready(&server, &direct).await;
         server.stop();
         let mut probe = Probe::spawn(&cluster, "etcd-down", &direct, "30s");
         let began = tokio::time::Instant::now();
@@ -1322,6 +1292,23 @@ fn a_readiness_check_started_while_etcd_is_down_waits_for_it_within_its_timeout(
         a.resign();
         cluster.kill(0);
     });
+}
+
+/// Waits (bounded) until the leader has published the pool of `config`
+/// ready (within a second of its `PoolReady`); a store to read it by.
+async fn published_ready(server: &etcd::Etcd, config: &Config) -> Arc<EtcdStore> {
+    let store = Arc::new(store_of(server, config));
+    let began = tokio::time::Instant::now();
+    while poolgate::ha::requests::leader_said(Arc::clone(&store))
+        .await
+        .ok()
+        .flatten()
+        .is_none_or(|said| said["phase"] != "ready")
+    {
+        assert!(began.elapsed() < Duration::from_secs(10), "not published");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store
 }
 
 /// [`until_ready_probe`], waited for on this thread: nothing else this
