@@ -1276,6 +1276,16 @@ fn a_readiness_check_started_while_etcd_is_down_waits_for_it_within_its_timeout(
             said.contains("not ready within 1s: etcd did not answer: etcd http"),
             "{said}"
         );
+        // A bad setting is said at once, etcd or not (an operator's trial:
+        // a missing key file waited for etcd, then out its timeout).
+        let mut keyless = direct.clone();
+        keyless.state.key = Some(cluster.dir.join("no-such.key"));
+        let (code, said) = until_ready_probe(&cluster, "a missing key", &keyless, "20s").await;
+        assert_eq!(code, Some(2), "{said}");
+        assert!(
+            said.contains("state.key") && !said.contains("etcd does not answer"),
+            "{said}"
+        );
         server.restart();
         let (code, said) = loop {
             if let Some(ended) = probe.ended() {

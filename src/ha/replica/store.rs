@@ -24,10 +24,10 @@ pub(super) type OpenStore = (
     )>,
 );
 
-/// `[state] etcd`'s store, checked (another cluster's prefix, a newer
-/// format, a damaged record, no endpoint: an error naming it), with a
-/// fence of its own and what it holds.
-pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
+/// The state key `[state]` names, checked with what it needs first (no
+/// plain http without `insecure`, a key unless `insecure`): a bad setting
+/// is an error before anything is asked of etcd.
+fn state_key(config: &crate::Config) -> Result<Option<crate::state::mac::StateKey>, LiveError> {
     let bad = |message: String| LiveError::Setting {
         key: "state.etcd",
         message,
@@ -46,17 +46,22 @@ pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError>
             });
         }
     }
-    let etcd = Arc::new(etcd_client(config, STORE_CALL)?);
-    let key = match &config.state.key {
-        Some(path) => {
-            let key = crate::keys::ClusterKey::load(path).map_err(|e| LiveError::Setting {
-                key: "state.key",
-                message: e.to_string(),
-            })?;
-            Some(crate::state::mac::StateKey::from_bytes(key.0))
-        }
-        None => None,
+    let Some(path) = &config.state.key else {
+        return Ok(None);
     };
+    let key = crate::keys::ClusterKey::load(path).map_err(|e| LiveError::Setting {
+        key: "state.key",
+        message: e.to_string(),
+    })?;
+    Ok(Some(crate::state::mac::StateKey::from_bytes(key.0)))
+}
+
+/// `[state] etcd`'s store, checked (another cluster's prefix, a newer
+/// format, a damaged record, no endpoint: an error naming it), with a
+/// fence of its own and what it holds.
+pub(super) fn open_store(config: &crate::Config) -> Result<OpenStore, LiveError> {
+    let key = state_key(config)?;
+    let etcd = Arc::new(etcd_client(config, STORE_CALL)?);
     if config.state.insecure {
         tracing::warn!(
             mac = key.is_some(),
@@ -224,6 +229,7 @@ pub fn published_of(
 /// cannot answer it (no quorum, an election, out of reach), which a
 /// readiness check waits out instead of failing at its start.
 pub fn etcd_answers(config: &crate::Config) -> Result<Result<(), String>, LiveError> {
+    state_key(config)?;
     let etcd = etcd_client(config, STORE_CALL)?;
     let format = format!("{}format", config.etcd_prefix());
     Ok(etcd
