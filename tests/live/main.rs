@@ -298,32 +298,26 @@ fn poolgate_watch_until_ready_exits_0_at_pool_ready_and_1_at_its_timeout() {
     live(async {
         let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
         let config_file = cluster.config_file.clone();
-        let watch = |timeout: &str| {
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        let until_ready = |timeout: &str| {
+            let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"));
+            command
                 .arg("watch")
                 .arg("--config")
                 .arg(&config_file)
                 .args(["--json", "--until-ready", "--timeout", timeout])
                 .stdout(Stdio::piped())
-                .kill_on_drop(true)
-                .output()
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            command
         };
+        let watch = |timeout: &str| until_ready(timeout).output();
         // No node runs: no PoolReady before the timeout.
         let early = watch("1s").await.unwrap();
         assert_eq!(early.status.code(), Some(1));
         // Stopped before the pool is ready: not the answer asked for
         // (an operator's trial: `timeout 30 poolgate watch --until-ready
         // ... && next` read a SIGTERM as "ready").
-        let stopped = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .arg("watch")
-            .arg("--config")
-            .arg(&config_file)
-            .args(["--json", "--until-ready", "--timeout", "60s"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let stopped = until_ready("60s").spawn().unwrap();
         // Up once its agent listener answers (its signals are taken first).
         while tokio::net::TcpStream::connect(cluster.config.agents.listen)
             .await

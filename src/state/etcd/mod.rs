@@ -482,8 +482,8 @@ impl EtcdStore {
                     lock(&bound.revisions).insert(name.to_string(), landed);
                 }
                 None => {
-                    let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
-                    let held = refused_reads(&answer, 1).map(|kv| kv.mod_revision);
+                    let leader = read_in_txn(&answer, 0).map(|kv| kv.create_revision);
+                    let held = read_in_txn(&answer, 1).map(|kv| kv.mod_revision);
                     tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, expected = revision, held = ?held, tries = tried.len(), "etcd refused a write of this term: the leader key is no longer this term's, or the record changed since this term last read or wrote it (and holds none of its tries)");
                     break;
                 }
@@ -514,9 +514,9 @@ impl EtcdStore {
     }
 }
 
-/// The first key a refused transaction's failure branch read as its
-/// `i`th request, if any.
-fn refused_reads(answer: &Value, i: usize) -> Option<etcd::KeyValue> {
+/// The first key a transaction's `i`th read found, if any: a read of the
+/// failure branch of a refused write, or of a transaction that only reads.
+fn read_in_txn(answer: &Value, i: usize) -> Option<etcd::KeyValue> {
     let responses = answer["responses"].as_array()?;
     etcd::kvs(&responses.get(i)?["response_range"])
         .into_iter()
@@ -528,8 +528,8 @@ fn refused_reads(answer: &Value, i: usize) -> Option<etcd::KeyValue> {
 /// finds one in place: the leader key still created at `term`, the record
 /// holding exactly one of `tried`.
 fn own_write_landed(answer: &Value, term: i64, tried: &[Vec<u8>]) -> Option<i64> {
-    let ours = refused_reads(answer, 0).is_some_and(|kv| kv.create_revision == term);
-    let landed = refused_reads(answer, 1).filter(|kv| tried.contains(&kv.value))?;
+    let ours = read_in_txn(answer, 0).is_some_and(|kv| kv.create_revision == term);
+    let landed = read_in_txn(answer, 1).filter(|kv| tried.contains(&kv.value))?;
     ours.then_some(landed.mod_revision)
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use poolgate_actors::StoreError;
 
-use super::{refused_reads, EtcdStore, Listing};
+use super::{read_in_txn, EtcdStore, Listing};
 use crate::ha::etcd::{self, Etcd};
 
 /// What a key holds, read in one transaction with the leader key.
@@ -37,8 +37,8 @@ impl EtcdStore {
                 vec![],
             )
             .map_err(|e| StoreError(e.to_string()))?;
-        let leader = refused_reads(&answer, 0).filter(|kv| kv.lease != 0);
-        let held = refused_reads(&answer, 1);
+        let leader = read_in_txn(&answer, 0).filter(|kv| kv.lease != 0);
+        let held = read_in_txn(&answer, 1);
         Ok(OfLeader {
             by_leader_now: match (&leader, &held) {
                 (Some(leader), Some(held)) => held.mod_revision > leader.create_revision,
@@ -136,25 +136,6 @@ impl EtcdStore {
             .map_err(|e| StoreError(e.to_string()))
     }
 
-    /// The lease the `leader` key is on: its id, what is left of it and
-    /// the TTL it was granted (whole seconds, as etcd says them; full
-    /// again at each renewal); `None` when no replica holds the key, or
-    /// its lease is gone.
-    pub fn leader_lease(&self) -> Result<Option<(i64, Duration, Duration)>, StoreError> {
-        let held = self
-            .etcd
-            .get(&self.leader)
-            .map_err(|e| StoreError(e.to_string()))?;
-        match held {
-            Some(kv) if kv.lease != 0 => self
-                .etcd
-                .time_to_live(kv.lease)
-                .map(|lived| lived.map(|(left, granted)| (kv.lease, left, granted)))
-                .map_err(|e| StoreError(e.to_string())),
-            _ => Ok(None),
-        }
-    }
-
     /// What is left of `lease` and the TTL it was granted (whole seconds,
     /// as etcd says them); `None` when it is gone.
     pub fn lease_left(&self, lease: i64) -> Result<Option<(Duration, Duration)>, StoreError> {
@@ -189,7 +170,7 @@ impl EtcdStore {
             )
             .map_err(|e| StoreError(e.to_string()))?;
         if !succeeded {
-            let leader = refused_reads(&answer, 0).map(|kv| kv.create_revision);
+            let leader = read_in_txn(&answer, 0).map(|kv| kv.create_revision);
             tracing::warn!(key = %format!("{}{name}", self.prefix), term, leader_created = ?leader, "etcd refused a write of this term: the leader key is no longer this term's (created at the revision shown; none: gone)");
             self.fence.end(term);
             return Err(StoreError("leadership lost: nothing written".into()));
