@@ -24,6 +24,7 @@ pub mod control;
 pub(crate) mod conversation;
 pub(crate) mod generation;
 pub(crate) mod listener;
+pub(crate) mod planning;
 pub use crate::keys;
 #[doc(hidden)]
 pub mod nodes;

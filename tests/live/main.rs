@@ -1297,6 +1297,104 @@ fn a_sighup_of_watch_applies_an_edited_pool_and_registry() {
     });
 }
 
+/// A lone `run` waiting for its pool reads its configuration again on
+/// SIGHUP (a key rotation's `pkill -HUP poolgate`), as a `watch` does,
+/// then: here node-2 leaves the pool, and the run over node-1 is
+/// committed with node-2 never started.
+#[test]
+fn a_lone_run_waiting_for_its_pool_applies_a_reload_at_once() {
+    live(async {
+        let (status, said) = lone_run_reloaded("node-1", &[0]).await;
+        assert_eq!(status, Some(0), "{said}");
+    });
+}
+
+/// A lone `run` whose required node a reload removed from the pool: its
+/// plan can never be committed. It is refused at once (exit 2), as a
+/// `watch` serving the control socket and a leader among replicas refuse
+/// it, instead of asking again every second and holding the pool in
+/// planning until its timeout (forever, with none).
+#[test]
+fn a_lone_run_whose_required_node_a_reload_removed_is_refused_at_once() {
+    live(async {
+        let (status, said) = lone_run_reloaded("node-1,node-2", &[0, 1]).await;
+        assert_eq!(status, Some(2), "{said}");
+        assert!(
+            said.contains("refused") && said.contains("node-2 is not a candidate"),
+            "{said}"
+        );
+    });
+}
+
+/// A lone `run --require REQUIRE -- true` on a two-node pool, given a
+/// SIGHUP that drops node-2 from the pool (still registered) while it
+/// waits, then the nodes `spawned` started: its exit code and what it
+/// said, once it exits (within 20 s).
+async fn lone_run_reloaded(require: &str, spawned: &[usize]) -> (Option<i32>, String) {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    let mut cluster = LocalCluster::prepare(&plan).await.unwrap();
+    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        .arg("run")
+        .arg("--config")
+        .arg(&cluster.config_file)
+        .args(["--json", "--require", require, "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Up once its agent listener answers (its signals are taken first).
+    while tokio::net::TcpStream::connect(cluster.config.agents.listen)
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = std::fs::read_to_string(&cluster.config_file).unwrap();
+    let edited: Vec<String> = text
+        .lines()
+        .map(|l| match l.starts_with("members = ") {
+            true => "members = [\"node-1\"]".to_string(),
+            false => l.to_string(),
+        })
+        .collect();
+    std::fs::write(&cluster.config_file, edited.join("\n")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+    let mut stderr = BufReader::new(run.stderr.take().unwrap()).lines();
+    let mut said = String::new();
+    // Applied (said) before any node starts.
+    let applied = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            said.push_str(&line);
+            said.push('\n');
+            if line.contains("configuration read again") {
+                return;
+            }
+        }
+    })
+    .await;
+    for &i in spawned {
+        cluster.spawn(i).unwrap();
+    }
+    let exited = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            said.push_str(&line);
+            said.push('\n');
+        }
+        run.wait().await.unwrap()
+    })
+    .await;
+    let Ok(status) = exited else {
+        panic!(
+            "still waiting after 20 s (the reload applied: {}): {said}",
+            applied.is_ok()
+        );
+    };
+    (status.code(), said)
+}
+
 /// The next `pool_ready` line of a `watch --json`.
 async fn next_ready(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,

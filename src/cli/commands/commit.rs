@@ -8,6 +8,7 @@ use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, Gate, GateError};
 
 use crate::config::Config;
+use crate::live::planning::{self, Refused};
 use crate::live::{LiveError, Orchestrator};
 
 use super::output::Printer;
@@ -15,6 +16,11 @@ use super::output::Printer;
 /// `poolgate run`'s exit code when another run, restored from the state
 /// file, is active: it must be resumed (`--resume`) or ended (`--end`).
 pub const EXIT_OTHER_RUN: i32 = 4;
+
+/// `poolgate run`'s exit code when its run is refused for good (a
+/// required node not in the pool, say: no wait changes it), as for any
+/// other error.
+pub const EXIT_REFUSED: i32 = 2;
 
 /// How long `run` waits before asking again after a refusal.
 pub const RETRY_AFTER_REFUSAL: Duration = Duration::from_secs(1);
@@ -146,7 +152,6 @@ pub(crate) async fn plan_and_commit(
     required: &[NodeId],
     timeout: Option<Duration>,
 ) -> Result<Result<(), i32>, LiveError> {
-    use poolgate_actors::core::Refusal;
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
     let mut planning = false;
@@ -159,65 +164,68 @@ pub(crate) async fn plan_and_commit(
                 return Ok(Err(1));
             }
         };
-        let refused = if planning {
-            None
-        } else {
-            match gate.begin_planning(run.clone(), Some(proof)).await {
-                Ok(_) => {
-                    planning = true;
-                    None
-                }
-                Err(GateError::Refused(
-                    Refusal::RunInProgress(other) | Refusal::RunCommitted(other),
-                )) if other != *run => {
-                    in_the_way(&other);
-                    return Ok(Err(EXIT_OTHER_RUN));
-                }
-                Err(e) if retried(&e) => Some(e),
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let refused = match refused {
-            Some(refused) => Some(refused),
-            None => match gate
-                .commit_plan(run.clone(), required.to_vec(), Some(proof))
+        let planned = match planning {
+            true => Ok(()),
+            false => gate
+                .begin_planning(run.clone(), Some(proof))
                 .await
-            {
-                Ok(()) => return Ok(Ok(())),
-                Err(GateError::Refused(Refusal::UnknownRun(_))) => {
-                    // Aborted by the policy: that run is over (a run
-                    // ends once), and the plan is planned again at once
-                    // as a new run.
-                    attempt += 1;
-                    *run = RunId::new(&format!("{first}-{attempt}")).map_err(GateError::from)?;
-                    planning = false;
-                    continue;
-                }
-                Err(e) if retried(&e) => Some(e),
-                Err(e) => return Err(e.into()),
-            },
+                .map(|_| {
+                    planning = true;
+                }),
         };
-        if let Some(refused) = refused {
-            tracing::warn!(%refused, "refused; asking again in {RETRY_AFTER_REFUSAL:?} or at the next PoolReady");
-            tokio::select! {
-                _ = tokio::time::sleep(RETRY_AFTER_REFUSAL) => {}
-                _ = &mut limit => {
-                    // The pool may be ready: what blocks the run is the
-                    // refusal (a node another pool's run holds, say).
-                    let within = crate::config::in_words(timeout.unwrap_or_default());
-                    crate::say!(warn, "poolgate: run {run} was not committed within {within}: {refused}");
-                    return Ok(Err(1));
+        let committed = match planned {
+            Ok(()) => {
+                gate.commit_plan(run.clone(), required.to_vec(), Some(proof))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let refused = match committed {
+            Ok(()) => return Ok(Ok(())),
+            Err(refused) => refused,
+        };
+        match planning::refused(&refused, run) {
+            Refused::Waits => {}
+            Refused::Stopped => return Err(refused.into()),
+            Refused::Committed => return Ok(Ok(())),
+            Refused::Aborted => {
+                // Aborted by the policy: that run is over (a run ends
+                // once), and the plan is planned again at once as a new
+                // run.
+                attempt += 1;
+                *run = RunId::new(&format!("{first}-{attempt}")).map_err(GateError::from)?;
+                planning = false;
+                continue;
+            }
+            Refused::InTheWay(other) => {
+                in_the_way(&other);
+                return Ok(Err(EXIT_OTHER_RUN));
+            }
+            Refused::ForGood => {
+                // No wait changes it (a required node a reload took out of
+                // the pool, say): said, and the pool not held in planning.
+                if planning {
+                    if let Err(e) = gate.abort_planning(run.clone()).await {
+                        tracing::warn!(%run, error = %e, "planning not aborted");
+                    }
+                    super::drain(gate, events, printer).await;
                 }
+                crate::say!(warn, "poolgate run: run {run} refused: {refused}");
+                return Ok(Err(EXIT_REFUSED));
+            }
+        }
+        tracing::warn!(%refused, "refused; asking again in {RETRY_AFTER_REFUSAL:?} or at the next PoolReady");
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_AFTER_REFUSAL) => {}
+            _ = &mut limit => {
+                // The pool may be ready: what blocks the run is the
+                // refusal (a node another pool's run holds, say).
+                let within = crate::config::in_words(timeout.unwrap_or_default());
+                crate::say!(warn, "poolgate: run {run} was not committed within {within}: {refused}");
+                return Ok(Err(1));
             }
         }
     }
-}
-
-/// Whether `run` asks again after this answer: a refusal by the pool's
-/// rules (not ready, a stale epoch: readiness comes back), or a store
-/// that could not write (the write is tried again).
-fn retried(error: &GateError) -> bool {
-    matches!(error, GateError::Refused(_) | GateError::NotDurable(_))
 }
 
 /// Says that `other`, restored from the state file, stands in the way.

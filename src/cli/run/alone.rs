@@ -37,9 +37,32 @@ impl AloneKeeper {
                 }
                 let mut run =
                     RunId::new(&format!("run-{}", std::process::id())).map_err(GateError::from)?;
-                let committed = tokio::select! {
-                    committed = plan_and_commit(&gate, &mut self.events, &mut self.printer, &mut run, required, request.timeout) => committed?,
-                    signal = stop => return Ok(Err(super::stopped_while_waiting(None, signal))),
+                let committed = {
+                    let AloneKeeper {
+                        live,
+                        events,
+                        printer,
+                        hangup,
+                        path,
+                    } = &mut *self;
+                    let planned = plan_and_commit(
+                        &gate,
+                        events,
+                        printer,
+                        &mut run,
+                        required,
+                        request.timeout,
+                    );
+                    tokio::pin!(planned, stop);
+                    // A SIGHUP while waiting (a key rotation, a node taken
+                    // out of the pool) applies at once, as on a `watch`.
+                    loop {
+                        tokio::select! {
+                            committed = &mut planned => break committed?,
+                            _ = hangup.recv() => crate::cli::commands::reload(live, path).await,
+                            signal = &mut stop => return Ok(Err(super::stopped_while_waiting(None, signal))),
+                        }
+                    }
                 };
                 if let Err(code) = committed {
                     return Ok(Err(code));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::GateError;
 
-use crate::cli::commands::{RunRequest, EXIT_OTHER_RUN, EXIT_UNGUARDED};
+use crate::cli::commands::{RunRequest, EXIT_OTHER_RUN, EXIT_REFUSED, EXIT_UNGUARDED};
 use crate::live::LiveError;
 
 use super::{ControlKeeper, Ended};
@@ -82,7 +82,7 @@ impl ControlKeeper {
                     return Ok(Err(if code == "run_in_progress" {
                         EXIT_OTHER_RUN
                     } else {
-                        1
+                        EXIT_REFUSED
                     }));
                 }
                 Some(_) => {}

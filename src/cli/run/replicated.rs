@@ -6,7 +6,9 @@ use std::time::Duration;
 use poolgate_actors::core::{NodeId, RunId};
 use poolgate_actors::GateError;
 
-use crate::cli::commands::{told_end, Leadership, RunRequest, END_WAIT, EXIT_UNGUARDED};
+use crate::cli::commands::{
+    told_end, Leadership, RunRequest, END_WAIT, EXIT_REFUSED, EXIT_UNGUARDED,
+};
 use crate::config::Config;
 use crate::ha::requests::GaveUp;
 use crate::live::LiveError;
@@ -110,7 +112,7 @@ impl ReplicatedKeeper {
                         }
                         Ok(Some(outcome)) if outcome.status == "refused" => {
                             crate::say!(warn, "poolgate run: run {run} refused by the leader: {}", outcome.reason.unwrap_or_default());
-                            return Ok(Err(2));
+                            return Ok(Err(EXIT_REFUSED));
                         }
                         Ok(Some(outcome)) => {
                             // Committed and over while this process was away

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use poolgate_actors::core::{Event, PoolPhase, RunId};
 use poolgate_actors::{Gate, StoreError};
 
+use crate::live::planning::Refused;
 use crate::state::etcd::EtcdStore;
 
 use super::renewals::Renewal;
@@ -650,14 +651,27 @@ pub(super) async fn look(
         Err(e) => Err(e),
     };
     let lease = request.lease;
-    match committed {
+    match committed.map_err(|e| {
+        let answer = crate::live::planning::refused(&e, &id);
+        (e, answer)
+    }) {
         Ok(()) => Ok(None),
-        Err(poolgate_actors::GateError::Refused(poolgate_actors::core::Refusal::RunCommitted(
-            other,
-        ))) if other == id => write_outcome(store, &id, "committed", None, None)
+        Err((_, Refused::Committed)) => write_outcome(store, &id, "committed", None, None)
             .await
             .map(|()| None),
-        Err(e) => {
+        Err((e, Refused::ForGood)) => {
+            // No wait changes it: refused, and the pool not left planning.
+            if let Err(e) = gate.abort_planning(id.clone()).await {
+                tracing::debug!(%run, error = %e, "planning not aborted (none under way)");
+            }
+            tracing::warn!(%run, reason = %e, "requested run refused");
+            write_outcome(store, &id, "refused", None, Some(e.to_string()))
+                .await
+                .map(|()| None)
+        }
+        // Another run in the way, a run aborted by the policy, the gate
+        // stopped (the next leader answers): looked at again.
+        Err((e, _)) => {
             if let Some(held) = looked.said_waiting.allow(std::time::Instant::now()) {
                 tracing::info!(%run, error = %e, held, "requested run not committed yet (tried again)");
             }

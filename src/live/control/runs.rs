@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::live::planning::{self, Refused};
 use poolgate_actors::core::{Event, NodeId, PoolId, Refusal, RunId};
 use poolgate_actors::{Fleet, GateError};
 use serde_json::Value;
@@ -109,22 +110,6 @@ fn event_reply(event: &Event) -> Reply {
     }
 }
 
-/// Whether a refused commit may pass by waiting (the pool not ready yet,
-/// a `PoolReady` since the proof, nodes another pool's run holds, the
-/// run suspended).
-fn passes(e: &GateError) -> bool {
-    matches!(
-        e,
-        GateError::Refused(
-            Refusal::PoolNotReady
-                | Refusal::StaleEpoch { .. }
-                | Refusal::Reserved { .. }
-                | Refusal::NotPlanning { .. }
-        ) | GateError::NotDurable(_)
-            | GateError::Internal
-    )
-}
-
 /// The gate of `pool`, or of the only pool.
 pub(super) fn pool_gate(
     fleet: &Fleet,
@@ -219,20 +204,33 @@ where
                         ),
                     }));
                 }
-                Err(e) if passes(&e) => waiting(writer, &mut said, &e).await,
-                Err(e) => break Err(Some(refused(&e))),
+                Err(e) => match planning::refused(&e, &run) {
+                    Refused::Waits => waiting(writer, &mut said, &e).await,
+                    _ => break Err(Some(refused(&e))),
+                },
             }
         }
         if planning {
-            match gate
+            let committed = gate
                 .commit_plan(run.clone(), required.clone(), Some(ready.epoch))
-                .await
+                .await;
+            match committed
+                .as_ref()
+                .map_err(|e| (e, planning::refused(e, &run)))
             {
-                Ok(()) => break Ok(ready.epoch),
+                Ok(()) | Err((_, Refused::Committed)) => break Ok(ready.epoch),
                 // Aborted by the policy: planned again at the next PoolReady.
-                Err(GateError::Refused(Refusal::UnknownRun(_))) => planning = false,
-                Err(e) if passes(&e) => waiting(writer, &mut said, &e).await,
-                Err(e) => break Err(Some(refused(&e))),
+                Err((_, Refused::Aborted)) => planning = false,
+                Err((e, Refused::Waits)) => waiting(writer, &mut said, e).await,
+                Err((e, Refused::Stopped)) => break Err(Some(refused(e))),
+                Err((e, Refused::ForGood | Refused::InTheWay(_))) => {
+                    // No wait changes it: the pool is not left planning.
+                    if let Err(e) = gate.abort_planning(run.clone()).await {
+                        tracing::warn!(%run, error = %e, "planning not aborted");
+                    }
+                    planning = false;
+                    break Err(Some(refused(e)));
+                }
             }
         }
         tokio::select! {

@@ -64,27 +64,97 @@ async fn ask_run(path: &Path, run: &str, required: &[&str]) -> (Client, Reply) {
 }
 
 #[test]
-fn a_run_left_planning_is_taken_over_by_the_next_and_a_requester_gone_ends_its_run() {
+fn a_plan_refused_for_good_is_aborted_and_the_pool_serves_the_next() {
     actix::System::new().block_on(async {
         let fleet = ready_fleet().await;
-        let path = socket("orphans");
+        let path = socket("refused");
         let bound = bind(&path).await.unwrap();
         let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
-        // Refused after its planning began (a node no pool has): the
-        // run is left planning, not holding the pool for good.
+        let mut events = fleet.subscribe();
+        // Refused after its planning began (a node no pool has): no wait
+        // changes it, so its planning is aborted, not left holding the
+        // pool.
         let (_first, refused) = ask_run(&path, "r1", &["n1", "zz"]).await;
         assert!(
             matches!(&refused, Reply::Refused { code, .. } if code == "not_candidate"),
             "{refused:?}"
         );
-        let (second, committed) = ask_run(&path, "r2", &["n1"]).await;
+        let aborted = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(Event::PlanningAborted { run, .. }) = events.recv().await {
+                    return run;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(aborted.as_str(), "r1");
+        let (_second, committed) = ask_run(&path, "r2", &["n1"]).await;
         assert_eq!(
             committed,
             Reply::Committed {
-                run: "r1".into(),
+                run: "r2".into(),
                 epoch: 1
-            },
-            "the run left planning is taken over"
+            }
+        );
+        served.abort();
+    });
+}
+
+#[test]
+fn a_run_left_planning_by_its_requester_is_taken_over_by_the_next_and_a_requester_gone_ends_its_run(
+) {
+    actix::System::new().block_on(async {
+        // Pool b's run holds n2: a run of pool a over n2 plans, then
+        // waits for it.
+        let fleet = ready_pools(&[("a", &["n1", "n2"][..]), ("b", &["n2"][..])]).await;
+        let b = fleet.pool(&PoolId::new("b").unwrap()).unwrap();
+        let ready = b.wait_ready().await.unwrap();
+        let held = RunId::new("held").unwrap();
+        b.begin_planning(held.clone(), Some(ready.epoch))
+            .await
+            .unwrap();
+        b.commit_plan(held.clone(), vec![n("n2")], Some(ready.epoch))
+            .await
+            .unwrap();
+        let path = socket("orphans");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        let ask = |run: &'static str| {
+            let path = path.clone();
+            async move {
+                let mut client = Client::connect(&path).await.unwrap();
+                let request = Request::Run {
+                    v: 1,
+                    pool: Some("a".into()),
+                    run: run.into(),
+                    required: Some(vec!["n2".into()]),
+                };
+                client.ask(&request).await.unwrap();
+                client
+            }
+        };
+        let mut first = ask("r1").await;
+        let told = first.next().await.unwrap();
+        assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+        // Its requester gone while it plans: left planning for the next.
+        drop(first);
+        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+        let r1 = RunId::new("r1").unwrap();
+        while a.report().await.unwrap().run.as_ref() != Some(&r1) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut second = ask("r2").await;
+        b.finish_run(held).await.unwrap();
+        let committed = loop {
+            match second.next().await.unwrap() {
+                Reply::Event { .. } | Reply::Alive | Reply::Waiting { .. } => continue,
+                reply => break reply,
+            }
+        };
+        assert!(
+            matches!(&committed, Reply::Committed { run, .. } if run == "r1"),
+            "the run left planning is taken over: {committed:?}"
         );
         // Its requester gone: the run is ended.
         let mut events = fleet.subscribe();
