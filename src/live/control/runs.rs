@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use crate::live::planning::{self, Refused};
 use poolgate_actors::core::{Event, NodeId, PoolId, Refusal, RunId};
 use poolgate_actors::{Fleet, GateError};
 use serde_json::Value;
+
+use crate::live::planning::{self, Refused};
 
 use super::{read_line, send, Reply, Request, BEAT};
 
