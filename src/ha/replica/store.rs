@@ -205,6 +205,7 @@ pub fn requests_of(config: &crate::Config) -> Result<crate::ha::requests::Reques
 /// prefix's own; with `[pools.<id>]`, each pool's. For a process that
 /// does not lead (`watch --until-ready` while it follows, or beside the
 /// replica that holds this host's sockets).
+#[doc(hidden)]
 pub fn published_of(
     config: &crate::Config,
 ) -> Result<Vec<(String, crate::ha::requests::Requests)>, LiveError> {
@@ -228,6 +229,7 @@ pub fn published_of(
 /// say at once) and one read of its prefix: `Ok(Err(why))` while etcd
 /// cannot answer it (no quorum, an election, out of reach), which a
 /// readiness check waits out instead of failing at its start.
+#[doc(hidden)]
 pub fn etcd_answers(config: &crate::Config) -> Result<Result<(), String>, LiveError> {
     state_key(config)?;
     let etcd = etcd_client(config, STORE_CALL)?;
