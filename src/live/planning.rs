@@ -1,10 +1,123 @@
-//! What the gate's refusal of a run's planning or commit comes to, the
-//! same however the run was asked (design §7): by `run` alone, through
-//! the control socket, or through etcd of the leading replica. One rule,
-//! so that the same plan meets the same answer on every path.
+//! A run's planning and commit on a ready pool, and what the gate's
+//! refusal of either comes to, the same however the run was asked
+//! (design §7): by `run` alone, through the control socket, or through
+//! etcd of the leading replica. One path and one rule, so that the same
+//! plan meets the same answer on every path; what each path does with
+//! the answer (print it, reply, write an outcome) is its own.
 
-use poolgate_actors::core::{Refusal, RunId};
-use poolgate_actors::GateError;
+use poolgate_actors::core::{Epoch, NodeId, Refusal, RunId};
+use poolgate_actors::{Gate, GateError};
+
+/// One run's plan on one pool: begun on a ready epoch, then committed;
+/// planned again after the policy aborted it; its planning aborted when
+/// it is refused for good.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    run: RunId,
+    required: Vec<NodeId>,
+    planning: bool,
+}
+
+impl Plan {
+    /// `run` over `required`, not planning yet.
+    pub(crate) fn new(run: RunId, required: Vec<NodeId>) -> Self {
+        Self {
+            run,
+            required,
+            planning: false,
+        }
+    }
+
+    /// `run` over `required`, already the pool's active run (planned by
+    /// a requester gone, or committed by a leader before): committed
+    /// without beginning.
+    pub(crate) fn active(run: RunId, required: Vec<NodeId>) -> Self {
+        Self {
+            run,
+            required,
+            planning: true,
+        }
+    }
+
+    /// The run planned.
+    pub(crate) fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    /// Whether the run is planning on the pool (begun, not committed).
+    pub(crate) fn is_planning(&self) -> bool {
+        self.planning
+    }
+
+    /// Plans under another name from here on (a run aborted by the
+    /// policy is over, and its plan planned again as a new run).
+    pub(crate) fn rename(&mut self, run: RunId) {
+        self.run = run;
+        self.planning = false;
+    }
+
+    /// Takes over `run`, which another requester left planning.
+    pub(crate) fn adopt(&mut self, run: RunId) {
+        self.run = run;
+        self.planning = true;
+    }
+
+    /// Begins planning (unless under way) and commits on `epoch`: `Ok`
+    /// once committed; otherwise the refusal and what it comes to (never
+    /// [`Refused::Committed`]). A run
+    /// aborted by the policy is planning no more (asked again, it begins
+    /// anew); one refused for good has its planning aborted, so the pool
+    /// is not left holding it.
+    pub(crate) async fn commit(
+        &mut self,
+        gate: &Gate,
+        epoch: Epoch,
+    ) -> Result<Committed, (GateError, Refused)> {
+        let run = self.run.clone();
+        let answer = |e: GateError| {
+            let refused = refused(&e, &run);
+            (e, refused)
+        };
+        if !self.planning {
+            match gate.begin_planning(run.clone(), Some(epoch)).await {
+                Ok(_) => self.planning = true,
+                Err(e) => match answer(e) {
+                    (_, Refused::Committed) => return Ok(Committed::Already),
+                    refusal => return Err(refusal),
+                },
+            }
+        }
+        let committed = gate
+            .commit_plan(run.clone(), self.required.clone(), Some(epoch))
+            .await;
+        let (e, refused) = match committed.map_err(answer) {
+            Ok(()) => return Ok(Committed::Now),
+            Err((_, Refused::Committed)) => return Ok(Committed::Already),
+            Err(refusal) => refusal,
+        };
+        match refused {
+            Refused::Aborted => self.planning = false,
+            Refused::ForGood | Refused::InTheWay(_) => {
+                if let Err(e) = gate.abort_planning(run.clone()).await {
+                    tracing::debug!(%run, error = %e, "planning not aborted (none under way)");
+                }
+                self.planning = false;
+            }
+            Refused::Waits | Refused::Stopped | Refused::Committed => {}
+        }
+        Err((e, refused))
+    }
+}
+
+/// How a plan came to be committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Committed {
+    /// By this call.
+    Now,
+    /// Before it (by a leader before this one, its outcome unwritten):
+    /// no `run_committed` event is told for it now.
+    Already,
+}
 
 /// What a refusal of run `run`'s planning or commit means for it.
 #[derive(Debug, Clone, PartialEq, Eq)]

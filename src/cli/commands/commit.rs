@@ -8,7 +8,7 @@ use poolgate_actors::core::{Event, NodeId, RunId};
 use poolgate_actors::{EventStream, Gate, GateError};
 
 use crate::config::Config;
-use crate::live::planning::{self, Refused};
+use crate::live::planning::{Plan, Refused};
 use crate::live::{LiveError, Orchestrator};
 
 use super::output::Printer;
@@ -154,7 +154,7 @@ pub(crate) async fn plan_and_commit(
 ) -> Result<Result<(), i32>, LiveError> {
     let limit = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(limit);
-    let mut planning = false;
+    let mut plan = Plan::new(run.clone(), required.to_vec());
     let (first, mut attempt) = (run.clone(), 1);
     loop {
         let proof = tokio::select! {
@@ -164,56 +164,31 @@ pub(crate) async fn plan_and_commit(
                 return Ok(Err(1));
             }
         };
-        let planned = match planning {
-            true => Ok(()),
-            false => gate
-                .begin_planning(run.clone(), Some(proof))
-                .await
-                .map(|_| {
-                    planning = true;
-                }),
-        };
-        let committed = match planned {
-            Ok(()) => {
-                gate.commit_plan(run.clone(), required.to_vec(), Some(proof))
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let refused = match committed {
-            Ok(()) => return Ok(Ok(())),
-            Err(refused) => refused,
-        };
-        match planning::refused(&refused, run) {
-            Refused::Waits => {}
-            Refused::Stopped => return Err(refused.into()),
-            Refused::Committed => return Ok(Ok(())),
-            Refused::Aborted => {
+        let refused = match plan.commit(gate, proof).await {
+            Ok(_) => return Ok(Ok(())),
+            Err((refused, Refused::Waits)) => refused,
+            Err((refused, Refused::Stopped)) => return Err(refused.into()),
+            Err((_, Refused::Aborted)) => {
                 // Aborted by the policy: that run is over (a run ends
                 // once), and the plan is planned again at once as a new
                 // run.
                 attempt += 1;
                 *run = RunId::new(&format!("{first}-{attempt}")).map_err(GateError::from)?;
-                planning = false;
+                plan.rename(run.clone());
                 continue;
             }
-            Refused::InTheWay(other) => {
+            Err((_, Refused::InTheWay(other))) => {
                 in_the_way(&other);
                 return Ok(Err(EXIT_OTHER_RUN));
             }
-            Refused::ForGood => {
+            Err((refused, Refused::ForGood | Refused::Committed)) => {
                 // No wait changes it (a required node a reload took out of
-                // the pool, say): said, and the pool not held in planning.
-                if planning {
-                    if let Err(e) = gate.abort_planning(run.clone()).await {
-                        tracing::warn!(%run, error = %e, "planning not aborted");
-                    }
-                    super::drain(gate, events, printer).await;
-                }
+                // the pool, say): said; its planning was aborted.
+                super::drain(gate, events, printer).await;
                 crate::say!(warn, "poolgate run: run {run} refused: {refused}");
                 return Ok(Err(EXIT_REFUSED));
             }
-        }
+        };
         tracing::warn!(%refused, "refused; asking again in {RETRY_AFTER_REFUSAL:?} or at the next PoolReady");
         tokio::select! {
             _ = tokio::time::sleep(RETRY_AFTER_REFUSAL) => {}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use poolgate_actors::core::{Event, PoolPhase, RunId};
 use poolgate_actors::{Gate, StoreError};
 
-use crate::live::planning::Refused;
+use crate::live::planning::{Committed, Plan, Refused};
 use crate::state::etcd::EtcdStore;
 
 use super::renewals::Renewal;
@@ -639,31 +639,20 @@ pub(super) async fn look(
             detail: poolgate_actors::GateError::Refused(refused).to_string(),
         }));
     }
-    let planned = match &report.run {
-        Some(_) => Ok(epoch),
-        None => gate.begin_planning(id.clone(), Some(epoch)).await,
-    };
-    let committed = match planned {
-        Ok(_) => {
-            gate.commit_plan(id.clone(), request.required, Some(epoch))
-                .await
-        }
-        Err(e) => Err(e),
-    };
     let lease = request.lease;
-    match committed.map_err(|e| {
-        let answer = crate::live::planning::refused(&e, &id);
-        (e, answer)
-    }) {
-        Ok(()) => Ok(None),
-        Err((_, Refused::Committed)) => write_outcome(store, &id, "committed", None, None)
+    let mut plan = match &report.run {
+        Some(_) => Plan::active(id.clone(), request.required),
+        None => Plan::new(id.clone(), request.required),
+    };
+    match plan.commit(gate, epoch).await {
+        Ok(Committed::Now) => Ok(None),
+        // Committed by the leader before, its outcome unwritten.
+        Ok(Committed::Already) => write_outcome(store, &id, "committed", None, None)
             .await
             .map(|()| None),
+        // No wait changes it: refused (its planning aborted, the pool not
+        // left holding it).
         Err((e, Refused::ForGood)) => {
-            // No wait changes it: refused, and the pool not left planning.
-            if let Err(e) = gate.abort_planning(id.clone()).await {
-                tracing::debug!(%run, error = %e, "planning not aborted (none under way)");
-            }
             tracing::warn!(%run, reason = %e, "requested run refused");
             write_outcome(store, &id, "refused", None, Some(e.to_string()))
                 .await

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use poolgate_actors::core::{Event, NodeId, PoolId, Refusal, RunId};
+use poolgate_actors::core::{Event, NodeId, PoolId, RunId};
 use poolgate_actors::{Fleet, GateError};
 use serde_json::Value;
 
-use crate::live::planning::{self, Refused};
+use crate::live::planning::{Plan, Refused};
 
 use super::{read_line, send, Reply, Request, BEAT};
 
@@ -156,7 +156,7 @@ where
         required,
     } = asked;
     let gate = pool_gate(fleet, pool)?;
-    let mut run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
+    let run = RunId::new(&run).map_err(|e| refused(&e.into()))?;
     let report = gate.report().await.map_err(|e| refused(&e))?;
     let (pool_id, members) = (report.pool, report.candidates);
     let required: Vec<NodeId> = match required {
@@ -168,7 +168,7 @@ where
         None => members.into_iter().map(|c| c.node).collect(),
     };
     let events = gate.subscribe_from_now();
-    let mut planning = false;
+    let mut plan = Plan::new(run, required);
     let mut said = String::new();
     // Plans and commits at each `PoolReady` (or every RETRY) until
     // committed, refused for good, or the requester is gone; a run left
@@ -182,57 +182,32 @@ where
             Ok(ready) => ready,
             Err(e) => break Err(Some(refused(&e))),
         };
-        if !planning {
-            match gate.begin_planning(run.clone(), Some(ready.epoch)).await {
-                Ok(_) => planning = true,
-                Err(GateError::Refused(Refusal::RunInProgress(other)))
-                    if orphans.adopt(&pool_id, &other) =>
-                {
-                    tracing::info!(pool = %pool_id, run = %other, "a run left planning is taken over");
-                    run = other;
-                    planning = true;
-                }
-                // A committed run nobody guards (restored after a restart,
-                // its requester gone): said with what ends it.
-                Err(GateError::Refused(Refusal::RunInProgress(other)))
-                    if fleet.committed_run(&pool_id).as_ref() == Some(&other)
-                        && !orphans.is_guarded(&pool_id, &other) =>
-                {
-                    break Err(Some(Reply::Refused {
-                        code: "run_in_progress".into(),
-                        detail: format!(
-                            "run {other} is committed and nobody guards it (restored after a restart): end it with poolgate run --end {other}, or guard it with --resume {other}"
-                        ),
-                    }));
-                }
-                Err(e) => match planning::refused(&e, &run) {
-                    Refused::Waits => waiting(writer, &mut said, &e).await,
-                    _ => break Err(Some(refused(&e))),
-                },
+        match plan.commit(&gate, ready.epoch).await {
+            Ok(_) => break Ok(ready.epoch),
+            Err((_, Refused::InTheWay(other))) if orphans.adopt(&pool_id, &other) => {
+                tracing::info!(pool = %pool_id, run = %other, "a run left planning is taken over");
+                plan.adopt(other);
+                continue;
             }
-        }
-        if planning {
-            let committed = gate
-                .commit_plan(run.clone(), required.clone(), Some(ready.epoch))
-                .await;
-            match committed
-                .as_ref()
-                .map_err(|e| (e, planning::refused(e, &run)))
+            // A committed run nobody guards (restored after a restart,
+            // its requester gone): said with what ends it.
+            Err((_, Refused::InTheWay(other)))
+                if fleet.committed_run(&pool_id).as_ref() == Some(&other)
+                    && !orphans.is_guarded(&pool_id, &other) =>
             {
-                Ok(()) | Err((_, Refused::Committed)) => break Ok(ready.epoch),
-                // Aborted by the policy: planned again at the next PoolReady.
-                Err((_, Refused::Aborted)) => planning = false,
-                Err((e, Refused::Waits)) => waiting(writer, &mut said, e).await,
-                Err((e, Refused::Stopped)) => break Err(Some(refused(e))),
-                Err((e, Refused::ForGood | Refused::InTheWay(_))) => {
-                    // No wait changes it: the pool is not left planning.
-                    if let Err(e) = gate.abort_planning(run.clone()).await {
-                        tracing::warn!(%run, error = %e, "planning not aborted");
-                    }
-                    planning = false;
-                    break Err(Some(refused(e)));
-                }
+                break Err(Some(Reply::Refused {
+                    code: "run_in_progress".into(),
+                    detail: format!(
+                        "run {other} is committed and nobody guards it (restored after a restart): end it with poolgate run --end {other}, or guard it with --resume {other}"
+                    ),
+                }));
             }
+            Err((e, Refused::Waits)) => waiting(writer, &mut said, &e).await,
+            // Aborted by the policy: planned again at the next PoolReady.
+            Err((_, Refused::Aborted)) => {}
+            // Refused for good (its planning aborted: the pool is not
+            // left holding it), another run in the way, the gate stopped.
+            Err((e, _)) => break Err(Some(refused(&e))),
         }
         tokio::select! {
             _ = tokio::time::sleep(RETRY) => {}
@@ -242,12 +217,13 @@ where
     let epoch = match outcome {
         Ok(epoch) => epoch,
         Err(why) => {
-            if planning {
-                orphans.leave(&pool_id, &run);
+            if plan.is_planning() {
+                orphans.leave(&pool_id, plan.run());
             }
             return why.map_or(Ok(()), Err);
         }
     };
+    let run = plan.run().clone();
     let _guarding = orphans.guarding(&pool_id, &run);
     guard(&gate, run, epoch.0, events, reader, writer).await;
     Ok(())
