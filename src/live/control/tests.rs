@@ -39,6 +39,20 @@ async fn ready_pools(pools: &[(&str, &[&str])]) -> Fleet {
     fleet
 }
 
+/// `run`, over `node`, committed on `gate` once it is ready (a run some
+/// other requester holds).
+async fn commit_run(gate: &poolgate_actors::Gate, run: &str, node: &str) -> RunId {
+    let ready = gate.wait_ready().await.unwrap();
+    let run = RunId::new(run).unwrap();
+    gate.begin_planning(run.clone(), Some(ready.epoch))
+        .await
+        .unwrap();
+    gate.commit_plan(run.clone(), vec![n(node)], Some(ready.epoch))
+        .await
+        .unwrap();
+    run
+}
+
 fn socket(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "poolgate-control-{}-{name}.sock",
@@ -109,14 +123,7 @@ fn a_run_left_planning_by_its_requester_is_taken_over_by_the_next_and_a_requeste
         // waits for it.
         let fleet = ready_pools(&[("a", &["n1", "n2"][..]), ("b", &["n2"][..])]).await;
         let b = fleet.pool(&PoolId::new("b").unwrap()).unwrap();
-        let ready = b.wait_ready().await.unwrap();
-        let held = RunId::new("held").unwrap();
-        b.begin_planning(held.clone(), Some(ready.epoch))
-            .await
-            .unwrap();
-        b.commit_plan(held.clone(), vec![n("n2")], Some(ready.epoch))
-            .await
-            .unwrap();
+        let held = commit_run(&b, "held", "n2").await;
         let path = socket("orphans");
         let bound = bind(&path).await.unwrap();
         let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
@@ -139,12 +146,24 @@ fn a_run_left_planning_by_its_requester_is_taken_over_by_the_next_and_a_requeste
         assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
         // Its requester gone while it plans: left planning for the next.
         drop(first);
-        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
-        let r1 = RunId::new("r1").unwrap();
-        while a.report().await.unwrap().run.as_ref() != Some(&r1) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let mut second = ask("r2").await;
+        // Refused as in the way until the server has seen r1's requester
+        // go; then r2's request takes r1 over and waits for n2.
+        let mut second = loop {
+            let mut client = ask("r2").await;
+            let told = loop {
+                match client.next().await.unwrap() {
+                    Reply::Event { .. } => continue,
+                    told => break told,
+                }
+            };
+            match told {
+                Reply::Waiting { .. } => break client,
+                Reply::Refused { code, .. } if code == "run_in_progress" => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                other => panic!("{other:?}"),
+            }
+        };
         b.finish_run(held).await.unwrap();
         let committed = loop {
             match second.next().await.unwrap() {
@@ -181,20 +200,7 @@ fn a_committed_run_nobody_guards_is_resumed_or_ended_through_the_socket() {
         let fleet = ready_fleet().await;
         let gate = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
         // A committed run with no requester (as one restored is).
-        let commit = |run: &'static str| {
-            let gate = gate.clone();
-            async move {
-                let ready = gate.wait_ready().await.unwrap();
-                let run = RunId::new(run).unwrap();
-                gate.begin_planning(run.clone(), Some(ready.epoch))
-                    .await
-                    .unwrap();
-                gate.commit_plan(run, vec![n("n1")], Some(ready.epoch))
-                    .await
-                    .unwrap();
-            }
-        };
-        commit("r1").await;
+        commit_run(&gate, "r1", "n1").await;
         let path = socket("resume");
         let bound = bind(&path).await.unwrap();
         let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
@@ -264,8 +270,7 @@ fn a_committed_run_nobody_guards_is_resumed_or_ended_through_the_socket() {
             "{ended:?}"
         );
         // And `run --end` of a run nobody guards ends it.
-        commit("r2").await;
-        let r2 = RunId::new("r2").unwrap();
+        let r2 = commit_run(&gate, "r2", "n1").await;
         assert_eq!(end_run(&path, Some("a"), &r2).await.unwrap(), None);
         assert_eq!(gate.report().await.unwrap().run, None);
         served.abort();
@@ -277,14 +282,7 @@ fn a_run_waiting_on_a_node_another_pools_run_holds_is_told_why_then_committed() 
     actix::System::new().block_on(async {
         let fleet = ready_pools(&[("a", &["n1", "n2"][..]), ("b", &["n2"][..])]).await;
         let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
-        let ready = a.wait_ready().await.unwrap();
-        let r1 = RunId::new("r1").unwrap();
-        a.begin_planning(r1.clone(), Some(ready.epoch))
-            .await
-            .unwrap();
-        a.commit_plan(r1.clone(), vec![n("n2")], Some(ready.epoch))
-            .await
-            .unwrap();
+        let r1 = commit_run(&a, "r1", "n2").await;
         let path = socket("waiting");
         let bound = bind(&path).await.unwrap();
         let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
