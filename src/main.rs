@@ -60,13 +60,16 @@ enum Command {
     /// Ask the running orchestrator why each node is or is not ready:
     /// exit 0 with its answer, 1 when no orchestrator answered.
     Status(StatusArgs),
-    /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 3
-    /// if the run faults (COMMAND's process group gets SIGTERM, SIGKILL
-    /// after 5 s), 4 if another run is in the way (one restored from the
-    /// state file: see --resume and --end; or, beside a watch serving the
-    /// control socket, another requester's on the same pool), 5 if COMMAND was stopped because its run
-    /// could no longer be confirmed guarded, 128 + signal if signalled
-    /// (COMMAND stopped and the run ended first), else COMMAND's exit code.
+    /// Wait for PoolReady, plan, commit, run COMMAND and guard it: exit 1
+    /// if not committed within --timeout, 2 on an error or a plan that can
+    /// never be committed (a required node not in the pool), 3 if the run
+    /// faults (COMMAND's process group gets SIGTERM, SIGKILL after 5 s), 4
+    /// if another run is in the way (one restored from the state file: see
+    /// --resume and --end; or, beside a watch serving the control socket,
+    /// another requester's committed run on the same pool), 5 if COMMAND
+    /// was stopped because its run could no longer be confirmed guarded,
+    /// 128 + signal if signalled (COMMAND stopped and the run ended
+    /// first), else COMMAND's exit code.
     Run(RunArgs),
     /// (internal) Keeps a guarded command: runs it in a process group of
     /// its own and stops the group when the guard dies.

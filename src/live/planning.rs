@@ -8,6 +8,10 @@
 use poolgate_actors::core::{Epoch, NodeId, Refusal, RunId};
 use poolgate_actors::{Gate, GateError};
 
+/// How often a run waiting for its pool looks whether its plan can still
+/// be committed ([`Plan::check`]).
+pub(crate) const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One run's plan on one pool: begun on a ready epoch, then committed;
 /// planned again after the policy aborted it; its planning aborted when
 /// it is refused for good.
@@ -60,6 +64,34 @@ impl Plan {
     pub(crate) fn adopt(&mut self, run: RunId) {
         self.run = run;
         self.planning = true;
+    }
+
+    /// Whether the plan can still be committed on the pool as it is now:
+    /// a required node the pool no longer has as a candidate (a reload
+    /// took it out) can never be, and is refused at once, whether the
+    /// pool is ready or not, its planning aborted. How often to look
+    /// while waiting: [`CHECK_EVERY`].
+    pub(crate) async fn check(&mut self, gate: &Gate) -> Result<(), (GateError, Refused)> {
+        // A gate that does not answer says so at the next commit.
+        let Ok(report) = gate.report().await else {
+            return Ok(());
+        };
+        let stranger = self
+            .required
+            .iter()
+            .find(|node| !report.candidates.iter().any(|c| c.node == **node));
+        let refusal = match stranger {
+            Some(node) => Refusal::NotCandidate(node.clone()),
+            None if self.required.is_empty() => Refusal::InvalidPlan(self.run.clone()),
+            None => return Ok(()),
+        };
+        if self.planning {
+            if let Err(e) = gate.abort_planning(self.run.clone()).await {
+                tracing::debug!(run = %self.run, error = %e, "planning not aborted (none under way)");
+            }
+            self.planning = false;
+        }
+        Err((refusal.into(), Refused::ForGood))
     }
 
     /// Begins planning (unless under way) and commits on `epoch`: `Ok`

@@ -4076,3 +4076,70 @@ fn run_gives_up_at_its_timeout_while_etcd_answers_nothing() {
         );
     });
 }
+
+#[test]
+fn a_run_the_leaders_pool_lacks_a_node_of_is_refused_though_the_pool_is_not_ready() {
+    // An operator's trial: the leader refused a plan with a node its pool
+    // does not have only once the pool was ready; with the pool never
+    // ready, `run` waited out its timeout (exit 1) saying what blocked
+    // the pool, never the node. Here the requester's file lists node-2,
+    // the leader's does not, and no node runs.
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("stranger");
+    let leader_config = pools_config(&server.endpoint, "st", "20ms", &[("a", &["node-1"])]);
+    let dir = std::env::temp_dir().join(format!("poolgate-stranger-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pools.a]\nmembers = [\"node-1\", \"node-2\"]\n[readiness]\nconvergence_window = \"20ms\"\n\
+             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"st\"\n\
+             [agents]\nlisten = \"127.0.0.1:{}\"\n\
+             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
+            etcd::free_port(),
+            server.endpoint
+        ),
+    )
+    .unwrap();
+    let log = dir.join("run.log");
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&leader_config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let asked = tokio::time::Instant::now();
+        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--pool", "a", "--config"])
+            .arg(&config)
+            .args(["--timeout", "20s", "--", "true"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let exited = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(Some(status)) = run.try_wait() {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let took = asked.elapsed();
+        let _ = run.kill();
+        let _ = run.wait();
+        live.shutdown();
+        a.resign();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = exited.unwrap_or_else(|_| panic!("run did not exit: {text}"));
+        assert_eq!(status.code(), Some(2), "after {took:?}: {text}");
+        assert!(
+            text.contains("refused by the leader: node-2 is not a member of the leader's pool"),
+            "{text}"
+        );
+        assert!(took < Duration::from_secs(10), "refused after {took:?}");
+    });
+}

@@ -156,15 +156,27 @@ pub(crate) async fn plan_and_commit(
     tokio::pin!(limit);
     let mut plan = Plan::new(run.clone(), required.to_vec());
     let (first, mut attempt) = (run.clone(), 1);
+    // A plan that can never be committed is refused before it waits;
+    // then looked at again while it does.
+    let mut checked = plan.check(gate).await.err();
     loop {
-        let proof = tokio::select! {
-            proof = wait_ready(gate, events, printer) => proof?,
-            _ = &mut limit => {
-                not_ready_within(gate, timeout).await;
-                return Ok(Err(1));
+        let committed = match checked.take() {
+            Some(refused) => Err(refused),
+            None => {
+                let proof = tokio::select! {
+                    proof = wait_ready(gate, events, printer, &mut plan) => proof?,
+                    _ = &mut limit => {
+                        not_ready_within(gate, timeout).await;
+                        return Ok(Err(1));
+                    }
+                };
+                match proof {
+                    Ok(proof) => plan.commit(gate, proof).await,
+                    Err(refused) => Err(refused),
+                }
             }
         };
-        let refused = match plan.commit(gate, proof).await {
+        let refused = match committed {
             Ok(_) => return Ok(Ok(())),
             Err((refused, Refused::Waits)) => refused,
             Err((refused, Refused::Stopped)) => return Err(refused.into()),
@@ -288,22 +300,40 @@ pub async fn end_run(config: &Config, pool: Option<&str>, run: &RunId) -> Result
     }
 }
 
+/// Waits for the pool to be ready, printing its events: its epoch; or,
+/// looked at every [`CHECK_EVERY`](crate::live::planning::CHECK_EVERY)
+/// meanwhile, why `plan` can no longer be committed.
 pub(crate) async fn wait_ready(
     gate: &Gate,
     events: &mut EventStream,
     printer: &mut Printer,
-) -> Result<poolgate_actors::core::Epoch, LiveError> {
+    plan: &mut Plan,
+) -> Result<Result<poolgate_actors::core::Epoch, (GateError, Refused)>, LiveError> {
     if let poolgate_actors::core::PoolPhase::Ready { epoch } = gate.report().await?.phase {
-        return Ok(epoch);
+        return Ok(Ok(epoch));
     }
-    while let Some(event) = events.recv().await {
+    let every = crate::live::planning::CHECK_EVERY;
+    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        // An event is printed whole once taken: only the wait for one
+        // gives way to the look.
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = check.tick() => {
+                if let Err(refused) = plan.check(gate).await {
+                    return Ok(Err(refused));
+                }
+                continue;
+            }
+        };
+        let Some(event) = event else { break };
         let epoch = match &event {
             Event::PoolReady { epoch, .. } => Some(*epoch),
             _ => None,
         };
         printer.print(gate, event).await;
         if let Some(epoch) = epoch {
-            return Ok(epoch);
+            return Ok(Ok(epoch));
         }
     }
     Err(GateError::Stopped.into())

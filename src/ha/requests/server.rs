@@ -377,6 +377,35 @@ async fn requester_renews(
     }
 }
 
+/// Why `request` can never be committed on the pool of `report`, as it
+/// stands now (a reload may have changed its candidates since the term
+/// began): a pool the leader does not gate, a required node it does not
+/// have, no required node. `None` when it may be.
+fn never_committed(
+    request: &Request,
+    report: &poolgate_actors::core::PoolReport,
+) -> Option<String> {
+    if let Some(pool) = request
+        .pool
+        .as_ref()
+        .filter(|pool| pool.as_str() != report.pool.as_str())
+    {
+        return Some(format!(
+            "no pool {pool} here: the leader gates pool {}",
+            report.pool
+        ));
+    }
+    let stranger = request
+        .required
+        .iter()
+        .find(|n| !report.candidates.iter().any(|c| c.node == **n));
+    match stranger {
+        Some(node) => Some(format!("{node} is not a member of the leader's pool")),
+        None if request.required.is_empty() => Some("no required node".to_string()),
+        None => None,
+    }
+}
+
 /// Writes `runs/<run>` on its requester's lease (read from its request, or
 /// its presence), then takes the request (and an end asked for).
 pub(super) async fn write_outcome(
@@ -542,6 +571,33 @@ pub(super) async fn look(
             return Ok(None);
         }
     }
+    // A plan that can never be committed is refused at once, ready pool
+    // or not, and not left to hold the pool in planning.
+    let mut refused = false;
+    for (run, body) in &requests {
+        let parsed = RunId::new(run)
+            .ok()
+            .zip(serde_json::from_slice::<Request>(body).ok());
+        let Some((id, request)) = parsed else {
+            continue;
+        };
+        let Some(reason) = never_committed(&request, &report) else {
+            continue;
+        };
+        if report.run.as_ref() == Some(&id) {
+            if let Err(e) = gate.abort_planning(id.clone()).await {
+                tracing::debug!(%run, error = %e, "planning not aborted (none under way)");
+            }
+        }
+        tracing::warn!(%run, %reason, "requested run refused");
+        write_outcome(store, &id, "refused", None, Some(reason)).await?;
+        refused = true;
+    }
+    if refused {
+        // The rest, against the pool as it stands once those are gone:
+        // the next look.
+        return Ok(None);
+    }
     let PoolPhase::Ready { epoch } = report.phase else {
         // A run asked for that waits for the pool (suspended): why, for
         // its requester to say if it gives up.
@@ -593,31 +649,6 @@ pub(super) async fn look(
             .await
             .map(|()| None);
     };
-    // A plan that can never be committed is refused at once, before it
-    // holds the pool in planning.
-    // Against the candidates now: a reload may have changed them since
-    // the term began.
-    let stranger = request
-        .required
-        .iter()
-        .find(|n| !report.candidates.iter().any(|c| c.node == **n));
-    let elsewhere = request
-        .pool
-        .as_ref()
-        .filter(|pool| pool.as_str() != report.pool.as_str());
-    if request.required.is_empty() || stranger.is_some() || elsewhere.is_some() {
-        let reason = match (elsewhere, stranger) {
-            (Some(pool), _) => {
-                format!("no pool {pool} here: the leader gates pool {}", report.pool)
-            }
-            (None, Some(node)) => format!("{node} is not a member of the leader's pool"),
-            (None, None) => "no required node".to_string(),
-        };
-        tracing::warn!(%run, %reason, "requested run refused");
-        return write_outcome(store, &id, "refused", None, Some(reason))
-            .await
-            .map(|()| None);
-    }
     // A node another pool's committed run holds: no planning begun until
     // it is free (said as the gate would refuse the commit).
     let held = fleet.filter(|_| report.run.is_none()).and_then(|fleet| {

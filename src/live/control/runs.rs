@@ -10,7 +10,7 @@ use poolgate_actors::core::{Event, NodeId, PoolId, RunId};
 use poolgate_actors::{Fleet, GateError};
 use serde_json::Value;
 
-use crate::live::planning::{Plan, Refused};
+use crate::live::planning::{Plan, Refused, CHECK_EVERY};
 
 use super::{read_line, send, Reply, Request, BEAT};
 
@@ -173,10 +173,23 @@ where
     // Plans and commits at each `PoolReady` (or every RETRY) until
     // committed, refused for good, or the requester is gone; a run left
     // planning is left to the next request on the pool.
+    // A plan that can never be committed is refused before it plans;
+    // then looked at again while it waits.
+    if let Err((e, _)) = plan.check(&gate).await {
+        return Err(refused(&e));
+    }
+    let mut check =
+        tokio::time::interval_at(tokio::time::Instant::now() + CHECK_EVERY, CHECK_EVERY);
     let outcome = loop {
         let ready = tokio::select! {
             ready = gate.wait_ready() => ready,
             _ = read_line(reader) => break Err(None),
+            // A required node a reload took out of the pool: refused at
+            // once, ready or not.
+            _ = check.tick() => match plan.check(&gate).await {
+                Ok(()) => continue,
+                Err((e, _)) => break Err(Some(refused(&e))),
+            },
         };
         let ready = match ready {
             Ok(ready) => ready,
@@ -203,6 +216,14 @@ where
                 }));
             }
             Err((e, Refused::Waits)) => waiting(writer, &mut said, &e).await,
+            // Another request's run, still planning: it may yet be
+            // refused or aborted, and this one waits its turn (refused
+            // once that run is committed).
+            Err((e, Refused::InTheWay(other)))
+                if fleet.committed_run(&pool_id).as_ref() != Some(&other) =>
+            {
+                waiting(writer, &mut said, &e).await
+            }
             // Aborted by the policy: planned again at the next PoolReady.
             Err((_, Refused::Aborted)) => {}
             // Refused for good (its planning aborted: the pool is not
