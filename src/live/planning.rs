@@ -5,8 +5,17 @@
 //! plan meets the same answer on every path; what each path does with
 //! the answer (print it, reply, write an outcome) is its own.
 
-use poolgate_actors::core::{Epoch, NodeId, Refusal, RunId};
+use poolgate_actors::core::{Epoch, NodeId, PoolId, Refusal, RunId};
 use poolgate_actors::{Gate, GateError};
+
+/// Why a run's gate stopped while it was asked: its pool no longer
+/// gated (a reload removed it).
+pub(crate) fn gone(pool: Option<&PoolId>) -> String {
+    match pool {
+        Some(pool) => format!("pool {pool} is no longer gated here (a reload removed it)"),
+        None => "its pool is no longer gated here (a reload removed it)".to_string(),
+    }
+}
 
 /// How often a run waiting for its pool looks whether its plan can still
 /// be committed ([`Plan::check`]).
@@ -20,6 +29,8 @@ pub(crate) struct Plan {
     run: RunId,
     required: Vec<NodeId>,
     planning: bool,
+    /// The pool, once a look at it answered ([`Plan::check`]).
+    pool: Option<PoolId>,
 }
 
 impl Plan {
@@ -29,6 +40,7 @@ impl Plan {
             run,
             required,
             planning: false,
+            pool: None,
         }
     }
 
@@ -40,6 +52,7 @@ impl Plan {
             run,
             required,
             planning: true,
+            pool: None,
         }
     }
 
@@ -51,6 +64,12 @@ impl Plan {
     /// Whether the run is planning on the pool (begun, not committed).
     pub(crate) fn is_planning(&self) -> bool {
         self.planning
+    }
+
+    /// Why the plan ends with its gate stopped ([`gone`]), its pool named
+    /// once a look at it answered.
+    pub(crate) fn gone(&self) -> String {
+        gone(self.pool.as_ref())
     }
 
     /// Plans under another name from here on (a run aborted by the
@@ -76,6 +95,7 @@ impl Plan {
         let Ok(report) = gate.report().await else {
             return Ok(());
         };
+        self.pool = Some(report.pool.clone());
         let stranger = self
             .required
             .iter()

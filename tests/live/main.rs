@@ -1330,6 +1330,68 @@ fn a_lone_run_whose_required_node_a_reload_removed_is_refused_at_once() {
     });
 }
 
+/// A lone `run --pool b` waiting for pool b when a reload removes that
+/// pool: refused, naming it (it said only "the gate has stopped").
+#[test]
+fn a_lone_run_whose_pool_a_reload_removed_is_refused_naming_it() {
+    let mut plan = plan(2);
+    plan.external_orchestrator = true;
+    live(async {
+        let cluster = LocalCluster::prepare(&plan).await.unwrap();
+        let text = std::fs::read_to_string(&cluster.config_file).unwrap();
+        let pools = |b: bool| {
+            let mut lines = Vec::new();
+            let mut in_pool = false;
+            for l in text.lines() {
+                if l == "[pool]" {
+                    in_pool = true;
+                    lines.push("[pools.a]\nmembers = [\"node-1\"]".to_string());
+                    if b {
+                        lines.push("[pools.b]\nmembers = [\"node-2\"]".to_string());
+                    }
+                    continue;
+                }
+                if in_pool && (l.starts_with("id = ") || l.starts_with("members = ")) {
+                    continue;
+                }
+                in_pool = false;
+                lines.push(l.to_string());
+            }
+            lines.join("\n")
+        };
+        std::fs::write(&cluster.config_file, pools(true)).unwrap();
+        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cluster.config_file)
+            .args(["--pool", "b", "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        while tokio::net::TcpStream::connect(cluster.config.agents.listen)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::write(&cluster.config_file, pools(false)).unwrap();
+        let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGHUP).unwrap();
+        let output = tokio::time::timeout(Duration::from_secs(20), run.wait_with_output())
+            .await
+            .expect("still waiting after 20 s")
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{said}");
+        assert!(
+            said.contains("refused: pool b is no longer gated here"),
+            "{said}"
+        );
+    });
+}
+
 /// A lone `run --require REQUIRE -- true` on a two-node pool, given a
 /// SIGHUP that drops node-2 from the pool (still registered) while it
 /// waits, then the nodes `spawned` started: its exit code and what it

@@ -4088,58 +4088,133 @@ fn a_run_the_leaders_pool_lacks_a_node_of_is_refused_though_the_pool_is_not_read
     let _one_at_a_time = one_at_a_time();
     let server = etcd::Etcd::start("stranger");
     let leader_config = pools_config(&server.endpoint, "st", "20ms", &[("a", &["node-1"])]);
-    let dir = std::env::temp_dir().join(format!("poolgate-stranger-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[pools.a]\nmembers = [\"node-1\", \"node-2\"]\n[readiness]\nconvergence_window = \"20ms\"\n\
-             [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"st\"\n\
-             [agents]\nlisten = \"127.0.0.1:{}\"\n\
-             [state]\netcd = [\"{}\"]\nlease = \"10s\"\ninsecure = true\n",
-            etcd::free_port(),
-            server.endpoint
-        ),
-    )
-    .unwrap();
-    let log = dir.join("run.log");
     live_for(Duration::from_secs(60), async {
         let mut a = Replica::start(&leader_config).unwrap();
         let live = a.lead(None).await.unwrap();
-        let asked = tokio::time::Instant::now();
-        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
-            .args(["run", "--pool", "a", "--config"])
-            .arg(&config)
-            .args(["--timeout", "20s", "--", "true"])
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let exited = tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                if let Ok(Some(status)) = run.try_wait() {
-                    return status;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-        let took = asked.elapsed();
-        let _ = run.kill();
-        let _ = run.wait();
+        let pools = "[pools.a]\nmembers = [\"node-1\", \"node-2\"]\n";
+        let mut run = Requester::start("stranger", "st", &server.endpoint, pools, "a");
+        let (status, took, text) = run.exit_within(Duration::from_secs(30)).await;
         live.shutdown();
         a.resign();
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = exited.unwrap_or_else(|_| panic!("run did not exit: {text}"));
-        assert_eq!(status.code(), Some(2), "after {took:?}: {text}");
+        assert_eq!(status, Some(2), "after {took:?}: {text}");
         assert!(
             text.contains("refused by the leader: node-2 is not a member of the leader's pool"),
             "{text}"
         );
         assert!(took < Duration::from_secs(10), "refused after {took:?}");
     });
+}
+
+#[test]
+fn a_run_asked_of_a_pool_the_leaders_reload_removes_is_refused_naming_it() {
+    // An operator's trial: alone and beside a watch such a run was
+    // refused at once; among replicas it waited out its timeout (exit 1).
+    need_etcd!();
+    let _one_at_a_time = one_at_a_time();
+    let server = etcd::Etcd::start("removed-asked");
+    let (config, shrunk) = a_and_b_then_a(&server.endpoint, "ra", &["node-2"]);
+    live_for(Duration::from_secs(60), async {
+        let mut a = Replica::start(&config).unwrap();
+        let live = a.lead(None).await.unwrap();
+        let pools = "[pools.a]\nmembers = [\"node-1\"]\n[pools.b]\nmembers = [\"node-2\"]\n";
+        let mut run = Requester::start("removed-asked", "ra", &server.endpoint, pools, "b");
+        // Asked (pool b is never ready: node-2 runs nowhere).
+        let direct = server.client();
+        let asked = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let keys = direct.keys_under(b"/poolgate/ra/").unwrap_or_default();
+                if keys
+                    .iter()
+                    .any(|k| String::from_utf8_lossy(k).contains("requests/"))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let said = live.reload(&shrunk).await.unwrap();
+        let (status, took, text) = run.exit_within(Duration::from_secs(30)).await;
+        live.shutdown();
+        a.resign();
+        assert!(asked.is_ok(), "never asked: {text}");
+        assert!(said.iter().any(|s| s == "pool b: removed"), "{said:?}");
+        assert_eq!(status, Some(2), "after {took:?}: {text}");
+        assert!(
+            text.contains("refused by the leader: pool b is not served: a reload removed it"),
+            "{text}"
+        );
+        assert!(took < Duration::from_secs(15), "refused after {took:?}");
+    });
+}
+
+/// A `poolgate run --pool POOL --timeout 20s -- true` among replicas on
+/// `endpoint`, from a file of its own (`pools`, then the rest as a
+/// requester beside no replica has it), logging at info.
+struct Requester {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+    started: tokio::time::Instant,
+}
+
+impl Requester {
+    fn start(name: &str, label: &str, endpoint: &str, pools: &str, pool: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("poolgate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{pools}[readiness]\nconvergence_window = \"20ms\"\n\
+                 [swim]\nbind = \"127.0.0.1:0\"\ninsecure = true\nlabel = \"{label}\"\n\
+                 [agents]\nlisten = \"127.0.0.1:{}\"\n\
+                 [state]\netcd = [\"{endpoint}\"]\nlease = \"10s\"\ninsecure = true\n",
+                etcd::free_port(),
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .args(["run", "--pool", pool, "--config"])
+            .arg(&config)
+            .args(["--timeout", "20s", "--", "true"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("run.log")).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            dir,
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Its exit code once it exits (within `bound`, or it is killed and
+    /// the test fails), how long after its start, and what it said.
+    async fn exit_within(&mut self, bound: Duration) -> (Option<i32>, Duration, String) {
+        let exited = tokio::time::timeout(bound, async {
+            loop {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let took = self.started.elapsed();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(self.dir.join("run.log")).unwrap_or_default();
+        let status = exited.unwrap_or_else(|_| panic!("run did not exit: {text}"));
+        (status.code(), took, text)
+    }
+}
+
+impl Drop for Requester {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -179,7 +179,10 @@ pub(crate) async fn plan_and_commit(
         let refused = match committed {
             Ok(_) => return Ok(Ok(())),
             Err((refused, Refused::Waits)) => refused,
-            Err((refused, Refused::Stopped)) => return Err(refused.into()),
+            Err((_, Refused::Stopped)) => {
+                crate::say!(warn, "poolgate run: run {run} refused: {}", plan.gone());
+                return Ok(Err(EXIT_REFUSED));
+            }
             Err((_, Refused::Aborted)) => {
                 // Aborted by the policy: that run is over (a run ends
                 // once), and the plan is planned again at once as a new
@@ -309,8 +312,15 @@ pub(crate) async fn wait_ready(
     printer: &mut Printer,
     plan: &mut Plan,
 ) -> Result<Result<poolgate_actors::core::Epoch, (GateError, Refused)>, LiveError> {
-    if let poolgate_actors::core::PoolPhase::Ready { epoch } = gate.report().await?.phase {
-        return Ok(Ok(epoch));
+    let stopped = || Ok(Err((GateError::Stopped, Refused::Stopped)));
+    match gate.report().await {
+        Ok(report) => {
+            if let poolgate_actors::core::PoolPhase::Ready { epoch } = report.phase {
+                return Ok(Ok(epoch));
+            }
+        }
+        Err(GateError::Stopped) => return stopped(),
+        Err(e) => return Err(e.into()),
     }
     let every = crate::live::planning::CHECK_EVERY;
     let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -326,7 +336,9 @@ pub(crate) async fn wait_ready(
                 continue;
             }
         };
-        let Some(event) = event else { break };
+        let Some(event) = event else {
+            return stopped();
+        };
         let epoch = match &event {
             Event::PoolReady { epoch, .. } => Some(*epoch),
             _ => None,
@@ -336,7 +348,6 @@ pub(crate) async fn wait_ready(
             return Ok(Ok(epoch));
         }
     }
-    Err(GateError::Stopped.into())
 }
 
 /// Says on stderr that the pool was not ready in time, and what blocks it.

@@ -61,7 +61,14 @@ pub async fn serve_in(
                         .is_some_and(|f| !f.is_stopped() && f.pool(pool.id()).is_none())
                     {
                         match serving.publish_removed(&pool).await {
-                            Ok(()) => break,
+                            Ok(()) => {
+                                // The runs asked of it can never be
+                                // committed here: refused, naming why.
+                                if let Err(e) = serving.refuse_all(&pool).await {
+                                    tracing::warn!(pool = %pool.id(), error = %e, "the runs asked of a removed pool not refused (their requesters give up at their timeouts)");
+                                }
+                                break;
+                            }
                             Err(e) => {
                                 if let Some(held) = said.allow(std::time::Instant::now()) {
                                     tracing::warn!(pool = %pool.id(), error = %e, held, "that the pool is no longer served was not published (tried again every second)");
@@ -227,12 +234,35 @@ impl RequestServer {
             "phase": "removed",
             "epoch": null,
             "run": null,
-            "state": format!("pool {} is not served: a reload removed it from the leader's configuration", pool.id()),
+            "state": not_served(pool.id()),
             "written_unix_ms": crate::live::generation::unix_ms(),
         });
         let bytes = serde_json::to_vec(&record).map_err(|e| StoreError(e.to_string()))?;
         let store = Arc::clone(&self.store);
         blocking(move || store.put_fenced(STATUS, &bytes, 0)).await
+    }
+
+    /// Refuses every run asked of `pool`, which a reload removed.
+    async fn refuse_all(
+        &self,
+        pool: &poolgate_actors::core::PoolDefinition,
+    ) -> Result<(), StoreError> {
+        let store = Arc::clone(&self.store);
+        let requests = blocking(move || {
+            Ok(store
+                .list_raw_all(&["requests/"])?
+                .into_iter()
+                .next()
+                .unwrap_or_default())
+        })
+        .await?;
+        let reason = not_served(pool.id());
+        for (run, _) in requests {
+            let Ok(id) = RunId::new(&run) else { continue };
+            tracing::warn!(%run, %reason, "requested run refused");
+            write_outcome(&self.store, &id, "refused", None, Some(reason.clone())).await?;
+        }
+        Ok(())
     }
 
     /// Writes the outcomes of the events published so far, oldest first;
@@ -375,6 +405,11 @@ async fn requester_renews(
             true
         }
     }
+}
+
+/// What is said of a pool a reload removed from the leader.
+fn not_served(pool: &poolgate_actors::core::PoolId) -> String {
+    format!("pool {pool} is not served: a reload removed it from the leader's configuration")
 }
 
 /// Why `request` can never be committed on the pool of `report`, as it

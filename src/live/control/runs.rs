@@ -10,7 +10,7 @@ use poolgate_actors::core::{Event, NodeId, PoolId, RunId};
 use poolgate_actors::{Fleet, GateError};
 use serde_json::Value;
 
-use crate::live::planning::{Plan, Refused, CHECK_EVERY};
+use crate::live::planning::{self, Plan, Refused, CHECK_EVERY};
 
 use super::{read_line, send, Reply, Request, BEAT};
 
@@ -111,6 +111,15 @@ fn event_reply(event: &Event) -> Reply {
     }
 }
 
+/// The refusal of a run whose pool's gate stopped while it was asked:
+/// the pool removed by a reload (or the orchestrator stopping).
+fn gone(pool: &PoolId) -> Reply {
+    Reply::Refused {
+        code: GateError::Stopped.code().to_string(),
+        detail: planning::gone(Some(pool)),
+    }
+}
+
 /// The gate of `pool`, or of the only pool.
 pub(super) fn pool_gate(
     fleet: &Fleet,
@@ -193,6 +202,7 @@ where
         };
         let ready = match ready {
             Ok(ready) => ready,
+            Err(GateError::Stopped) => break Err(Some(gone(&pool_id))),
             Err(e) => break Err(Some(refused(&e))),
         };
         match plan.commit(&gate, ready.epoch).await {
@@ -226,8 +236,9 @@ where
             }
             // Aborted by the policy: planned again at the next PoolReady.
             Err((_, Refused::Aborted)) => {}
+            Err((_, Refused::Stopped)) => break Err(Some(gone(&pool_id))),
             // Refused for good (its planning aborted: the pool is not
-            // left holding it), another run in the way, the gate stopped.
+            // left holding it), another run in the way.
             Err((e, _)) => break Err(Some(refused(&e))),
         }
         tokio::select! {

@@ -157,6 +157,29 @@ fn a_run_waiting_for_a_pool_not_ready_is_refused_once_a_reload_takes_its_node_ou
 }
 
 #[test]
+fn a_run_waiting_for_a_pool_a_reload_removes_is_refused_naming_it() {
+    actix::System::new().block_on(async {
+        // Pool a's run holds n2: r1 on pool b plans, then waits for it.
+        let fleet = ready_pools(&[("a", &["n2"][..]), ("b", &["n1", "n2"][..])]).await;
+        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+        commit_run(&a, "held", "n2").await;
+        let path = socket("removed");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        let mut client = ask_of(&path, "b", "r1", &["n1", "n2"]).await;
+        let told = next_word(&mut client).await;
+        assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+        fleet.remove_pool(&PoolId::new("b").unwrap()).await.unwrap();
+        let told = next_word(&mut client).await;
+        assert!(
+            matches!(&told, Reply::Refused { detail, .. } if detail.contains("pool b is no longer gated here")),
+            "{told:?}"
+        );
+        served.abort();
+    });
+}
+
+#[test]
 fn a_run_asked_behind_one_still_planning_waits_and_commits_once_that_one_is_refused() {
     // An operator's trial: beside a watch, a run asked while another was
     // still planning was refused as in the way (exit 4), though that one
