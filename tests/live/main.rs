@@ -1360,7 +1360,7 @@ fn a_lone_run_whose_pool_a_reload_removed_is_refused_naming_it() {
             lines.join("\n")
         };
         std::fs::write(&cluster.config_file, pools(true)).unwrap();
-        let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
             .arg("run")
             .arg("--config")
             .arg(&cluster.config_file)
