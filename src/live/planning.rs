@@ -68,12 +68,14 @@ impl Plan {
 
     /// Why the plan ends with its gate stopped ([`gone`]), its pool named
     /// once a look at it answered.
+    #[cfg(feature = "cli")]
     pub(crate) fn gone(&self) -> String {
         gone(self.pool.as_ref())
     }
 
     /// Plans under another name from here on (a run aborted by the
     /// policy is over, and its plan planned again as a new run).
+    #[cfg(feature = "cli")]
     pub(crate) fn rename(&mut self, run: RunId) {
         self.run = run;
         self.planning = false;
