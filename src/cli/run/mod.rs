@@ -204,6 +204,7 @@ struct ControlKeeper {
     /// Silence from the orchestrator longer than this (half of `[run]
     /// unguarded_after`) means the run is no longer confirmed guarded.
     silence: Duration,
+    _hangups: AbortOnDrop,
 }
 
 struct AloneKeeper {
@@ -244,11 +245,20 @@ impl Keeper {
                     });
                 }
                 tracing::info!(socket = %path.display(), "asking the orchestrator that serves the control socket");
+                // Its configuration is the watch's: a SIGHUP here changes
+                // nothing, and says so.
+                let mut hangup = hangup;
+                let hangups = actix::spawn(async move {
+                    while hangup.recv().await.is_some() {
+                        tracing::warn!("SIGHUP: this run asks the watch serving the control socket, whose configuration it uses; nothing is read again here (send SIGHUP to that watch)");
+                    }
+                });
                 return Ok(Keeper::Control(Box::new(ControlKeeper {
                     client,
                     pool: request.pool.clone(),
                     printer: Printer::new(output),
                     silence: config.run.unguarded_after / 2,
+                    _hangups: AbortOnDrop(hangups),
                 })));
             }
         }
