@@ -98,11 +98,7 @@ impl Plan {
             return Ok(());
         };
         self.pool = Some(report.pool.clone());
-        let stranger = self
-            .required
-            .iter()
-            .find(|node| !report.candidates.iter().any(|c| c.node == **node));
-        let refusal = match stranger {
+        let refusal = match stranger(&self.required, &report) {
             Some(node) => Refusal::NotCandidate(node.clone()),
             None if self.required.is_empty() => Refusal::InvalidPlan(self.run.clone()),
             None => return Ok(()),
@@ -118,10 +114,9 @@ impl Plan {
 
     /// Begins planning (unless under way) and commits on `epoch`: `Ok`
     /// once committed; otherwise the refusal and what it comes to (never
-    /// [`Refused::Committed`]). A run
-    /// aborted by the policy is planning no more (asked again, it begins
-    /// anew); one refused for good has its planning aborted, so the pool
-    /// is not left holding it.
+    /// [`Refused::Committed`]). A run aborted by the policy is planning
+    /// no more (asked again, it begins anew); one refused for good has
+    /// its planning aborted, so the pool is not left holding it.
     pub(crate) async fn commit(
         &mut self,
         gate: &Gate,
@@ -161,6 +156,18 @@ impl Plan {
         }
         Err((e, refused))
     }
+}
+
+/// A node of `required` that the pool of `report` does not have as a
+/// candidate (a reload may have taken it out since the run was asked): a
+/// plan over it can never be committed.
+pub(crate) fn stranger<'a>(
+    required: &'a [NodeId],
+    report: &poolgate_actors::core::PoolReport,
+) -> Option<&'a NodeId> {
+    required
+        .iter()
+        .find(|node| !report.candidates.iter().any(|c| c.node == **node))
 }
 
 /// How a plan came to be committed.

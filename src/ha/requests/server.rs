@@ -430,11 +430,7 @@ fn never_committed(
             report.pool
         ));
     }
-    let stranger = request
-        .required
-        .iter()
-        .find(|n| !report.candidates.iter().any(|c| c.node == **n));
-    match stranger {
+    match crate::live::planning::stranger(&request.required, report) {
         Some(node) => Some(format!("{node} is not a member of the leader's pool")),
         None if request.required.is_empty() => Some("no required node".to_string()),
         None => None,
