@@ -111,13 +111,15 @@ fn event_reply(event: &Event) -> Reply {
     }
 }
 
-/// The refusal of a run whose pool's gate stopped while it was asked:
-/// the pool removed by a reload (or the orchestrator stopping).
-fn gone(pool: &PoolId) -> Reply {
-    Reply::Refused {
+/// What a run whose pool's gate stopped while it was asked is told: a
+/// refusal naming the pool when a reload removed it; nothing when the
+/// orchestrator is stopping (its connection closes: the requester says
+/// the orchestrator went, and may ask again of the next one).
+fn gone(fleet: &Fleet, pool: &PoolId) -> Option<Reply> {
+    (!fleet.is_stopped()).then(|| Reply::Refused {
         code: GateError::Stopped.code().to_string(),
         detail: planning::gone(Some(pool)),
-    }
+    })
 }
 
 /// The gate of `pool`, or of the only pool.
@@ -202,7 +204,7 @@ where
         };
         let ready = match ready {
             Ok(ready) => ready,
-            Err(GateError::Stopped) => break Err(Some(gone(&pool_id))),
+            Err(GateError::Stopped) => break Err(gone(fleet, &pool_id)),
             Err(e) => break Err(Some(refused(&e))),
         };
         match plan.commit(&gate, ready.epoch).await {
@@ -236,7 +238,7 @@ where
             }
             // Aborted by the policy: planned again at the next PoolReady.
             Err((_, Refused::Aborted)) => {}
-            Err((_, Refused::Stopped)) => break Err(Some(gone(&pool_id))),
+            Err((_, Refused::Stopped)) => break Err(gone(fleet, &pool_id)),
             // Refused for good (its planning aborted: the pool is not
             // left holding it), another run in the way.
             Err((e, _)) => break Err(Some(refused(&e))),

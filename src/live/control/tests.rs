@@ -180,6 +180,33 @@ fn a_run_waiting_for_a_pool_a_reload_removes_is_refused_naming_it() {
 }
 
 #[test]
+fn a_run_waiting_when_the_orchestrator_stops_is_not_told_its_pool_was_removed() {
+    // An operator's trial: a watch stopped (SIGTERM) told each waiting
+    // run that a reload removed its pool, exit 2 (refused for good).
+    actix::System::new().block_on(async {
+        // Pool a's run holds n2: r1 on pool b plans, then waits for it.
+        let fleet = ready_pools(&[("a", &["n2"][..]), ("b", &["n1", "n2"][..])]).await;
+        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+        commit_run(&a, "held", "n2").await;
+        let path = socket("stopping");
+        let bound = bind(&path).await.unwrap();
+        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+        let mut client = ask_of(&path, "b", "r1", &["n1", "n2"]).await;
+        let told = next_word(&mut client).await;
+        assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+        fleet.stop();
+        let told = tokio::time::timeout(Duration::from_secs(5), client.next())
+            .await
+            .expect("no word within 5 s");
+        assert!(
+            !matches!(&told, Some(Reply::Refused { .. })),
+            "a stopping orchestrator refused the run: {told:?}"
+        );
+        served.abort();
+    });
+}
+
+#[test]
 fn a_run_asked_behind_one_still_planning_waits_and_commits_once_that_one_is_refused() {
     // An operator's trial: beside a watch, a run asked while another was
     // still planning was refused as in the way (exit 4), though that one
