@@ -4027,19 +4027,7 @@ fn run_gives_up_at_its_timeout_while_etcd_answers_nothing() {
             .unwrap();
         // Asked (the pool is never ready: node-1 runs nowhere); then etcd
         // answers nothing.
-        let asked = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                let keys = direct.keys_under(prefix.as_bytes()).unwrap_or_default();
-                if keys
-                    .iter()
-                    .any(|k| String::from_utf8_lossy(k).contains("requests/"))
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
+        let asked = asked_under(&direct, prefix.as_bytes()).await;
         proxy.set_stalled(true);
         let stalled = tokio::time::Instant::now();
         let exited = tokio::time::timeout(Duration::from_secs(30), async {
@@ -4120,19 +4108,7 @@ fn a_run_asked_of_a_pool_the_leaders_reload_removes_is_refused_naming_it() {
         let mut run = Requester::start("removed-asked", "ra", &server.endpoint, pools, "b");
         // Asked (pool b is never ready: node-2 runs nowhere).
         let direct = server.client();
-        let asked = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                let keys = direct.keys_under(b"/poolgate/ra/").unwrap_or_default();
-                if keys
-                    .iter()
-                    .any(|k| String::from_utf8_lossy(k).contains("requests/"))
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
+        let asked = asked_under(&direct, b"/poolgate/ra/").await;
         let said = live.reload(&shrunk).await.unwrap();
         let (status, took, text) = run.exit_within(Duration::from_secs(30)).await;
         live.shutdown();
@@ -4146,6 +4122,27 @@ fn a_run_asked_of_a_pool_the_leaders_reload_removes_is_refused_naming_it() {
         );
         assert!(took < Duration::from_secs(15), "refused after {took:?}");
     });
+}
+
+/// Whether a run was asked (a `requests/` key appeared) under `prefix`
+/// within 10 s.
+async fn asked_under(
+    direct: &poolgate::ha::etcd::Etcd,
+    prefix: &[u8],
+) -> Result<(), tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let keys = direct.keys_under(prefix).unwrap_or_default();
+            if keys
+                .iter()
+                .any(|k| String::from_utf8_lossy(k).contains("requests/"))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
 }
 
 /// A `poolgate run --pool POOL --timeout 20s -- true` among replicas on

@@ -156,19 +156,26 @@ fn a_run_waiting_for_a_pool_not_ready_is_refused_once_a_reload_takes_its_node_ou
     });
 }
 
+/// A fleet of pools a (n2) and b (n1, n2), a's run holding n2, its
+/// control socket (`name`) served, and run r1 asked of pool b over n1
+/// and n2: planning, and told it waits for n2.
+async fn waiting_behind_a_held_node(name: &str) -> (Fleet, tokio::task::JoinHandle<()>, Client) {
+    let fleet = ready_pools(&[("a", &["n2"][..]), ("b", &["n1", "n2"][..])]).await;
+    let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
+    commit_run(&a, "held", "n2").await;
+    let path = socket(name);
+    let bound = bind(&path).await.unwrap();
+    let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
+    let mut client = ask_of(&path, "b", "r1", &["n1", "n2"]).await;
+    let told = next_word(&mut client).await;
+    assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+    (fleet, served, client)
+}
+
 #[test]
 fn a_run_waiting_for_a_pool_a_reload_removes_is_refused_naming_it() {
     actix::System::new().block_on(async {
-        // Pool a's run holds n2: r1 on pool b plans, then waits for it.
-        let fleet = ready_pools(&[("a", &["n2"][..]), ("b", &["n1", "n2"][..])]).await;
-        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
-        commit_run(&a, "held", "n2").await;
-        let path = socket("removed");
-        let bound = bind(&path).await.unwrap();
-        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
-        let mut client = ask_of(&path, "b", "r1", &["n1", "n2"]).await;
-        let told = next_word(&mut client).await;
-        assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+        let (fleet, served, mut client) = waiting_behind_a_held_node("removed").await;
         fleet.remove_pool(&PoolId::new("b").unwrap()).await.unwrap();
         let told = next_word(&mut client).await;
         assert!(
@@ -184,16 +191,7 @@ fn a_run_waiting_when_the_orchestrator_stops_is_not_told_its_pool_was_removed() 
     // An operator's trial: a watch stopped (SIGTERM) told each waiting
     // run that a reload removed its pool, exit 2 (refused for good).
     actix::System::new().block_on(async {
-        // Pool a's run holds n2: r1 on pool b plans, then waits for it.
-        let fleet = ready_pools(&[("a", &["n2"][..]), ("b", &["n1", "n2"][..])]).await;
-        let a = fleet.pool(&PoolId::new("a").unwrap()).unwrap();
-        commit_run(&a, "held", "n2").await;
-        let path = socket("stopping");
-        let bound = bind(&path).await.unwrap();
-        let served = actix::spawn(serve(bound, fleet.clone(), "test".into()));
-        let mut client = ask_of(&path, "b", "r1", &["n1", "n2"]).await;
-        let told = next_word(&mut client).await;
-        assert!(matches!(told, Reply::Waiting { .. }), "{told:?}");
+        let (fleet, served, mut client) = waiting_behind_a_held_node("stopping").await;
         fleet.stop();
         let told = tokio::time::timeout(Duration::from_secs(5), client.next())
             .await
